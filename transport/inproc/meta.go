@@ -1,0 +1,237 @@
+package inproc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/weightcast/weightcast/transport"
+)
+
+// bus carries one group's metadata inside the process.
+type bus struct {
+	group  string
+	world  int
+	window int
+
+	mu      sync.Mutex
+	queues  []chan transport.Message // per receiver, capacity window
+	next    []uint64                 // per receiver: lowest sequence number not yet acknowledged
+	changed chan struct{}            // closed and replaced on every ack
+	joined  []bool
+	nJoined int
+	all     chan struct{} // closed when every subscriber has joined
+	gone    []chan struct{}
+	users   int
+}
+
+var buses = map[string]*bus{}
+
+func getBus(cfg transport.Config) (*bus, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	b, ok := buses[cfg.Group]
+	if !ok {
+		b = &bus{group: cfg.Group, world: cfg.WorldSize, window: transport.DefaultWindow,
+			queues: make([]chan transport.Message, cfg.WorldSize), next: make([]uint64, cfg.WorldSize),
+			changed: make(chan struct{}), joined: make([]bool, cfg.WorldSize), all: make(chan struct{}),
+			gone: make([]chan struct{}, cfg.WorldSize)}
+		for r := range b.queues {
+			b.queues[r] = make(chan transport.Message, b.window)
+			b.gone[r] = make(chan struct{})
+		}
+		buses[cfg.Group] = b
+	}
+	if b.world != cfg.WorldSize {
+		return nil, fmt.Errorf("world size mismatch: this rank says %d, the group was opened with %d", cfg.WorldSize, b.world)
+	}
+	if b.joined[cfg.Rank] {
+		return nil, fmt.Errorf("rank %d joined twice; give every rank a distinct rank", cfg.Rank)
+	}
+	b.joined[cfg.Rank] = true
+	b.users++
+	if cfg.Rank != 0 {
+		b.nJoined++
+		if b.nJoined == b.world-1 {
+			close(b.all)
+		}
+	}
+	return b, nil
+}
+
+func (b *bus) leave(rank int) {
+	mu.Lock()
+	defer mu.Unlock()
+	close(b.gone[rank])
+	b.mu.Lock()
+	close(b.changed) // wake a publisher so it sees the departure
+	b.changed = make(chan struct{})
+	b.mu.Unlock()
+	b.users--
+	if b.users == 0 && buses[b.group] == b {
+		delete(buses, b.group)
+	}
+}
+
+func metaErr(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) error {
+	return &transport.Error{Transport: Name + "-meta", Group: cfg.Group, Rank: cfg.Rank, Op: op, Seq: seq, HasSeq: hasSeq, Peer: peer, Err: err}
+}
+
+// OpenPublisher opens the root's side of the in-process metadata bus of
+// cfg.Group. cfg.Rank must be 0.
+func OpenPublisher(ctx context.Context, cfg transport.Config) (transport.Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Rank != 0 {
+		return nil, metaErr(cfg, "open", 0, false, -1, fmt.Errorf("only rank 0 publishes metadata, not rank %d", cfg.Rank))
+	}
+	b, err := getBus(cfg)
+	if err != nil {
+		return nil, metaErr(cfg, "open", 0, false, -1, err)
+	}
+	return &publisher{b: b, cfg: cfg}, nil
+}
+
+// OpenSubscriber opens a receiver's side of the in-process metadata bus of
+// cfg.Group. cfg.Rank must be 1 or more.
+func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Rank == 0 {
+		return nil, metaErr(cfg, "open", 0, false, -1, fmt.Errorf("rank 0 is the publisher and cannot subscribe"))
+	}
+	b, err := getBus(cfg)
+	if err != nil {
+		return nil, metaErr(cfg, "open", 0, false, -1, err)
+	}
+	return &subscriber{b: b, cfg: cfg}, nil
+}
+
+type publisher struct {
+	b     *bus
+	cfg   transport.Config
+	next  uint64 // next sequence number to publish
+	once  sync.Once
+	ready bool
+}
+
+// Publish waits for every subscriber to join (the first time), then for
+// window room on every subscriber, then queues a copy of msg to each.
+func (p *publisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
+	if seq != p.next {
+		return metaErr(p.cfg, "publish", seq, true, -1, fmt.Errorf("out of order: expected sequence number %d", p.next))
+	}
+	timer := time.NewTimer(p.cfg.WaitTimeout())
+	defer timer.Stop()
+	if !p.ready {
+		select {
+		case <-p.b.all:
+			p.ready = true
+		case <-ctx.Done():
+			return metaErr(p.cfg, "publish", seq, true, -1, ctx.Err())
+		case <-timer.C:
+			return metaErr(p.cfg, "publish", seq, true, -1, fmt.Errorf("subscribers never joined within %v: %w", p.cfg.WaitTimeout(), transport.ErrTimeout))
+		}
+	}
+	if err := p.waitFor(ctx, timer, seq, func(next uint64) bool { return seq < next+uint64(p.b.window) }); err != nil {
+		return err
+	}
+	for r := 1; r < p.b.world; r++ {
+		// Never blocks: fewer than window messages are outstanding.
+		p.b.queues[r] <- transport.Message{Seq: seq, Data: append([]byte(nil), msg...)}
+	}
+	p.next++
+	return nil
+}
+
+// waitFor waits until ok(next[r]) holds for every receiver r.
+func (p *publisher) waitFor(ctx context.Context, timer *time.Timer, seq uint64, ok func(next uint64) bool) error {
+	for {
+		p.b.mu.Lock()
+		lagging, changed := -1, p.b.changed
+		for r := 1; r < p.b.world; r++ {
+			if ok(p.b.next[r]) {
+				continue
+			}
+			select {
+			case <-p.b.gone[r]:
+				p.b.mu.Unlock()
+				return metaErr(p.cfg, "publish", seq, true, r, transport.ErrPeerGone)
+			default:
+			}
+			if lagging < 0 {
+				lagging = r
+			}
+		}
+		p.b.mu.Unlock()
+		if lagging < 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return metaErr(p.cfg, "publish", seq, true, lagging, ctx.Err())
+		case <-timer.C:
+			return metaErr(p.cfg, "publish", seq, true, lagging, fmt.Errorf("no acknowledgement within %v: %w", p.cfg.WaitTimeout(), transport.ErrTimeout))
+		}
+	}
+}
+
+// Sync waits until every subscriber acknowledged everything published.
+func (p *publisher) Sync(ctx context.Context) error {
+	timer := time.NewTimer(p.cfg.WaitTimeout())
+	defer timer.Stop()
+	return p.waitFor(ctx, timer, p.next, func(next uint64) bool { return next >= p.next })
+}
+
+func (p *publisher) Close() error {
+	p.once.Do(func() { p.b.leave(0) })
+	return nil
+}
+
+type subscriber struct {
+	b    *bus
+	cfg  transport.Config
+	want uint64
+	once sync.Once
+}
+
+func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
+	timer := time.NewTimer(s.cfg.WaitTimeout())
+	defer timer.Stop()
+	select {
+	case m := <-s.b.queues[s.cfg.Rank]:
+		if m.Seq != s.want {
+			return transport.Message{}, metaErr(s.cfg, "recv", m.Seq, true, 0, fmt.Errorf("expected message %d: metadata lost or reordered", s.want))
+		}
+		s.want++
+		return m, nil
+	case <-s.b.gone[0]:
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want, true, 0, transport.ErrPeerGone)
+	case <-ctx.Done():
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want, true, 0, ctx.Err())
+	case <-timer.C:
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want, true, 0, fmt.Errorf("no metadata within %v: %w", s.cfg.WaitTimeout(), transport.ErrTimeout))
+	}
+}
+
+func (s *subscriber) Ack(ctx context.Context, seq uint64) error {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	r := s.cfg.Rank
+	if seq != s.b.next[r] || seq >= s.want {
+		return metaErr(s.cfg, "ack", seq, true, -1, fmt.Errorf("acknowledged out of order: next to acknowledge is %d, received up to %d", s.b.next[r], s.want))
+	}
+	s.b.next[r]++
+	close(s.b.changed)
+	s.b.changed = make(chan struct{})
+	return nil
+}
+
+func (s *subscriber) Close() error {
+	s.once.Do(func() { s.b.leave(s.cfg.Rank) })
+	return nil
+}

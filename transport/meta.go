@@ -1,0 +1,45 @@
+package transport
+
+import "context"
+
+// DefaultWindow is how many messages a Publisher lets be in flight
+// (published but not acknowledged by every subscriber): two, matching the
+// two bucket buffers of each rank.
+const DefaultWindow = 2
+
+// DefaultMaxMessage is the largest metadata message a Subscriber accepts
+// unless configured otherwise: 64 MiB.
+const DefaultMaxMessage = 64 << 20
+
+// Publisher sends each bucket's metadata from the root to every receiver,
+// losslessly and in order. Publish blocks while Window messages are
+// unacknowledged by some subscriber, so a slow receiver slows the root
+// instead of losing messages.
+type Publisher interface {
+	// Publish sends msg as message seq to every subscriber. Sequence
+	// numbers start at 0 and increase by one per call, across rounds.
+	Publish(ctx context.Context, seq uint64, msg []byte) error
+	// Sync waits until every subscriber has acknowledged every message
+	// published so far.
+	Sync(ctx context.Context) error
+	// Close releases the publisher. It is idempotent.
+	Close() error
+}
+
+// Message is one metadata message as a Subscriber receives it.
+type Message struct {
+	Seq  uint64
+	Data []byte
+}
+
+// Subscriber receives the root's metadata messages on one receiver.
+type Subscriber interface {
+	// Recv returns the next message. Messages arrive in sequence order
+	// with no gaps or duplicates; a gap is reported as an error.
+	Recv(ctx context.Context) (Message, error)
+	// Ack tells the root that message seq has been fully handled, which
+	// opens the window for the next one.
+	Ack(ctx context.Context, seq uint64) error
+	// Close releases the subscriber. It is idempotent.
+	Close() error
+}

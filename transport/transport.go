@@ -1,0 +1,167 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+)
+
+// Config places one rank in a sync group. Rank 0 is the root (the sender);
+// ranks 1..WorldSize-1 receive.
+type Config struct {
+	// Group names the sync group; ranks of one group find each other by it.
+	Group string
+	// Rank is this rank's index in [0, WorldSize).
+	Rank int
+	// WorldSize counts the root and every receiver.
+	WorldSize int
+	// Device is where this rank's bucket buffers live.
+	Device gpu.Device
+	// Exchange shares endpoints between the ranks while the transport
+	// opens. In-process transports may leave it unused.
+	Exchange Exchange
+	// Timeout bounds every single wait inside the transport (a peer
+	// connecting, a bucket arriving). Zero means 5 minutes. The caller's
+	// context bounds everything as well.
+	Timeout time.Duration
+	// Options holds transport-specific settings ("chunk": "4MiB", ...).
+	Options map[string]string
+}
+
+// DefaultTimeout is the wait bound used when Config.Timeout is zero.
+const DefaultTimeout = 5 * time.Minute
+
+// WaitTimeout returns c.Timeout, or DefaultTimeout when it is zero.
+func (c Config) WaitTimeout() time.Duration {
+	if c.Timeout > 0 {
+		return c.Timeout
+	}
+	return DefaultTimeout
+}
+
+// Validate reports a Config that cannot describe a rank.
+func (c Config) Validate() error {
+	switch {
+	case c.Group == "":
+		return errors.New("transport: empty group name; give every rank the same --group")
+	case c.WorldSize < 2:
+		return fmt.Errorf("transport: world size %d: a group needs a root and at least one receiver", c.WorldSize)
+	case c.Rank < 0 || c.Rank >= c.WorldSize:
+		return fmt.Errorf("transport: rank %d outside [0, %d) for world size %d", c.Rank, c.WorldSize, c.WorldSize)
+	case c.Device == nil:
+		return errors.New("transport: no device in config")
+	}
+	return nil
+}
+
+// Exchange shares small values (addresses, unique ids) among the ranks of
+// one group while transports open. The rendezvous package provides one.
+type Exchange interface {
+	// Put publishes value under key on behalf of this rank.
+	Put(ctx context.Context, key string, value []byte) error
+	// Get waits until rank has published key and returns the value.
+	Get(ctx context.Context, rank int, key string) ([]byte, error)
+}
+
+// Endpoint is one rank's side of a byte transport.
+type Endpoint interface {
+	// Broadcast moves buf[:n] from the root to every receiver. On the root
+	// buf holds the bytes; on a receiver they land in buf. Every rank
+	// calls Broadcast with the same seq and n, in the same order. It
+	// returns when this rank's part is done: on the root buf may then be
+	// reused, on a receiver buf[:n] holds the root's bytes.
+	Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error
+	// Close releases the endpoint's connections. It is idempotent.
+	Close() error
+}
+
+// Opener opens a rank's Endpoint of one transport.
+type Opener func(ctx context.Context, cfg Config) (Endpoint, error)
+
+var (
+	mu      sync.RWMutex
+	openers = map[string]Opener{}
+)
+
+// Register makes a transport available by name. It panics if the name is
+// taken or open is nil, as registration happens in init.
+func Register(name string, open Opener) {
+	mu.Lock()
+	defer mu.Unlock()
+	if open == nil {
+		panic("transport: Register of nil opener for " + name)
+	}
+	if _, dup := openers[name]; dup {
+		panic("transport: Register called twice for " + name)
+	}
+	openers[name] = open
+}
+
+// Names lists the registered transports, sorted.
+func Names() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	out := make([]string, 0, len(openers))
+	for n := range openers {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Open validates cfg and opens this rank's Endpoint of the named transport.
+func Open(ctx context.Context, name string, cfg Config) (Endpoint, error) {
+	mu.RLock()
+	open, ok := openers[name]
+	mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("transport: unknown transport %q (registered: %s)", name, strings.Join(Names(), ", "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return open(ctx, cfg)
+}
+
+// Error is the error every transport returns from a failed wait or
+// transfer: it names the transport, group, rank, operation and bucket.
+type Error struct {
+	Transport string
+	Group     string
+	Rank      int
+	Op        string // "open", "broadcast", "publish", "recv", ...
+	Seq       uint64 // the bucket or message sequence number, when HasSeq
+	HasSeq    bool
+	Peer      int // the rank at fault, or -1 when unknown
+	Err       error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s: group %q rank %d", e.Transport, e.Op, e.Group, e.Rank)
+	if e.HasSeq {
+		fmt.Fprintf(&b, " bucket %d", e.Seq)
+	}
+	if e.Peer >= 0 {
+		fmt.Fprintf(&b, " (peer rank %d)", e.Peer)
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ErrTimeout is wrapped by errors from waits that ran past their bound.
+var ErrTimeout = errors.New("timed out")
+
+// ErrPeerGone is wrapped by errors caused by a peer that disconnected or died.
+var ErrPeerGone = errors.New("peer gone")
+
+// ErrClosed is returned by operations on a closed endpoint, publisher or subscriber.
+var ErrClosed = errors.New("transport: closed")
