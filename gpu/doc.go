@@ -3,4 +3,47 @@
 // package builds and runs where no driver is installed) and plain host memory
 // behind the same Device and Buffer interfaces, so that every pipeline also
 // runs on machines without a GPU.
+//
+// # Devices and buffers
+//
+// Host is ordinary Go memory. NewCUDADevice opens a GPU through its primary
+// context; its Alloc returns device memory (DevicePtr set, Host nil).
+// (*CUDADevice).AllocPinned, or the PinnedHost device, returns page-locked
+// host memory from cuMemHostAlloc: Kind is KindHost and Host returns the
+// bytes (a Go view of C memory made with unsafe.Slice), so host code takes it
+// unchanged, while copies to and from the GPU run asynchronously at link
+// speed. Whoever allocates a buffer frees it, after every copy that uses it
+// has finished.
+//
+// # Streams, events and waits
+//
+// (*CUDADevice).NewStream queues asynchronous copies and memsets (CopyHtoD,
+// CopyDtoH, CopyDtoD, Memset, and *Ptr variants for raw device addresses).
+// Stream.Record returns an Event; Stream.WaitEvent orders one stream after
+// another on the GPU. Stream.Sync and Event.Wait never block inside the
+// driver: they poll (cuStreamQuery, cuEventQuery) with a short backoff and
+// select on ctx.Done(), returning a *WaitError when the context ends first.
+// Poll is that loop, for waits that combine several conditions.
+//
+// # IPC
+//
+// (*CUDADevice).ExportIPC gives a 64-byte IPCHandle for a device buffer;
+// another process on the host opens it with OpenIPC, and the opened buffer's
+// Free unmaps it.
+//
+// # Loading the driver
+//
+// libcuda.so.1 is opened with dlopen by OpenCUDA (called by every entry
+// point) through a small cgo shim with a hand-written header (cuda_shim.h):
+// a dispatch table of function pointers filled by dlsym, each call going
+// through a static inline function that answers "function not found" for a
+// missing symbol. Building needs a C compiler (cgo) but no CUDA toolkit.
+// Where the library is absent the entry points return an error matching
+// ErrNoDriver; CUDAResult names driver status codes from a built-in table.
+//
+// The CUDA current context is per OS thread. Each shim call makes the
+// device's primary context current on its thread before the driver call, so
+// any goroutine may use any device. For libraries that read the current
+// context themselves (NCCL), (*CUDADevice).LockContext pins the goroutine to
+// a thread with the context current.
 package gpu

@@ -1,0 +1,269 @@
+// cuda_shim.h is a hand-written minimal subset of the CUDA driver API
+// (cuda.h): only the types, constants and prototypes this package uses. No
+// CUDA toolkit is needed to build; libcuda.so.1 is opened with dlopen at run
+// time and its functions are looked up with dlsym into the dispatch table
+// wc_cuda. Every call goes through a static inline wc_ shim that returns
+// WC_CUDA_FUNCTION_NOT_FOUND when the function is missing (or the library
+// was never loaded), and that first makes the given context current on the
+// calling OS thread, so that any goroutine, on any thread, may call.
+//
+// The driver's versioned entry points are used (cuMemAlloc_v2, ...): the
+// unversioned names are older ABIs kept for old binaries.
+#ifndef WEIGHTCAST_CUDA_SHIM_H
+#define WEIGHTCAST_CUDA_SHIM_H
+
+#include <stddef.h>
+
+typedef int CUresult; // an enum in cuda.h; every value fits an int
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr; // 64-bit device address
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct {
+  char reserved[64];
+} CUipcMemHandle;
+
+enum {
+  WC_CUDA_SUCCESS = 0,
+  WC_CUDA_ERROR_NOT_READY = 600,
+  // Not a CUDA code: the shim's answer when a function pointer is NULL.
+  WC_CUDA_FUNCTION_NOT_FOUND = 0x7fff0001,
+
+  WC_CU_STREAM_NON_BLOCKING = 0x1,
+  WC_CU_EVENT_DISABLE_TIMING = 0x2,
+  WC_CU_MEMHOSTALLOC_PORTABLE = 0x1,
+  WC_CU_MEMHOSTALLOC_DEVICEMAP = 0x2,
+  WC_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
+};
+
+// wc_cuda_table holds the driver functions found by dlsym; NULL where the
+// symbol is missing.
+typedef struct {
+  void *lib;
+  CUresult (*cuInit)(unsigned int flags);
+  CUresult (*cuDriverGetVersion)(int *version);
+  CUresult (*cuGetErrorName)(CUresult err, const char **name);
+  CUresult (*cuGetErrorString)(CUresult err, const char **str);
+  CUresult (*cuDeviceGetCount)(int *count);
+  CUresult (*cuDeviceGet)(CUdevice *dev, int ordinal);
+  CUresult (*cuDeviceGetName)(char *name, int len, CUdevice dev);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
+  CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice dev);
+  CUresult (*cuCtxSetCurrent)(CUcontext ctx);
+  CUresult (*cuMemGetInfo_v2)(size_t *free, size_t *total);
+  CUresult (*cuMemAlloc_v2)(CUdeviceptr *dptr, size_t bytes);
+  CUresult (*cuMemFree_v2)(CUdeviceptr dptr);
+  CUresult (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);
+  CUresult (*cuMemFreeHost)(void *p);
+  CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+  CUresult (*cuMemcpyDtoHAsync_v2)(void *dst, CUdeviceptr src, size_t n, CUstream s);
+  CUresult (*cuMemcpyDtoDAsync_v2)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+  CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream s);
+  CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
+  CUresult (*cuStreamDestroy_v2)(CUstream s);
+  CUresult (*cuStreamQuery)(CUstream s);
+  CUresult (*cuStreamWaitEvent)(CUstream s, CUevent e, unsigned int flags);
+  CUresult (*cuEventCreate)(CUevent *e, unsigned int flags);
+  CUresult (*cuEventRecord)(CUevent e, CUstream s);
+  CUresult (*cuEventQuery)(CUevent e);
+  CUresult (*cuEventDestroy_v2)(CUevent e);
+  CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *h, CUdeviceptr dptr);
+  CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags);
+  CUresult (*cuIpcCloseMemHandle)(CUdeviceptr dptr);
+} wc_cuda_table;
+
+extern wc_cuda_table wc_cuda;
+
+// wc_cuda_load opens path and fills wc_cuda. It returns 0, or -1 with the
+// loader's message in err.
+int wc_cuda_load(const char *path, char *err, size_t errlen);
+
+#define WC_NEED(fn)        \
+  if (wc_cuda.fn == NULL)  \
+  return WC_CUDA_FUNCTION_NOT_FOUND
+
+// wc_set makes ctx current on this OS thread (the CUDA current context is
+// per thread, and a goroutine may move between threads between cgo calls).
+static inline CUresult wc_set(CUcontext ctx) {
+  WC_NEED(cuCtxSetCurrent);
+  return wc_cuda.cuCtxSetCurrent(ctx);
+}
+
+#define WC_SET(ctx)              \
+  do {                           \
+    CUresult r_ = wc_set(ctx);   \
+    if (r_ != WC_CUDA_SUCCESS)   \
+      return r_;                 \
+  } while (0)
+
+static inline CUresult wc_cuInit(void) {
+  WC_NEED(cuInit);
+  return wc_cuda.cuInit(0);
+}
+
+static inline CUresult wc_cuDriverGetVersion(int *v) {
+  WC_NEED(cuDriverGetVersion);
+  return wc_cuda.cuDriverGetVersion(v);
+}
+
+static inline CUresult wc_cuGetErrorString(CUresult err, const char **s) {
+  WC_NEED(cuGetErrorString);
+  return wc_cuda.cuGetErrorString(err, s);
+}
+
+static inline CUresult wc_cuGetErrorName(CUresult err, const char **s) {
+  WC_NEED(cuGetErrorName);
+  return wc_cuda.cuGetErrorName(err, s);
+}
+
+static inline CUresult wc_cuDeviceGetCount(int *n) {
+  WC_NEED(cuDeviceGetCount);
+  return wc_cuda.cuDeviceGetCount(n);
+}
+
+static inline CUresult wc_cuDeviceGet(CUdevice *dev, int ordinal) {
+  WC_NEED(cuDeviceGet);
+  return wc_cuda.cuDeviceGet(dev, ordinal);
+}
+
+static inline CUresult wc_cuDeviceGetName(char *name, int len, CUdevice dev) {
+  WC_NEED(cuDeviceGetName);
+  return wc_cuda.cuDeviceGetName(name, len, dev);
+}
+
+static inline CUresult wc_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+  WC_NEED(cuDevicePrimaryCtxRetain);
+  return wc_cuda.cuDevicePrimaryCtxRetain(ctx, dev);
+}
+
+static inline CUresult wc_cuDevicePrimaryCtxRelease(CUdevice dev) {
+  WC_NEED(cuDevicePrimaryCtxRelease_v2);
+  return wc_cuda.cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+static inline CUresult wc_cuCtxSetCurrent(CUcontext ctx) { return wc_set(ctx); }
+
+static inline CUresult wc_cuMemGetInfo(CUcontext ctx, size_t *free, size_t *total) {
+  WC_NEED(cuMemGetInfo_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemGetInfo_v2(free, total);
+}
+
+static inline CUresult wc_cuMemAlloc(CUcontext ctx, CUdeviceptr *p, size_t n) {
+  WC_NEED(cuMemAlloc_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemAlloc_v2(p, n);
+}
+
+static inline CUresult wc_cuMemFree(CUcontext ctx, CUdeviceptr p) {
+  WC_NEED(cuMemFree_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemFree_v2(p);
+}
+
+static inline CUresult wc_cuMemHostAlloc(CUcontext ctx, void **pp, size_t n) {
+  WC_NEED(cuMemHostAlloc);
+  WC_SET(ctx);
+  return wc_cuda.cuMemHostAlloc(pp, n, WC_CU_MEMHOSTALLOC_PORTABLE | WC_CU_MEMHOSTALLOC_DEVICEMAP);
+}
+
+static inline CUresult wc_cuMemFreeHost(CUcontext ctx, void *p) {
+  WC_NEED(cuMemFreeHost);
+  WC_SET(ctx);
+  return wc_cuda.cuMemFreeHost(p);
+}
+
+static inline CUresult wc_cuMemcpyHtoDAsync(CUcontext ctx, CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  WC_NEED(cuMemcpyHtoDAsync_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemcpyHtoDAsync_v2(dst, src, n, s);
+}
+
+static inline CUresult wc_cuMemcpyDtoHAsync(CUcontext ctx, void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  WC_NEED(cuMemcpyDtoHAsync_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemcpyDtoHAsync_v2(dst, src, n, s);
+}
+
+static inline CUresult wc_cuMemcpyDtoDAsync(CUcontext ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  WC_NEED(cuMemcpyDtoDAsync_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemcpyDtoDAsync_v2(dst, src, n, s);
+}
+
+static inline CUresult wc_cuMemsetD8Async(CUcontext ctx, CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  WC_NEED(cuMemsetD8Async);
+  WC_SET(ctx);
+  return wc_cuda.cuMemsetD8Async(dst, v, n, s);
+}
+
+static inline CUresult wc_cuStreamCreate(CUcontext ctx, CUstream *s) {
+  WC_NEED(cuStreamCreate);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamCreate(s, WC_CU_STREAM_NON_BLOCKING);
+}
+
+static inline CUresult wc_cuStreamDestroy(CUcontext ctx, CUstream s) {
+  WC_NEED(cuStreamDestroy_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamDestroy_v2(s);
+}
+
+static inline CUresult wc_cuStreamQuery(CUcontext ctx, CUstream s) {
+  WC_NEED(cuStreamQuery);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamQuery(s);
+}
+
+static inline CUresult wc_cuStreamWaitEvent(CUcontext ctx, CUstream s, CUevent e) {
+  WC_NEED(cuStreamWaitEvent);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamWaitEvent(s, e, 0);
+}
+
+static inline CUresult wc_cuEventCreate(CUcontext ctx, CUevent *e) {
+  WC_NEED(cuEventCreate);
+  WC_SET(ctx);
+  return wc_cuda.cuEventCreate(e, WC_CU_EVENT_DISABLE_TIMING);
+}
+
+static inline CUresult wc_cuEventRecord(CUcontext ctx, CUevent e, CUstream s) {
+  WC_NEED(cuEventRecord);
+  WC_SET(ctx);
+  return wc_cuda.cuEventRecord(e, s);
+}
+
+static inline CUresult wc_cuEventQuery(CUcontext ctx, CUevent e) {
+  WC_NEED(cuEventQuery);
+  WC_SET(ctx);
+  return wc_cuda.cuEventQuery(e);
+}
+
+static inline CUresult wc_cuEventDestroy(CUcontext ctx, CUevent e) {
+  WC_NEED(cuEventDestroy_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuEventDestroy_v2(e);
+}
+
+static inline CUresult wc_cuIpcGetMemHandle(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p) {
+  WC_NEED(cuIpcGetMemHandle);
+  WC_SET(ctx);
+  return wc_cuda.cuIpcGetMemHandle(h, p);
+}
+
+// wc_cuIpcOpenMemHandle takes the 64-byte handle by pointer and passes it
+// by value, so that the C compiler applies the calling convention.
+static inline CUresult wc_cuIpcOpenMemHandle(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h) {
+  WC_NEED(cuIpcOpenMemHandle_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuIpcOpenMemHandle_v2(p, *h, WC_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+}
+
+static inline CUresult wc_cuIpcCloseMemHandle(CUcontext ctx, CUdeviceptr p) {
+  WC_NEED(cuIpcCloseMemHandle);
+  WC_SET(ctx);
+  return wc_cuda.cuIpcCloseMemHandle(p);
+}
+
+#endif

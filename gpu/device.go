@@ -1,0 +1,253 @@
+package gpu
+
+// #include "cuda_shim.h"
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// CUDADevice is one GPU, used through its primary context. Every method may
+// be called from any goroutine: each driver call makes the context current
+// on its own OS thread first.
+//
+// Close the device after freeing its buffers and closing its streams and
+// events: Close releases the primary context, and releasing the last
+// reference frees everything allocated in it.
+type CUDADevice struct {
+	ordinal int
+	dev     C.CUdevice
+	ctx     C.CUcontext
+	name    string
+	closed  atomic.Bool
+}
+
+var _ Device = (*CUDADevice)(nil)
+
+// NewCUDADevice opens device ordinal (0-based, as in cuda:0) and retains its
+// primary context. The error wraps ErrNoDriver where no driver is installed.
+func NewCUDADevice(ordinal int) (*CUDADevice, error) {
+	if err := OpenCUDA(); err != nil {
+		return nil, err
+	}
+	n, err := DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("gpu: no device cuda:%d: the driver sees %d device(s); check CUDA_VISIBLE_DEVICES", ordinal, n)
+	}
+	d := &CUDADevice{ordinal: ordinal}
+	if r := CUDAResult(C.wc_cuDeviceGet(&d.dev, C.int(ordinal))); r != 0 {
+		return nil, d.err("cuDeviceGet", "", r)
+	}
+	var name [256]C.char
+	if r := CUDAResult(C.wc_cuDeviceGetName(&name[0], C.int(len(name)), d.dev)); r != 0 {
+		return nil, d.err("cuDeviceGetName", "", r)
+	}
+	d.name = C.GoString(&name[0])
+	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); r != 0 {
+		return nil, d.err("cuDevicePrimaryCtxRetain", "", r)
+	}
+	return d, nil
+}
+
+func (d *CUDADevice) err(op, detail string, r CUDAResult) error {
+	return &Error{Op: op, Device: d.ordinal, Detail: detail, Result: r}
+}
+
+var errDeviceClosed = errors.New("gpu: device closed")
+
+func (d *CUDADevice) checkOpen() error {
+	if d.closed.Load() {
+		return fmt.Errorf("%w: cuda:%d", errDeviceClosed, d.ordinal)
+	}
+	return nil
+}
+
+// Name returns the product name and ordinal, "NVIDIA H200 (cuda:0)".
+func (d *CUDADevice) Name() string { return fmt.Sprintf("%s (cuda:%d)", d.name, d.ordinal) }
+
+// Kind returns KindCUDA.
+func (d *CUDADevice) Kind() Kind { return KindCUDA }
+
+// Ordinal returns the device's index as the driver counts them.
+func (d *CUDADevice) Ordinal() int { return d.ordinal }
+
+// Alloc returns n bytes of device memory (cuMemAlloc). The buffer's
+// DevicePtr is its address and Host is nil; its contents are unspecified.
+// Free it with Free.
+func (d *CUDADevice) Alloc(n int) (Buffer, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("gpu: cannot allocate %d bytes on cuda:%d", n, d.ordinal)
+	}
+	var p C.CUdeviceptr
+	if r := CUDAResult(C.wc_cuMemAlloc(d.ctx, &p, C.size_t(n))); r != 0 {
+		return nil, d.err("cuMemAlloc_v2", fmt.Sprintf("%d bytes", n), r)
+	}
+	return &deviceBuffer{dev: d, ptr: uint64(p), n: n}, nil
+}
+
+// MemInfo returns the device's free and total memory in bytes.
+func (d *CUDADevice) MemInfo() (free, total uint64, err error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, 0, err
+	}
+	var f, t C.size_t
+	if r := CUDAResult(C.wc_cuMemGetInfo(d.ctx, &f, &t)); r != 0 {
+		return 0, 0, d.err("cuMemGetInfo_v2", "", r)
+	}
+	return uint64(f), uint64(t), nil
+}
+
+// LockContext wires the calling goroutine to its OS thread and makes the
+// device's primary context current there, for libraries loaded beside this
+// package (NCCL) whose calls read the thread's current context. Call unlock,
+// on the same goroutine, when those calls are done; calling it again does
+// nothing.
+func (d *CUDADevice) LockContext() (unlock func(), err error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	if r := CUDAResult(C.wc_cuCtxSetCurrent(d.ctx)); r != 0 {
+		runtime.UnlockOSThread()
+		return nil, d.err("cuCtxSetCurrent", "", r)
+	}
+	var once sync.Once
+	return func() { once.Do(runtime.UnlockOSThread) }, nil
+}
+
+// Close releases the device's primary context. Free buffers and close
+// streams and events first. Close is idempotent.
+func (d *CUDADevice) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRelease(d.dev)); r != 0 {
+		return d.err("cuDevicePrimaryCtxRelease_v2", "", r)
+	}
+	return nil
+}
+
+// deviceBuffer is memory on a CUDA device: allocated with cuMemAlloc, or
+// mapped from another process's allocation with cuIpcOpenMemHandle.
+type deviceBuffer struct {
+	dev    *CUDADevice
+	ptr    uint64
+	n      int
+	opened bool // mapped from an IPC handle: Free closes the mapping
+	freed  bool
+}
+
+func (b *deviceBuffer) Len() int       { return b.n }
+func (b *deviceBuffer) Host() []byte   { return nil }
+func (b *deviceBuffer) Device() Device { return b.dev }
+
+// DevicePtr returns the buffer's device address, or 0 once freed.
+func (b *deviceBuffer) DevicePtr() uint64 {
+	if b.freed {
+		return 0
+	}
+	return b.ptr
+}
+
+// Free returns the memory with cuMemFree, or, for a buffer opened from an
+// IPC handle, unmaps it with cuIpcCloseMemHandle (the exporter still owns
+// the memory). Work queued on streams that uses the buffer must be finished.
+func (b *deviceBuffer) Free() error {
+	if b.freed {
+		return nil
+	}
+	b.freed = true
+	p := C.CUdeviceptr(b.ptr)
+	if b.opened {
+		if r := CUDAResult(C.wc_cuIpcCloseMemHandle(b.dev.ctx, p)); r != 0 {
+			return b.dev.err("cuIpcCloseMemHandle", "", r)
+		}
+		return nil
+	}
+	if r := CUDAResult(C.wc_cuMemFree(b.dev.ctx, p)); r != 0 {
+		return b.dev.err("cuMemFree_v2", fmt.Sprintf("%d bytes", b.n), r)
+	}
+	return nil
+}
+
+// PinnedHost is the Device for page-locked host memory of one CUDA device
+// (cuMemHostAlloc, portable to every context). Its buffers are host memory:
+// Kind is KindHost, Host returns their bytes and DevicePtr returns 0, so
+// code written for Host buffers takes them unchanged; copies between them
+// and the GPU run asynchronously at full link speed. Use IsPinned to tell
+// them from ordinary host buffers.
+type PinnedHost struct{ d *CUDADevice }
+
+var _ Device = PinnedHost{}
+
+// PinnedHost returns the Device that allocates pinned host memory through d.
+func (d *CUDADevice) PinnedHost() PinnedHost { return PinnedHost{d} }
+
+// Name returns "pinned host (cuda:N)".
+func (p PinnedHost) Name() string { return fmt.Sprintf("pinned host (cuda:%d)", p.d.ordinal) }
+
+// Kind returns KindHost: pinned memory is host memory that Go addresses.
+func (p PinnedHost) Kind() Kind { return KindHost }
+
+// Alloc is (*CUDADevice).AllocPinned.
+func (p PinnedHost) Alloc(n int) (Buffer, error) { return p.d.AllocPinned(n) }
+
+// AllocPinned returns n bytes of page-locked host memory allocated by the
+// driver. Host() views that C memory as a Go slice (unsafe.Slice): the
+// caller owns the buffer and must Free it, after every copy that uses it has
+// finished, and must not touch the slice after Free. The garbage collector
+// neither sees nor frees this memory.
+func (d *CUDADevice) AllocPinned(n int) (Buffer, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("gpu: cannot allocate %d pinned bytes", n)
+	}
+	var p unsafe.Pointer
+	if r := CUDAResult(C.wc_cuMemHostAlloc(d.ctx, &p, C.size_t(n))); r != 0 {
+		return nil, d.err("cuMemHostAlloc", fmt.Sprintf("%d bytes", n), r)
+	}
+	return &pinnedBuffer{dev: d, p: p, b: unsafe.Slice((*byte)(p), n)}, nil
+}
+
+type pinnedBuffer struct {
+	dev *CUDADevice
+	p   unsafe.Pointer // C memory from cuMemHostAlloc
+	b   []byte
+}
+
+func (b *pinnedBuffer) Len() int          { return len(b.b) }
+func (b *pinnedBuffer) Host() []byte      { return b.b }
+func (b *pinnedBuffer) DevicePtr() uint64 { return 0 }
+func (b *pinnedBuffer) Device() Device    { return PinnedHost{b.dev} }
+
+// Free returns the memory with cuMemFreeHost.
+func (b *pinnedBuffer) Free() error {
+	if b.p == nil {
+		return nil
+	}
+	p := b.p
+	b.p, b.b = nil, nil
+	if r := CUDAResult(C.wc_cuMemFreeHost(b.dev.ctx, p)); r != 0 {
+		return b.dev.err("cuMemFreeHost", "", r)
+	}
+	return nil
+}
+
+// IsPinned reports whether b is page-locked host memory from AllocPinned.
+func IsPinned(b Buffer) bool {
+	_, ok := b.(*pinnedBuffer)
+	return ok
+}

@@ -1,0 +1,71 @@
+package gpu
+
+// #include "cuda_shim.h"
+import "C"
+
+import (
+	"encoding/hex"
+	"fmt"
+	"unsafe"
+)
+
+// IPCHandle names a device allocation so that another process on the same
+// host can map it (cuIpcGetMemHandle). It is plain bytes, safe to send over
+// any channel.
+type IPCHandle [64]byte
+
+// String returns the handle in hex.
+func (h IPCHandle) String() string { return hex.EncodeToString(h[:]) }
+
+// ParseIPCHandle decodes a handle written by IPCHandle.String.
+func ParseIPCHandle(s string) (IPCHandle, error) {
+	var h IPCHandle
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(h) {
+		return h, fmt.Errorf("gpu: %q is not a %d-byte hex IPC handle", s, len(h))
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+// ExportIPC returns the IPC handle of b, which must be a live buffer that
+// d.Alloc returned (a whole allocation, not one opened from a handle). The
+// memory stays owned by this process: importers must close their mappings
+// before b is freed.
+func (d *CUDADevice) ExportIPC(b Buffer) (IPCHandle, error) {
+	var h IPCHandle
+	db, ok := b.(*deviceBuffer)
+	switch {
+	case !ok || db.dev != d:
+		return h, fmt.Errorf("gpu: ExportIPC on cuda:%d needs a buffer that this device allocated, got one from %s", d.ordinal, b.Device().Name())
+	case db.opened:
+		return h, fmt.Errorf("gpu: cannot re-export a buffer opened from an IPC handle; export the original allocation")
+	case db.freed:
+		return h, ErrFreed
+	}
+	if err := d.checkOpen(); err != nil {
+		return h, err
+	}
+	if r := CUDAResult(C.wc_cuIpcGetMemHandle(d.ctx, (*C.CUipcMemHandle)(unsafe.Pointer(&h[0])), C.CUdeviceptr(db.ptr))); r != 0 {
+		return h, d.err("cuIpcGetMemHandle", "", r)
+	}
+	return h, nil
+}
+
+// OpenIPC maps the n-byte allocation that another process exported as h
+// (the handle does not carry the size). The returned buffer's Free unmaps it
+// (cuIpcCloseMemHandle); the memory itself stays the exporter's. A process
+// cannot open a handle it exported itself.
+func (d *CUDADevice) OpenIPC(h IPCHandle, n int) (Buffer, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("gpu: OpenIPC of %d bytes", n)
+	}
+	var p C.CUdeviceptr
+	if r := CUDAResult(C.wc_cuIpcOpenMemHandle(d.ctx, &p, (*C.CUipcMemHandle)(unsafe.Pointer(&h[0])))); r != 0 {
+		return nil, d.err("cuIpcOpenMemHandle_v2", "", r)
+	}
+	return &deviceBuffer{dev: d, ptr: uint64(p), n: n, opened: true}, nil
+}

@@ -1,0 +1,336 @@
+package gpu
+
+// #include "cuda_shim.h"
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+	"unsafe"
+)
+
+// Stream is a CUDA stream of one device: work queued on it runs in order,
+// asynchronously to the host. Create it with (*CUDADevice).NewStream. A
+// Stream may be used from several goroutines, but the order of work queued
+// concurrently is then unspecified.
+//
+// Host memory handed to a copy: pinned memory (AllocPinned) is read or
+// written asynchronously, so it must stay allocated and untouched until the
+// copy is known finished (Sync, or an Event recorded after it). Ordinary Go
+// memory is staged by the driver: the call returns once the source bytes are
+// taken (host to device) or the copy is complete (device to host), so Go
+// memory is never used after the call returns.
+type Stream struct {
+	d      *CUDADevice
+	s      C.CUstream
+	closed bool
+}
+
+// NewStream creates a stream that does not synchronize with the legacy
+// default stream (CU_STREAM_NON_BLOCKING). Close it when done.
+func (d *CUDADevice) NewStream() (*Stream, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	s := &Stream{d: d}
+	if r := CUDAResult(C.wc_cuStreamCreate(d.ctx, &s.s)); r != 0 {
+		return nil, d.err("cuStreamCreate", "", r)
+	}
+	return s, nil
+}
+
+// Device returns the stream's device.
+func (s *Stream) Device() *CUDADevice { return s.d }
+
+// Handle returns the CUstream, to hand to another CUDA library loaded in
+// this process (NCCL). It stays valid until Close.
+func (s *Stream) Handle() uintptr { return uintptr(unsafe.Pointer(s.s)) }
+
+func (s *Stream) check() error {
+	if s.closed {
+		return fmt.Errorf("gpu: stream of cuda:%d used after Close", s.d.ordinal)
+	}
+	return s.d.checkOpen()
+}
+
+// devRange returns the device address of b[off:off+n] after checking that b
+// is live device memory and the range lies inside it.
+func devRange(b Buffer, off, n int) (uint64, error) {
+	if db, ok := b.(*deviceBuffer); ok && db.freed {
+		return 0, ErrFreed
+	}
+	p := b.DevicePtr()
+	if p == 0 {
+		return 0, fmt.Errorf("gpu: %s buffer is not device memory; copy host memory through its Host() bytes", b.Device().Name())
+	}
+	if off < 0 || n < 0 || off > b.Len()-n {
+		return 0, fmt.Errorf("gpu: range [%d, %d) outside the %d-byte buffer on %s", off, off+n, b.Len(), b.Device().Name())
+	}
+	return p + uint64(off), nil
+}
+
+// CopyHtoD queues a copy of src into dst[dstOff:dstOff+len(src)].
+func (s *Stream) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
+	p, err := devRange(dst, dstOff, len(src))
+	if err != nil {
+		return err
+	}
+	return s.CopyHtoDPtr(p, src)
+}
+
+// CopyDtoH queues a copy of src[srcOff:srcOff+len(dst)] into dst.
+func (s *Stream) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
+	p, err := devRange(src, srcOff, len(dst))
+	if err != nil {
+		return err
+	}
+	return s.CopyDtoHPtr(dst, p)
+}
+
+// CopyDtoD queues a copy of n bytes from src[srcOff:] to dst[dstOff:].
+func (s *Stream) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff, n int) error {
+	dp, err := devRange(dst, dstOff, n)
+	if err != nil {
+		return err
+	}
+	sp, err := devRange(src, srcOff, n)
+	if err != nil {
+		return err
+	}
+	return s.CopyDtoDPtr(dp, sp, n)
+}
+
+// Memset queues setting dst[off:off+n] to value.
+func (s *Stream) Memset(dst Buffer, off, n int, value byte) error {
+	p, err := devRange(dst, off, n)
+	if err != nil {
+		return err
+	}
+	if err := s.check(); err != nil || n == 0 {
+		return err
+	}
+	if r := CUDAResult(C.wc_cuMemsetD8Async(s.d.ctx, C.CUdeviceptr(p), C.uchar(value), C.size_t(n), s.s)); r != 0 {
+		return s.d.err("cuMemsetD8Async", fmt.Sprintf("%d bytes", n), r)
+	}
+	return nil
+}
+
+// CopyHtoDPtr queues a copy of src to the device address dst, for device
+// memory this package did not allocate (a tensor handed in by address).
+func (s *Stream) CopyHtoDPtr(dst uint64, src []byte) error {
+	if err := s.check(); err != nil || len(src) == 0 {
+		return err
+	}
+	if r := CUDAResult(C.wc_cuMemcpyHtoDAsync(s.d.ctx, C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.s)); r != 0 {
+		return s.d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d bytes", len(src)), r)
+	}
+	return nil
+}
+
+// CopyDtoHPtr queues a copy from the device address src into dst.
+func (s *Stream) CopyDtoHPtr(dst []byte, src uint64) error {
+	if err := s.check(); err != nil || len(dst) == 0 {
+		return err
+	}
+	if r := CUDAResult(C.wc_cuMemcpyDtoHAsync(s.d.ctx, unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), s.s)); r != 0 {
+		return s.d.err("cuMemcpyDtoHAsync_v2", fmt.Sprintf("%d bytes", len(dst)), r)
+	}
+	return nil
+}
+
+// CopyDtoDPtr queues a copy of n bytes between device addresses.
+func (s *Stream) CopyDtoDPtr(dst, src uint64, n int) error {
+	if err := s.check(); err != nil || n == 0 {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("gpu: cannot copy %d bytes", n)
+	}
+	if r := CUDAResult(C.wc_cuMemcpyDtoDAsync(s.d.ctx, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.s)); r != 0 {
+		return s.d.err("cuMemcpyDtoDAsync_v2", fmt.Sprintf("%d bytes", n), r)
+	}
+	return nil
+}
+
+// Query reports whether all work queued on the stream has finished.
+func (s *Stream) Query() (bool, error) {
+	if err := s.check(); err != nil {
+		return false, err
+	}
+	switch r := CUDAResult(C.wc_cuStreamQuery(s.d.ctx, s.s)); r {
+	case CUDASuccess:
+		return true, nil
+	case CUDAErrorNotReady:
+		return false, nil
+	default:
+		return false, s.d.err("cuStreamQuery", "", r)
+	}
+}
+
+// Sync waits until all work queued on the stream has finished, polling
+// without blocking a thread in the driver. When ctx ends first it returns a
+// *WaitError; the queued work is not cancelled.
+func (s *Stream) Sync(ctx context.Context) error {
+	return s.d.wait(ctx, "stream sync", s.Query)
+}
+
+// Record records a new event at the current end of the stream. The caller
+// owns the event and must Close it.
+func (s *Stream) Record() (*Event, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	e := &Event{d: s.d}
+	if r := CUDAResult(C.wc_cuEventCreate(s.d.ctx, &e.e)); r != 0 {
+		return nil, s.d.err("cuEventCreate", "", r)
+	}
+	if r := CUDAResult(C.wc_cuEventRecord(s.d.ctx, e.e, s.s)); r != 0 {
+		_ = e.Close()
+		return nil, s.d.err("cuEventRecord", "", r)
+	}
+	return e, nil
+}
+
+// WaitEvent makes work queued on s after this call wait until e has
+// completed, without blocking the host.
+func (s *Stream) WaitEvent(e *Event) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if e.closed {
+		return fmt.Errorf("gpu: event of cuda:%d used after Close", e.d.ordinal)
+	}
+	if r := CUDAResult(C.wc_cuStreamWaitEvent(s.d.ctx, s.s, e.e)); r != 0 {
+		return s.d.err("cuStreamWaitEvent", "", r)
+	}
+	return nil
+}
+
+// Close destroys the stream. Work already queued still runs to completion.
+// Close is idempotent.
+func (s *Stream) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if r := CUDAResult(C.wc_cuStreamDestroy(s.d.ctx, s.s)); r != 0 {
+		return s.d.err("cuStreamDestroy_v2", "", r)
+	}
+	return nil
+}
+
+// Event marks a point in a stream's work (Stream.Record).
+type Event struct {
+	d      *CUDADevice
+	e      C.CUevent
+	closed bool
+}
+
+// Query reports whether the work before the event has finished.
+func (e *Event) Query() (bool, error) {
+	if e.closed {
+		return false, fmt.Errorf("gpu: event of cuda:%d used after Close", e.d.ordinal)
+	}
+	switch r := CUDAResult(C.wc_cuEventQuery(e.d.ctx, e.e)); r {
+	case CUDASuccess:
+		return true, nil
+	case CUDAErrorNotReady:
+		return false, nil
+	default:
+		return false, e.d.err("cuEventQuery", "", r)
+	}
+}
+
+// Wait waits until the work before the event has finished. When ctx ends
+// first it returns a *WaitError.
+func (e *Event) Wait(ctx context.Context) error {
+	return e.d.wait(ctx, "event wait", e.Query)
+}
+
+// Close destroys the event. Close is idempotent.
+func (e *Event) Close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	if r := CUDAResult(C.wc_cuEventDestroy(e.d.ctx, e.e)); r != 0 {
+		return e.d.err("cuEventDestroy_v2", "", r)
+	}
+	return nil
+}
+
+// WaitError is returned when a wait for GPU work ends because its context
+// did. It unwraps to the context's error (context.DeadlineExceeded or
+// context.Canceled).
+type WaitError struct {
+	Op     string // "stream sync", "event wait"
+	Device int
+	Waited time.Duration
+	Err    error
+}
+
+func (e *WaitError) Error() string {
+	return fmt.Sprintf("gpu: %s on cuda:%d gave up after %v: %v (the queued GPU work was not cancelled)",
+		e.Op, e.Device, e.Waited.Round(time.Millisecond), e.Err)
+}
+
+func (e *WaitError) Unwrap() error { return e.Err }
+
+func (d *CUDADevice) wait(ctx context.Context, op string, done func() (bool, error)) error {
+	start := time.Now()
+	err := Poll(ctx, done)
+	if err != nil && err == ctx.Err() {
+		return &WaitError{Op: op, Device: d.ordinal, Waited: time.Since(start), Err: err}
+	}
+	return err
+}
+
+// The polling schedule of Poll: a few immediate retries, then sleeps that
+// double from minPollSleep up to MaxPollSleep.
+const (
+	pollSpins    = 32
+	minPollSleep = 5 * time.Microsecond
+	// MaxPollSleep is the longest Poll sleeps between two checks, which
+	// bounds how late it notices completion.
+	MaxPollSleep = 200 * time.Microsecond
+)
+
+// Poll calls done until it reports true or fails, and returns ctx.Err() as
+// is when ctx ends first. It spins briefly, then sleeps with a backoff up to
+// MaxPollSleep, selecting on ctx.Done() while it sleeps. It is the wait loop
+// of Stream.Sync and Event.Wait, exported for waits that combine several
+// conditions (an event and a communicator's error state).
+func Poll(ctx context.Context, done func() (bool, error)) error {
+	for i := 0; i < pollSpins; i++ {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		runtime.Gosched()
+	}
+	sleep := minPollSleep
+	t := time.NewTimer(sleep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Work that finished while we slept still counts as done.
+			if ok, err := done(); err != nil || ok {
+				return err
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		sleep = min(2*sleep, MaxPollSleep)
+		t.Reset(sleep)
+	}
+}
