@@ -1,0 +1,374 @@
+package zmqbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/weightcast/weightcast/transport"
+)
+
+// subscriber is a receiver's side of the bus. Like the publisher, three
+// goroutines own its socket (read, the writer, tick); API calls share the
+// state below with them under mu, and every change closes and replaces
+// changed.
+type subscriber struct {
+	cfg        transport.Config
+	opts       options
+	sock       zmq4.Socket
+	cancelSock context.CancelFunc
+	out        *outbox
+	flush      chan struct{} // closed by Close: the writer sends what is left and returns
+	stop       chan struct{} // closed by Close: tick returns
+	writerDone chan struct{} // closed by the writer when it returns
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+
+	mu       sync.Mutex
+	changed  chan struct{}
+	err      *transport.Error // first failure; the bus is dead after it
+	closing  bool
+	welcomed bool
+	window   uint64
+	interval time.Duration // how often to heartbeat the root
+	lastSeen time.Time     // last frame from the root
+	lastSent time.Time     // last heartbeat to the root
+	queue    []transport.Message
+	expect   uint64 // next sequence number due from the root
+	received uint64 // messages handed out by Recv
+	acked    uint64 // messages acknowledged
+}
+
+// OpenSubscriber opens a receiver's side of the metadata bus of
+// cfg.Group: it reads the root's address from cfg.Exchange (key AddrKey
+// of rank 0), connects a ZeroMQ DEALER whose routing identity is
+// "r<rank>.<random hex>", says HELLO and waits for the root's WELCOME or
+// its ERROR. cfg.Rank must be 1 or more.
+//
+// Options (cfg.Options): "max_message" (default 64MiB), "heartbeat"
+// (default 1s) and "liveness" (default 3 heartbeats, at most
+// cfg.WaitTimeout()).
+func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscriber, error) {
+	fail := func(err error) (transport.Subscriber, error) {
+		return nil, busError(cfg, "open", 0, false, 0, err)
+	}
+	badConfig := func(err error) (transport.Subscriber, error) {
+		return nil, busError(cfg, "open", 0, false, -1, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return badConfig(err)
+	}
+	if cfg.Rank == 0 {
+		return badConfig(errors.New("rank 0 is the publisher and cannot subscribe"))
+	}
+	if cfg.Exchange == nil {
+		return badConfig(errors.New("no Exchange in the config: the root's address comes through it"))
+	}
+	opts, err := parseOptions(cfg)
+	if err != nil {
+		return badConfig(err)
+	}
+	octx, ocancel := context.WithTimeout(ctx, cfg.WaitTimeout())
+	defer ocancel()
+	raw, err := cfg.Exchange.Get(octx, 0, AddrKey)
+	if err != nil {
+		return fail(fmt.Errorf("finding the root's metadata address (%q of rank 0): %w", AddrKey, err))
+	}
+	addr := string(raw)
+	hostPort, ok := strings.CutPrefix(addr, "tcp://")
+	if !ok {
+		return fail(fmt.Errorf("the root published metadata address %q; want tcp://host:port", addr))
+	}
+
+	frame := max(opts.maxMessage, controlLimit)
+	sctx, cancel := context.WithCancel(withGuard(context.Background(), guardConfig{
+		maxFrame: frame, maxMessage: frame + controlLimit, maxParts: 4, handshake: opts.handshake,
+	}))
+	id := fmt.Sprintf("r%d.%016x", cfg.Rank, rand.Uint64())
+	sock := zmq4.NewDealer(sctx,
+		zmq4.WithID(zmq4.SocketIdentity(id)),
+		zmq4.WithDialerRetry(100*time.Millisecond),
+		zmq4.WithDialerMaxRetries(-1), // bounded by octx instead
+		zmq4.WithDialerTimeout(cfg.WaitTimeout()),
+		zmq4.WithTimeout(cfg.WaitTimeout()),
+	)
+	stopDial := context.AfterFunc(octx, cancel)
+	err = sock.Dial(guardScheme + "://" + hostPort)
+	if !stopDial() && err == nil {
+		err = octx.Err()
+	}
+	if err != nil {
+		sock.Close()
+		cancel()
+		return fail(fmt.Errorf("connecting to the root at %s: %w", addr, err))
+	}
+
+	now := time.Now()
+	s := &subscriber{
+		cfg: cfg, opts: opts, sock: sock, cancelSock: cancel,
+		out:        newOutbox(),
+		flush:      make(chan struct{}),
+		stop:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		changed:    make(chan struct{}),
+		lastSeen:   now,
+		lastSent:   now,
+	}
+	s.wg.Add(3)
+	go func() { defer s.wg.Done(); s.read() }()
+	go func() {
+		defer s.wg.Done()
+		defer close(s.writerDone)
+		runWriter(sock, s.out, s.flush, s.sendFailed)
+	}()
+	go func() { defer s.wg.Done(); s.tick() }()
+
+	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeHello, 0, 0), hello{
+		rank: uint32(cfg.Rank), world: uint32(cfg.WorldSize), maxMessage: opts.maxMessage,
+		heartbeatMS: millis(opts.heartbeat), livenessMS: millis(opts.liveness), group: cfg.Group,
+	}.encode()))
+	for {
+		s.mu.Lock()
+		welcomed, serr, ch := s.welcomed, s.err, s.changed
+		s.mu.Unlock()
+		if welcomed {
+			return s, nil
+		}
+		if serr != nil {
+			s.Close()
+			return nil, serr
+		}
+		select {
+		case <-ch:
+		case <-octx.Done():
+			s.Close()
+			err := octx.Err()
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				err = fmt.Errorf("no WELCOME from the root at %s within %v: %w", addr, cfg.WaitTimeout(), errTimeout)
+			}
+			return fail(err)
+		}
+	}
+}
+
+func (s *subscriber) broadcastLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// failLocked records the failure that ends the bus.
+func (s *subscriber) failLocked(err error) {
+	if s.err != nil {
+		return
+	}
+	op := "recv"
+	if !s.welcomed {
+		op = "open"
+	}
+	s.err = busError(s.cfg, op, s.expect, s.welcomed, 0, err)
+	s.broadcastLocked()
+}
+
+// violationLocked fails the bus and tells the root why.
+func (s *subscriber) violationLocked(err error) {
+	s.failLocked(err)
+	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeError, errCode(err, codeProtocol), s.expect), errorText(s.err.Error())))
+}
+
+// read is the only caller of sock.Recv.
+func (s *subscriber) read() {
+	for {
+		msg, err := s.sock.Recv()
+		if err != nil {
+			s.mu.Lock()
+			if !s.closing {
+				var le *limitError
+				if errors.As(err, &le) {
+					s.failLocked(fmt.Errorf("%w (option max_message is %d bytes here); the connection to the root is closed", le, s.opts.maxMessage))
+				} else {
+					s.failLocked(fmt.Errorf("%w: connection to the root lost: %v", errPeerGone, err))
+				}
+			}
+			s.mu.Unlock()
+			return
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		s.handle(msg.Frames)
+	}
+}
+
+func (s *subscriber) sendFailed(_ zmq4.Msg, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closing {
+		s.failLocked(fmt.Errorf("%w: sending to the root failed: %v", errPeerGone, err))
+	}
+}
+
+// handle processes one message from the root.
+func (s *subscriber) handle(frames [][]byte) {
+	now := time.Now()
+	h, body, derr := decode(frames)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing || s.err != nil {
+		return
+	}
+	s.lastSeen = now
+	if derr != nil {
+		s.violationLocked(fmt.Errorf("from the root: %w", derr))
+		return
+	}
+	switch h.typ {
+	case typeWelcome:
+		if s.welcomed {
+			s.violationLocked(fmt.Errorf("%w: WELCOME twice", ErrProtocol))
+			return
+		}
+		w, err := decodeWelcome(body)
+		if err != nil {
+			s.violationLocked(err)
+			return
+		}
+		s.welcomed = true
+		s.window = uint64(w.window)
+		s.interval = sendInterval(s.opts.heartbeat, time.Duration(w.livenessMS)*time.Millisecond)
+		s.lastSent = now
+		s.broadcastLocked()
+	case typeData:
+		switch n := uint64(len(body)); {
+		case !s.welcomed:
+			s.violationLocked(fmt.Errorf("%w: DATA before WELCOME", ErrProtocol))
+		case h.seq != s.expect:
+			s.violationLocked(fmt.Errorf("%w: expected message %d, got %d: metadata lost, duplicated or reordered", ErrProtocol, s.expect, h.seq))
+		case n > s.opts.maxMessage:
+			s.violationLocked(fmt.Errorf("%w: message %d of %d bytes exceeds the limit of %d bytes (option max_message)", ErrTooLarge, h.seq, n, s.opts.maxMessage))
+		case h.seq >= s.acked+s.window:
+			s.violationLocked(fmt.Errorf("%w: message %d arrived with %d acknowledged, past the window of %d", ErrProtocol, h.seq, s.acked, s.window))
+		default:
+			s.queue = append(s.queue, transport.Message{Seq: h.seq, Data: body})
+			s.expect++
+			s.broadcastLocked()
+		}
+	case typeHeartbeat:
+	case typeError:
+		sentinel := codeError(h.code)
+		if errors.Is(sentinel, ErrHandshake) && !s.welcomed {
+			s.failLocked(fmt.Errorf("%w by the root: %s", ErrHandshake, body))
+		} else {
+			s.failLocked(fmt.Errorf("%w: the root gave up: %s", sentinel, body))
+		}
+	case typeBye:
+		s.failLocked(fmt.Errorf("%w: the root closed the metadata bus", errPeerGone))
+	default:
+		s.violationLocked(fmt.Errorf("%w: unexpected %s from the root", ErrProtocol, typeName(h.typ)))
+	}
+}
+
+// tick sends heartbeats and declares a silent root gone.
+func (s *subscriber) tick() {
+	t := time.NewTicker(tickOf(s.opts))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		s.mu.Lock()
+		if !s.closing && s.err == nil && s.welcomed {
+			if silent := now.Sub(s.lastSeen); silent > s.opts.liveness {
+				s.failLocked(fmt.Errorf("%w: no message or heartbeat from the root for %v (liveness %v): it was killed, hung or lost its network", errPeerGone, silent.Round(time.Millisecond), s.opts.liveness))
+			} else if now.Sub(s.lastSent) >= s.interval {
+				s.out.push(zmq4.NewMsgFrom(encodeHeader(typeHeartbeat, 0, s.acked)))
+				s.lastSent = now
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Recv returns the next message. Messages that arrived before the root
+// went away are still delivered; the failure comes after them.
+func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
+	timeout := s.cfg.WaitTimeout()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return transport.Message{}, busError(s.cfg, "recv", s.received, true, -1, transport.ErrClosed)
+		}
+		if len(s.queue) > 0 {
+			m := s.queue[0]
+			s.queue = s.queue[1:]
+			s.received++
+			s.mu.Unlock()
+			return m, nil
+		}
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return transport.Message{}, err
+		}
+		want, ch := s.received, s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return transport.Message{}, busError(s.cfg, "recv", want, true, 0, ctx.Err())
+		case <-timer.C:
+			return transport.Message{}, busError(s.cfg, "recv", want, true, 0, fmt.Errorf("no metadata message within %v: %w", timeout, errTimeout))
+		}
+	}
+}
+
+// Ack acknowledges message seq, which must be the oldest message received
+// and not yet acknowledged.
+func (s *subscriber) Ack(ctx context.Context, seq uint64) error {
+	if err := ctx.Err(); err != nil {
+		return busError(s.cfg, "ack", seq, true, -1, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closing:
+		return busError(s.cfg, "ack", seq, true, -1, transport.ErrClosed)
+	case s.err != nil:
+		return s.err
+	case seq != s.acked || seq >= s.received:
+		return busError(s.cfg, "ack", seq, true, -1, fmt.Errorf("acknowledged out of order: next to acknowledge is %d, %d received so far", s.acked, s.received))
+	}
+	s.acked++
+	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeAck, 0, seq)))
+	return nil
+}
+
+// Close says BYE to the root, closes the socket and joins the goroutines.
+// It is idempotent.
+func (s *subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		if s.err == nil && s.welcomed {
+			s.out.push(zmq4.NewMsgFrom(encodeHeader(typeBye, 0, s.acked)))
+		}
+		s.closing = true
+		s.broadcastLocked()
+		s.mu.Unlock()
+		closeSocket(s.sock, s.flush, s.writerDone)
+		close(s.stop)
+		s.wg.Wait()
+		s.cancelSock()
+	})
+	return nil
+}

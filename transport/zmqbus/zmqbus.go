@@ -1,0 +1,195 @@
+package zmqbus
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/weightcast/weightcast/transport"
+)
+
+// Name is the transport name in every error this package returns.
+const Name = "zmq"
+
+// AddrKey is the Exchange key under which the root publishes the bus
+// address ("tcp://host:port").
+const AddrKey = "meta.addr"
+
+// Default liveness settings; see the package documentation.
+const (
+	DefaultHeartbeat = time.Second
+	// DefaultMisses is how many heartbeat intervals of silence make a peer
+	// gone when the "liveness" option is not set.
+	DefaultMisses = 3
+)
+
+var (
+	// ErrHandshake is wrapped by errors from a HELLO the root rejected:
+	// another group, another world size, a rank out of range or already
+	// joined, another protocol version.
+	ErrHandshake = errors.New("handshake rejected")
+	// ErrProtocol is wrapped by errors from a frame that breaks the
+	// protocol: malformed, out of sequence, unexpected.
+	ErrProtocol = errors.New("protocol violation")
+	// ErrTooLarge is wrapped by errors from a message over a size limit.
+	ErrTooLarge = errors.New("message too large")
+
+	errPeerGone = transport.ErrPeerGone
+	errTimeout  = transport.ErrTimeout
+)
+
+// options are the settings read from transport.Config.Options.
+type options struct {
+	bind       string        // host to bind (publisher)
+	advertise  string        // host to publish instead of bind (publisher)
+	maxMessage uint64        // largest DATA payload
+	heartbeat  time.Duration // how often to send heartbeats at most
+	liveness   time.Duration // silence after which a peer is gone
+	handshake  time.Duration // bound on one ZMTP connection handshake
+}
+
+func parseOptions(cfg transport.Config) (options, error) {
+	o := options{bind: "127.0.0.1", maxMessage: transport.DefaultMaxMessage, heartbeat: DefaultHeartbeat}
+	get := func(k string) (string, bool) {
+		v, ok := cfg.Options[k]
+		return strings.TrimSpace(v), ok && strings.TrimSpace(v) != ""
+	}
+	if v, ok := get("bind"); ok {
+		o.bind = strings.Trim(v, "[]")
+	}
+	if v, ok := get("advertise"); ok {
+		if _, _, err := net.SplitHostPort(v); err == nil {
+			return o, fmt.Errorf("option advertise=%q: give a host name or address without a port; the port is the one bound", v)
+		}
+		o.advertise = strings.Trim(v, "[]")
+	}
+	if v, ok := get("max_message"); ok {
+		n, err := humanize.ParseBytes(v)
+		if err != nil || n == 0 || n > math.MaxInt32*2 {
+			return o, fmt.Errorf("option max_message=%q: want a size from 1 byte to 4GiB such as 64MiB", v)
+		}
+		o.maxMessage = n
+	}
+	if v, ok := get("heartbeat"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Millisecond {
+			return o, fmt.Errorf("option heartbeat=%q: want a duration of 1ms or more such as 1s", v)
+		}
+		o.heartbeat = d
+	}
+	o.liveness = DefaultMisses * o.heartbeat
+	if v, ok := get("liveness"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Millisecond {
+			return o, fmt.Errorf("option liveness=%q: want a duration of 1ms or more such as 3s", v)
+		}
+		o.liveness = d
+	}
+	o.liveness = min(o.liveness, cfg.WaitTimeout())
+	o.handshake = min(cfg.WaitTimeout(), 10*time.Second)
+	return o, nil
+}
+
+// sendInterval is how often to heartbeat a peer that declares another
+// side gone after peerLiveness of silence: at most every own heartbeat,
+// and at least three times per peer liveness.
+func sendInterval(own, peerLiveness time.Duration) time.Duration {
+	return max(min(own, peerLiveness/3), time.Millisecond)
+}
+
+// tickOf is the period of the liveness ticker.
+func tickOf(o options) time.Duration {
+	return max(min(50*time.Millisecond, o.heartbeat/4, o.liveness/8), time.Millisecond)
+}
+
+func millis(d time.Duration) uint32 {
+	ms := d.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	if ms > math.MaxUint32 {
+		ms = math.MaxUint32
+	}
+	return uint32(ms)
+}
+
+// busError builds the *transport.Error every failure of this package is.
+func busError(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) *transport.Error {
+	return &transport.Error{Transport: Name, Group: cfg.Group, Rank: cfg.Rank, Op: op, Seq: seq, HasSeq: hasSeq, Peer: peer, Err: err}
+}
+
+// outbox is the queue of messages the writer goroutine sends. Producers
+// never block on it; its length is bounded by the protocol (a window of
+// DATA per receiver plus control messages).
+type outbox struct {
+	mu   sync.Mutex
+	q    []zmq4.Msg
+	wake chan struct{} // capacity 1; never closed
+}
+
+func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
+
+func (o *outbox) push(m zmq4.Msg) {
+	o.mu.Lock()
+	o.q = append(o.q, m)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outbox) take() []zmq4.Msg {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q := o.q
+	o.q = nil
+	return q
+}
+
+// runWriter is the only goroutine that calls sock.Send. It sends what the
+// outbox holds until flush is closed, then sends what is left and returns.
+// onErr hears of every failed send.
+func runWriter(sock zmq4.Socket, o *outbox, flush <-chan struct{}, onErr func(zmq4.Msg, error)) {
+	send := func() {
+		for _, m := range o.take() {
+			if err := sock.SendMulti(m); err != nil {
+				onErr(m, err)
+			}
+		}
+	}
+	for {
+		select {
+		case <-o.wake:
+			send()
+		case <-flush:
+			send()
+			return
+		}
+	}
+}
+
+// flushBound is how long Close lets the writer send its last messages
+// (BYE) before closing the socket under it.
+const flushBound = time.Second
+
+// closeSocket stops a writer (flush), waits for it at most flushBound,
+// then closes the socket, which ends the reader's Recv and any send still
+// blocked on a stalled peer.
+func closeSocket(sock zmq4.Socket, flush chan struct{}, writerDone <-chan struct{}) {
+	close(flush)
+	t := time.NewTimer(flushBound)
+	select {
+	case <-writerDone:
+	case <-t.C:
+	}
+	t.Stop()
+	sock.Close()
+}
