@@ -1,0 +1,159 @@
+// nccl_shim.h is a hand-written minimal subset of nccl.h: only the types,
+// constants and prototypes this package uses. No NCCL or CUDA headers are
+// needed to build; libnccl.so.2 is opened with dlopen at run time and its
+// functions are looked up with dlsym into the dispatch table wc_nccl. Every
+// call goes through a static inline wc_ shim that returns
+// WC_NCCL_FUNCTION_NOT_FOUND when the function is missing (or no library was
+// loaded).
+#ifndef WEIGHTCAST_NCCL_SHIM_H
+#define WEIGHTCAST_NCCL_SHIM_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int ncclResult_t; // an enum in nccl.h
+typedef int ncclDataType_t;
+typedef struct ncclComm *ncclComm_t;
+typedef struct CUstream_st *cudaStream_t; // the same object as a CUstream
+
+#define WC_NCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[WC_NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
+
+enum {
+  WC_ncclSuccess = 0,
+  WC_ncclInProgress = 7,
+  // Not an NCCL code: the shim's answer when a function pointer is NULL.
+  WC_NCCL_FUNCTION_NOT_FOUND = 0x7fff0001,
+  WC_ncclUint8 = 1,
+};
+
+// ncclConfig_t as NCCL 2.28 lays it out (struct ncclConfig_v22800). NCCL
+// copies min(size, its own sizeof) bytes and ignores fields newer than the
+// version stamped in, so this prefix works with 2.28 and later libraries.
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char *netName;
+  int splitShare;
+  int trafficClass;
+  const char *commName;
+  int collnetEnable;
+  int CTAPolicy;
+  int shrinkShare;
+  int nvlsCTAs;
+  int nChannelsPerNetPeer;
+  int nvlinkCentricSched;
+} ncclConfig_t;
+
+#define WC_NCCL_CONFIG_UNDEF_INT INT_MIN
+#define WC_NCCL_API_MAGIC 0xcafebeef
+#define WC_NCCL_CONFIG_VERSION 22803 // NCCL_VERSION(2, 28, 3)
+
+// NCCL_CONFIG_INITIALIZER for the layout above: every field undefined, so
+// NCCL applies its defaults.
+#define WC_NCCL_CONFIG_INITIALIZER                                                                           \
+  {                                                                                                          \
+    sizeof(ncclConfig_t), WC_NCCL_API_MAGIC, WC_NCCL_CONFIG_VERSION, WC_NCCL_CONFIG_UNDEF_INT,             \
+        WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT, NULL,                  \
+        WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT, NULL, WC_NCCL_CONFIG_UNDEF_INT,                  \
+        WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT,                        \
+        WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT                                                   \
+  }
+
+typedef struct {
+  void *lib;
+  ncclResult_t (*ncclGetVersion)(int *version);
+  ncclResult_t (*ncclGetUniqueId)(ncclUniqueId *id);
+  ncclResult_t (*ncclCommInitRankConfig)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                         ncclConfig_t *config);
+  ncclResult_t (*ncclCommGetAsyncError)(ncclComm_t comm, ncclResult_t *asyncError);
+  ncclResult_t (*ncclCommFinalize)(ncclComm_t comm);
+  ncclResult_t (*ncclCommDestroy)(ncclComm_t comm);
+  ncclResult_t (*ncclCommAbort)(ncclComm_t comm);
+  ncclResult_t (*ncclBroadcast)(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                int root, ncclComm_t comm, cudaStream_t stream);
+  const char *(*ncclGetErrorString)(ncclResult_t result);
+  const char *(*ncclGetLastError)(ncclComm_t comm);
+} wc_nccl_table;
+
+extern wc_nccl_table wc_nccl;
+
+// wc_nccl_load opens path and, if it is an NCCL library, fills wc_nccl and
+// writes the file actually loaded into loaded. It returns 0, or -1 with a
+// message in err (and wc_nccl untouched).
+int wc_nccl_load(const char *path, char *err, size_t errlen, char *loaded, size_t loadedlen);
+
+#define WC_NEED(fn)       \
+  if (wc_nccl.fn == NULL) \
+  return WC_NCCL_FUNCTION_NOT_FOUND
+
+static inline ncclResult_t wc_ncclGetVersion(int *v) {
+  WC_NEED(ncclGetVersion);
+  return wc_nccl.ncclGetVersion(v);
+}
+
+static inline ncclResult_t wc_ncclGetUniqueId(ncclUniqueId *id) {
+  WC_NEED(ncclGetUniqueId);
+  return wc_nccl.ncclGetUniqueId(id);
+}
+
+// wc_ncclCommInitRankConfig takes the 128-byte unique id by pointer and
+// passes it by value, so that the C compiler applies the calling convention.
+// The config lives on this stack frame: NCCL copies it before returning.
+static inline ncclResult_t wc_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, const ncclUniqueId *id, int rank,
+                                                     int blocking) {
+  WC_NEED(ncclCommInitRankConfig);
+  ncclConfig_t config = WC_NCCL_CONFIG_INITIALIZER;
+  config.blocking = blocking;
+  return wc_nccl.ncclCommInitRankConfig(comm, nranks, *id, rank, &config);
+}
+
+static inline ncclResult_t wc_ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
+  WC_NEED(ncclCommGetAsyncError);
+  return wc_nccl.ncclCommGetAsyncError(comm, state);
+}
+
+static inline ncclResult_t wc_ncclCommFinalize(ncclComm_t comm) {
+  WC_NEED(ncclCommFinalize);
+  return wc_nccl.ncclCommFinalize(comm);
+}
+
+static inline ncclResult_t wc_ncclCommDestroy(ncclComm_t comm) {
+  WC_NEED(ncclCommDestroy);
+  return wc_nccl.ncclCommDestroy(comm);
+}
+
+static inline ncclResult_t wc_ncclCommAbort(ncclComm_t comm) {
+  WC_NEED(ncclCommAbort);
+  return wc_nccl.ncclCommAbort(comm);
+}
+
+// wc_ncclBroadcast takes device addresses and the stream as integers.
+static inline ncclResult_t wc_ncclBroadcast(uint64_t send, uint64_t recv, size_t count, int root, ncclComm_t comm,
+                                            uintptr_t stream) {
+  WC_NEED(ncclBroadcast);
+  return wc_nccl.ncclBroadcast((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, WC_ncclUint8, root,
+                               comm, (cudaStream_t)stream);
+}
+
+static inline const char *wc_ncclGetErrorString(ncclResult_t r) {
+  if (wc_nccl.ncclGetErrorString == NULL)
+    return NULL;
+  return wc_nccl.ncclGetErrorString(r);
+}
+
+static inline const char *wc_ncclGetLastError(ncclComm_t comm) {
+  if (wc_nccl.ncclGetLastError == NULL)
+    return NULL;
+  return wc_nccl.ncclGetLastError(comm);
+}
+
+#endif
