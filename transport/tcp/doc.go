@@ -1,0 +1,60 @@
+// Package tcp is the byte transport for hosts without GPUs: bucket bytes in
+// host memory move over TCP along a pipelined chain
+//
+//	root (rank 0) → rank 1 → rank 2 → … → rank N-1 (the tail)
+//
+// Each bucket travels in chunks (4 MiB unless the "chunk" option says
+// otherwise), and every receiver but the tail passes chunk i on to its
+// successor while chunk i+1 is still arriving. Each link carries every byte
+// once, so throughput does not fall as receivers are added; only the time to
+// fill the chain grows, by about one chunk per hop.
+//
+// It registers itself as the byte transport "tcp":
+//
+//	import _ "github.com/weightcast/weightcast/transport/tcp"
+//
+// # Opening
+//
+// Every receiver listens on a TCP port of the host named by the "bind"
+// option (default 127.0.0.1, port 0 so the kernel picks a free one; give
+// host:port to fix the port) and publishes the bound address under the
+// Exchange key "tcp.addr". A receiver bound to a wildcard address (0.0.0.0,
+// ::) must be told, with the "advertise" option, the host (or host:port) the
+// previous rank should dial. Each rank except the tail looks up its
+// successor's address and dials it; each receiver accepts exactly one
+// connection, from its predecessor. A handshake (protocol magic and version,
+// group name, sender rank, world size) rejects a peer of another group,
+// world size or rank on both ends with an error wrapping ErrHandshake; a
+// connection that does not speak the protocol at all is dropped and the
+// receiver keeps waiting.
+//
+// # Broadcast
+//
+// Per bucket the root sends a 32-byte header (sequence number, length, chunk
+// size) and then one framed chunk per chunk size; receivers check the
+// sequence number and length against their own arguments. A receiver reads
+// each chunk straight into its buffer and a forwarding goroutine writes
+// whatever has arrived to the successor in one writev, from the same buffer:
+// no copies besides the kernel's. The root's chunk size applies to the whole
+// chain.
+//
+// When the tail has the whole bucket it sends an acknowledgement upstream;
+// every rank passes it on once its own part is done, and Broadcast returns on
+// the root only when the acknowledgement arrives. A nil error on the root
+// therefore means every receiver holds the bucket. The cost is a pause of
+// one chain drain plus one round trip per bucket, during which the root
+// sends nothing; see the package benchmarks for its size.
+//
+// # Failures
+//
+// Every wait is bounded by Config.WaitTimeout() (a stall is reported as
+// transport.ErrTimeout) and by the caller's context, whose cancellation cuts
+// a blocked read or write short. Errors are *transport.Error naming the
+// group, this rank, the bucket and the rank at fault. A rank that fails
+// tells its neighbours: an abort frame goes downstream and a failure notice
+// upstream, so that every rank of the chain names the rank that vanished
+// (wrapping transport.ErrPeerGone), not just its neighbour. After any error
+// the endpoint is broken and every later Broadcast returns the first error.
+// Close closes the connections (the neighbours see ErrPeerGone naming this
+// rank) and waits for a Broadcast in progress to return.
+package tcp

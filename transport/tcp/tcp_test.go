@@ -1,0 +1,462 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/transporttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConformance(t *testing.T) { transporttest.TestEndpoints(t, t.Name(), Open) }
+
+func TestRegistered(t *testing.T) {
+	if !slices.Contains(transport.Names(), Name) {
+		t.Fatalf("transport %q not registered: %v", Name, transport.Names())
+	}
+}
+
+// broadcastAll runs one bucket on every rank and returns each rank's error.
+func broadcastAll(ctx context.Context, eps []transport.Endpoint, seq uint64, bufs []gpu.Buffer, n int) []error {
+	errs := make([]error, len(eps))
+	var wg sync.WaitGroup
+	for r := range eps {
+		wg.Go(func() { errs[r] = eps[r].Broadcast(ctx, seq, bufs[r], n) })
+	}
+	wg.Wait()
+	return errs
+}
+
+func hostBufs(t testing.TB, n, size int) []gpu.Buffer {
+	t.Helper()
+	bufs := make([]gpu.Buffer, n)
+	for i := range bufs {
+		b, err := gpu.Host{}.Alloc(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs[i] = b
+	}
+	return bufs
+}
+
+// TestChainChunkSizes moves many buckets of odd sizes down a 4-rank chain
+// with chunk sizes from 1 KiB to 16 MiB, two buffers per rank alternating,
+// and checks every receiver's bytes.
+func TestChainChunkSizes(t *testing.T) {
+	const world = 4
+	cases := []struct {
+		chunk string
+		sizes []int
+	}{
+		{"1KiB", []int{0, 1, 1023, 1024, 1025, 100_000, 1 << 20}},
+		{"64KiB", []int{65535, 65536, 65537, 3<<20 + 11, 17}},
+		{"4MiB", []int{4 << 20, 4<<20 + 1, 13<<20 + 7, 1}},
+		{"16MiB", []int{16 << 20, 40<<20 + 3, 16<<20 - 1, 5}},
+	}
+	rng := rand.NewChaCha8([32]byte{3, 4})
+	for _, c := range cases {
+		t.Run(c.chunk, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfgs := transporttest.Configs(t.Name(), world, 20*time.Second)
+			for r := range cfgs {
+				cfgs[r].Options = map[string]string{OptChunk: c.chunk}
+			}
+			eps := transporttest.OpenAll(t, ctx, Open, cfgs)
+			maxN := slices.Max(c.sizes)
+			bufs := [2][]gpu.Buffer{hostBufs(t, world, maxN), hostBufs(t, world, maxN)}
+			var seq uint64
+			for round := range 2 {
+				for _, n := range c.sizes {
+					b := bufs[seq%2]
+					want := b[0].Host()[:n]
+					rng.Read(want)
+					for r := 1; r < world; r++ {
+						clear(b[r].Host())
+					}
+					if err := errors.Join(broadcastAll(ctx, eps, seq, b, n)...); err != nil {
+						t.Fatalf("round %d bucket %d (%d bytes): %v", round, seq, n, err)
+					}
+					for r := 1; r < world; r++ {
+						if !bytes.Equal(b[r].Host()[:n], want) {
+							t.Fatalf("bucket %d (%d bytes): rank %d received different bytes", seq, n, r)
+						}
+						if tail := b[r].Host()[n:]; !bytes.Equal(tail, make([]byte, len(tail))) {
+							t.Fatalf("bucket %d (%d bytes): rank %d wrote past the bucket", seq, n, r)
+						}
+					}
+					seq++
+				}
+			}
+		})
+	}
+}
+
+// TestPeerGoneMidBucket closes rank 2 of 4 while a 64 MiB bucket is in the
+// chain: rank 2's predecessors and successor must fail quickly with
+// ErrPeerGone naming rank 2.
+func TestPeerGoneMidBucket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const world, n = 4, 64 << 20
+	cfgs := transporttest.Configs(t.Name(), world, 20*time.Second)
+	eps := transporttest.OpenAll(t, ctx, Open, cfgs)
+	bufs := hostBufs(t, world, n)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for r := range 3 {
+		wg.Go(func() { errs[r] = eps[r].Broadcast(ctx, 0, bufs[r], n) })
+	}
+	// Rank 3 is not reading yet, so the bucket is stuck inside the chain
+	// once the socket buffers fill.
+	time.Sleep(200 * time.Millisecond)
+	eps[2].Close()
+	errs[3] = eps[3].Broadcast(ctx, 0, bufs[3], n)
+	wg.Wait()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("failures took %v to surface", d)
+	}
+	for _, r := range []int{0, 1, 3} {
+		var te *transport.Error
+		switch {
+		case !errors.As(errs[r], &te):
+			t.Errorf("rank %d: want a *transport.Error, got %v", r, errs[r])
+		case !errors.Is(errs[r], transport.ErrPeerGone) || te.Peer != 2:
+			t.Errorf("rank %d: want ErrPeerGone naming rank 2, got %v", r, errs[r])
+		default:
+			t.Logf("rank %d: %v", r, errs[r])
+		}
+	}
+	if !errors.Is(errs[2], transport.ErrClosed) {
+		t.Errorf("rank 2 (closed): want ErrClosed, got %v", errs[2])
+	}
+	// Broken endpoints keep returning their first error.
+	for _, r := range []int{0, 1, 3} {
+		if err := eps[r].Broadcast(ctx, 1, bufs[r], 10); err != errs[r] {
+			t.Errorf("rank %d after failure: got %v, want the first error %v", r, err, errs[r])
+		}
+	}
+}
+
+func openPair(t *testing.T, ctx context.Context, cfgs []transport.Config) []error {
+	t.Helper()
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for r := range cfgs {
+		wg.Go(func() {
+			ep, err := Open(ctx, cfgs[r])
+			if ep != nil {
+				ep.Close()
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestHandshakeRejects(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func([]transport.Config)
+		want string
+	}{
+		{"group", func(c []transport.Config) { c[1].Group = "other-group" }, `group "other-group"`},
+		{"world", func(c []transport.Config) { c[1].WorldSize = 3 }, "start every rank with the same world size"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cfgs := transporttest.Configs(t.Name(), 2, 10*time.Second)
+			c.edit(cfgs)
+			start := time.Now()
+			errs := openPair(t, ctx, cfgs)
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("rejection took %v", d)
+			}
+			for r, err := range errs {
+				var te *transport.Error
+				if !errors.As(err, &te) || !errors.Is(err, ErrHandshake) || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("rank %d: want a handshake rejection mentioning %q, got %v", r, c.want, err)
+					continue
+				}
+				t.Logf("rank %d: %v", r, err)
+			}
+		})
+	}
+}
+
+// TestHandshakeWrongRank dials a receiver pretending to be a rank that is
+// not its predecessor, and checks that both ends learn why.
+func TestHandshakeWrongRank(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfgs := transporttest.Configs(t.Name(), 3, 10*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		ep, err := Open(ctx, cfgs[2])
+		if ep != nil {
+			ep.Close()
+		}
+		done <- err
+	}()
+	addr, err := cfgs[0].Exchange.Get(ctx, 2, AddrKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", string(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write(hello{version: version, rank: 0, world: 3, group: cfgs[0].Group}.encode())
+	h, err := readHello(c)
+	if err != nil || h.rank != 2 {
+		t.Fatalf("receiver's hello: %+v, %v", h, err)
+	}
+	verdict, err := readVerdict(c)
+	if err != nil || !strings.Contains(verdict, "rank 0 connected where rank 2's neighbour must be rank 1") {
+		t.Fatalf("receiver's verdict: %q, %v", verdict, err)
+	}
+	err = <-done
+	if !errors.Is(err, ErrHandshake) || !strings.Contains(err.Error(), "distinct rank") {
+		t.Fatalf("receiver: want a handshake error about ranks, got %v", err)
+	}
+}
+
+// TestStrangerIgnored connects something that is not a peer to a receiver
+// before its predecessor: the receiver drops it and opens normally.
+func TestStrangerIgnored(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfgs := transporttest.Configs(t.Name(), 2, 10*time.Second)
+	type res struct {
+		ep  transport.Endpoint
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		ep, err := Open(ctx, cfgs[1])
+		done <- res{ep, err}
+	}()
+	addr, err := cfgs[0].Exchange.Get(ctx, 1, AddrKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", string(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	c.Close()
+	root, err := Open(ctx, cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.ep.Close()
+	bufs := hostBufs(t, 2, 100)
+	copy(bufs[0].Host(), "hello")
+	if err := errors.Join(broadcastAll(ctx, []transport.Endpoint{root, r.ep}, 0, bufs, 5)...); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(bufs[1].Host()[:5]); got != "hello" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestMismatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 3, 10*time.Second))
+	bufs := hostBufs(t, 3, 1000)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = eps[0].Broadcast(ctx, 7, bufs[0], 1000) })
+	wg.Go(func() { errs[1] = eps[1].Broadcast(ctx, 8, bufs[1], 1000) })
+	wg.Go(func() { errs[2] = eps[2].Broadcast(ctx, 7, bufs[2], 1000) })
+	wg.Wait()
+	if err := errs[1]; err == nil || !strings.Contains(err.Error(), "the root sent bucket 7 of 1000 bytes, this rank expected bucket 8 of 1000 bytes") {
+		t.Errorf("rank 1: want a mismatch error naming both buckets, got %v", err)
+	}
+	for _, r := range []int{0, 2} {
+		var te *transport.Error
+		if !errors.As(errs[r], &te) || te.Peer != 1 || !strings.Contains(errs[r].Error(), "expected bucket 8") {
+			t.Errorf("rank %d: want an error naming rank 1 and its complaint, got %v", r, errs[r])
+		}
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 2, 300*time.Millisecond))
+	bufs := hostBufs(t, 2, 1<<20)
+	// The receiver first, while the root is not sending; then the root,
+	// while the receiver is not reading.
+	for _, r := range []int{1, 0} {
+		err := eps[r].Broadcast(ctx, 0, bufs[r], 1<<20)
+		var te *transport.Error
+		if !errors.Is(err, transport.ErrTimeout) || !errors.As(err, &te) || te.Peer != 1-r {
+			t.Errorf("rank %d: want ErrTimeout naming rank %d, got %v", r, 1-r, err)
+		}
+	}
+}
+
+// TestReceiverCancelled cancels a receiver waiting for a bucket; the root's
+// next broadcast fails at once, naming that receiver.
+func TestReceiverCancelled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 3, 20*time.Second))
+	bufs := hostBufs(t, 3, 8<<20)
+	cctx, ccancel := context.WithCancel(ctx)
+	go func() { time.Sleep(50 * time.Millisecond); ccancel() }()
+	if err := eps[2].Broadcast(cctx, 0, bufs[2], 8<<20); !errors.Is(err, context.Canceled) {
+		t.Fatalf("rank 2: want context.Canceled, got %v", err)
+	}
+	start := time.Now()
+	errs := broadcastAll(ctx, eps[:2], 0, bufs[:2], 8<<20)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+	for r, err := range errs {
+		var te *transport.Error
+		if !errors.As(err, &te) || te.Peer != 2 || !strings.Contains(err.Error(), "context canceled") {
+			t.Errorf("rank %d: want an error naming rank 2 and its cancellation, got %v", r, err)
+		}
+	}
+}
+
+// TestContextDeadline bounds a root broadcast by the caller's deadline,
+// shorter than the transport's timeout.
+func TestContextDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 2, time.Minute))
+	buf := hostBufs(t, 1, 64<<20)[0]
+	dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer dcancel()
+	start := time.Now()
+	err := eps[0].Broadcast(dctx, 0, buf, buf.Len())
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("want context.DeadlineExceeded soon, got %v after %v", err, time.Since(start))
+	}
+}
+
+type deviceBuffer struct{}
+
+func (deviceBuffer) Len() int                 { return 1 << 20 }
+func (deviceBuffer) Host() []byte             { return nil }
+func (deviceBuffer) DevicePtr() uint64        { return 0xd000 }
+func (deviceBuffer) Device() gpu.Device       { return fakeGPU{} }
+func (deviceBuffer) Free() error              { return nil }
+func (fakeGPU) Name() string                  { return "fake GPU" }
+func (fakeGPU) Kind() gpu.Kind                { return gpu.KindCUDA }
+func (fakeGPU) Alloc(int) (gpu.Buffer, error) { return deviceBuffer{}, nil }
+
+type fakeGPU struct{}
+
+func TestDeviceMemoryRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := transporttest.Configs(t.Name(), 2, time.Second)[0]
+	cfg.Device = fakeGPU{}
+	if _, err := Open(ctx, cfg); err == nil || !strings.Contains(err.Error(), "host memory only") {
+		t.Errorf("Open on a GPU device: want a clear refusal, got %v", err)
+	}
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name()+"-bc", 2, 10*time.Second))
+	err := eps[0].Broadcast(ctx, 0, deviceBuffer{}, 100)
+	if err == nil || !strings.Contains(err.Error(), "not host memory") {
+		t.Errorf("Broadcast of a device buffer: want a clear refusal, got %v", err)
+	}
+	// The receiver learns why instead of waiting for its timeout.
+	err = eps[1].Broadcast(ctx, 0, hostBufs(t, 1, 100)[0], 100)
+	if err == nil || !strings.Contains(err.Error(), "not host memory") {
+		t.Errorf("receiver: want the root's reason, got %v", err)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		opts map[string]string
+		want string
+	}{
+		{map[string]string{OptChunk: "lots"}, "give a size"},
+		{map[string]string{OptChunk: "12"}, "between 1KiB and 1GiB"},
+		{map[string]string{"chunks": "1MiB"}, "unknown option(s) chunks"},
+		{map[string]string{OptBind: "0.0.0.0"}, "set option advertise"},
+	} {
+		cfg := transporttest.Configs(t.Name(), 2, time.Second)[1]
+		cfg.Options = c.opts
+		if _, err := Open(ctx, cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("options %v: want an error mentioning %q, got %v", c.opts, c.want, err)
+		}
+	}
+	// A wildcard bind with an advertised host publishes that host.
+	cfgs := transporttest.Configs(t.Name()+"-adv", 2, 10*time.Second)
+	cfgs[1].Options = map[string]string{OptBind: "0.0.0.0", OptAdvertise: "127.0.0.1", OptChunk: "1MiB"}
+	eps := transporttest.OpenAll(t, ctx, Open, cfgs)
+	addr, _ := cfgs[0].Exchange.Get(ctx, 1, AddrKey)
+	if !strings.HasPrefix(string(addr), "127.0.0.1:") {
+		t.Errorf("published %q, want the advertised host", addr)
+	}
+	bufs := hostBufs(t, 2, 3<<20)
+	if err := errors.Join(broadcastAll(ctx, eps, 0, bufs, 3<<20)...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseIdempotent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 2, 10*time.Second))
+	for range 2 {
+		if err := eps[0].Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := eps[0].Broadcast(ctx, 0, hostBufs(t, 1, 10)[0], 10); !errors.Is(err, transport.ErrClosed) {
+		t.Fatalf("Broadcast after Close: got %v", err)
+	}
+	err := eps[1].Broadcast(ctx, 0, hostBufs(t, 1, 10)[0], 10)
+	var te *transport.Error
+	if !errors.Is(err, transport.ErrPeerGone) || !errors.As(err, &te) || te.Peer != 0 {
+		t.Fatalf("receiver of a closed root: want ErrPeerGone naming rank 0, got %v", err)
+	}
+}
+
+func TestOpenTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfgs := transporttest.Configs(t.Name(), 3, 300*time.Millisecond)
+	// Rank 1 alone: its successor never publishes, its predecessor never dials.
+	_, err := Open(ctx, cfgs[1])
+	if !errors.Is(err, transport.ErrTimeout) {
+		t.Fatalf("want ErrTimeout, got %v", err)
+	}
+	t.Log(err)
+}
