@@ -1,0 +1,163 @@
+package rendezvous
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// EmbeddedOptions configures StartEmbedded.
+type EmbeddedOptions struct {
+	// Addr is the client address to listen on, "host:port". Empty means
+	// "127.0.0.1:0": loopback only, on a port the OS picks.
+	Addr string
+	// DataDir holds the server's data. Empty means a fresh temporary
+	// directory that Close removes; such a server also skips fsync, since
+	// its data does not outlive it. A given directory is kept, and fsync
+	// stays on.
+	DataDir string
+	// Logger receives the server's logs. Nil means errors only, on
+	// standard error, and none once Close has begun (a stopping server
+	// reports its closed listeners as errors).
+	Logger *zap.Logger
+}
+
+// Embedded is a single-member etcd server running inside this process,
+// for a demo or tests that need no separate etcd. Its peer listener is on
+// 127.0.0.1 with an OS-picked port; with one member nobody dials it.
+type Embedded struct {
+	etcd      *embed.Etcd
+	clientURL string
+	tmpDir    string
+	closing   atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartEmbedded starts an etcd server in this process and returns once it
+// serves clients, or when ctx ends.
+func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error) {
+	addr := opts.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("rendezvous: embedded etcd address %q: %w; give host:port, e.g. 127.0.0.1:2379 or 0.0.0.0:0", addr, err)
+	}
+	e := &Embedded{}
+	cfg := embed.NewConfig()
+	cfg.Dir = opts.DataDir
+	if cfg.Dir == "" {
+		dir, err := os.MkdirTemp("", "weightcast-etcd-")
+		if err != nil {
+			return nil, fmt.Errorf("rendezvous: embedded etcd data dir: %w", err)
+		}
+		e.tmpDir, cfg.Dir = dir, dir
+		cfg.UnsafeNoFsync = true
+	}
+	clientURL := url.URL{Scheme: "http", Host: addr}
+	peerURL := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	cfg.Name = "weightcast"
+	cfg.ListenClientUrls = []url.URL{clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{clientURL}
+	cfg.ListenPeerUrls = []url.URL{peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{peerURL}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.InitialClusterToken = "weightcast-" + rand.Text()
+	// The HTTP gateway dials the configured client address, which is
+	// useless with port 0; clients speak gRPC.
+	cfg.EnableGRPCGateway = false
+	lg := opts.Logger
+	if lg == nil {
+		lg = quietLogger(&e.closing)
+	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+
+	etcd, err := embed.StartEtcd(cfg)
+	if err != nil {
+		e.removeTmp()
+		return nil, fmt.Errorf("rendezvous: starting embedded etcd on %s: %w", addr, err)
+	}
+	e.etcd = etcd
+	// The bound address, which differs from addr when its port is 0.
+	bound := etcd.Clients[0].Addr().(*net.TCPAddr)
+	host := bound.IP
+	if host.IsUnspecified() { // a wildcard listens on loopback too
+		host = net.IPv4(127, 0, 0, 1)
+	}
+	e.clientURL = (&url.URL{Scheme: "http", Host: net.JoinHostPort(host.String(), fmt.Sprint(bound.Port))}).String()
+
+	select {
+	case <-etcd.Server.ReadyNotify():
+		return e, nil
+	case err := <-etcd.Err():
+		e.Close()
+		return nil, fmt.Errorf("rendezvous: embedded etcd on %s failed while starting: %w", addr, err)
+	case <-ctx.Done():
+		e.Close()
+		return nil, fmt.Errorf("rendezvous: embedded etcd on %s not ready: %w", addr, ctx.Err())
+	}
+}
+
+// ClientURL is the URL clients on this host dial ("http://127.0.0.1:port").
+// When Addr was a wildcard, other hosts use this host's name with the same
+// port.
+func (e *Embedded) ClientURL() string { return e.clientURL }
+
+// Close stops the server and removes its temporary data directory. It is
+// idempotent.
+func (e *Embedded) Close() error {
+	e.closeOnce.Do(func() {
+		e.closing.Store(true)
+		if e.etcd != nil {
+			e.etcd.Close()
+			<-e.etcd.Server.StopNotify()
+		}
+		e.closeErr = e.removeTmp()
+	})
+	return e.closeErr
+}
+
+func (e *Embedded) removeTmp() error {
+	if e.tmpDir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(e.tmpDir); err != nil {
+		return fmt.Errorf("rendezvous: removing embedded etcd data dir: %w", err)
+	}
+	return nil
+}
+
+// quietLogger logs errors to standard error until closing is set.
+func quietLogger(closing *atomic.Bool) *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(os.Stderr), zap.ErrorLevel)
+	return zap.New(untilClosing{core, closing}).Named("etcd")
+}
+
+// untilClosing drops every entry once closing is set.
+type untilClosing struct {
+	zapcore.Core
+	closing *atomic.Bool
+}
+
+func (c untilClosing) With(fields []zapcore.Field) zapcore.Core {
+	return untilClosing{c.Core.With(fields), c.closing}
+}
+
+func (c untilClosing) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.closing.Load() || !c.Enabled(ent.Level) {
+		return ce
+	}
+	return ce.AddCore(ent, c)
+}

@@ -1,0 +1,400 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+)
+
+// DefaultLeaseTTL is the lease TTL of an Etcd store unless WithLeaseTTL
+// says otherwise: a rank that dies without closing its store is noticed
+// by the others about this long after its last keep-alive.
+const DefaultLeaseTTL = 10 * time.Second
+
+// DefaultDialTimeout bounds DialEtcd's first contact with the cluster
+// unless WithDialTimeout says otherwise.
+const DefaultDialTimeout = 5 * time.Second
+
+// EtcdOption configures DialEtcd.
+type EtcdOption func(*etcdOptions)
+
+type etcdOptions struct {
+	ttl         time.Duration
+	dialTimeout time.Duration
+}
+
+// WithLeaseTTL sets the TTL of the store's lease, rounded up to whole
+// seconds. etcd raises TTLs below its minimum (2 s with its default
+// election timeout) to that minimum.
+func WithLeaseTTL(d time.Duration) EtcdOption {
+	return func(o *etcdOptions) { o.ttl = d }
+}
+
+// WithDialTimeout bounds the first contact with the cluster.
+func WithDialTimeout(d time.Duration) EtcdOption {
+	return func(o *etcdOptions) { o.dialTimeout = d }
+}
+
+// Etcd is the Store on an etcd v3 cluster. Create-if-absent is a
+// transaction on the key's CreateRevision being 0; Wait and WaitAbsent
+// read the key and then watch it from the read's revision + 1, so nothing
+// happening in between is missed and nothing is polled; when the history
+// they need was compacted away they read and watch again. Leased keys
+// live on one lease per Etcd, granted on first use and kept alive by the
+// client until Close revokes it.
+type Etcd struct {
+	client    *clientv3.Client
+	endpoints []string
+	ttl       int64 // seconds
+
+	leaseSem chan struct{} // capacity 1: held while granting the lease
+
+	mu      sync.Mutex
+	session *concurrency.Session
+	closed  bool
+
+	// afterRead, when set by tests, runs in Wait and WaitAbsent between
+	// the read and the watch.
+	afterRead func()
+}
+
+var _ Store = (*Etcd)(nil)
+
+// DialEtcd connects to the etcd cluster at endpoints ("host:port" or
+// "http://host:port") and checks that it answers within ctx and the dial
+// timeout. It starts only the etcd client's own connection goroutines,
+// and Close stops them.
+func DialEtcd(ctx context.Context, endpoints []string, opts ...EtcdOption) (*Etcd, error) {
+	o := etcdOptions{ttl: DefaultLeaseTTL, dialTimeout: DefaultDialTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(endpoints) == 0 {
+		return nil, errors.New("rendezvous: no etcd endpoints given; pass --etcd host:port or start an embedded etcd")
+	}
+	if o.ttl <= 0 {
+		return nil, fmt.Errorf("rendezvous: lease TTL %v must be positive", o.ttl)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: o.dialTimeout,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous: connecting to etcd at %s: %w", strings.Join(endpoints, ","), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, o.dialTimeout)
+	defer cancel()
+	if _, err := cli.Get(pctx, "/weightcast/", clientv3.WithCountOnly()); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("rendezvous: etcd at %s does not answer within %v: %w; check that it runs and that this host can reach it", strings.Join(endpoints, ","), o.dialTimeout, err)
+	}
+	return &Etcd{
+		client:    cli,
+		endpoints: append([]string(nil), endpoints...),
+		ttl:       int64(math.Ceil(o.ttl.Seconds())),
+		leaseSem:  make(chan struct{}, 1),
+	}, nil
+}
+
+// Endpoints returns the endpoints the store was dialed with.
+func (s *Etcd) Endpoints() []string { return append([]string(nil), s.endpoints...) }
+
+func (s *Etcd) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// wrap names the operation and key in err, and turns the errors of a
+// client closed underneath a call into ErrStoreClosed.
+func (s *Etcd) wrap(ctx context.Context, op, key string, err error) error {
+	if ctx.Err() == nil && s.isClosed() {
+		err = ErrStoreClosed
+	}
+	return fmt.Errorf("etcd %s %q: %w", op, key, err)
+}
+
+func (s *Etcd) check(op, key string) error {
+	if s.isClosed() {
+		return fmt.Errorf("etcd %s %q: %w", op, key, ErrStoreClosed)
+	}
+	return nil
+}
+
+// lease returns the store's lease, granting it and starting its
+// keep-alive on first use.
+func (s *Etcd) lease(ctx context.Context) (clientv3.LeaseID, error) {
+	select {
+	case s.leaseSem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-s.leaseSem }()
+	s.mu.Lock()
+	sess, closed := s.session, s.closed
+	s.mu.Unlock()
+	if closed {
+		return 0, ErrStoreClosed
+	}
+	if sess != nil {
+		select {
+		case <-sess.Done():
+			return 0, ErrLeaseLost
+		default:
+			return sess.Lease(), nil
+		}
+	}
+	g, err := s.client.Grant(ctx, s.ttl)
+	if err != nil {
+		return 0, err
+	}
+	sess, err = concurrency.NewSession(s.client, concurrency.WithLease(g.ID), concurrency.WithTTL(int(s.ttl)))
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed { // Close ran meanwhile and did not see this session
+		sess.Orphan()
+		return 0, ErrStoreClosed
+	}
+	s.session = sess
+	return sess.Lease(), nil
+}
+
+// Create implements Store.
+func (s *Etcd) Create(ctx context.Context, key string, value []byte) (bool, []byte, error) {
+	if err := s.check("create", key); err != nil {
+		return false, nil, err
+	}
+	return s.create(ctx, "create", key, value)
+}
+
+// CreateLeased implements Store.
+func (s *Etcd) CreateLeased(ctx context.Context, key string, value []byte) (bool, []byte, error) {
+	if err := s.check("create", key); err != nil {
+		return false, nil, err
+	}
+	id, err := s.lease(ctx)
+	if err != nil {
+		return false, nil, s.wrap(ctx, "create", key, err)
+	}
+	return s.create(ctx, "create", key, value, clientv3.WithLease(id))
+}
+
+func (s *Etcd) create(ctx context.Context, op, key string, value []byte, opts ...clientv3.OpOption) (bool, []byte, error) {
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(value), opts...)).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		return false, nil, s.wrap(ctx, op, key, err)
+	}
+	if resp.Succeeded {
+		return true, nil, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 { // cannot happen: the Else branch runs on the same revision
+		return false, nil, fmt.Errorf("etcd %s %q: key exists but reads empty", op, key)
+	}
+	return false, kvs[0].Value, nil
+}
+
+// Get implements Store.
+func (s *Etcd) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	if err := s.check("get", key); err != nil {
+		return nil, false, err
+	}
+	resp, err := s.client.Get(ctx, key)
+	if err != nil {
+		return nil, false, s.wrap(ctx, "get", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, false, nil
+	}
+	return resp.Kvs[0].Value, true, nil
+}
+
+// List implements Store.
+func (s *Etcd) List(ctx context.Context, prefix string) (map[string][]byte, error) {
+	if err := s.check("list", prefix); err != nil {
+		return nil, err
+	}
+	resp, err := s.client.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, s.wrap(ctx, "list", prefix, err)
+	}
+	out := make(map[string][]byte, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = kv.Value
+	}
+	return out, nil
+}
+
+// Wait implements Store.
+func (s *Etcd) Wait(ctx context.Context, key string) ([]byte, error) {
+	if err := s.check("wait for", key); err != nil {
+		return nil, err
+	}
+	for {
+		resp, err := s.client.Get(ctx, key)
+		if err != nil {
+			return nil, s.wrap(ctx, "wait for", key, err)
+		}
+		if len(resp.Kvs) > 0 {
+			return resp.Kvs[0].Value, nil
+		}
+		ev, err := s.watch(ctx, "wait for", key, resp.Header.Revision+1, clientv3.EventTypePut)
+		if err != nil {
+			return nil, err
+		}
+		if ev != nil {
+			return ev.Kv.Value, nil
+		}
+		// nil, nil: the history was compacted; read again.
+	}
+}
+
+// WaitAbsent implements Store.
+func (s *Etcd) WaitAbsent(ctx context.Context, key string) error {
+	if err := s.check("wait for deletion of", key); err != nil {
+		return err
+	}
+	for {
+		resp, err := s.client.Get(ctx, key, clientv3.WithCountOnly())
+		if err != nil {
+			return s.wrap(ctx, "wait for deletion of", key, err)
+		}
+		if resp.Count == 0 {
+			return nil
+		}
+		ev, err := s.watch(ctx, "wait for deletion of", key, resp.Header.Revision+1, clientv3.EventTypeDelete)
+		if err != nil || ev != nil {
+			return err
+		}
+	}
+}
+
+// watch watches key from revision rev until an event of type typ and
+// returns it. It returns nil, nil when rev was compacted away, so the
+// caller reads again.
+func (s *Etcd) watch(ctx context.Context, op, key string, rev int64, typ mvccpb.Event_EventType) (*clientv3.Event, error) {
+	if s.afterRead != nil {
+		s.afterRead()
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the watch on the server
+	for wr := range s.client.Watch(wctx, key, clientv3.WithRev(rev)) {
+		if wr.CompactRevision != 0 {
+			return nil, nil
+		}
+		if err := wr.Err(); err != nil {
+			return nil, s.wrap(ctx, op, key, err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == typ {
+				return ev, nil
+			}
+		}
+	}
+	// The channel closes without a response when ctx ends or the client
+	// is closed.
+	if err := ctx.Err(); err != nil {
+		return nil, s.wrap(ctx, op, key, err)
+	}
+	return nil, s.wrap(ctx, op, key, errors.New("watch ended without an answer"))
+}
+
+// Add implements Store.
+func (s *Etcd) Add(ctx context.Context, key string, delta int64) (int64, error) {
+	if err := s.check("add to", key); err != nil {
+		return 0, err
+	}
+	for {
+		resp, err := s.client.Get(ctx, key)
+		if err != nil {
+			return 0, s.wrap(ctx, "add to", key, err)
+		}
+		var cur int64
+		cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		if len(resp.Kvs) > 0 {
+			kv := resp.Kvs[0]
+			if cur, err = strconv.ParseInt(string(kv.Value), 10, 64); err != nil {
+				return 0, fmt.Errorf("etcd add to %q: value %q is not a counter", key, kv.Value)
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
+		}
+		next := cur + delta
+		tr, err := s.client.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, strconv.FormatInt(next, 10))).Commit()
+		if err != nil {
+			return 0, s.wrap(ctx, "add to", key, err)
+		}
+		if tr.Succeeded {
+			return next, nil
+		}
+		// Someone else changed the counter between our read and write.
+	}
+}
+
+// DeletePrefix implements Store. It refuses the empty prefix.
+func (s *Etcd) DeletePrefix(ctx context.Context, prefix string) error {
+	if prefix == "" {
+		return errors.New("etcd delete: refusing to delete every key (empty prefix)")
+	}
+	if err := s.check("delete prefix", prefix); err != nil {
+		return err
+	}
+	if _, err := s.client.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+		return s.wrap(ctx, "delete prefix", prefix, err)
+	}
+	return nil
+}
+
+// Close implements Store: it stops the keep-alive, revokes the lease
+// (within the lease TTL; if that fails the lease simply expires), and
+// closes the client.
+func (s *Etcd) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	sess := s.session
+	s.mu.Unlock()
+	var err error
+	if sess != nil {
+		if rerr := sess.Close(); rerr != nil {
+			err = fmt.Errorf("etcd: revoking lease %x: %w", sess.Lease(), rerr)
+		}
+	}
+	if cerr := s.client.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
+		err = errors.Join(err, fmt.Errorf("etcd: closing client: %w", cerr))
+	}
+	return err
+}
+
+// abandon closes the client without revoking the lease, as a process that
+// dies does: the leased keys stay until the lease TTL runs out. For tests.
+func (s *Etcd) abandon() {
+	s.mu.Lock()
+	s.closed = true
+	sess := s.session
+	s.mu.Unlock()
+	if sess != nil {
+		sess.Orphan()
+	}
+	s.client.Close()
+}

@@ -1,0 +1,44 @@
+package rendezvous_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/weightcast/weightcast/rendezvous"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startEmbedded starts an embedded etcd for one test and stops it at the
+// test's end.
+func startEmbedded(t testing.TB) *rendezvous.Embedded {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	e, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("closing embedded etcd: %v", err)
+		}
+	})
+	return e
+}
+
+// dial connects a new store (a new client with its own lease) to endpoints.
+func dial(t testing.TB, endpoints []string, ttl time.Duration) *rendezvous.Etcd {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := rendezvous.DialEtcd(ctx, endpoints, rendezvous.WithLeaseTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
