@@ -380,6 +380,11 @@ func TestCUDAIPC(t *testing.T) {
 		t.Fatalf("child did not run its check:\n%s", out)
 	}
 	t.Logf("child process ran in %v", time.Since(start).Round(time.Millisecond))
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "opened") {
+			t.Log("child:", strings.TrimSpace(line))
+		}
+	}
 	got := make([]byte, n)
 	if err := s.CopyDtoH(got, b, 0); err != nil {
 		t.Fatal(err)

@@ -119,6 +119,36 @@ func TestPoll(t *testing.T) {
 	}
 }
 
+func TestPollLongWait(t *testing.T) {
+	// Past the fine-polling phase, Poll sleeps on a timer and still ends
+	// with the context.
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	calls := 0
+	err := Poll(ctx, func() (bool, error) { calls++; return false, nil })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Poll = %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Poll took %v to notice a 120ms deadline", d)
+	}
+	t.Logf("%d checks in %v", calls, time.Since(start).Round(time.Millisecond))
+}
+
+// BenchmarkPollOvershoot reports how late Poll notices work that finishes
+// 500µs after the wait starts.
+func BenchmarkPollOvershoot(b *testing.B) {
+	const wait = 500 * time.Microsecond
+	var late time.Duration
+	for range b.N {
+		start := time.Now()
+		_ = Poll(context.Background(), func() (bool, error) { return time.Since(start) >= wait, nil })
+		late += time.Since(start) - wait
+	}
+	b.ReportMetric(float64(late.Nanoseconds())/1e3/float64(b.N), "µs-late/op")
+}
+
 func TestWaitError(t *testing.T) {
 	d := &CUDADevice{ordinal: 3}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
