@@ -3,7 +3,9 @@ package zmqbus
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -78,11 +80,14 @@ func (guardTransport) Dial(ctx context.Context, d ztransport.Dialer, addr string
 }
 
 func (guardTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
+	inner, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return &guardListener{Listener: l, cfg: guardFrom(ctx), shaking: map[*guardConn]struct{}{}}, nil
+	l := &guardListener{inner: inner, cfg: guardFrom(ctx), ready: make(chan *guardConn), done: make(chan struct{}), shaking: map[*guardConn]struct{}{}}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
 }
 
 func (guardTransport) Addr(ep string) (string, error) {
@@ -99,48 +104,105 @@ func (guardTransport) Addr(ep string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-// guardListener wraps accepted connections and closes those still in their
-// handshake when it closes (zmq4 closes only connections it has opened).
+// guardListener screens accepted connections before zmq4 sees them: zmq4
+// runs the ZMTP handshake of each accepted connection inside its one
+// accept loop, so a client that connects and stays silent (a health check,
+// a port scan) would stall every later receiver. The listener hands zmq4 a
+// connection only once its peer has sent the 10-byte ZMTP signature,
+// within the handshake bound. Its goroutines end when it is closed.
 type guardListener struct {
-	net.Listener
-	cfg guardConfig
+	inner net.Listener
+	cfg   guardConfig
+	ready chan *guardConn // screened connections, to Accept; never closed
+	done  chan struct{}   // closed by Close
+	wg    sync.WaitGroup
 
 	mu      sync.Mutex
 	closed  bool
-	shaking map[*guardConn]struct{}
+	shaking map[*guardConn]struct{} // connections not yet through the ZMTP handshake
+}
+
+func (l *guardListener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.inner.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // the listener is broken; zmq4 sees no more connections
+		}
+		g := newGuardConn(c, l.cfg, l.untrack)
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			c.Close()
+			return
+		}
+		l.shaking[g] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go l.screen(g)
+	}
+}
+
+// screen waits for the ZMTP signature, then queues g for Accept.
+func (l *guardListener) screen(g *guardConn) {
+	defer l.wg.Done()
+	var sig [10]byte
+	if _, err := io.ReadFull(g.Conn, sig[:]); err != nil || sig[0] != 0xFF || sig[9] != 0x7F {
+		g.finishHandshake(false)
+		return
+	}
+	g.pre = sig[:]
+	select {
+	case l.ready <- g:
+	case <-l.done:
+		g.finishHandshake(false)
+	}
 }
 
 func (l *guardListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	g := newGuardConn(c, l.cfg, l.done)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		c.Close()
+	select {
+	case g := <-l.ready:
+		return g, nil
+	case <-l.done:
 		return nil, net.ErrClosed
 	}
-	l.shaking[g] = struct{}{}
-	return g, nil
 }
 
-func (l *guardListener) done(g *guardConn) {
+func (l *guardListener) untrack(g *guardConn) {
 	l.mu.Lock()
 	delete(l.shaking, g)
 	l.mu.Unlock()
 }
 
+func (l *guardListener) Addr() net.Addr { return l.inner.Addr() }
+
+// Close stops accepting, closes the connections still in their handshake
+// (zmq4 closes only those it has opened) and joins the screening
+// goroutines.
 func (l *guardListener) Close() error {
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
 	l.closed = true
+	close(l.done)
 	for g := range l.shaking {
 		g.Conn.Close()
 	}
-	clear(l.shaking)
 	l.mu.Unlock()
-	return l.Listener.Close()
+	err := l.inner.Close()
+	l.wg.Wait()
+	return err
 }
 
 // ZMTP framing (RFC 23): a 64-byte greeting, then frames of a flags byte
@@ -169,6 +231,7 @@ type guardConn struct {
 	cfg    guardConfig
 	onDone func(*guardConn) // handshake finished or failed; may be nil
 
+	pre    []byte // bytes read while screening, delivered first
 	once   sync.Once
 	shaken atomic.Bool // greeting and first command (READY) read
 	err    error       // sticky read error from a limit
@@ -210,7 +273,16 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	if g.err != nil {
 		return 0, g.err
 	}
-	n, err := g.Conn.Read(p)
+	var (
+		n   int
+		err error
+	)
+	if len(g.pre) > 0 {
+		n = copy(p, g.pre)
+		g.pre = g.pre[n:]
+	} else {
+		n, err = g.Conn.Read(p)
+	}
 	if k, lerr := g.scan(p[:n]); lerr != nil {
 		// Deliver the bytes before the last byte of the offending size
 		// field only: zmq4's io.ReadFull then asks again and gets lerr,

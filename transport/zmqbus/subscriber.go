@@ -43,6 +43,7 @@ type subscriber struct {
 	expect   uint64 // next sequence number due from the root
 	received uint64 // messages handed out by Recv
 	acked    uint64 // messages acknowledged
+	sendErr  error  // a failed send, reported by tick unless the reader reports the cause first
 }
 
 // OpenSubscriber opens a receiver's side of the metadata bus of
@@ -205,11 +206,15 @@ func (s *subscriber) read() {
 	}
 }
 
+// sendFailed hears from the writer that a message could not be sent. The
+// connection is broken; the reader usually learns why (an oversized frame,
+// the root's BYE) at the same moment, so tick reports the send failure only
+// if the reader has not reported anything by its next round.
 func (s *subscriber) sendFailed(_ zmq4.Msg, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.closing {
-		s.failLocked(fmt.Errorf("%w: sending to the root failed: %v", errPeerGone, err))
+	if s.sendErr == nil {
+		s.sendErr = err
 	}
 }
 
@@ -285,6 +290,9 @@ func (s *subscriber) tick() {
 		}
 		now := time.Now()
 		s.mu.Lock()
+		if !s.closing && s.err == nil && s.sendErr != nil {
+			s.failLocked(fmt.Errorf("%w: sending to the root failed: %v", errPeerGone, s.sendErr))
+		}
 		if !s.closing && s.err == nil && s.welcomed {
 			if silent := now.Sub(s.lastSeen); silent > s.opts.liveness {
 				s.failLocked(fmt.Errorf("%w: no message or heartbeat from the root for %v (liveness %v): it was killed, hung or lost its network", errPeerGone, silent.Round(time.Millisecond), s.opts.liveness))
