@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"syscall"
 	"time"
 	"unsafe"
 )
@@ -336,8 +335,7 @@ func Poll(ctx context.Context, done func() (bool, error)) error {
 				return finalCheck(ctx, done)
 			default:
 			}
-			ts := syscall.NsecToTimespec(int64(min(max(waited/32, minFineSleep), maxFineSleep)))
-			_ = syscall.Nanosleep(&ts, nil) // an early wake-up (EINTR) only polls sooner
+			fineSleep(min(max(waited/32, minFineSleep), maxFineSleep))
 		default:
 			if t == nil {
 				t = time.NewTimer(MaxPollInterval)
