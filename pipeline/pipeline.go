@@ -56,8 +56,8 @@ type stage struct {
 	kind    string // "source", "stage", "sink"
 	tid     int
 	run     func(ctx context.Context) error
-	drain   func()     // drains the input after run returns; nil for sources
-	closeFn func()     // closes the output; nil for sinks
+	drain   func() // drains the input after run returns; nil for sources
+	closeFn func() // closes the output; nil for sinks
 	hasOut  bool
 	c       counters
 }

@@ -20,7 +20,7 @@ type counted struct {
 	released *atomic.Int64
 }
 
-func (c counted) Release()         { c.released.Add(1) }
+func (c counted) Release()        { c.released.Add(1) }
 func (c counted) ByteSize() int64 { return 10 }
 
 func numbers(n int, released *atomic.Int64) func(context.Context, *Output[counted]) error {
