@@ -1,0 +1,92 @@
+package checksum
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParallelMatchesSerial(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{0, 1, 7, 8, 9, 31, 33, parallelMin - 1, parallelMin + 13, 3*parallelMin + 5} {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		if Sum(b) != SumParallel(b) {
+			t.Fatalf("n=%d: parallel and serial sums differ", n)
+		}
+	}
+}
+
+// TestDetectsChanges: any single bit flip, a swap of two words, and a
+// change of length (trailing zero) all change the sum.
+func TestDetectsChanges(t *testing.T) {
+	b := make([]byte, 4096+3)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	base := Sum(b)
+	for bit := 0; bit < len(b)*8; bit += 7 {
+		b[bit/8] ^= 1 << (bit % 8)
+		if Sum(b) == base {
+			t.Fatalf("flip of bit %d not detected", bit)
+		}
+		b[bit/8] ^= 1 << (bit % 8)
+	}
+	c := append([]byte(nil), b...)
+	copy(c[0:8], b[8:16])
+	copy(c[8:16], b[0:8])
+	if Sum(c) == base {
+		t.Fatal("word swap not detected")
+	}
+	if Sum(append(b, 0)) == base {
+		t.Fatal("appended zero byte not detected")
+	}
+	if Sum(nil) == Sum([]byte{0}) {
+		t.Fatal("empty and one zero byte collide")
+	}
+}
+
+// TestKnownValues pins the function (values computed by an independent
+// Python implementation of the package doc) so that other implementations (the
+// GPU kernel, clients in other languages) can be checked against it.
+func TestKnownValues(t *testing.T) {
+	seq := make([]byte, 20)
+	for i := range seq {
+		seq[i] = byte(i)
+	}
+	cases := []struct {
+		in   []byte
+		want uint64
+	}{
+		{nil, 0x0},
+		{[]byte("weightcast"), 0x4249e24502faf7e6},
+		{seq, 0x38cd3014096d9e16},
+	}
+	for _, c := range cases {
+		if got := Sum(c.in); got != c.want {
+			t.Errorf("Sum(%q) = %#x, want %#x", c.in, got, c.want)
+		}
+	}
+}
+
+func BenchmarkSum(b *testing.B) {
+	buf := make([]byte, 64<<20)
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		Sum(buf)
+	}
+}
+
+func BenchmarkSumParallel(b *testing.B) {
+	buf := make([]byte, 64<<20)
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		SumParallel(buf)
+	}
+}
