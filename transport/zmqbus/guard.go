@@ -1,11 +1,11 @@
 package zmqbus
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -155,12 +155,11 @@ func (l *guardListener) acceptLoop() {
 // screen waits for the ZMTP signature, then queues g for Accept.
 func (l *guardListener) screen(g *guardConn) {
 	defer l.wg.Done()
-	var sig [10]byte
-	if _, err := io.ReadFull(g.Conn, sig[:]); err != nil || sig[0] != 0xFF || sig[9] != 0x7F {
+	sig, err := g.br.Peek(10)
+	if err != nil || sig[0] != 0xFF || sig[9] != 0x7F {
 		g.finishHandshake(false)
 		return
 	}
-	g.pre = sig[:]
 	select {
 	case l.ready <- g:
 	case <-l.done:
@@ -224,30 +223,120 @@ const (
 	stBody
 )
 
-// guardConn follows the ZMTP framing of the bytes zmq4 reads. Its parser
-// state is touched only by the one goroutine that reads the connection.
-type guardConn struct {
-	net.Conn
-	cfg    guardConfig
-	onDone func(*guardConn) // handshake finished or failed; may be nil
-
-	pre    []byte // bytes read while screening, delivered first
-	once   sync.Once
-	shaken atomic.Bool // greeting and first command (READY) read
-	err    error       // sticky read error from a limit
-
+// framer follows the ZMTP framing of one direction of a connection.
+type framer struct {
 	state    parseState
-	left     uint64 // greeting bytes or body bytes still to come
+	left     uint64 // greeting or body bytes still to come
 	flags    byte
 	size     [8]byte
 	sizeHave int
 	sizeNeed int
+}
+
+func newFramer() framer { return framer{state: stGreeting, left: zmtpGreeting} }
+
+// feed advances over b. It calls check (if not nil) when a frame's size
+// is known, before the last byte of the size field is consumed, and stops
+// there if check fails, returning how many bytes of b it consumed. It
+// calls end at the end of the greeting (flags 0xFF) and of every frame,
+// with the offset in b just past that end.
+func (f *framer) feed(b []byte, check func(flags byte, size uint64) error, end func(flags byte, at int)) (int, error) {
+	i := 0
+	for i < len(b) {
+		switch f.state {
+		case stGreeting:
+			k := min(f.left, uint64(len(b)-i))
+			i += int(k)
+			f.left -= k
+			if f.left == 0 {
+				f.state = stFlags
+				end(0xFF, i)
+			}
+		case stFlags:
+			f.flags = b[i]
+			i++
+			f.sizeHave, f.sizeNeed = 0, 1
+			if f.flags&flagLong != 0 {
+				f.sizeNeed = 8
+			}
+			f.state = stSize
+		case stSize:
+			f.size[f.sizeHave] = b[i]
+			f.sizeHave++
+			if f.sizeHave < f.sizeNeed {
+				i++
+				continue
+			}
+			size := uint64(f.size[0])
+			if f.sizeNeed == 8 {
+				size = binary.BigEndian.Uint64(f.size[:])
+			}
+			if check != nil {
+				if err := check(f.flags, size); err != nil {
+					return i, err
+				}
+			}
+			i++
+			f.left = size
+			f.state = stBody
+			if size == 0 {
+				f.state = stFlags
+				end(f.flags, i)
+			}
+		case stBody:
+			k := min(f.left, uint64(len(b)-i))
+			i += int(k)
+			f.left -= k
+			if f.left == 0 {
+				f.state = stFlags
+				end(f.flags, i)
+			}
+		}
+	}
+	return len(b), nil
+}
+
+// messageEnd reports whether a frame with these flags ends what its
+// sender will write in one go: the greeting, a command, or the last frame
+// of a message.
+func messageEnd(flags byte) bool {
+	return flags == 0xFF || flags&flagCommand != 0 || flags&flagMore == 0
+}
+
+const (
+	readBuffer = 64 << 10
+	// coalesceLimit: pieces up to this size are copied and sent together
+	// with the rest of their message; larger ones go out at once, in the
+	// same writev as what is pending.
+	coalesceLimit = 32 << 10
+)
+
+// guardConn follows the ZMTP framing of both directions of a connection.
+// Reads are buffered and checked against the limits; writes are gathered
+// per message into one writev, since zmq4 writes every frame header and
+// body separately.
+type guardConn struct {
+	net.Conn
+	cfg    guardConfig
+	onDone func(*guardConn) // handshake finished or failed; may be nil
+	br     *bufio.Reader
+	once   sync.Once
+	shaken atomic.Bool // greeting and the peer's first command (READY) read
+
+	// read side: used by the one goroutine that reads
+	rf       framer
+	err      error // sticky read error from a limit
 	parts    int
 	msgBytes uint64
+
+	// write side
+	wmu     sync.Mutex
+	wf      framer
+	pending []byte
 }
 
 func newGuardConn(c net.Conn, cfg guardConfig, onDone func(*guardConn)) *guardConn {
-	g := &guardConn{Conn: c, cfg: cfg, onDone: onDone, state: stGreeting, left: zmtpGreeting}
+	g := &guardConn{Conn: c, cfg: cfg, onDone: onDone, br: bufio.NewReaderSize(c, readBuffer), rf: newFramer(), wf: newFramer()}
 	if cfg.handshake > 0 {
 		c.SetDeadline(time.Now().Add(cfg.handshake))
 	}
@@ -273,17 +362,8 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	if g.err != nil {
 		return 0, g.err
 	}
-	var (
-		n   int
-		err error
-	)
-	if len(g.pre) > 0 {
-		n = copy(p, g.pre)
-		g.pre = g.pre[n:]
-	} else {
-		n, err = g.Conn.Read(p)
-	}
-	if k, lerr := g.scan(p[:n]); lerr != nil {
+	n, err := g.br.Read(p)
+	if k, lerr := g.rf.feed(p[:n], g.check, g.readEnd); lerr != nil {
 		// Deliver the bytes before the last byte of the offending size
 		// field only: zmq4's io.ReadFull then asks again and gets lerr,
 		// before it allocates anything.
@@ -302,69 +382,8 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (g *guardConn) Write(p []byte) (int, error) {
-	n, err := g.Conn.Write(p)
-	if err != nil && !g.shaken.Load() {
-		g.finishHandshake(false)
-	}
-	return n, err
-}
-
-// scan advances the parser over b. On a limit violation it returns the
-// number of bytes of b that may be delivered and the error.
-func (g *guardConn) scan(b []byte) (int, error) {
-	i := 0
-	for i < len(b) {
-		switch g.state {
-		case stGreeting:
-			k := min(g.left, uint64(len(b)-i))
-			i += int(k)
-			g.left -= k
-			if g.left == 0 {
-				g.state = stFlags
-			}
-		case stFlags:
-			g.flags = b[i]
-			i++
-			g.sizeHave, g.sizeNeed = 0, 1
-			if g.flags&flagLong != 0 {
-				g.sizeNeed = 8
-			}
-			g.state = stSize
-		case stSize:
-			g.size[g.sizeHave] = b[i]
-			g.sizeHave++
-			if g.sizeHave < g.sizeNeed {
-				i++
-				continue
-			}
-			size := uint64(g.size[0])
-			if g.sizeNeed == 8 {
-				size = binary.BigEndian.Uint64(g.size[:])
-			}
-			if err := g.check(size); err != nil {
-				return i, err
-			}
-			i++
-			g.left = size
-			g.state = stBody
-			if size == 0 {
-				g.endFrame()
-			}
-		case stBody:
-			k := min(g.left, uint64(len(b)-i))
-			i += int(k)
-			g.left -= k
-			if g.left == 0 {
-				g.endFrame()
-			}
-		}
-	}
-	return len(b), nil
-}
-
-func (g *guardConn) check(size uint64) error {
-	if g.flags&flagCommand != 0 {
+func (g *guardConn) check(flags byte, size uint64) error {
+	if flags&flagCommand != 0 {
 		if size > controlLimit {
 			return &limitError{what: "incoming ZMTP command", size: size, limit: controlLimit}
 		}
@@ -387,16 +406,62 @@ func (g *guardConn) check(size uint64) error {
 	return nil
 }
 
-func (g *guardConn) endFrame() {
-	g.state = stFlags
-	if g.flags&flagCommand != 0 {
+func (g *guardConn) readEnd(flags byte, _ int) {
+	switch {
+	case flags == 0xFF: // greeting
+	case flags&flagCommand != 0:
 		if !g.shaken.Load() {
 			g.shaken.Store(true)
 			g.finishHandshake(true)
 		}
-		return
-	}
-	if g.flags&flagMore == 0 {
+	case flags&flagMore == 0:
 		g.parts, g.msgBytes = 0, 0
 	}
+}
+
+// Write gathers the pieces of one message and sends them in one writev
+// when the message ends within p, or when p is large.
+func (g *guardConn) Write(p []byte) (int, error) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	ends, endAt := false, 0
+	g.wf.feed(p, nil, func(flags byte, at int) {
+		if messageEnd(flags) {
+			ends, endAt = true, at
+		}
+	})
+	var err error
+	switch {
+	case ends:
+		err = g.flush(p[:endAt])
+		g.pending = append(g.pending, p[endAt:]...)
+	case len(p) > coalesceLimit:
+		err = g.flush(p)
+	default:
+		g.pending = append(g.pending, p...)
+	}
+	if err != nil {
+		if !g.shaken.Load() {
+			g.finishHandshake(false)
+		}
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flush writes what is pending, then tail, in one writev.
+func (g *guardConn) flush(tail []byte) error {
+	bufs := net.Buffers{}
+	if len(g.pending) > 0 {
+		bufs = append(bufs, g.pending)
+	}
+	if len(tail) > 0 {
+		bufs = append(bufs, tail)
+	}
+	_, err := bufs.WriteTo(g.Conn)
+	g.pending = g.pending[:0]
+	if cap(g.pending) > coalesceLimit {
+		g.pending = nil
+	}
+	return err
 }
