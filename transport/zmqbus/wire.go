@@ -52,7 +52,6 @@ const (
 	codeDuplicate uint32 = 6 // rank already joined
 	codeTooLarge  uint32 = 7 // message over a size limit
 	codePeerGone  uint32 = 8 // the root aborts because some rank is gone
-	codeTimeout   uint32 = 9 // the root aborts because a wait ran out
 )
 
 const (
@@ -235,8 +234,6 @@ func codeError(code uint32) error {
 	switch code {
 	case codePeerGone:
 		return errPeerGone
-	case codeTimeout:
-		return errTimeout
 	case codeTooLarge:
 		return ErrTooLarge
 	case codeVersion, codeGroup, codeWorldSize, codeRank, codeDuplicate:
@@ -251,10 +248,10 @@ func errCode(err error, fallback uint32) uint32 {
 	switch {
 	case errors.As(err, &ce):
 		return ce.code
+	case errors.Is(err, errVersion):
+		return codeVersion
 	case errors.Is(err, errPeerGone):
 		return codePeerGone
-	case errors.Is(err, errTimeout):
-		return codeTimeout
 	case errors.Is(err, ErrTooLarge):
 		return codeTooLarge
 	case errors.Is(err, ErrProtocol):

@@ -1,0 +1,235 @@
+package zmqbus
+
+// Interoperability with libzmq: testdata/*.py implement the protocol from
+// docs/protocol.md on pyzmq. The tests skip where no Python with pyzmq is
+// installed (Debian: apt-get install python3-zmq).
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/transporttest"
+)
+
+// pythonWithZMQ returns a Python interpreter that can import zmq.
+func pythonWithZMQ(t *testing.T) string {
+	t.Helper()
+	for _, py := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(py, "-c", "import zmq").Run() == nil {
+			return py
+		}
+	}
+	t.Skip("no python3 with pyzmq (Debian: apt-get install python3-zmq)")
+	return ""
+}
+
+// pyProc is a running Python peer whose stdout lines arrive on lines.
+type pyProc struct {
+	cmd   *exec.Cmd
+	lines chan string // closed by the scanning goroutine at EOF
+	done  chan struct{}
+}
+
+func startPython(t *testing.T, script string, args ...string) *pyProc {
+	t.Helper()
+	cmd := exec.Command(pythonWithZMQ(t), append([]string{script}, args...)...)
+	cmd.Dir = "testdata"
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &pyProc{cmd: cmd, lines: make(chan string, 1024), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		io.Copy(io.Discard, out)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+		cmd.Wait()
+		if t.Failed() && stderr.Len() > 0 {
+			t.Logf("%s stderr:\n%s", script, stderr.String())
+		}
+	})
+	return p
+}
+
+func (p *pyProc) line(t *testing.T) string {
+	t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			t.Fatal("python peer exited early")
+		}
+		return l
+	case <-time.After(20 * time.Second):
+		t.Fatal("python peer said nothing within 20s")
+	}
+	return ""
+}
+
+// wait waits for the Python peer to exit and returns its exit code.
+func (p *pyProc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("python peer did not exit within 20s")
+	}
+	p.cmd.Wait()
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// TestInteropPythonReceiver: a libzmq receiver joins a Go root next to a
+// Go receiver and gets every message intact and in order, then BYE.
+func TestInteropPythonReceiver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const world, n = 3, 60
+	cfgs := configs(t, world, 20*time.Second, nil)
+	pub, err := OpenPublisher(ctx, cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
+	py := startPython(t, "pyreceiver.py", string(addr), "2", strconv.Itoa(world), cfgs[0].Group)
+	sub, err := OpenSubscriber(ctx, cfgs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if l := py.line(t); l != "welcome 2 1000 3000" {
+		t.Fatalf("python receiver said %q", l)
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = consume(ctx, sub, 1, n) })
+	wg.Go(func() {
+		for k := range n {
+			if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
+				errs[1] = err
+				return
+			}
+		}
+		errs[1] = pub.Sync(ctx)
+	})
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for k := range n {
+		sum := sha256.Sum256(payload(k))
+		want := fmt.Sprintf("data %d %d %s", k, len(payload(k)), hex.EncodeToString(sum[:]))
+		if l := py.line(t); l != want {
+			t.Fatalf("python receiver: got %q, want %q", l, want)
+		}
+	}
+	pub.Close()
+	if l := py.line(t); l != "bye" {
+		t.Fatalf("python receiver said %q after the root closed", l)
+	}
+	if code := py.wait(t); code != 0 {
+		t.Fatalf("python receiver exited %d", code)
+	}
+}
+
+// TestInteropPythonRejected: a libzmq receiver with another world size is
+// refused with error code 4, and the Go root fails with the same reason.
+func TestInteropPythonRejected(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfgs := configs(t, 2, 20*time.Second, nil)
+	pub, err := OpenPublisher(ctx, cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
+	py := startPython(t, "pyreceiver.py", string(addr), "1", "5", cfgs[0].Group)
+	if l := py.line(t); !strings.HasPrefix(l, "error 4 world size mismatch: rank 1 says 5, the root was opened with 2") {
+		t.Fatalf("python receiver said %q", l)
+	}
+	wantBusError(t, pub.Publish(ctx, 0, nil), ErrHandshake, 1, "rank 1 says 5")
+}
+
+// TestInteropPythonRoot: Go receivers take every message from a libzmq
+// root, in order, then fail with ErrPeerGone when it says BYE.
+func TestInteropPythonRoot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const world, n = 3, 60
+	py := startPython(t, "pyroot.py", strconv.Itoa(world), t.Name(), strconv.Itoa(n))
+	addr, ok := strings.CutPrefix(py.line(t), "addr ")
+	if !ok {
+		t.Fatal("python root did not print its address")
+	}
+	ex := transporttest.NewMemExchange()
+	ex.For(0).Put(ctx, AddrKey, []byte(addr))
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := 1; r < world; r++ {
+		wg.Go(func() {
+			s, err := OpenSubscriber(ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: gpu.Host{}, Exchange: ex.For(r), Timeout: 20 * time.Second})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer s.Close()
+			for k := range n {
+				m, err := s.Recv(ctx)
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				want := bytes.Repeat([]byte(fmt.Sprintf("message %d ", k)), k%50+1)
+				if m.Seq != uint64(k) || !bytes.Equal(m.Data, want) {
+					errs[r] = fmt.Errorf("rank %d: message %d came as seq %d, %d bytes", r, k, m.Seq, len(m.Data))
+					return
+				}
+				if err := s.Ack(ctx, m.Seq); err != nil {
+					errs[r] = err
+					return
+				}
+			}
+			_, err = s.Recv(ctx)
+			if !errors.Is(err, transport.ErrPeerGone) || !strings.Contains(err.Error(), "root closed") {
+				errs[r] = fmt.Errorf("rank %d after the last message: %v, want the root closed", r, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if l := py.line(t); l != "done" {
+		t.Fatalf("python root said %q", l)
+	}
+	if code := py.wait(t); code != 0 {
+		t.Fatalf("python root exited %d", code)
+	}
+}
