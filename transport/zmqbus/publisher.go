@@ -205,8 +205,9 @@ func (p *publisher) handle(id []byte, frames [][]byte) {
 			p.rejectLocked(id, -1, &codedError{codeVersion, fmt.Sprintf("a receiver (identity %q) speaks metadata protocol version %d, this root speaks %d; run the same weightcast version on every rank", id, h.version, ProtocolVersion)})
 		case derr == nil && h.typ == typeHello:
 			p.helloLocked(id, body, now)
-		case derr == nil && h.typ == typeBye:
-			// a rejected receiver closing: nothing to do
+		case derr == nil && (h.typ == typeBye || h.typ == typeError):
+			// a rejected receiver closing or giving up: answering could
+			// start an exchange of ERRORs
 		default:
 			// A stranger that never joined: tell it, but do not fail the
 			// group for a connection that is not one of its ranks.

@@ -488,3 +488,38 @@ func TestGuardProtectsRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWireStranger: a connection that never said HELLO is told so and
+// otherwise ignored; the group carries on.
+func TestWireStranger(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfgs := configs(t, 2, 10*time.Second, nil)
+	pub, err := OpenPublisher(ctx, cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	d := rawDealer(t, ctx, cfgs[1], "r1.stranger")
+	send(t, d, rawHeader(1, wAck, 0, 0))
+	_, m := recvRaw(t, d, true)
+	if m.typ != wError || m.code != 1 || !strings.Contains(string(m.body), "send HELLO first") {
+		t.Fatalf("want ERROR code 1, got %+v %q", m, m.body)
+	}
+	send(t, d, rawHeader(1, wError, 1, 0), []byte("no"))
+	send(t, d, rawHeader(1, wBye, 0, 0))
+	s, err := OpenSubscriber(ctx, cfgs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := consume(ctx, s, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
