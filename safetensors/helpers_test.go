@@ -2,6 +2,7 @@ package safetensors
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -72,7 +73,7 @@ func writeAll(t testing.TB, path string, infos []TensorInfo, data map[string][]b
 		t.Fatal(err)
 	}
 	for _, ti := range infos {
-		if _, err := w.CopyTensor(ti.Name, bytes.NewReader(data[ti.Name])); err != nil {
+		if _, err := w.CopyTensor(context.Background(), ti.Name, bytes.NewReader(data[ti.Name])); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -101,7 +102,7 @@ func rewrite(t testing.TB, src *File, dst string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := w.CopyTensor(tn.Name, sec); err != nil {
+		if _, err := w.CopyTensor(context.Background(), tn.Name, sec); err != nil {
 			t.Fatal(err)
 		}
 	}

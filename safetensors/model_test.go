@@ -2,6 +2,7 @@ package safetensors
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -46,7 +47,7 @@ func copyModel(t *testing.T, m *Model, dir string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := w.CopyTensor(tn.Name, sec); err != nil {
+		if _, err := w.CopyTensor(context.Background(), tn.Name, sec); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -242,7 +243,7 @@ func TestPlanShardsRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ti := range infos {
-			if _, err := w.CopyTensor(ti.Name, bytes.NewReader(data[ti.Name])); err != nil {
+			if _, err := w.CopyTensor(context.Background(), ti.Name, bytes.NewReader(data[ti.Name])); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -160,12 +161,12 @@ func (w *ModelWriter) WriteTensorAt(name string, p []byte, off int64) error {
 }
 
 // CopyTensor copies the tensor called name from r (see Writer.CopyTensor).
-func (w *ModelWriter) CopyTensor(name string, r io.Reader) (int64, error) {
+func (w *ModelWriter) CopyTensor(ctx context.Context, name string, r io.Reader) (int64, error) {
 	i, ok := w.byName[name]
 	if !ok {
 		return 0, errorf(w.dir, name, ErrNotFound, "the checkpoint being written has no tensor of that name")
 	}
-	return w.shards[i].CopyTensor(name, r)
+	return w.shards[i].CopyTensor(ctx, name, r)
 }
 
 // Close closes every shard (see Writer.Close) and, when they all succeed,

@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -278,8 +279,9 @@ func (w *Writer) WriteTensorAt(name string, p []byte, off int64) error {
 }
 
 // CopyTensor reads exactly the size of the tensor called name from r and
-// writes it as that tensor's bytes.
-func (w *Writer) CopyTensor(name string, r io.Reader) (int64, error) {
+// writes it as that tensor's bytes, in chunks of at most 1 MiB, checking ctx
+// between chunks.
+func (w *Writer) CopyTensor(ctx context.Context, name string, r io.Reader) (int64, error) {
 	t, ok := w.Tensor(name)
 	if !ok {
 		return 0, errorf(w.path, name, ErrNotFound, "the file being written has no tensor of that name")
@@ -287,6 +289,9 @@ func (w *Writer) CopyTensor(name string, r io.Reader) (int64, error) {
 	buf := make([]byte, min(t.Size, 1<<20))
 	var done int64
 	for done < t.Size {
+		if err := ctx.Err(); err != nil {
+			return done, &Error{File: w.path, Tensor: name, Err: fmt.Errorf("copy stopped after %d of %d bytes: %w", done, t.Size, err)}
+		}
 		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), t.Size-done)])
 		if n > 0 {
 			if werr := w.WriteTensorAt(name, buf[:n], done); werr != nil {

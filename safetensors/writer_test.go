@@ -2,6 +2,7 @@ package safetensors
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -238,7 +239,7 @@ func TestCopyTensorShortSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Abort()
-	if _, err := w.CopyTensor("a", bytes.NewReader(make([]byte, 5))); !errors.Is(err, ErrWrite) {
+	if _, err := w.CopyTensor(context.Background(), "a", bytes.NewReader(make([]byte, 5))); !errors.Is(err, ErrWrite) {
 		t.Fatalf("short source: %v", err)
 	}
 }
@@ -262,4 +263,34 @@ func TestSpans(t *testing.T) {
 	if _, ok := s.firstGap(9); ok {
 		t.Fatal("gap in a full set")
 	}
+}
+
+func TestCopyTensorCancelled(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "x.safetensors")
+	w, err := Create(p, []TensorInfo{{Name: "big", DType: dtype.U8, Shape: []int64{3 << 20}}}, nil, WithoutSync())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &cancelAfter{n: 1 << 20, cancel: cancel}
+	n, err := w.CopyTensor(ctx, "big", r)
+	if !errors.Is(err, context.Canceled) || n != 1<<20 {
+		t.Fatalf("copied %d bytes, error %v; want 1 MiB and context.Canceled", n, err)
+	}
+}
+
+// cancelAfter reads zeros and cancels once n bytes have been read.
+type cancelAfter struct {
+	n, done int
+	cancel  func()
+}
+
+func (c *cancelAfter) Read(p []byte) (int, error) {
+	clear(p)
+	c.done += len(p)
+	if c.done >= c.n {
+		c.cancel()
+	}
+	return len(p), nil
 }
