@@ -24,8 +24,16 @@ var (
 	// ended or lost etcd for longer than its lease TTL. It also matches
 	// transport.ErrPeerGone.
 	ErrPeerGone = errors.New("peer gone")
-	// ErrInvalid: the options cannot describe a rank of a group.
+	// ErrAborted: another rank ended the run's Join with a failure of
+	// its own; the *Error's Detail says which.
+	ErrAborted = errors.New("run aborted")
+	// ErrInvalid: the options or arguments cannot describe a rank, a key
+	// or a barrier of a group.
 	ErrInvalid = errors.New("invalid options")
+	// ErrDuplicateKey: a rank published the same Exchange key twice.
+	ErrDuplicateKey = errors.New("key published twice")
+	// ErrClosed: the Group was used after Close.
+	ErrClosed = errors.New("group closed")
 )
 
 // Error is the error of a failed rendezvous step. It names the group, the

@@ -34,8 +34,8 @@ type etcdOptions struct {
 }
 
 // WithLeaseTTL sets the TTL of the store's lease, rounded up to whole
-// seconds. etcd raises TTLs below its minimum (2 s with its default
-// election timeout) to that minimum.
+// seconds. etcd raises TTLs below its minimum, 1.5 election timeouts
+// rounded up: 2 s at etcd's defaults, 1 s on StartEmbedded's server.
 func WithLeaseTTL(d time.Duration) EtcdOption {
 	return func(o *etcdOptions) { o.ttl = d }
 }

@@ -32,3 +32,14 @@ func Put(ctx context.Context, s *Etcd, key, value string) error {
 	_, err := s.client.Put(ctx, key, value)
 	return err
 }
+
+// WatchFrom watches key from revision rev and returns the first response's
+// error.
+func WatchFrom(ctx context.Context, s *Etcd, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range s.client.Watch(wctx, key, clientv3.WithRev(rev)) {
+		return wr.Err()
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,297 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"github.com/weightcast/weightcast/transport"
+)
+
+// Group is one rank's membership of a run of a group, as Join returns it.
+// It watches every rank's liveness key until Close; it is the
+// transport.Exchange of the rank's transports. Its methods are safe for
+// concurrent use.
+type Group struct {
+	store     Store
+	opts      JoinOptions
+	keys      keys
+	timeout   time.Duration
+	uniqueID  [128]byte
+	endpoints []map[string]string // per rank
+
+	// ctx is canceled when the group breaks (cause: the *Error) or
+	// closes (cause: errGroupClosed); every wait of the Group ends with it.
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	gone     chan struct{} // closed by broken, once
+	goneOnce sync.Once
+	goneErr  error // written before gone is closed
+	watchers sync.WaitGroup
+
+	closed    atomic.Bool // set first thing in Close
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ transport.Exchange = (*Group)(nil)
+
+var errGroupClosed = errors.New("group closed by this rank")
+
+func newGroup(store Store, opts JoinOptions, timeout time.Duration, uid [128]byte, endpoints []map[string]string) *Group {
+	g := &Group{
+		store: store, opts: opts, keys: keys{opts.Group, opts.RunID}, timeout: timeout,
+		uniqueID: uid, endpoints: endpoints, gone: make(chan struct{}),
+	}
+	g.ctx, g.cancel = context.WithCancelCause(context.Background())
+	for r := range opts.WorldSize {
+		g.watchers.Go(func() { g.watchRank(r) })
+	}
+	return g
+}
+
+// Name returns the group's name.
+func (g *Group) Name() string { return g.opts.Group }
+
+// RunID returns the run's id.
+func (g *Group) RunID() string { return g.opts.RunID }
+
+// Rank returns this rank's index.
+func (g *Group) Rank() int { return g.opts.Rank }
+
+// WorldSize returns the number of ranks.
+func (g *Group) WorldSize() int { return g.opts.WorldSize }
+
+// UniqueID returns the unique id rank 0 made for the run; every rank sees
+// the same one.
+func (g *Group) UniqueID() [128]byte { return g.uniqueID }
+
+// Endpoint returns the address rank published under name when it joined.
+func (g *Group) Endpoint(rank int, name string) (string, bool) {
+	if rank < 0 || rank >= len(g.endpoints) {
+		return "", false
+	}
+	v, ok := g.endpoints[rank][name]
+	return v, ok
+}
+
+// Endpoints returns a copy of every endpoint rank published when it joined.
+func (g *Group) Endpoints(rank int) map[string]string {
+	if rank < 0 || rank >= len(g.endpoints) {
+		return nil
+	}
+	return maps.Clone(g.endpoints[rank])
+}
+
+// PeerGone returns a channel that is closed when the group breaks: a
+// rank's liveness key disappeared because its process ended or lost etcd
+// for longer than its lease TTL (this rank's own included), or watching
+// the keys failed. Err then says which rank. Close does not close it.
+// Once rank 0 closes the group at the end of a run, the others' PeerGone
+// closes too, naming rank 0.
+func (g *Group) PeerGone() <-chan struct{} { return g.gone }
+
+// Err returns nil while the group is whole, and once PeerGone is closed
+// the *Error that broke it: wrapping ErrPeerGone and naming the rank, or
+// wrapping the store's error.
+func (g *Group) Err() error {
+	select {
+	case <-g.gone:
+		return g.goneErr
+	default:
+		return nil
+	}
+}
+
+func (g *Group) broken(err *Error) {
+	g.goneOnce.Do(func() {
+		g.goneErr = err
+		close(g.gone)
+		g.cancel(err)
+	})
+}
+
+func (g *Group) errorf(sentinel error, key string, ranks []int, format string, args ...any) *Error {
+	return &Error{Group: g.opts.Group, RunID: g.opts.RunID, Rank: g.opts.Rank, Key: key, Ranks: ranks,
+		Err: sentinel, Detail: fmt.Sprintf(format, args...)}
+}
+
+// watchRank breaks the group when rank r's liveness key disappears.
+func (g *Group) watchRank(r int) {
+	key := g.keys.rank(r)
+	err := g.store.WaitAbsent(g.ctx, key)
+	if g.ctx.Err() != nil {
+		return // closed, or another rank's watcher was first
+	}
+	if err != nil {
+		g.broken(g.errorf(err, key, []int{r}, "watching rank %d's liveness key failed, so this rank cannot tell whether rank %d lives", r, r))
+		return
+	}
+	switch {
+	case r != 0 && g.rootGone():
+		// Rank 0 deletes the whole run at Close, and its lease holds
+		// the root record; either way the run is over.
+		g.broken(g.errorf(ErrPeerGone, g.keys.rank(0), []int{0}, "rank 0 ended the run (closed the group) or died"))
+	case r == g.opts.Rank:
+		g.broken(g.errorf(ErrPeerGone, key, []int{r}, "this rank's own liveness key disappeared: its lease expired after it lost contact with etcd for longer than the lease TTL"))
+	default:
+		g.broken(g.errorf(ErrPeerGone, key, []int{r}, "rank %d is gone: its process ended, or lost contact with etcd for longer than the lease TTL", r))
+	}
+}
+
+func (g *Group) rootGone() bool {
+	ctx, cancel := context.WithTimeout(g.ctx, cleanupTimeout)
+	defer cancel()
+	_, ok, err := g.store.Get(ctx, g.keys.root())
+	return err == nil && !ok
+}
+
+// bound limits ctx by the Group's timeout and ends it when the group
+// breaks or closes.
+func (g *Group) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	tctx, cancelT := context.WithTimeout(ctx, g.timeout)
+	wctx, cancelW := context.WithCancelCause(tctx)
+	stop := context.AfterFunc(g.ctx, func() { cancelW(context.Cause(g.ctx)) })
+	return wctx, func() {
+		stop()
+		cancelW(nil)
+		cancelT()
+	}
+}
+
+// waitError turns the error of a wait under wctx (from bound(ctx)) into an
+// *Error. timeout describes the ranks at fault after a timeout.
+func (g *Group) waitError(ctx, wctx context.Context, err error, key, what string, timeout func() *Error) *Error {
+	cause := context.Cause(wctx)
+	if g.ctx.Err() != nil { // the group broke or closed; wctx may not know yet
+		cause = context.Cause(g.ctx)
+	}
+	var broke *Error
+	switch {
+	case g.closed.Load():
+		return g.errorf(ErrClosed, key, nil, "%s after Close", what)
+	case errors.As(cause, &broke):
+		e := *broke
+		e.Key = key
+		e.Detail = fmt.Sprintf("%s (while %s)", broke.Detail, what)
+		return &e
+	case ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded), errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return timeout()
+	default:
+		return g.errorf(err, key, nil, "%s failed", what)
+	}
+}
+
+func validKey(key string) bool {
+	if key == "" {
+		return false
+	}
+	for _, r := range key {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// Put publishes value under key for the other ranks (transport.Exchange).
+// A rank publishes each key once per run; the value lives on this rank's
+// lease.
+func (g *Group) Put(ctx context.Context, key string, value []byte) error {
+	if !validKey(key) {
+		return g.errorf(ErrInvalid, "", nil, "exchange key %q must be non-empty, without spaces or control characters", key)
+	}
+	sk := g.keys.data(g.opts.Rank, key)
+	wctx, cancel := g.bound(ctx)
+	defer cancel()
+	created, _, err := g.store.CreateLeased(wctx, sk, value)
+	if err != nil {
+		return g.waitError(ctx, wctx, err, sk, fmt.Sprintf("publishing %q", key), func() *Error {
+			return g.errorf(ErrTimeout, sk, nil, "publishing %q took longer than %v; check that etcd is reachable", key, g.timeout)
+		})
+	}
+	if !created {
+		return g.errorf(ErrDuplicateKey, sk, []int{g.opts.Rank}, "rank %d published %q twice; publish each key once per run", g.opts.Rank, key)
+	}
+	return nil
+}
+
+// Get waits until rank has published key and returns the value
+// (transport.Exchange). It fails with ErrTimeout after the Group's timeout
+// and with ErrPeerGone when the group breaks meanwhile.
+func (g *Group) Get(ctx context.Context, rank int, key string) ([]byte, error) {
+	if rank < 0 || rank >= g.opts.WorldSize {
+		return nil, g.errorf(ErrInvalid, "", []int{rank}, "rank %d is outside [0, %d)", rank, g.opts.WorldSize)
+	}
+	if !validKey(key) {
+		return nil, g.errorf(ErrInvalid, "", []int{rank}, "exchange key %q must be non-empty, without spaces or control characters", key)
+	}
+	sk := g.keys.data(rank, key)
+	wctx, cancel := g.bound(ctx)
+	defer cancel()
+	v, err := g.store.Wait(wctx, sk)
+	if err != nil {
+		return nil, g.waitError(ctx, wctx, err, sk, fmt.Sprintf("waiting for rank %d's %q", rank, key), func() *Error {
+			return g.errorf(ErrTimeout, sk, []int{rank}, "rank %d did not publish %q within %v; check that it is alive and opens the same transport", rank, key, g.timeout)
+		})
+	}
+	return v, nil
+}
+
+// Barrier returns when every rank has called Barrier with the same name.
+// Names are single-use within a run (use "round-7", not "round"). It fails
+// with ErrTimeout naming the ranks that never came after the Group's
+// timeout, and with ErrPeerGone when the group breaks meanwhile.
+func (g *Group) Barrier(ctx context.Context, name string) error {
+	if !validName(name) {
+		return g.errorf(ErrInvalid, "", nil, "barrier name %q must be non-empty, without '/' or spaces", name)
+	}
+	prefix := g.keys.barrier(name)
+	wctx, cancel := g.bound(ctx)
+	defer cancel()
+	err := barrier(wctx, g.store, prefix, g.opts.Rank, g.opts.WorldSize)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errBarrierReused):
+		return g.errorf(ErrInvalid, prefix, []int{g.opts.Rank}, "barrier %q was already used in this run; give each barrier its own name", name)
+	}
+	return g.waitError(ctx, wctx, err, prefix+"done", fmt.Sprintf("in barrier %q", name), func() *Error {
+		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer lcancel()
+		missing, lerr := missingRanks(lctx, g.store, prefix, g.opts.WorldSize)
+		if lerr != nil {
+			return g.errorf(ErrTimeout, prefix, nil, "barrier %q did not complete within %v, and listing who arrived failed: %v", name, g.timeout, lerr)
+		}
+		return g.errorf(ErrTimeout, prefix, missing, "%s never reached barrier %q within %v", rankList(missing), name, g.timeout)
+	})
+}
+
+// Close leaves the group: it stops watching the ranks, rank 0 deletes the
+// run's keys, and the store is closed, which revokes this rank's lease
+// (and with rank 0's, the group's owner key). It is idempotent.
+func (g *Group) Close() error {
+	g.closeOnce.Do(func() {
+		g.closed.Store(true)
+		g.cancel(errGroupClosed)
+		g.watchers.Wait()
+		var errs []error
+		if g.opts.Rank == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			if err := g.store.DeletePrefix(ctx, g.keys.runPrefix()); err != nil {
+				errs = append(errs, fmt.Errorf("rendezvous: deleting run %q of group %q: %w", g.opts.RunID, g.opts.Group, err))
+			}
+			cancel()
+		}
+		if err := g.store.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		g.closeErr = errors.Join(errs...)
+	})
+	return g.closeErr
+}

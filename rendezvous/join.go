@@ -1,0 +1,488 @@
+package rendezvous
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// DefaultTimeout bounds Join, and each later wait of a Group, when
+// JoinOptions.Timeout is zero.
+const DefaultTimeout = 5 * time.Minute
+
+// cleanupTimeout bounds the store calls made after a wait failed (to name
+// the missing ranks, to tell the other ranks) and the deletes of Close.
+const cleanupTimeout = 5 * time.Second
+
+// JoinOptions places one rank in one run of a named group.
+type JoinOptions struct {
+	// Group names the sync group. One run at a time may hold a group.
+	Group string
+	// RunID names this launch of the group; every rank of the launch
+	// passes the same one, and a new launch takes a new one (a timestamp
+	// or a UUID made by the launcher). Keys are scoped by it, so keys
+	// left by a crashed run never block a new one.
+	RunID string
+	// Rank is this rank's index in [0, WorldSize). Rank 0 creates the
+	// group's unique id and owns the group while the run lives.
+	Rank int
+	// WorldSize counts every rank of the run.
+	WorldSize int
+	// Timeout is the one deadline of Join, and of each later Barrier and
+	// Get. Zero means DefaultTimeout.
+	Timeout time.Duration
+	// Endpoints are this rank's named addresses ("meta": "host:port"),
+	// published to every rank.
+	Endpoints map[string]string
+	// UniqueID makes the group's 128-byte unique id on rank 0 (the NCCL
+	// unique id, for one). Nil means 128 random bytes.
+	UniqueID func() ([128]byte, error)
+}
+
+func (o JoinOptions) timeout() time.Duration {
+	if o.Timeout > 0 {
+		return o.Timeout
+	}
+	return DefaultTimeout
+}
+
+// validName reports whether s can be one element of a key: not empty, no
+// '/', no spaces or control characters.
+func validName(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, r := range s {
+		if r == '/' || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func (o JoinOptions) validate() string {
+	switch {
+	case !validName(o.Group):
+		return fmt.Sprintf("group name %q must be non-empty, without '/' or spaces", o.Group)
+	case !validName(o.RunID) || o.RunID == "owner":
+		return fmt.Sprintf("run id %q must be non-empty, without '/' or spaces, and not \"owner\"; give every rank of one launch the same fresh run id", o.RunID)
+	case o.WorldSize < 1:
+		return fmt.Sprintf("world size %d must be at least 1", o.WorldSize)
+	case o.Rank < 0 || o.Rank >= o.WorldSize:
+		return fmt.Sprintf("rank %d is outside [0, %d) for world size %d", o.Rank, o.WorldSize, o.WorldSize)
+	case o.Timeout < 0:
+		return fmt.Sprintf("timeout %v is negative", o.Timeout)
+	}
+	for name := range o.Endpoints {
+		if name == "" {
+			return "an endpoint has an empty name"
+		}
+	}
+	return ""
+}
+
+// rankRecord is the value of a rank's liveness key.
+type rankRecord struct {
+	WorldSize int               `json:"world_size"`
+	Endpoints map[string]string `json:"endpoints,omitempty"`
+	Host      string            `json:"host,omitempty"`
+	PID       int               `json:"pid,omitempty"`
+}
+
+func (r rankRecord) holder() string {
+	return fmt.Sprintf("pid %d on host %q (world size %d)", r.PID, r.Host, r.WorldSize)
+}
+
+// rootRecord is the value rank 0 publishes for the run.
+type rootRecord struct {
+	WorldSize int    `json:"world_size"`
+	UniqueID  []byte `json:"unique_id"`
+}
+
+// abortRecord is the value of the run's abort key: the first failure a
+// rank saw during Join, for every other rank to report.
+type abortRecord struct {
+	Kind   string    `json:"kind"`
+	By     int       `json:"by"`
+	Key    string    `json:"key,omitempty"`
+	Ranks  []int     `json:"ranks,omitempty"`
+	Detail string    `json:"detail"`
+	Time   time.Time `json:"time"`
+}
+
+var abortKinds = map[string]error{
+	"group-in-use":        ErrGroupInUse,
+	"duplicate-rank":      ErrDuplicateRank,
+	"world-size-mismatch": ErrWorldSizeMismatch,
+	"peer-gone":           ErrPeerGone,
+}
+
+func abortKind(err error) string {
+	for kind, sentinel := range abortKinds {
+		if errors.Is(err, sentinel) {
+			return kind
+		}
+	}
+	return "failed"
+}
+
+// joiner carries one rank through Join.
+type joiner struct {
+	store Store
+	opts  JoinOptions
+	keys  keys
+}
+
+func (j *joiner) errorf(sentinel error, key string, ranks []int, format string, args ...any) *Error {
+	return &Error{Group: j.opts.Group, RunID: j.opts.RunID, Rank: j.opts.Rank, Key: key, Ranks: ranks,
+		Err: sentinel, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Join makes this process rank opts.Rank of run opts.RunID of group
+// opts.Group, and returns when every rank has joined. Rank 0 claims the
+// group, creates the unique id and publishes it; every rank registers its
+// liveness key with its endpoints; then all wait for each other. The whole
+// of it is bounded by opts.Timeout and ctx.
+//
+// Join takes ownership of store: the Group closes it, and Join closes it
+// when it fails. Failures are *Error values wrapping ErrTimeout (naming
+// the ranks that never came), ErrGroupInUse, ErrDuplicateRank,
+// ErrWorldSizeMismatch, ErrPeerGone or ErrInvalid. When one rank sees a
+// failure it records it in the run, so every other rank waiting in Join
+// fails with the same error at once rather than at the deadline.
+func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err error) {
+	if store == nil {
+		return nil, errors.New("rendezvous: Join with a nil store")
+	}
+	defer func() {
+		if err != nil {
+			store.Close()
+		}
+	}()
+	j := &joiner{store: store, opts: opts, keys: keys{opts.Group, opts.RunID}}
+	if msg := opts.validate(); msg != "" {
+		return nil, j.errorf(ErrInvalid, "", nil, "%s", msg)
+	}
+	timeout := opts.timeout()
+	jctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	// Watch the run's abort key for the whole of Join: a failure another
+	// rank records there cancels every step below.
+	actx, abort := context.WithCancelCause(jctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		if v, err := store.Wait(actx, j.keys.abort()); err == nil {
+			abort(j.fromAbort(v))
+		}
+	}()
+	defer func() {
+		abort(nil)
+		<-watchDone
+	}()
+
+	g, err = j.join(actx, timeout)
+	if err == nil {
+		return g, nil
+	}
+	var own, other *Error
+	switch {
+	case errors.As(err, &own):
+		return nil, own // a failure this rank found; fail recorded it for the others
+	case errors.As(context.Cause(actx), &other):
+		return nil, other // another rank's failure ended this rank's wait
+	case ctx.Err() == nil && jctx.Err() != nil, errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return nil, j.timeoutError(ctx, timeout, err)
+	default:
+		return nil, j.errorf(err, "", nil, "joining failed")
+	}
+}
+
+// join runs the steps of Join under ctx.
+func (j *joiner) join(ctx context.Context, timeout time.Duration) (*Group, error) {
+	o := j.opts
+	if o.Rank == 0 {
+		if err := j.claimGroup(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := j.register(ctx); err != nil {
+		return nil, err
+	}
+	var uid [128]byte
+	var err error
+	if o.Rank == 0 {
+		uid, err = j.publishRoot(ctx)
+	} else {
+		uid, err = j.readRoot(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := barrier(ctx, j.store, j.keys.joinBarrier(), o.Rank, o.WorldSize); err != nil {
+		return nil, err
+	}
+	endpoints, err := j.readRanks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newGroup(j.store, o, timeout, uid, endpoints), nil
+}
+
+// claimGroup makes rank 0's lease hold the group's owner key.
+func (j *joiner) claimGroup(ctx context.Context) error {
+	key := j.keys.owner()
+	created, holder, err := j.store.CreateLeased(ctx, key, []byte(j.opts.RunID))
+	switch {
+	case err != nil:
+		return err
+	case created:
+		j.deleteDeadRuns(ctx)
+		return nil
+	case string(holder) == j.opts.RunID:
+		return j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "rank 0 of run %q is already running; start exactly one process with rank 0", j.opts.RunID))
+	default:
+		return j.fail(j.errorf(ErrGroupInUse, key, nil, "group %q is held by live run %q; wait for run %q to finish (or, if it was killed, for its lease to expire) or pick another --group", j.opts.Group, holder, holder))
+	}
+}
+
+// deleteDeadRuns deletes what earlier runs of the group left behind (the
+// counters, markers and abort records that live on no lease). Rank 0 runs
+// it right after claiming the group, so every other run is over or has
+// not claimed it yet; a run with no live rank (no key under ranks/) is
+// over, and its keys go. It is housekeeping: failures are ignored.
+func (j *joiner) deleteDeadRuns(ctx context.Context) {
+	all, err := j.store.List(ctx, j.keys.groupPrefix())
+	if err != nil {
+		return
+	}
+	live := map[string]bool{}
+	for k := range all {
+		run, rest, ok := strings.Cut(strings.TrimPrefix(k, j.keys.groupPrefix()), "/")
+		if !ok || run == j.opts.RunID {
+			continue
+		}
+		live[run] = live[run] || strings.HasPrefix(rest, "ranks/")
+	}
+	for run, alive := range live {
+		if !alive {
+			j.store.DeletePrefix(ctx, keys{j.opts.Group, run}.runPrefix())
+		}
+	}
+}
+
+// register creates this rank's liveness key, with its world size and
+// endpoints, on its lease.
+func (j *joiner) register(ctx context.Context) error {
+	host, _ := os.Hostname()
+	rec := rankRecord{WorldSize: j.opts.WorldSize, Endpoints: j.opts.Endpoints, Host: host, PID: os.Getpid()}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	key := j.keys.rank(j.opts.Rank)
+	created, existing, err := j.store.CreateLeased(ctx, key, val)
+	if err != nil {
+		return err
+	}
+	if created {
+		// A marker that outlives this rank's lease, so a rank that
+		// gives up at the deadline still counts as having come.
+		_, _, err := j.store.Create(ctx, j.keys.seen()+strconv.Itoa(j.opts.Rank), nil)
+		return err
+	}
+	var other rankRecord
+	json.Unmarshal(existing, &other)
+	return j.fail(j.errorf(ErrDuplicateRank, key, []int{j.opts.Rank},
+		"rank %d of run %q is already held by %s; give each process its own rank", j.opts.Rank, j.opts.RunID, other.holder()))
+}
+
+// publishRoot creates the unique id on rank 0 and publishes it.
+func (j *joiner) publishRoot(ctx context.Context) ([128]byte, error) {
+	var uid [128]byte
+	if j.opts.UniqueID != nil {
+		var err error
+		if uid, err = j.opts.UniqueID(); err != nil {
+			return uid, j.fail(j.errorf(err, "", nil, "rank 0 could not create the group's unique id"))
+		}
+	} else {
+		rand.Read(uid[:])
+	}
+	val, err := json.Marshal(rootRecord{WorldSize: j.opts.WorldSize, UniqueID: uid[:]})
+	if err != nil {
+		return uid, err
+	}
+	key := j.keys.root()
+	created, _, err := j.store.CreateLeased(ctx, key, val)
+	if err != nil {
+		return uid, err
+	}
+	if !created {
+		return uid, j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "run %q already has a unique id from another rank 0; start exactly one process with rank 0, and a fresh run id per launch", j.opts.RunID))
+	}
+	return uid, nil
+}
+
+// readRoot waits for rank 0's record and checks the world size.
+func (j *joiner) readRoot(ctx context.Context) ([128]byte, error) {
+	var uid [128]byte
+	key := j.keys.root()
+	val, err := j.store.Wait(ctx, key)
+	if err != nil {
+		return uid, err
+	}
+	var rec rootRecord
+	if err := json.Unmarshal(val, &rec); err != nil || len(rec.UniqueID) != len(uid) {
+		return uid, j.errorf(ErrInvalid, key, []int{0}, "rank 0's record %q is malformed; is another program using the %s keys?", val, KeyPrefix)
+	}
+	if rec.WorldSize != j.opts.WorldSize {
+		return uid, j.fail(j.errorf(ErrWorldSizeMismatch, key, []int{0, j.opts.Rank},
+			"rank %d was started with world size %d but rank 0 with %d; start every rank with the same world size", j.opts.Rank, j.opts.WorldSize, rec.WorldSize))
+	}
+	copy(uid[:], rec.UniqueID)
+	return uid, nil
+}
+
+// readRanks reads every rank's record after the join barrier.
+func (j *joiner) readRanks(ctx context.Context) ([]map[string]string, error) {
+	recs, err := j.store.List(ctx, j.keys.ranks())
+	if err != nil {
+		return nil, err
+	}
+	n := j.opts.WorldSize
+	endpoints := make([]map[string]string, n)
+	var missing, mismatch []int
+	for r := range n {
+		val, ok := recs[j.keys.rank(r)]
+		if !ok {
+			missing = append(missing, r)
+			continue
+		}
+		var rec rankRecord
+		if err := json.Unmarshal(val, &rec); err != nil {
+			return nil, j.errorf(ErrInvalid, j.keys.rank(r), []int{r}, "rank %d's record %q is malformed", r, val)
+		}
+		if rec.WorldSize != n {
+			mismatch = append(mismatch, r)
+		}
+		endpoints[r] = rec.Endpoints
+	}
+	if len(mismatch) > 0 {
+		return nil, j.fail(j.errorf(ErrWorldSizeMismatch, j.keys.ranks(), mismatch, "these ranks were started with a world size other than %d; start every rank with the same world size", n))
+	}
+	if len(missing) > 0 {
+		return nil, j.fail(j.errorf(ErrPeerGone, j.keys.ranks(), missing, "these ranks joined and then left before the group formed; check their logs"))
+	}
+	return endpoints, nil
+}
+
+// fail records e in the run's abort key, so the ranks still waiting in
+// Join fail with it too, and returns e. The first failure recorded wins.
+func (j *joiner) fail(e *Error) *Error {
+	rec := abortRecord{Kind: abortKind(e.Err), By: j.opts.Rank, Key: e.Key, Ranks: e.Ranks, Detail: e.Detail, Time: time.Now().UTC()}
+	if rec.Kind == "failed" {
+		rec.Detail = fmt.Sprintf("%s: %v", e.Detail, e.Err)
+	}
+	val, err := json.Marshal(rec)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		j.store.Create(ctx, j.keys.abort(), val)
+		cancel()
+	}
+	return e
+}
+
+// fromAbort turns the run's abort record into this rank's error.
+func (j *joiner) fromAbort(val []byte) *Error {
+	var rec abortRecord
+	if err := json.Unmarshal(val, &rec); err != nil {
+		return j.errorf(ErrAborted, j.keys.abort(), nil, "the run was aborted with an unreadable record %q", val)
+	}
+	sentinel, ok := abortKinds[rec.Kind]
+	if !ok {
+		sentinel = ErrAborted
+	}
+	return j.errorf(sentinel, rec.Key, rec.Ranks, "%s (reported by rank %d at %s; if that was an earlier launch, start this one with a new run id)",
+		rec.Detail, rec.By, rec.Time.Format(time.RFC3339))
+}
+
+// timeoutError names the ranks that never came: those not registered, or
+// if all registered, those that never reached the join barrier.
+func (j *joiner) timeoutError(ctx context.Context, timeout time.Duration, cause error) *Error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	n := j.opts.WorldSize
+	where, prefix := "joined", j.keys.seen()
+	missing, err := missingRanks(lctx, j.store, prefix, n)
+	if err == nil && len(missing) == 0 {
+		where, prefix = "reached the join barrier", j.keys.joinBarrier()
+		missing, err = missingRanks(lctx, j.store, prefix, n)
+	}
+	if err != nil {
+		return j.errorf(ErrTimeout, j.keys.ranks(), nil, "the group did not form within %v (%v), and listing its ranks failed: %v", timeout, cause, err)
+	}
+	hint := fmt.Sprintf("start them with --group %s, run id %q and world size %d against the same etcd, or raise the timeout", j.opts.Group, j.opts.RunID, n)
+	if slices.Contains(missing, 0) {
+		hint += "; rank 0 creates the group, so nothing proceeds without it"
+	}
+	return j.errorf(ErrTimeout, prefix, missing, "%s never %s within %v; %s", rankList(missing), where, timeout, hint)
+}
+
+// missingRanks lists the ranks in [0, n) with no key prefix+rank.
+func missingRanks(ctx context.Context, s Store, prefix string, n int) ([]int, error) {
+	present, err := s.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var missing []int
+	for r := range n {
+		if _, ok := present[prefix+strconv.Itoa(r)]; !ok {
+			missing = append(missing, r)
+		}
+	}
+	return missing, nil
+}
+
+func rankList(r []int) string {
+	if len(r) == 1 {
+		return "rank " + strconv.Itoa(r[0])
+	}
+	return "ranks " + joinInts(r)
+}
+
+// barrier makes rank wait until all n ranks entered the barrier under
+// prefix: each creates prefix<rank> and counts itself in prefix"count";
+// the last one creates prefix"done", which all wait for. The keys live on
+// no lease: prefix<rank> must outlive a rank that gave up, to tell who
+// never came, and "done" one that left right after creating it.
+func barrier(ctx context.Context, s Store, prefix string, rank, n int) error {
+	arrived, _, err := s.Create(ctx, prefix+strconv.Itoa(rank), nil)
+	if err != nil {
+		return err
+	}
+	if !arrived {
+		return fmt.Errorf("rank %d entered barrier %s twice: %w", rank, strings.TrimSuffix(prefix, "/"), errBarrierReused)
+	}
+	count, err := s.Add(ctx, prefix+"count", 1)
+	if err != nil {
+		return err
+	}
+	if count == int64(n) {
+		if _, _, err := s.Create(ctx, prefix+"done", nil); err != nil {
+			return err
+		}
+	}
+	_, err = s.Wait(ctx, prefix+"done")
+	return err
+}
+
+var errBarrierReused = errors.New("barrier names are single-use within a run")
