@@ -3,11 +3,17 @@
 //
 //	root (rank 0) → rank 1 → rank 2 → … → rank N-1 (the tail)
 //
-// Each bucket travels in chunks (4 MiB unless the "chunk" option says
+// Each bucket travels in chunks (256 KiB unless the "chunk" option says
 // otherwise), and every receiver but the tail passes chunk i on to its
 // successor while chunk i+1 is still arriving. Each link carries every byte
 // once, so throughput does not fall as receivers are added; only the time to
 // fill the chain grows, by about one chunk per hop.
+//
+// That fill time is paid once per bucket, since a receiver cannot read ahead
+// into a buffer it has not been given yet, so the chunk is kept small: on
+// loopback with three receivers and 64 MiB buckets, 256 KiB chunks ran about
+// 30% faster than 4 MiB chunks and 1.8 times as fast as 16 MiB chunks, and
+// no slower with a single receiver (BenchmarkChunk).
 //
 // It registers itself as the byte transport "tcp":
 //
@@ -41,9 +47,15 @@
 // When the tail has the whole bucket it sends an acknowledgement upstream;
 // every rank passes it on once its own part is done, and Broadcast returns on
 // the root only when the acknowledgement arrives. A nil error on the root
-// therefore means every receiver holds the bucket. The cost is a pause of
-// one chain drain plus one round trip per bucket, during which the root
-// sends nothing; see the package benchmarks for its size.
+// therefore means every receiver holds the bucket, and a failure anywhere in
+// the chain surfaces in the root's Broadcast of that very bucket. (The
+// root's buffer would be reusable as soon as the kernel took the last byte;
+// the acknowledgement is about knowing, not about the buffer.) It costs a
+// pause of one chain drain plus one round trip per bucket, during which the
+// root sends nothing. Measured on loopback with 64 and 256 MiB buckets
+// against a build without acknowledgements, the pause was within the noise
+// with one receiver and cost about 3% with three, so every bucket is
+// acknowledged and no window of unacknowledged buckets is offered.
 //
 // # Failures
 //

@@ -26,7 +26,7 @@ import (
 const Name = "tcp"
 
 // DefaultChunk is the chunk size used when the "chunk" option is not set.
-const DefaultChunk = 4 << 20
+const DefaultChunk = 256 << 10
 
 // AddrKey is the Exchange key under which every receiver publishes the
 // address it listens on.
@@ -34,7 +34,7 @@ const AddrKey = "tcp.addr"
 
 // The option names Open understands in transport.Config.Options.
 const (
-	OptChunk     = "chunk"     // chunk size, "4MiB"; the root's value applies to the chain
+	OptChunk     = "chunk"     // chunk size, such as "256KiB" or "1MiB"; the root's value applies to the whole chain
 	OptBind      = "bind"      // host or host:port a receiver listens on; default 127.0.0.1
 	OptAdvertise = "advertise" // host or host:port published instead of the bound address
 )
@@ -176,9 +176,11 @@ func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error)
 		return nil, err
 	}
 	if e.up != nil {
-		// Headers are read through the buffer; chunk payloads of 64 KiB
-		// and more bypass it and land directly in the caller's buffer.
-		e.upR = bufio.NewReaderSize(e.up, 64<<10)
+		// Frame headers are read through a small buffer (one read
+		// may take several small frames); chunk payloads bypass it
+		// and land in the caller's buffer, but for the few bytes the
+		// buffer read ahead.
+		e.upR = bufio.NewReaderSize(e.up, 4<<10)
 	}
 	return e, nil
 }
