@@ -38,7 +38,8 @@ type EmbeddedOptions struct {
 type Embedded struct {
 	etcd      *embed.Etcd
 	clientURL string
-	tmpDir    string
+	dataDir   string
+	tmpDir    string // dataDir, when StartEmbedded made it
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -65,6 +66,7 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 		e.tmpDir, cfg.Dir = dir, dir
 		cfg.UnsafeNoFsync = true
 	}
+	e.dataDir = cfg.Dir
 	clientURL := url.URL{Scheme: "http", Host: addr}
 	peerURL := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	cfg.Name = "weightcast"
@@ -117,6 +119,9 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 // When Addr was a wildcard, other hosts use this host's name with the same
 // port.
 func (e *Embedded) ClientURL() string { return e.clientURL }
+
+// DataDir is the directory holding the server's data.
+func (e *Embedded) DataDir() string { return e.dataDir }
 
 // Close stops the server and removes its temporary data directory. It is
 // idempotent.

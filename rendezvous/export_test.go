@@ -43,3 +43,24 @@ func WatchFrom(ctx context.Context, s *Etcd, key string, rev int64) error {
 	}
 	return ctx.Err()
 }
+
+// RevokeLease revokes s's lease behind its back, as the server does when
+// keep-alives stop arriving for a TTL.
+func RevokeLease(ctx context.Context, s *Etcd) error {
+	s.mu.Lock()
+	sess := s.session
+	s.mu.Unlock()
+	if sess == nil {
+		return fmt.Errorf("store has no lease yet")
+	}
+	_, err := s.client.Revoke(ctx, sess.Lease())
+	return err
+}
+
+// LeaseDone returns the channel closed when s's lease stops being kept
+// alive.
+func LeaseDone(s *Etcd) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.session.Done()
+}

@@ -486,3 +486,45 @@ func TestJoinUniqueIDHook(t *testing.T) {
 		t.Fatalf("rank 1: %v; want ErrAborted", res[1].err)
 	}
 }
+
+// TestOwnLeaseLost: when a rank's lease is gone (revoked here, as the
+// server does when keep-alives stop for a TTL), that rank's Group reports
+// itself gone and its store refuses new leased keys, and the other ranks
+// see it gone too.
+func TestOwnLeaseLost(t *testing.T) {
+	t.Parallel()
+	e := startEmbedded(t)
+	res := joinRanks(t, etcdOpener(t, e, 3*time.Second), world("lost", "r", 2, 10*time.Second))
+	for r, x := range res {
+		if x.err != nil {
+			t.Fatalf("rank %d: %v", r, x.err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s1 := res[1].store.(*rendezvous.Etcd)
+	if err := rendezvous.RevokeLease(ctx, s1); err != nil {
+		t.Fatal(err)
+	}
+	for r, x := range res {
+		select {
+		case <-x.g.PeerGone():
+		case <-ctx.Done():
+			t.Fatalf("rank %d: PeerGone not closed after rank 1's lease was revoked", r)
+		}
+		if re := asError(t, x.g.Err()); !errors.Is(re, rendezvous.ErrPeerGone) || !slices.Equal(re.Ranks, []int{1}) {
+			t.Fatalf("rank %d: %v; want ErrPeerGone naming rank 1", r, re)
+		}
+	}
+	if !strings.Contains(res[1].g.Err().Error(), "own liveness key") {
+		t.Fatalf("rank 1 does not say its own key is gone: %v", res[1].g.Err())
+	}
+	select {
+	case <-rendezvous.LeaseDone(s1):
+	case <-ctx.Done():
+		t.Fatal("the store did not notice its lease was revoked")
+	}
+	if _, _, err := s1.CreateLeased(ctx, "/lost/k", nil); !errors.Is(err, rendezvous.ErrLeaseLost) {
+		t.Fatalf("create leased after the lease was lost = %v; want ErrLeaseLost", err)
+	}
+}

@@ -1,0 +1,88 @@
+package rendezvous_test
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/rendezvous"
+)
+
+func TestEmbeddedTemporaryDir(t *testing.T) {
+	e := startEmbedded(t)
+	u, err := url.Parse(e.ClientURL())
+	if err != nil || u.Scheme != "http" || u.Hostname() != "127.0.0.1" || u.Port() == "" || u.Port() == "0" {
+		t.Fatalf("client URL %q: want http://127.0.0.1:<bound port>", e.ClientURL())
+	}
+	dir := e.DataDir()
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("data dir while running: %v", err)
+	}
+	s := dial(t, []string{e.ClientURL()}, 2*time.Second)
+	if _, _, err := s.Create(context.Background(), "/k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("temporary data dir %s still there after Close (%v)", dir, err)
+	}
+}
+
+func TestEmbeddedGivenAddrAndDir(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "etcd")
+	// A wildcard address: the client URL is the loopback one.
+	e, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Addr: "0.0.0.0:0", DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if !strings.HasPrefix(e.ClientURL(), "http://127.0.0.1:") {
+		t.Fatalf("client URL of a wildcard listener = %q; want the loopback address", e.ClientURL())
+	}
+	// A second server on the same address is refused, naming it.
+	u, _ := url.Parse(e.ClientURL())
+	_, err = rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Addr: u.Host})
+	if err == nil || !strings.Contains(err.Error(), u.Host) {
+		t.Fatalf("second server on %s: %v; want an error naming the address", u.Host, err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "member")); err != nil {
+		t.Fatalf("a given data dir must be kept after Close: %v", err)
+	}
+	if _, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Addr: "nonsense"}); err == nil {
+		t.Fatal("an address without a port was accepted")
+	}
+}
+
+func TestDialEtcdUnreachable(t *testing.T) {
+	e := startEmbedded(t)
+	gone := e.ClientURL()
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := rendezvous.DialEtcd(context.Background(), []string{gone}, rendezvous.WithDialTimeout(500*time.Millisecond))
+	if err == nil || !strings.Contains(err.Error(), "does not answer") || !strings.Contains(err.Error(), gone) {
+		t.Fatalf("dial of a stopped server = %v; want an error naming it", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("dial with a 500ms timeout took %v", d)
+	}
+	if _, err := rendezvous.DialEtcd(context.Background(), nil); err == nil {
+		t.Fatal("dial with no endpoints succeeded")
+	}
+}
