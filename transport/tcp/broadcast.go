@@ -183,6 +183,9 @@ func (e *endpoint) err(seq uint64, peer int, err error) error {
 
 // run performs one bucket and returns why it failed, or nil.
 func (e *endpoint) run(ctx context.Context, seq uint64, data []byte) *fault {
+	if err := ctxErr(ctx); err != nil { // tell the neighbours before any byte of the bucket moves
+		return &fault{peer: -1, code: codeAborted, from: fromLocal, err: err}
+	}
 	o := &op{e: e, ctx: ctx, seq: seq, done: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() {
 		o.fail(&fault{peer: -1, code: codeAborted, from: fromLocal, err: ctxErr(ctx)})

@@ -460,3 +460,22 @@ func TestOpenTimeout(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestCancelledBeforeStart hands the root an already-cancelled context: no
+// byte of the bucket moves and the receiver learns why at once.
+func TestCancelledBeforeStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 2, 20*time.Second))
+	bufs := hostBufs(t, 2, 1<<20)
+	cctx, ccancel := context.WithCancel(ctx)
+	ccancel()
+	if err := eps[0].Broadcast(cctx, 0, bufs[0], 1<<20); !errors.Is(err, context.Canceled) {
+		t.Fatalf("root: want context.Canceled, got %v", err)
+	}
+	err := eps[1].Broadcast(ctx, 0, bufs[1], 1<<20)
+	var te *transport.Error
+	if !errors.As(err, &te) || te.Peer != 0 || !strings.Contains(err.Error(), "context canceled") {
+		t.Fatalf("receiver: want the root's cancellation, got %v", err)
+	}
+}
