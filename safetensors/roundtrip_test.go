@@ -141,6 +141,8 @@ func TestGoldenBytes(t *testing.T) {
 		{"empty", nil, nil, file(8, `{}      `, nil), nil},
 		{"empty with metadata", nil, map[string]string{"framework": "pt"},
 			file(40, `{"__metadata__":{"framework":"pt"}}     `, nil), nil},
+		{"no tensors, empty metadata map (valid JSON, unlike the reference)", nil, map[string]string{},
+			file(24, `{"__metadata__":{}}     `, nil), nil},
 		{"empty metadata map", []TensorInfo{{Name: "a", DType: dtype.U8, Shape: []int64{1}}}, map[string]string{},
 			file(72, `{"__metadata__":{},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} `, []byte{7}), []byte{7}},
 	}
