@@ -2,6 +2,7 @@ package safetensors
 
 import (
 	"bytes"
+	"errors"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
@@ -241,5 +242,18 @@ func TestMiniReaderReadsWriterOutput(t *testing.T) {
 				t.Fatalf("case %d: metadata[%q] = %q, want %q", i, k, gotMeta[k], v)
 			}
 		}
+	}
+}
+
+// save_file({}, metadata={}) in safetensors 0.8.0 writes a header that is
+// not JSON; the reader says so.
+func TestReferenceEmptyMetadataQuirk(t *testing.T) {
+	f, err := Open(filepath.Join("testdata", "reference", "empty_meta.safetensors"))
+	if err == nil {
+		f.Close()
+		t.Fatal("opened a header that is not JSON")
+	}
+	if !errors.Is(err, ErrHeaderJSON) {
+		t.Fatalf("%v, want ErrHeaderJSON", err)
 	}
 }
