@@ -155,9 +155,10 @@ func (j *joiner) errorf(sentinel error, key string, ranks []int, format string, 
 // Join takes ownership of store: the Group closes it, and Join closes it
 // when it fails. Failures are *Error values wrapping ErrTimeout (naming
 // the ranks that never came), ErrGroupInUse, ErrDuplicateRank,
-// ErrWorldSizeMismatch, ErrPeerGone or ErrInvalid. When one rank sees a
-// failure it records it in the run, so every other rank waiting in Join
-// fails with the same error at once rather than at the deadline.
+// ErrWorldSizeMismatch, ErrPeerGone, ErrAborted or ErrInvalid. When one
+// rank sees a failure it records it in the run, so every other rank
+// waiting in Join fails with the same error at once rather than at the
+// deadline.
 func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err error) {
 	if store == nil {
 		return nil, errors.New("rendezvous: Join with a nil store")
