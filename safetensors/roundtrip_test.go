@@ -2,8 +2,8 @@ package safetensors
 
 import (
 	"bytes"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
