@@ -87,3 +87,42 @@ func SumParallel(b []byte) uint64 {
 	}
 	return fmix64(s ^ uint64(len(b)))
 }
+
+// Digest computes Sum over bytes written in pieces, in order.
+// Its zero value is ready to use.
+type Digest struct {
+	sum  uint64
+	n    uint64 // bytes written
+	tail [8]byte
+	nt   int // bytes pending in tail
+}
+
+// Write adds p to the digest. It never fails.
+func (d *Digest) Write(p []byte) (int, error) {
+	n := len(p)
+	d.n += uint64(n)
+	if d.nt > 0 {
+		c := copy(d.tail[d.nt:], p)
+		d.nt += c
+		p = p[c:]
+		if d.nt < 8 {
+			return n, nil
+		}
+		d.sum += partial(d.tail[:], (d.n-uint64(len(p)))/8-1)
+		d.nt = 0
+	}
+	whole := len(p) &^ 7
+	first := (d.n - uint64(len(p))) / 8
+	d.sum += partial(p[:whole], first)
+	d.nt = copy(d.tail[:], p[whole:])
+	return n, nil
+}
+
+// Sum64 returns the checksum of everything written so far.
+func (d *Digest) Sum64() uint64 {
+	s := d.sum
+	if d.nt > 0 {
+		s += partial(d.tail[:d.nt], (d.n-uint64(d.nt))/8)
+	}
+	return fmix64(s ^ d.n)
+}

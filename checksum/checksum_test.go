@@ -90,3 +90,24 @@ func BenchmarkSumParallel(b *testing.B) {
 		SumParallel(buf)
 	}
 }
+
+func TestDigestMatchesSum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	b := make([]byte, 10_000)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	for range 200 {
+		var d Digest
+		rest := b[:rng.IntN(len(b))]
+		want := Sum(rest)
+		for len(rest) > 0 {
+			n := min(len(rest), rng.IntN(40))
+			d.Write(rest[:n])
+			rest = rest[n:]
+		}
+		if d.Sum64() != want {
+			t.Fatal("digest over pieces differs from Sum")
+		}
+	}
+}

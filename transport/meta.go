@@ -32,7 +32,9 @@ type Message struct {
 	Data []byte
 }
 
-// Subscriber receives the root's metadata messages on one receiver.
+// Subscriber receives the root's metadata messages on one receiver. Recv
+// and Ack may be called from different goroutines (one stage receives,
+// a later one acknowledges), but each from one goroutine at a time.
 type Subscriber interface {
 	// Recv returns the next message. Messages arrive in sequence order
 	// with no gaps or duplicates; a gap is reported as an error.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weightcast/weightcast/transport"
@@ -195,7 +196,7 @@ func (p *publisher) Close() error {
 type subscriber struct {
 	b    *bus
 	cfg  transport.Config
-	want uint64
+	want atomic.Uint64 // next sequence number to receive; Ack reads it from another goroutine
 	once sync.Once
 }
 
@@ -204,17 +205,17 @@ func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
 	defer timer.Stop()
 	select {
 	case m := <-s.b.queues[s.cfg.Rank]:
-		if m.Seq != s.want {
-			return transport.Message{}, metaErr(s.cfg, "recv", m.Seq, true, 0, fmt.Errorf("expected message %d: metadata lost or reordered", s.want))
+		if want := s.want.Load(); m.Seq != want {
+			return transport.Message{}, metaErr(s.cfg, "recv", m.Seq, true, 0, fmt.Errorf("expected message %d: metadata lost or reordered", want))
 		}
-		s.want++
+		s.want.Add(1)
 		return m, nil
 	case <-s.b.gone[0]:
-		return transport.Message{}, metaErr(s.cfg, "recv", s.want, true, 0, transport.ErrPeerGone)
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ErrPeerGone)
 	case <-ctx.Done():
-		return transport.Message{}, metaErr(s.cfg, "recv", s.want, true, 0, ctx.Err())
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, ctx.Err())
 	case <-timer.C:
-		return transport.Message{}, metaErr(s.cfg, "recv", s.want, true, 0, fmt.Errorf("no metadata within %v: %w", s.cfg.WaitTimeout(), transport.ErrTimeout))
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, fmt.Errorf("no metadata within %v: %w", s.cfg.WaitTimeout(), transport.ErrTimeout))
 	}
 }
 
@@ -222,8 +223,8 @@ func (s *subscriber) Ack(ctx context.Context, seq uint64) error {
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
 	r := s.cfg.Rank
-	if seq != s.b.next[r] || seq >= s.want {
-		return metaErr(s.cfg, "ack", seq, true, -1, fmt.Errorf("acknowledged out of order: next to acknowledge is %d, received up to %d", s.b.next[r], s.want))
+	if want := s.want.Load(); seq != s.b.next[r] || seq >= want {
+		return metaErr(s.cfg, "ack", seq, true, -1, fmt.Errorf("acknowledged out of order: next to acknowledge is %d, received up to %d", s.b.next[r], want))
 	}
 	s.b.next[r]++
 	close(s.b.changed)

@@ -1,0 +1,191 @@
+package stages
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
+)
+
+// Limits on what a receiver accepts; a message or tensor past one is
+// rejected with an error naming the limit.
+const (
+	// MaxMetaSize is the largest encoded BucketMeta a receiver decodes.
+	MaxMetaSize = 64 << 20
+	// MaxNameLen is the longest tensor name, in bytes.
+	MaxNameLen = 1024
+	// MaxRank is the most dimensions a tensor may have.
+	MaxRank = 16
+	// MaxEntries is the most entries one bucket may carry.
+	MaxEntries = 1 << 20
+	// MinBucketSize is the smallest bucket size a sender accepts.
+	MinBucketSize = 1 << 10
+	// Align is the alignment of every entry's offset within a bucket, so
+	// that tensor views of any dtype are aligned.
+	Align = 64
+)
+
+// Entry places one tensor, or one chunk of a tensor larger than a bucket, in
+// a bucket.
+type Entry struct {
+	Name  string      `json:"name"`
+	DType dtype.DType `json:"dtype"`
+	Shape []int64     `json:"shape"`
+	// Offset is where the entry's bytes start in the bucket.
+	Offset int64 `json:"offset"`
+	// Size is how many bytes of the tensor this entry carries.
+	Size int64 `json:"size"`
+	// Chunk is where those bytes start within the tensor: 0 for a whole
+	// tensor and for the first chunk of a split one.
+	Chunk int64 `json:"chunk"`
+	// Total is the tensor's whole byte length.
+	Total int64 `json:"total"`
+}
+
+// Complete reports whether the entry finishes its tensor.
+func (e *Entry) Complete() bool { return e.Chunk+e.Size == e.Total }
+
+// Whole reports whether the entry holds its entire tensor.
+func (e *Entry) Whole() bool { return e.Chunk == 0 && e.Size == e.Total }
+
+// BucketMeta is what the root publishes for each bucket before its bytes
+// move: enough for a receiver to check the bytes and rebuild the tensors.
+type BucketMeta struct {
+	// Seq numbers buckets across the life of a sender: 0, 1, 2, ...,
+	// continuing from one round to the next.
+	Seq uint64 `json:"seq"`
+	// Index numbers the buckets within their round, from 0.
+	Index int `json:"index"`
+	// Version is the model version the round carries.
+	Version uint64 `json:"version"`
+	// Length is the number of filled bytes; only these are transferred.
+	Length int64 `json:"length"`
+	// IsLast marks the last bucket of the round.
+	IsLast bool `json:"is_last"`
+	// Checksum is checksum.Sum of the filled bytes, or 0 when HasChecksum
+	// is false.
+	Checksum    uint64  `json:"-"`
+	HasChecksum bool    `json:"-"`
+	Entries     []Entry `json:"entries"`
+}
+
+// MarshalJSON encodes the metadata in the wire format of docs/protocol.md.
+// The checksum travels as a hex string: 64-bit integers do not survive
+// JSON parsers that use doubles.
+func (m *BucketMeta) MarshalJSON() ([]byte, error) {
+	type plain BucketMeta // drops the methods, so no recursion
+	var sum string
+	if m.HasChecksum {
+		sum = strconv.FormatUint(m.Checksum, 16)
+	}
+	return json.Marshal(struct {
+		*plain
+		Checksum string `json:"checksum,omitempty"`
+	}{(*plain)(m), sum})
+}
+
+// EncodeMeta returns the wire encoding of m.
+func EncodeMeta(m *BucketMeta) ([]byte, error) { return json.Marshal(m) }
+
+// DecodeMeta parses and checks one bucket's metadata. It rejects a message
+// over MaxMetaSize and metadata whose entries do not fit in Length bytes or
+// break the other limits.
+func DecodeMeta(b []byte) (*BucketMeta, error) {
+	if len(b) > MaxMetaSize {
+		return nil, fmt.Errorf("bucket metadata of %d bytes exceeds the %d-byte limit", len(b), MaxMetaSize)
+	}
+	type plain BucketMeta
+	var w struct {
+		plain
+		Checksum *string `json:"checksum"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return nil, fmt.Errorf("malformed bucket metadata (%d bytes): %w", len(b), err)
+	}
+	m := (*BucketMeta)(&w.plain)
+	if w.Checksum != nil {
+		v, err := strconv.ParseUint(*w.Checksum, 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %d: malformed checksum %q", m.Seq, *w.Checksum)
+		}
+		m.Checksum, m.HasChecksum = v, true
+	}
+	if err := m.Check(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Check reports metadata that no sender following the rules produces:
+// entries outside the filled length, overlapping entries, chunk ranges
+// outside their tensor, sizes that disagree with dtype and shape, or
+// limits exceeded.
+func (m *BucketMeta) Check() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("bucket %d (index %d, version %d): %s", m.Seq, m.Index, m.Version, fmt.Sprintf(format, a...))
+	}
+	if m.Length < 0 {
+		return bad("negative length %d", m.Length)
+	}
+	if len(m.Entries) > MaxEntries {
+		return bad("%d entries exceed the limit of %d", len(m.Entries), MaxEntries)
+	}
+	end := int64(0)
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		if e.Name == "" || len(e.Name) > MaxNameLen {
+			return bad("entry %d has a name of %d bytes (allowed 1..%d)", i, len(e.Name), MaxNameLen)
+		}
+		if !e.DType.Valid() {
+			return bad("tensor %q has an invalid dtype", e.Name)
+		}
+		if len(e.Shape) > MaxRank {
+			return bad("tensor %q has %d dimensions; the limit is %d", e.Name, len(e.Shape), MaxRank)
+		}
+		total, err := e.DType.Bytes(e.Shape)
+		if err != nil || total != e.Total {
+			return bad("tensor %q: %s%v is %d bytes but total says %d", e.Name, e.DType, e.Shape, total, e.Total)
+		}
+		if e.Size < 0 || e.Chunk < 0 || e.Chunk+e.Size > e.Total || (e.Size == 0 && e.Total != 0) {
+			return bad("tensor %q: chunk [%d, %d) outside its %d bytes", e.Name, e.Chunk, e.Chunk+e.Size, e.Total)
+		}
+		if e.Offset < end || e.Offset+e.Size > m.Length {
+			return bad("tensor %q: bytes [%d, %d) overlap the previous entry or pass the filled length %d", e.Name, e.Offset, e.Offset+e.Size, m.Length)
+		}
+		end = e.Offset + e.Size
+	}
+	return nil
+}
+
+// Bucket is a bucket buffer with its metadata, travelling through a
+// pipeline. The stage that finishes with it last calls Release, which gives
+// the buffer back to its Pool; the pipeline releases buckets dropped by a
+// failure.
+type Bucket struct {
+	Meta BucketMeta
+	Buf  gpu.Buffer
+	// Ack, when set, tells the root that this receiver has loaded the
+	// bucket (the metadata bus acknowledgement).
+	Ack  func() error
+	once sync.Once
+	put  func(gpu.Buffer)
+}
+
+// Bytes returns the filled part of a host-memory bucket.
+func (b *Bucket) Bytes() []byte { return b.Buf.Host()[:b.Meta.Length] }
+
+// ByteSize is the number of filled bytes; it lets the pipeline count bytes.
+func (b *Bucket) ByteSize() int64 { return b.Meta.Length }
+
+// Release gives the bucket's buffer back to its pool. Only the first call
+// has an effect.
+func (b *Bucket) Release() {
+	b.once.Do(func() {
+		if b.put != nil {
+			b.put(b.Buf)
+		}
+	})
+}

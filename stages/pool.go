@@ -1,0 +1,120 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/weightcast/weightcast/gpu"
+)
+
+// DefaultBuffers is the number of bucket buffers in a pool: two, so that
+// filling one overlaps moving the other.
+const DefaultBuffers = 2
+
+// Pool is a fixed set of equally sized bucket buffers. Its free list is a
+// channel whose capacity is the number of buffers, so taking a buffer blocks
+// while all are in use: with two buffers this is the double buffering.
+type Pool struct {
+	free chan gpu.Buffer
+	all  []gpu.Buffer
+	size int
+
+	mu      sync.Mutex
+	held    int
+	maxHeld int
+	closed  bool
+}
+
+// NewPool allocates n buffers of size bytes each on dev.
+func NewPool(dev gpu.Device, n, size int) (*Pool, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("bucket pool needs at least one buffer, got %d", n)
+	}
+	if size < MinBucketSize {
+		return nil, fmt.Errorf("bucket size %d bytes is below the minimum of %d; use --bucket 1KiB or more", size, MinBucketSize)
+	}
+	p := &Pool{free: make(chan gpu.Buffer, n), size: size}
+	for range n {
+		b, err := dev.Alloc(size)
+		if err != nil {
+			p.freeAll()
+			return nil, fmt.Errorf("allocating %d bucket buffers of %d bytes on %s: %w", n, size, dev.Name(), err)
+		}
+		p.all = append(p.all, b)
+		p.free <- b
+	}
+	return p, nil
+}
+
+// BufferSize is the size of each buffer in bytes.
+func (p *Pool) BufferSize() int { return p.size }
+
+// Buffers returns every buffer of the pool, for transports that register
+// or export them once (CUDA IPC).
+func (p *Pool) Buffers() []gpu.Buffer { return append([]gpu.Buffer(nil), p.all...) }
+
+// Get takes a free buffer, waiting while all are in use.
+func (p *Pool) Get(ctx context.Context) (gpu.Buffer, error) {
+	select {
+	case b := <-p.free:
+		p.mu.Lock()
+		p.held++
+		p.maxHeld = max(p.maxHeld, p.held)
+		p.mu.Unlock()
+		return b, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// Put returns a buffer taken with Get.
+func (p *Pool) Put(b gpu.Buffer) {
+	p.mu.Lock()
+	p.held--
+	p.mu.Unlock()
+	p.free <- b // never blocks: the channel holds every buffer
+}
+
+// Held is the number of buffers taken and not yet returned.
+func (p *Pool) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
+
+// MaxHeld is the most buffers that were out of the pool at once.
+func (p *Pool) MaxHeld() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.maxHeld
+}
+
+// Bucket wraps buf in a Bucket whose Release returns buf to this pool.
+func (p *Pool) Bucket(buf gpu.Buffer, meta BucketMeta) *Bucket {
+	return &Bucket{Meta: meta, Buf: buf, put: p.Put}
+}
+
+// Close frees every buffer. It fails if some are still out, naming how
+// many, since freeing memory still in use would corrupt it.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	if p.held != 0 {
+		return fmt.Errorf("bucket pool closed with %d of %d buffers still in use", p.held, len(p.all))
+	}
+	p.closed = true
+	return p.freeAll()
+}
+
+func (p *Pool) freeAll() error {
+	var errs []error
+	for _, b := range p.all {
+		errs = append(errs, b.Free())
+	}
+	return errors.Join(errs...)
+}

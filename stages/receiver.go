@@ -1,0 +1,294 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/transport"
+)
+
+// Subscribe adds a receiver's source stage: it takes each bucket's metadata
+// from sub, checks it, takes a buffer from pool for its bytes, and stops
+// after the bucket marked IsLast. firstSeq is the Seq the round must start
+// at (the receiver's count of buckets so far).
+func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, firstSeq uint64) *pipeline.Stream[*Bucket] {
+	return pipeline.Source(p, "subscribe", 1, func(ctx context.Context, out *pipeline.Output[*Bucket]) error {
+		want := firstSeq
+		var version uint64
+		for index := 0; ; index++ {
+			msg, err := sub.Recv(ctx)
+			if err != nil {
+				return err
+			}
+			meta, err := DecodeMeta(msg.Data)
+			if err != nil {
+				return err
+			}
+			switch {
+			case meta.Seq != msg.Seq || meta.Seq != want:
+				return fmt.Errorf("bucket metadata out of order: message %d carries bucket %d, expected bucket %d", msg.Seq, meta.Seq, want)
+			case meta.Index != index:
+				return fmt.Errorf("bucket %d has index %d in its round, expected %d", meta.Seq, meta.Index, index)
+			case index > 0 && meta.Version != version:
+				return fmt.Errorf("bucket %d has model version %d in a round of version %d", meta.Seq, meta.Version, version)
+			case meta.Length > int64(pool.BufferSize()):
+				return fmt.Errorf("bucket %d holds %d bytes but this rank's buckets hold %d; start every rank with the same bucket size", meta.Seq, meta.Length, pool.BufferSize())
+			}
+			version = meta.Version
+			want++
+			buf, err := pool.Get(ctx)
+			if err != nil {
+				return err
+			}
+			b := pool.Bucket(buf, *meta)
+			seq := meta.Seq
+			b.Ack = func() error { return sub.Ack(ctx, seq) }
+			pipeline.Count(ctx, "buffers held", float64(pool.Held()))
+			if err := out.Send(b); err != nil {
+				return err
+			}
+			if meta.IsLast {
+				return nil
+			}
+		}
+	})
+}
+
+// Receive adds the receiver's transport stage: each bucket's bytes land in
+// its buffer through ep before the bucket is passed on.
+func Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint) *pipeline.Stream[*Bucket] {
+	return pipeline.Stage(p, "broadcast", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
+		for b := range in.All() {
+			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "bytes": b.Meta.Length})
+			err := ep.Broadcast(ctx, b.Meta.Seq, b.Buf, int(b.Meta.Length))
+			span.End()
+			if err != nil {
+				b.Release()
+				return err
+			}
+			if err := out.Send(b); err != nil {
+				return err
+			}
+		}
+		return in.Err()
+	})
+}
+
+// View is one entry of a received bucket with its bytes.
+type View struct {
+	Entry *Entry
+	// Data is the entry's bytes inside the bucket buffer: valid only
+	// until the bucket is released.
+	Data []byte
+}
+
+// Unpacked is a received bucket turned into views of its entries.
+type Unpacked struct {
+	Bucket *Bucket
+	Views  []View
+}
+
+// Release gives the bucket's buffer back.
+func (u *Unpacked) Release() { u.Bucket.Release() }
+
+// ByteSize is the bucket's filled length.
+func (u *Unpacked) ByteSize() int64 { return u.Bucket.Meta.Length }
+
+// Unpack adds the stage that checks each received bucket (its checksum, and
+// that chunks of split tensors arrive in order and complete by the end of
+// the round, and that no tensor arrives twice) and turns it into views.
+func Unpack(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket]) *pipeline.Stream[*Unpacked] {
+	return pipeline.Stage(p, "unpack", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Unpacked]) error {
+		got := map[string]progress{} // each tensor's bytes received so far this round
+		for b := range in.All() {
+			u, err := unpack(ctx, b, got)
+			if err != nil {
+				b.Release()
+				return err
+			}
+			if err := out.Send(u); err != nil {
+				return err
+			}
+		}
+		return in.Err()
+	})
+}
+
+// progress counts the bytes of one tensor received so far in a round.
+type progress struct{ have, total int64 }
+
+func unpack(ctx context.Context, b *Bucket, got map[string]progress) (*Unpacked, error) {
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "bytes": b.Meta.Length})
+	defer span.End()
+	m := &b.Meta
+	host := b.Buf.Host()
+	if host == nil {
+		return nil, fmt.Errorf("unpack: bucket %d is in device memory; use the GPU unpack stage", m.Seq)
+	}
+	data := host[:m.Length]
+	if m.HasChecksum {
+		if sum := checksum.SumParallel(data); sum != m.Checksum {
+			return nil, fmt.Errorf("bucket %d (version %d, %d bytes) failed its checksum: got %x, root sent %x; tensors in it: %s",
+				m.Seq, m.Version, m.Length, sum, m.Checksum, entryNames(m.Entries, 8))
+		}
+	}
+	u := &Unpacked{Bucket: b, Views: make([]View, len(m.Entries))}
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		pr, seen := got[e.Name]
+		have := pr.have
+		switch {
+		case seen && have == pr.total:
+			return nil, fmt.Errorf("tensor %q arrived twice in round %d (again in bucket %d)", e.Name, m.Version, m.Seq)
+		case e.Chunk != have:
+			return nil, fmt.Errorf("tensor %q: bucket %d carries bytes [%d, %d) but %d bytes had arrived; chunks out of order", e.Name, m.Seq, e.Chunk, e.Chunk+e.Size, have)
+		}
+		got[e.Name] = progress{have + e.Size, e.Total}
+		u.Views[i] = View{Entry: e, Data: data[e.Offset : e.Offset+e.Size]}
+	}
+	if m.IsLast {
+		for name, pr := range got {
+			if pr.have != pr.total {
+				return nil, fmt.Errorf("round %d ended with tensor %q incomplete (%d of %d bytes)", m.Version, name, pr.have, pr.total)
+			}
+		}
+	}
+	return u, nil
+}
+
+func entryNames(es []Entry, limit int) string {
+	s := ""
+	for i, e := range es {
+		if i == limit {
+			return s + fmt.Sprintf(" and %d more", len(es)-limit)
+		}
+		if i > 0 {
+			s += ", "
+		}
+		s += e.Name
+	}
+	return s
+}
+
+// Sink is where a receiver puts what it received.
+type Sink interface {
+	// Load takes one entry: a whole tensor, or one chunk of a tensor
+	// larger than a bucket (chunks come in order). data is valid only
+	// during the call.
+	Load(ctx context.Context, e *Entry, data []byte) error
+	// Commit is called once the last bucket of a round has been loaded,
+	// with the round's model version.
+	Commit(ctx context.Context, version uint64) error
+}
+
+// Load adds a receiver's last stage: it hands every view to sink, commits
+// the round after its last bucket, then acknowledges and releases each
+// bucket.
+func Load(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink) {
+	pipeline.Sink(p, "load", in, func(ctx context.Context, in *pipeline.Input[*Unpacked]) error {
+		for u := range in.All() {
+			if err := load(ctx, u, sink); err != nil {
+				u.Release()
+				return err
+			}
+			u.Release()
+			pipeline.CountBytes(ctx, u.Bucket.Meta.Length)
+		}
+		return in.Err()
+	})
+}
+
+func load(ctx context.Context, u *Unpacked, sink Sink) error {
+	m := &u.Bucket.Meta
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length})
+	defer span.End()
+	for _, v := range u.Views {
+		if err := sink.Load(ctx, v.Entry, v.Data); err != nil {
+			return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+		}
+	}
+	if m.IsLast {
+		if err := sink.Commit(ctx, m.Version); err != nil {
+			return fmt.Errorf("committing version %d: %w", m.Version, err)
+		}
+	}
+	if u.Bucket.Ack != nil {
+		return u.Bucket.Ack()
+	}
+	return nil
+}
+
+// ReceiverConfig holds what a receiver needs across rounds.
+type ReceiverConfig struct {
+	Endpoint   transport.Endpoint
+	Subscriber transport.Subscriber
+	Pool       *Pool
+	Tracer     *pipeline.Tracer
+	Rank       int
+}
+
+// Receiver is one receiving rank of a sync group. Like Sender, a failed
+// round leaves it broken.
+type Receiver struct {
+	cfg    ReceiverConfig
+	seq    uint64
+	broken error
+}
+
+// NewReceiver returns a Receiver; it starts nothing.
+func NewReceiver(cfg ReceiverConfig) *Receiver { return &Receiver{cfg: cfg} }
+
+// Sync receives one round into sink and returns its stats; the round's
+// model version is stats.Version.
+func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
+	if r.broken != nil {
+		return RoundStats{}, fmt.Errorf("receiver %w: %w", ErrBroken, r.broken)
+	}
+	start := time.Now()
+	var opts []pipeline.Option
+	if r.cfg.Tracer != nil {
+		opts = append(opts, pipeline.WithTracer(r.cfg.Tracer, r.cfg.Rank))
+	}
+	p := pipeline.New(fmt.Sprintf("receive rank %d", r.cfg.Rank), opts...)
+	var version uint64
+	vs := &versionSink{Sink: sink, version: &version}
+	Load(p, Unpack(p, Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint)), vs)
+	err := p.Run(ctx)
+	stats := RoundStats{Version: version, Duration: time.Since(start), Stages: p.Metrics(), Graph: p.Graph()}
+	for _, m := range stats.Stages {
+		switch m.Stage {
+		case "subscribe":
+			stats.Buckets = int(m.ItemsOut)
+		case "load":
+			stats.Bytes = m.Bytes
+		}
+	}
+	stats.Tensors = vs.tensors
+	r.seq += uint64(stats.Buckets)
+	if err != nil {
+		r.broken = err
+	}
+	return stats, err
+}
+
+// versionSink notes the committed version and counts tensors.
+type versionSink struct {
+	Sink
+	version *uint64
+	tensors int
+}
+
+func (v *versionSink) Load(ctx context.Context, e *Entry, data []byte) error {
+	if e.Chunk == 0 {
+		v.tensors++
+	}
+	return v.Sink.Load(ctx, e, data)
+}
+
+func (v *versionSink) Commit(ctx context.Context, version uint64) error {
+	*v.version = version
+	return v.Sink.Commit(ctx, version)
+}

@@ -1,0 +1,139 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/transport"
+)
+
+// Publish adds the stage that sends each bucket's metadata through pub
+// before passing the bucket on to have its bytes moved.
+func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher) *pipeline.Stream[*Bucket] {
+	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
+		for b := range in.All() {
+			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version})
+			msg, err := EncodeMeta(&b.Meta)
+			if err == nil {
+				span.Args(map[string]any{"meta_bytes": len(msg)})
+				err = pub.Publish(ctx, b.Meta.Seq, msg)
+			}
+			span.End()
+			if err != nil {
+				b.Release()
+				return err
+			}
+			if err := out.Send(b); err != nil {
+				return err
+			}
+		}
+		return in.Err()
+	})
+}
+
+// Broadcast adds the root's last stage: it moves each bucket's filled bytes
+// to every receiver through ep, then releases the bucket.
+func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint) {
+	pipeline.Sink(p, "broadcast", in, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
+		for b := range in.All() {
+			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "bytes": b.Meta.Length})
+			err := ep.Broadcast(ctx, b.Meta.Seq, b.Buf, int(b.Meta.Length))
+			span.End()
+			b.Release()
+			if err != nil {
+				return err
+			}
+			pipeline.CountBytes(ctx, b.Meta.Length)
+		}
+		return in.Err()
+	})
+}
+
+// RoundStats describes one finished (or failed) round on one rank.
+type RoundStats struct {
+	Version  uint64
+	Bytes    int64 // filled bucket bytes moved
+	Buckets  int
+	Tensors  int
+	Duration time.Duration
+	Stages   []pipeline.Metrics
+	Graph    pipeline.Graph
+}
+
+// SenderConfig holds what a root needs across rounds.
+type SenderConfig struct {
+	Endpoint  transport.Endpoint
+	Publisher transport.Publisher
+	Pool      *Pool
+	// Checksum computes a checksum per bucket that receivers verify.
+	Checksum bool
+	// Tracer, when set, records each round's spans under Rank.
+	Tracer *pipeline.Tracer
+	Rank   int
+	// Wrap, when set, may insert stages between iterate and pack, for
+	// example a filter that drops frozen tensors.
+	Wrap func(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor]) *pipeline.Stream[*Tensor]
+}
+
+// Sender is the root of a sync group. It keeps its endpoint, publisher and
+// buffer pool across rounds; the sequence numbers continue from round to
+// round. A failed round leaves it broken: every later Sync returns the
+// first failure, since the receivers' view of the stream is unknown.
+type Sender struct {
+	cfg    SenderConfig
+	seq    uint64
+	broken error
+}
+
+// NewSender returns a Sender; it starts nothing.
+func NewSender(cfg SenderConfig) *Sender { return &Sender{cfg: cfg} }
+
+// Sync sends one round: every tensor of src, as model version version. It
+// returns once every receiver has acknowledged every bucket.
+func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundStats, error) {
+	if s.broken != nil {
+		return RoundStats{}, fmt.Errorf("sender %w: %w", ErrBroken, s.broken)
+	}
+	start := time.Now()
+	p := pipeline.New(fmt.Sprintf("send v%d", version), s.tracing()...)
+	tensors := Iterate(p, src)
+	if s.cfg.Wrap != nil {
+		tensors = s.cfg.Wrap(p, tensors)
+	}
+	var stats RoundStats
+	buckets := Pack(p, tensors, PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum})
+	Broadcast(p, Publish(p, buckets, s.cfg.Publisher), s.cfg.Endpoint)
+	err := p.Run(ctx)
+	if err == nil {
+		err = s.cfg.Publisher.Sync(ctx)
+	}
+	stats.Version, stats.Duration, stats.Stages, stats.Graph = version, time.Since(start), p.Metrics(), p.Graph()
+	for _, m := range stats.Stages {
+		if m.Stage == "pack" {
+			stats.Buckets, stats.Tensors = int(m.ItemsOut), int(m.ItemsIn)
+		}
+		if m.Stage == "broadcast" {
+			stats.Bytes = m.Bytes
+		}
+	}
+	s.seq += uint64(stats.Buckets)
+	if err != nil {
+		s.broken = err
+		return stats, err
+	}
+	return stats, nil
+}
+
+func (s *Sender) tracing() []pipeline.Option {
+	if s.cfg.Tracer == nil {
+		return nil
+	}
+	return []pipeline.Option{pipeline.WithTracer(s.cfg.Tracer, s.cfg.Rank)}
+}
+
+// ErrBroken is wrapped by Sync's error on a Sender or Receiver whose earlier
+// round failed.
+var ErrBroken = errors.New("unusable after a failed round")
