@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -70,6 +71,50 @@ type BucketMeta struct {
 	Checksum    uint64  `json:"-"`
 	HasChecksum bool    `json:"-"`
 	Entries     []Entry `json:"entries"`
+	// Source describes the model the round carries (its checkpoint
+	// layout and metadata). Only the first bucket of a round (Index 0)
+	// carries it, and only when the sender's Source has a SourceInfo.
+	Source *SourceInfo `json:"source,omitempty"`
+}
+
+// SourceInfo describes where a round's tensors come from, so a receiver can
+// write them back in the same shape: the checkpoint's __metadata__ and, for
+// a sharded checkpoint, which file holds which tensors.
+type SourceInfo struct {
+	// Format names the source: "synthetic", "safetensors".
+	Format string `json:"format"`
+	// Metadata is the checkpoint's __metadata__, carried through.
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// MetadataKeys keeps the order of Metadata's keys as in the source file.
+	MetadataKeys []string `json:"metadata_keys,omitempty"`
+	// Shards lists the checkpoint's files in order with the tensors of
+	// each, in file order. Empty for a source that is not a checkpoint.
+	Shards []ShardInfo `json:"shards,omitempty"`
+	// IndexMetadata is the "metadata" object of a sharded checkpoint's
+	// model.safetensors.index.json, carried through as raw JSON.
+	IndexMetadata json.RawMessage `json:"index_metadata,omitempty"`
+}
+
+// ShardInfo is one file of a checkpoint.
+type ShardInfo struct {
+	File    string   `json:"file"`
+	Tensors []string `json:"tensors"`
+	// Metadata is this file's own __metadata__ when it differs per shard.
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	MetadataKeys []string          `json:"metadata_keys,omitempty"`
+}
+
+// Describer is implemented by Sources that can describe themselves; the
+// sender puts the description in the first bucket of each round.
+type Describer interface {
+	SourceInfo() *SourceInfo
+}
+
+// Beginner is implemented by Sinks that want to know a round's source
+// before its first tensor; Load calls Begin with the first bucket's
+// SourceInfo (nil when the sender sent none).
+type Beginner interface {
+	Begin(ctx context.Context, version uint64, info *SourceInfo) error
 }
 
 // MarshalJSON encodes the metadata in the wire format of docs/protocol.md.

@@ -26,6 +26,8 @@ type PackConfig struct {
 	FirstSeq uint64
 	// Checksum computes each bucket's checksum (checked by receivers).
 	Checksum bool
+	// Source, when set, travels in the round's first bucket.
+	Source *SourceInfo
 }
 
 // Pack adds the stage that copies tensors into bucket buffers taken from
@@ -84,6 +86,9 @@ func (pk *packer) take() error {
 		return fmt.Errorf("pack: bucket buffers on %s are not host memory; use the GPU pack stage", buf.Device().Name())
 	}
 	pk.cur = pk.cfg.Pool.Bucket(buf, BucketMeta{Seq: pk.seq, Index: pk.index, Version: pk.cfg.Version})
+	if pk.index == 0 {
+		pk.cur.Meta.Source = pk.cfg.Source
+	}
 	pk.buf, pk.fill = buf.Host(), 0
 	pk.span = pipeline.StartSpan(pk.ctx, fmt.Sprintf("bucket %d", pk.seq), map[string]any{"bucket": pk.seq, "round": pk.cfg.Version})
 	pipeline.Count(pk.ctx, "buffers held", float64(pk.cfg.Pool.Held()))

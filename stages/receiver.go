@@ -205,6 +205,11 @@ func load(ctx context.Context, u *Unpacked, sink Sink) error {
 	m := &u.Bucket.Meta
 	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length})
 	defer span.End()
+	if b, ok := sink.(Beginner); ok && m.Index == 0 {
+		if err := b.Begin(ctx, m.Version, m.Source); err != nil {
+			return fmt.Errorf("starting version %d: %w", m.Version, err)
+		}
+	}
 	for _, v := range u.Views {
 		if err := sink.Load(ctx, v.Entry, v.Data); err != nil {
 			return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
@@ -286,6 +291,13 @@ func (v *versionSink) Load(ctx context.Context, e *Entry, data []byte) error {
 		v.tensors++
 	}
 	return v.Sink.Load(ctx, e, data)
+}
+
+func (v *versionSink) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+	if b, ok := v.Sink.(Beginner); ok {
+		return b.Begin(ctx, version, info)
+	}
+	return nil
 }
 
 func (v *versionSink) Commit(ctx context.Context, version uint64) error {

@@ -104,7 +104,11 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		tensors = s.cfg.Wrap(p, tensors)
 	}
 	var stats RoundStats
-	buckets := Pack(p, tensors, PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum})
+	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum}
+	if d, ok := src.(Describer); ok {
+		pc.Source = d.SourceInfo()
+	}
+	buckets := Pack(p, tensors, pc)
 	Broadcast(p, Publish(p, buckets, s.cfg.Publisher), s.cfg.Endpoint)
 	err := p.Run(ctx)
 	if err == nil {
