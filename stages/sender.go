@@ -35,18 +35,23 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 }
 
 // Broadcast adds the root's last stage: it moves each bucket's filled bytes
-// to every receiver through ep, then releases the bucket.
-func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint) {
+// to every receiver through ep, then releases the bucket and, when done is
+// not nil, calls it with the bucket's metadata (for progress reports).
+func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, done func(*BucketMeta)) {
 	pipeline.Sink(p, "broadcast", in, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
 		for b := range in.All() {
 			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "bytes": b.Meta.Length})
 			err := ep.Broadcast(ctx, b.Meta.Seq, b.Buf, int(b.Meta.Length))
 			span.End()
+			meta := b.Meta
 			b.Release()
 			if err != nil {
 				return err
 			}
-			pipeline.CountBytes(ctx, b.Meta.Length)
+			pipeline.CountBytes(ctx, meta.Length)
+			if done != nil {
+				done(&meta)
+			}
 		}
 		return in.Err()
 	})
@@ -76,6 +81,8 @@ type SenderConfig struct {
 	// Wrap, when set, may insert stages between iterate and pack, for
 	// example a filter that drops frozen tensors.
 	Wrap func(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor]) *pipeline.Stream[*Tensor]
+	// Progress, when set, is called after each bucket has been moved.
+	Progress func(*BucketMeta)
 }
 
 // Sender is the root of a sync group. It keeps its endpoint, publisher and
@@ -109,7 +116,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		pc.Source = d.SourceInfo()
 	}
 	buckets := Pack(p, tensors, pc)
-	Broadcast(p, Publish(p, buckets, s.cfg.Publisher), s.cfg.Endpoint)
+	Broadcast(p, Publish(p, buckets, s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
 	err := p.Run(ctx)
 	if err == nil {
 		err = s.cfg.Publisher.Sync(ctx)
