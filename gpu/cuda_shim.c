@@ -47,7 +47,47 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   WC_SYM(cuIpcGetMemHandle);
   WC_SYM(cuIpcOpenMemHandle_v2);
   WC_SYM(cuIpcCloseMemHandle);
+  WC_SYM(cuMemcpyAsync);
+  WC_SYM(cuMemcpyBatchAsync_v2);
+  WC_SYM(cuMemcpyBatchAsync);
 #undef WC_SYM
   wc_cuda = t;
   return 0;
+}
+
+CUresult wc_copy_batch(CUcontext ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                       CUstream s, int per_copy, int *how, CUresult *batch_err) {
+  *batch_err = WC_CUDA_SUCCESS;
+  if (count == 0) {
+    *how = 0;
+    return WC_CUDA_SUCCESS;
+  }
+  CUresult r = wc_set(ctx);
+  if (r != WC_CUDA_SUCCESS)
+    return r;
+  if (!per_copy && (wc_cuda.cuMemcpyBatchAsync_v2 != NULL || wc_cuda.cuMemcpyBatchAsync != NULL)) {
+    CUmemcpyAttributes attr = {0};
+    attr.srcAccessOrder = WC_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    size_t idx = 0;
+    if (wc_cuda.cuMemcpyBatchAsync_v2 != NULL) {
+      *how = WC_BATCH_V2;
+      r = wc_cuda.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, &attr, &idx, 1, s);
+    } else {
+      size_t fail = 0;
+      *how = WC_BATCH_V1;
+      r = wc_cuda.cuMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &idx, 1, &fail, s);
+    }
+    if (r == WC_CUDA_SUCCESS)
+      return r;
+    *batch_err = r;
+  }
+  if (wc_cuda.cuMemcpyAsync == NULL)
+    return WC_CUDA_FUNCTION_NOT_FOUND;
+  *how = WC_BATCH_PER_COPY;
+  for (size_t i = 0; i < count; i++) {
+    r = wc_cuda.cuMemcpyAsync(dsts[i], srcs[i], sizes[i], s);
+    if (r != WC_CUDA_SUCCESS)
+      return r;
+  }
+  return WC_CUDA_SUCCESS;
 }

@@ -24,6 +24,21 @@ typedef struct {
   char reserved[64];
 } CUipcMemHandle;
 
+// CUmemLocation and CUmemcpyAttributes (CUmemcpyAttributes_v1) of cuda.h
+// 12.8+, for cuMemcpyBatchAsync. The location hints only matter for managed
+// memory; this package leaves them zero.
+typedef struct {
+  int type; // CUmemLocationType
+  int id;
+} CUmemLocation;
+
+typedef struct {
+  int srcAccessOrder; // CUmemcpySrcAccessOrder
+  CUmemLocation srcLocHint;
+  CUmemLocation dstLocHint;
+  unsigned int flags;
+} CUmemcpyAttributes;
+
 enum {
   WC_CUDA_SUCCESS = 0,
   WC_CUDA_ERROR_NOT_READY = 600,
@@ -35,6 +50,13 @@ enum {
   WC_CU_MEMHOSTALLOC_PORTABLE = 0x1,
   WC_CU_MEMHOSTALLOC_DEVICEMAP = 0x2,
   WC_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
+  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: sources are read in stream order.
+  WC_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 0x1,
+
+  // How wc_copy_batch queued its copies (its *how).
+  WC_BATCH_V2 = 1,       // cuMemcpyBatchAsync_v2 (CUDA 13.0 ABI)
+  WC_BATCH_V1 = 2,       // cuMemcpyBatchAsync (CUDA 12.8 ABI, with failIdx)
+  WC_BATCH_PER_COPY = 3, // one cuMemcpyAsync per copy
 };
 
 // wc_cuda_table holds the driver functions found by dlsym; NULL where the
@@ -71,6 +93,12 @@ typedef struct {
   CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *h, CUdeviceptr dptr);
   CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags);
   CUresult (*cuIpcCloseMemHandle)(CUdeviceptr dptr);
+  CUresult (*cuMemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+  CUresult (*cuMemcpyBatchAsync_v2)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                    CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream s);
+  CUresult (*cuMemcpyBatchAsync)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                 CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx,
+                                 CUstream s);
 } wc_cuda_table;
 
 extern wc_cuda_table wc_cuda;
@@ -265,5 +293,16 @@ static inline CUresult wc_cuIpcCloseMemHandle(CUcontext ctx, CUdeviceptr p) {
   WC_SET(ctx);
   return wc_cuda.cuIpcCloseMemHandle(p);
 }
+
+// wc_copy_batch queues count pointer-to-pointer copies (device or pinned
+// host addresses, told apart by unified addressing) on s in one call:
+// cuMemcpyBatchAsync_v2 where the driver has it, else the 12.8 ABI
+// cuMemcpyBatchAsync, else a loop of cuMemcpyAsync; per_copy forces the
+// loop. If the batch call fails, the copies are queued again one by one (a
+// batch that fails to parse queues nothing, and repeating a copy is
+// harmless); *batch_err then holds the batch call's result. *how says which
+// path queued them. Defined in cuda_shim.c.
+CUresult wc_copy_batch(CUcontext ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                       CUstream s, int per_copy, int *how, CUresult *batch_err);
 
 #endif

@@ -25,6 +25,17 @@
 // select on ctx.Done(), returning a *WaitError when the context ends first.
 // Poll is that loop, for waits that combine several conditions.
 //
+// # Batched copies, views and fences
+//
+// CopyBatch collects many pointer-to-pointer copies (device addresses, or
+// pinned host memory by Address) and Stream.CopyBatch queues them with one
+// cuMemcpyBatchAsync call (CUDA 12.8+; the CUDA 13 _v2 ABI is preferred),
+// falling back to a loop of cuMemcpyAsync inside one cgo call where the
+// driver lacks it. (*CUDADevice).View wraps device memory allocated
+// elsewhere (a framework's tensor) without owning it. WithFence marks a
+// buffer as still being written by queued work: readers wait for its
+// Fence event on their stream or on the host.
+//
 // # IPC
 //
 // (*CUDADevice).ExportIPC gives a 64-byte IPCHandle for a device buffer;
