@@ -187,6 +187,15 @@ func (g *Group) waitError(ctx, wctx context.Context, err error, key, what string
 	}
 }
 
+// keyExists reports whether key exists, reading it even after the group's
+// own context ended (bounded by cleanupTimeout).
+func (g *Group) keyExists(ctx context.Context, key string) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, ok, err := g.store.Get(rctx, key)
+	return err == nil && ok
+}
+
 func validKey(key string) bool {
 	if key == "" {
 		return false
@@ -260,6 +269,10 @@ func (g *Group) Barrier(ctx context.Context, name string) error {
 		return nil
 	case errors.Is(err, errBarrierReused):
 		return g.errorf(ErrInvalid, prefix, []int{g.opts.Rank}, "barrier %q was already used in this run; give each barrier its own name", name)
+	case g.keyExists(ctx, prefix+"done"):
+		// Every rank arrived; a rank that left right after the barrier
+		// completed (its lease gone) broke the wait, not the barrier.
+		return nil
 	}
 	return g.waitError(ctx, wctx, err, prefix+"done", fmt.Sprintf("in barrier %q", name), func() *Error {
 		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -272,8 +285,9 @@ func (g *Group) Barrier(ctx context.Context, name string) error {
 	})
 }
 
-// Close leaves the group: it stops watching the ranks, rank 0 deletes the
-// run's keys, and the store is closed, which revokes this rank's lease
+// Close leaves the group: it stops watching the ranks, rank 0 waits (a few
+// seconds at most) for the other ranks to leave and then deletes the run's
+// keys, and the store is closed, which revokes this rank's lease
 // (and with rank 0's, the group's owner key). It is idempotent.
 func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
@@ -283,6 +297,15 @@ func (g *Group) Close() error {
 		var errs []error
 		if g.opts.Rank == 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			// Let the other ranks leave first (bounded): they may still
+			// be reading keys of the run, such as a barrier's "done".
+			for r := 1; r < g.opts.WorldSize; r++ {
+				if g.store.WaitAbsent(ctx, g.keys.rank(r)) != nil {
+					break
+				}
+			}
+			cancel()
+			ctx, cancel = context.WithTimeout(context.Background(), cleanupTimeout)
 			if err := g.store.DeletePrefix(ctx, g.keys.runPrefix()); err != nil {
 				errs = append(errs, fmt.Errorf("rendezvous: deleting run %q of group %q: %w", g.opts.RunID, g.opts.Group, err))
 			}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/transport"
+	_ "github.com/weightcast/weightcast/transport/tcp" // registers "tcp"
+	"github.com/weightcast/weightcast/transport/zmqbus"
+)
+
+// runProcessRank runs one rank in this process: it meets the others through
+// etcd, opens its transport and metadata bus, and runs every round. A lost
+// peer (its rendezvous lease expired) cancels the run with that cause.
+func runProcessRank(ctx context.Context, c *config, transportName string, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
+	endpoint, err := etcdEndpoint(c.rendezvous)
+	if err != nil {
+		return nil, err
+	}
+	if c.hostEtcd != "" {
+		emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Addr: c.hostEtcd})
+		if err != nil {
+			return nil, fmt.Errorf("serving the rendezvous on %s: %w", c.hostEtcd, err)
+		}
+		defer emb.Close()
+	}
+	store, err := rendezvous.DialEtcd(ctx, []string{endpoint})
+	if err != nil {
+		return nil, err
+	}
+	group, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
+		Group: c.group, RunID: c.runID, Rank: c.rank, WorldSize: c.worldSize, Timeout: c.timeout,
+	})
+	if err != nil {
+		return nil, err // Join closed the store
+	}
+	defer group.Close()
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-group.PeerGone():
+			cancel(group.Err())
+		case <-ctx.Done():
+		}
+	}()
+
+	dev, err := rankDevice(c, transportName, c.rank)
+	if err != nil {
+		return nil, err
+	}
+	opts := map[string]string{}
+	if c.advertise != "" {
+		opts = map[string]string{"bind": "0.0.0.0", "advertise": c.advertise}
+	}
+	cfg := transport.Config{Group: c.group, Rank: c.rank, WorldSize: c.worldSize, Device: dev, Exchange: group, Timeout: c.timeout, Options: opts}
+	l := &links{}
+	defer l.close()
+	if c.rank == 0 {
+		l.publisher, err = zmqbus.OpenPublisher(ctx, cfg)
+	} else {
+		l.sub, err = zmqbus.OpenSubscriber(ctx, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if l.endpoint, err = transport.Open(ctx, transportName, cfg); err != nil {
+		return nil, err
+	}
+	res, err := runRank(ctx, c, c.rank, l, dev, tracer, report)
+	if err == nil {
+		// Leave together: a rank that closed its lease while another is
+		// still finishing its last round would look like a lost peer.
+		err = group.Barrier(ctx, "done")
+	}
+	if err != nil && context.Cause(ctx) != nil && context.Cause(ctx) != context.Canceled {
+		err = fmt.Errorf("%w (cause: %v)", err, context.Cause(ctx))
+	}
+	return res, err
+}
+
+// rankDevice is the device a rank's buckets live on for a transport.
+func rankDevice(c *config, transportName string, rank int) (gpu.Device, error) {
+	switch transportName {
+	case "tcp", "inproc":
+		return gpu.Host{}, nil
+	}
+	return nil, fmt.Errorf("transport %q is not available in this build", transportName)
+}
+
+// childMain is a rank process started by the launcher: it reports progress
+// and its result as JSON lines on stdout and writes its trace events.
+func childMain(ctx context.Context, c *config, transportName string) int {
+	enc := json.NewEncoder(os.Stdout)
+	var tracer *pipeline.Tracer
+	if c.traceOut != "" {
+		tracer = pipeline.NewTracer(time.Unix(0, c.traceEpoch))
+	}
+	res, err := runProcessRank(ctx, c, transportName, tracer, func(ev event) { enc.Encode(ev) })
+	if res == nil {
+		res = &rankResult{Rank: c.rank}
+	}
+	res.PeakRSS = peakRSS()
+	if err != nil {
+		res.Error = err.Error()
+	}
+	if tracer != nil {
+		if f, ferr := os.Create(c.traceOut); ferr == nil {
+			tracer.WriteChrome(f, nil)
+			f.Close()
+		}
+	}
+	enc.Encode(event{Type: "result", Rank: c.rank, Result: res})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rank %d: %v\n", c.rank, err)
+		return 1
+	}
+	return 0
+}
