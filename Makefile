@@ -18,10 +18,12 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 test: fmt-check vet
-	$(GO) test -race -timeout 15m $(PKGS)
+	$(GO) test -race -timeout 10m $(PKGS)
 
+# make demo ARGS="--ranks 8 --size 4GiB"
 demo:
-	$(GO) run ./cmd/demo $(ARGS)
+	$(GO) build -o bin/demo ./cmd/demo
+	./bin/demo $(ARGS)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
