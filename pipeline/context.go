@@ -76,3 +76,13 @@ func Count(ctx context.Context, name string, value float64) {
 	t := si.p.tracer
 	t.add(Event{Name: name, Ph: "C", Pid: si.p.pid, Ts: t.micros(time.Now()), Args: map[string]any{"value": value}})
 }
+
+// Args adds args to the span's recorded arguments.
+func (s *Span) Args(args map[string]any) {
+	if s == nil {
+		return
+	}
+	for k, v := range args {
+		s.ev.Args[k] = v
+	}
+}

@@ -243,7 +243,9 @@ func TestBrokenAfterFailure(t *testing.T) {
 // every rank: all return promptly, and every buffer is back.
 func TestCancelMidRound(t *testing.T) {
 	model, _ := Synthetic{Size: 16 << 20, Tensors: 40, Seed: 5}.Model()
-	slow := func(rank int, ep transport.Endpoint) transport.Endpoint { return &slowEndpoint{Endpoint: ep, d: 20 * time.Millisecond} }
+	slow := func(rank int, ep transport.Endpoint) transport.Endpoint {
+		return &slowEndpoint{Endpoint: ep, d: 20 * time.Millisecond}
+	}
 	g := newGroup(t, groupOpts{world: 3, bucket: 256 << 10, wrapEP: slow})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
