@@ -22,8 +22,8 @@ test: fmt-check vet
 
 # make demo ARGS="--ranks 8 --size 4GiB"
 demo:
-	$(GO) build -o bin/demo ./cmd/demo
-	./bin/demo $(ARGS)
+	@$(GO) build -o bin/demo ./cmd/demo
+	@./bin/demo $(ARGS)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)

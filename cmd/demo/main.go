@@ -122,8 +122,10 @@ func chooseTransport(c *config) (name, reason string, err error) {
 	}
 	n, err := gpu.DeviceCount()
 	switch {
+	case errors.Is(err, gpu.ErrNoDriver):
+		return "tcp", "no NVIDIA driver on this machine", nil
 	case err != nil:
-		return "tcp", fmt.Sprintf("no GPU: %v", err), nil
+		return "tcp", fmt.Sprintf("no usable GPU: %v", err), nil
 	case n == 0:
 		return "tcp", "no GPU visible", nil
 	}
