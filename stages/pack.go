@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/weightcast/weightcast/checksum"
@@ -36,10 +37,21 @@ type PackConfig struct {
 // buckets; the last bucket of the round carries IsLast, and a round with no
 // tensors still sends one empty last bucket. A tensor name seen twice, or a
 // tensor that fails Validate, stops the round with an error naming it.
+//
+// When the pool's buffers are device memory, the buckets are filled on the
+// GPU and travel fenced (see gpu_pack.go): host tensors through pinned
+// staging, device tensors (Tensor.Device) device to device, in batched
+// copies; such buckets carry no checksum.
 func Pack(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfig) *pipeline.Stream[*Bucket] {
-	return pipeline.Stage(p, "pack", in, 1, func(ctx context.Context, in *pipeline.Input[*Tensor], out *pipeline.Output[*Bucket]) error {
+	return pipeline.Stage(p, "pack", in, 1, func(ctx context.Context, in *pipeline.Input[*Tensor], out *pipeline.Output[*Bucket]) (err error) {
 		pk := packer{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, bsize: int64(cfg.Pool.BufferSize())}
-		defer pk.abandon()
+		if isDevicePool(cfg.Pool) {
+			if pk.dev, err = newDeviceFill(cfg.Pool); err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, pk.dev.close(ctx)) }()
+		}
+		defer func() { err = errors.Join(err, pk.abandon()) }()
 		for t := range in.All() {
 			if err := pk.add(t); err != nil {
 				return err
@@ -65,9 +77,10 @@ type packer struct {
 	seen  map[string]struct{}
 
 	cur  *Bucket // the bucket being filled, nil between buckets
-	buf  []byte
+	buf  []byte  // the host bytes of cur; nil for a device bucket
 	fill int64
 	span *pipeline.Span
+	dev  *deviceFill // queues the copies of device buckets; nil for host buckets
 }
 
 func alignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
@@ -81,7 +94,7 @@ func (pk *packer) take() error {
 	if err != nil {
 		return err
 	}
-	if buf.Host() == nil {
+	if buf.Host() == nil && pk.dev == nil {
 		pk.cfg.Pool.Put(buf)
 		return fmt.Errorf("pack: bucket buffers on %s are not host memory; use the GPU pack stage", buf.Device().Name())
 	}
@@ -99,7 +112,12 @@ func (pk *packer) take() error {
 func (pk *packer) emit(last bool) error {
 	b := pk.cur
 	b.Meta.Length, b.Meta.IsLast = pk.fill, last
-	if pk.cfg.Checksum {
+	if pk.dev != nil {
+		// Device buckets carry no checksum (see gpu_pack.go).
+		if err := pk.dev.finish(b); err != nil {
+			return err // abandon releases b once its copies are done
+		}
+	} else if pk.cfg.Checksum {
 		b.Meta.Checksum, b.Meta.HasChecksum = checksum.SumParallel(pk.buf[:pk.fill]), true
 	}
 	if pk.span != nil {
@@ -112,12 +130,19 @@ func (pk *packer) emit(last bool) error {
 	return pk.out.Send(b) // on failure Send releases b
 }
 
-// abandon gives back a bucket still being filled when the stage stops early.
-func (pk *packer) abandon() {
-	if pk.cur != nil {
-		pk.cur.Release()
-		pk.cur = nil
+// abandon gives back a bucket still being filled when the stage stops early
+// (a device bucket once the copies into it have finished).
+func (pk *packer) abandon() error {
+	b := pk.cur
+	if b == nil {
+		return nil
 	}
+	pk.cur = nil
+	if pk.dev != nil {
+		return pk.dev.abandon(pk.ctx, b)
+	}
+	b.Release()
+	return nil
 }
 
 func (pk *packer) add(t *Tensor) error {
@@ -155,7 +180,12 @@ func (pk *packer) add(t *Tensor) error {
 			}
 			continue
 		}
-		if err := t.ReadAt(pk.buf[off:off+n], chunk); err != nil {
+		if pk.dev != nil {
+			err = pk.dev.copyIn(pk.ctx, t, pk.cur.Buf, off, n, chunk)
+		} else {
+			err = t.ReadAt(pk.buf[off:off+n], chunk)
+		}
+		if err != nil {
 			return err
 		}
 		pk.cur.Meta.Entries = append(pk.cur.Meta.Entries, Entry{

@@ -2,10 +2,12 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -81,8 +83,12 @@ func Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.En
 type View struct {
 	Entry *Entry
 	// Data is the entry's bytes inside the bucket buffer: valid only
-	// until the bucket is released.
+	// until the bucket is released. Nil for a device bucket.
 	Data []byte
+	// Device and Offset place the entry's bytes in a device bucket
+	// (Device[Offset:Offset+Entry.Size]); Device is nil for host buckets.
+	Device gpu.Buffer
+	Offset int64
 }
 
 // Unpacked is a received bucket turned into views of its entries.
@@ -125,11 +131,16 @@ func unpack(ctx context.Context, b *Bucket, got map[string]progress) (*Unpacked,
 	defer span.End()
 	m := &b.Meta
 	host := b.Buf.Host()
-	if host == nil {
-		return nil, fmt.Errorf("unpack: bucket %d is in device memory; use the GPU unpack stage", m.Seq)
+	var data []byte // nil for a device bucket: its views are device views
+	if host == nil && !onDevice(b.Buf) {
+		return nil, fmt.Errorf("unpack: bucket %d is in a buffer on %s that neither the host nor the GPU can address", m.Seq, b.Buf.Device().Name())
 	}
-	data := host[:m.Length]
-	if m.HasChecksum {
+	if host != nil {
+		data = host[:m.Length]
+	}
+	// A device bucket's checksum is checked by Load, which stages it to
+	// the host (gpu_sink.go).
+	if m.HasChecksum && data != nil {
 		if sum := checksum.SumParallel(data); sum != m.Checksum {
 			return nil, fmt.Errorf("bucket %d (version %d, %d bytes) failed its checksum: got %x, root sent %x; tensors in it: %s",
 				m.Seq, m.Version, m.Length, sum, m.Checksum, entryNames(m.Entries, 8))
@@ -147,7 +158,11 @@ func unpack(ctx context.Context, b *Bucket, got map[string]progress) (*Unpacked,
 			return nil, fmt.Errorf("tensor %q: bucket %d carries bytes [%d, %d) but %d bytes had arrived; chunks out of order", e.Name, m.Seq, e.Chunk, e.Chunk+e.Size, have)
 		}
 		got[e.Name] = progress{have + e.Size, e.Total}
-		u.Views[i] = View{Entry: e, Data: data[e.Offset : e.Offset+e.Size]}
+		if data != nil {
+			u.Views[i] = View{Entry: e, Data: data[e.Offset : e.Offset+e.Size]}
+		} else {
+			u.Views[i] = View{Entry: e, Device: b.Buf, Offset: e.Offset}
+		}
 	}
 	if m.IsLast {
 		for name, pr := range got {
@@ -188,9 +203,11 @@ type Sink interface {
 // the round after its last bucket, then acknowledges and releases each
 // bucket.
 func Load(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink) {
-	pipeline.Sink(p, "load", in, func(ctx context.Context, in *pipeline.Input[*Unpacked]) error {
+	pipeline.Sink(p, "load", in, func(ctx context.Context, in *pipeline.Input[*Unpacked]) (err error) {
+		st := &hostStaging{} // for device buckets and host sinks
+		defer func() { err = errors.Join(err, st.close(ctx)) }()
 		for u := range in.All() {
-			if err := load(ctx, u, sink); err != nil {
+			if err := loadVia(ctx, u, sink, st); err != nil {
 				u.Release()
 				return err
 			}
@@ -202,6 +219,13 @@ func Load(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink) {
 }
 
 func load(ctx context.Context, u *Unpacked, sink Sink) error {
+	st := &hostStaging{}
+	return errors.Join(loadVia(ctx, u, sink, st), st.close(ctx))
+}
+
+// loadVia is load with the staging memory that device buckets need for
+// host sinks.
+func loadVia(ctx context.Context, u *Unpacked, sink Sink, st *hostStaging) error {
 	m := &u.Bucket.Meta
 	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length})
 	defer span.End()
@@ -210,9 +234,21 @@ func load(ctx context.Context, u *Unpacked, sink Sink) error {
 			return fmt.Errorf("starting version %d: %w", m.Version, err)
 		}
 	}
-	for _, v := range u.Views {
-		if err := sink.Load(ctx, v.Entry, v.Data); err != nil {
-			return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+	if onDevice(u.Bucket.Buf) {
+		if err := loadDeviceViews(ctx, u, sink, st); err != nil {
+			return err
+		}
+	} else {
+		for _, v := range u.Views {
+			if err := sink.Load(ctx, v.Entry, v.Data); err != nil {
+				return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+			}
+		}
+		if ds, ok := asDeviceSink(sink); ok {
+			// Host bytes copied to the GPU: done before release.
+			if err := ds.Flush(ctx); err != nil {
+				return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
+			}
 		}
 	}
 	if m.IsLast {

@@ -6,11 +6,13 @@ import (
 	"io"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
 )
 
 // Tensor is one named array of weights as a Source yields it. Its bytes are
-// either in Data or read on demand through Reader (a file, a generator), so
-// that a source never needs to hold the whole model.
+// in Data, read on demand through Reader (a file, a generator), so that a
+// source never needs to hold the whole model, or in device memory (Device),
+// where only device buckets take them.
 type Tensor struct {
 	Name  string
 	DType dtype.DType
@@ -21,6 +23,13 @@ type Tensor struct {
 	// Reader supplies the bytes when Data is nil; ReadAt must fill the
 	// whole slice it is given.
 	Reader io.ReaderAt
+	// Device, when set, holds the tensor's bytes in device memory at
+	// DeviceOffset (Data and Reader stay nil). Pack copies them into
+	// device buckets on the GPU; the memory must stay allocated and
+	// unchanged until the round that packs it has broadcast it. Wrap
+	// memory allocated elsewhere with (*gpu.CUDADevice).View.
+	Device       gpu.Buffer
+	DeviceOffset int64
 }
 
 // Size returns the tensor's byte length from its dtype and shape.
@@ -34,6 +43,9 @@ func (t *Tensor) Size() (int64, error) {
 
 // ReadAt copies the tensor's bytes starting at off into p.
 func (t *Tensor) ReadAt(p []byte, off int64) error {
+	if t.Device != nil && t.Data == nil && len(p) > 0 {
+		return fmt.Errorf("tensor %q is in device memory on %s: pack it into device buckets (a Pool allocated on a CUDA device)", t.Name, t.Device.Device().Name())
+	}
 	if t.Data != nil {
 		if off < 0 || off+int64(len(p)) > int64(len(t.Data)) {
 			return fmt.Errorf("tensor %q: read of %d bytes at %d outside its %d bytes", t.Name, len(p), off, len(t.Data))
@@ -76,6 +88,11 @@ func (t *Tensor) Validate() (size int64, err error) {
 	}
 	if t.Data != nil && int64(len(t.Data)) != size {
 		return 0, fmt.Errorf("tensor %q: %s%v needs %d bytes, Data has %d", t.Name, t.DType, t.Shape, size, len(t.Data))
+	}
+	if t.Device != nil {
+		if err := t.validateDevice(size); err != nil {
+			return 0, err
+		}
 	}
 	return size, nil
 }

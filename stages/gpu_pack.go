@@ -1,0 +1,259 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+)
+
+// Packing into device buckets.
+//
+// When a Pool's buffers are device memory (Host() == nil), Pack fills them
+// on the GPU instead of with host copies, through one copy stream per round:
+//
+//   - device tensors (Tensor.Device) are copied device to device;
+//   - host tensors (Data or Reader) are read into a small ring of pinned
+//     staging buffers (StagingBuffers × StagingSize) and copied host to
+//     device from there, so that the copy runs at pinned speed while the
+//     next bytes are read;
+//   - copies are not issued one per tensor: they are collected in a
+//     gpu.CopyBatch and queued with one cuMemcpyBatchAsync per batch
+//     (per-copy cuMemcpyAsync where the driver lacks it). Copies that
+//     continue each other, including across the alignment padding between
+//     tensors of one buffer, merge into one.
+//
+// When a bucket is full, an event is recorded after its copies and the
+// bucket's buffer travels fenced (gpu.WithFence): the transport orders its
+// broadcast after the event on the GPU (cuStreamWaitEvent on the NCCL
+// stream) or waits for it on the host (CUDA IPC) — the pack stage never
+// blocks on its own copies. The event is destroyed when the bucket is
+// released. A staging buffer is refilled only after the event recorded
+// after the copies out of it has completed.
+//
+// Checksums: checksum.Sum runs on host bytes, so device buckets carry no
+// checksum (HasChecksum false) even when PackConfig.Checksum is set; a GPU
+// checksum kernel is future work. Receivers that stage device buckets to
+// the host still check checksums sent by a host-memory root.
+
+// Staging sizes for host tensors packed into device buckets.
+const (
+	StagingBuffers = 2
+	StagingSize    = 8 << 20
+)
+
+// flushEvery bounds the copies collected before they are handed to the
+// driver, so that the GPU starts on a bucket of many small tensors early.
+const flushEvery = 4096
+
+// finalWait bounds the wait for a round's copies when the round's own
+// context is already done (so that memory is never freed under a copy).
+const finalWait = time.Minute
+
+// isDevicePool reports whether p's buffers are device memory.
+func isDevicePool(p *Pool) bool {
+	bufs := p.Buffers()
+	return len(bufs) > 0 && onDevice(bufs[0])
+}
+
+// deviceFill queues the copies that fill device buckets for one round of
+// Pack. It is used by the pack goroutine only.
+type deviceFill struct {
+	dev    *gpu.CUDADevice
+	stream *gpu.Stream
+	batch  gpu.CopyBatch
+	// lastSrc is the buffer the batch's last copy reads from, so that a
+	// copy continuing it across alignment padding can merge.
+	lastSrc gpu.Buffer
+
+	staging   [StagingBuffers]gpu.Buffer
+	stageAddr [StagingBuffers]uint64
+	stageDone [StagingBuffers]*gpu.Event // recorded after the last copies out of each
+	slot      int
+	sfill     int64
+}
+
+func newDeviceFill(pool *Pool) (*deviceFill, error) {
+	dev, err := cudaDeviceOf(pool.Buffers()[0])
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("pack: creating the copy stream: %w", err)
+	}
+	return &deviceFill{dev: dev, stream: s}, nil
+}
+
+// add queues a copy of n bytes from src (inside srcBuf) to dst, merging
+// it into the previous copy when only alignment padding of the same
+// buffers lies between them.
+func (f *deviceFill) add(dst, src uint64, n int64, srcBuf gpu.Buffer) error {
+	if ld, ls, ln, ok := f.batch.Last(); ok && srcBuf == f.lastSrc {
+		end := ld + uint64(ln)
+		if dst > end && dst-end < Align && src == ls+uint64(ln)+(dst-end) {
+			f.batch.Extend(int64(dst - end))
+		}
+	}
+	f.batch.Add(dst, src, n)
+	f.lastSrc = srcBuf
+	if f.batch.Len() >= flushEvery {
+		return f.flush()
+	}
+	return nil
+}
+
+// flush hands the collected copies to the driver.
+func (f *deviceFill) flush() error {
+	f.lastSrc = nil
+	if f.batch.Len() == 0 {
+		return nil
+	}
+	if err := f.stream.CopyBatch(&f.batch); err != nil {
+		return fmt.Errorf("pack: queueing copies into a device bucket: %w", err)
+	}
+	return nil
+}
+
+// copyIn queues the copy of t's bytes [chunk, chunk+n) to bucket[off:].
+func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, off, n, chunk int64) error {
+	dst := bucket.DevicePtr() + uint64(off)
+	if t.Device != nil {
+		src, _ := gpu.Address(t.Device) // checked by Validate
+		return f.add(dst, src+uint64(t.DeviceOffset+chunk), n, t.Device)
+	}
+	for done := int64(0); done < n; {
+		if f.sfill == StagingSize {
+			if err := f.nextSlot(ctx); err != nil {
+				return err
+			}
+		}
+		if f.staging[f.slot] == nil {
+			if err := f.allocStaging(); err != nil {
+				return err
+			}
+		}
+		d := dst + uint64(done)
+		// Mirror the bucket's alignment padding in the staging buffer so
+		// that consecutive small tensors become one copy.
+		if ld, _, ln, ok := f.batch.Last(); ok && f.lastSrc == f.staging[f.slot] {
+			if end := ld + uint64(ln); d > end && d-end < Align && f.sfill+int64(d-end) < StagingSize {
+				f.sfill += int64(d - end)
+			}
+		}
+		m := min(n-done, StagingSize-f.sfill)
+		buf := f.staging[f.slot].Host()[f.sfill : f.sfill+m]
+		if err := t.ReadAt(buf, chunk+done); err != nil {
+			return err
+		}
+		if err := f.add(d, f.stageAddr[f.slot]+uint64(f.sfill), m, f.staging[f.slot]); err != nil {
+			return err
+		}
+		f.sfill += m
+		done += m
+	}
+	return nil
+}
+
+func (f *deviceFill) allocStaging() error {
+	b, err := f.dev.AllocPinned(StagingSize)
+	if err != nil {
+		return fmt.Errorf("pack: allocating %d bytes of pinned staging memory: %w", StagingSize, err)
+	}
+	f.staging[f.slot] = b
+	f.stageAddr[f.slot], _ = gpu.Address(b)
+	f.sfill = 0
+	return nil
+}
+
+// nextSlot queues the copies out of the current staging buffer, marks it
+// with an event, and moves to the next one, waiting until the copies that
+// last read it have finished.
+func (f *deviceFill) nextSlot(ctx context.Context) error {
+	if err := f.flush(); err != nil {
+		return err
+	}
+	ev, err := f.stream.Record()
+	if err != nil {
+		return fmt.Errorf("pack: recording a staging event: %w", err)
+	}
+	if old := f.stageDone[f.slot]; old != nil {
+		old.Close()
+	}
+	f.stageDone[f.slot] = ev
+	f.slot = (f.slot + 1) % StagingBuffers
+	f.sfill = 0
+	if prev := f.stageDone[f.slot]; prev != nil {
+		if err := prev.Wait(ctx); err != nil {
+			return fmt.Errorf("pack: waiting for a staging buffer to drain: %w", err)
+		}
+	}
+	return nil
+}
+
+// finish queues the bucket's remaining copies and fences its buffer with an
+// event recorded after them; releasing the bucket destroys the event.
+func (f *deviceFill) finish(b *Bucket) error {
+	if err := f.flush(); err != nil {
+		return err
+	}
+	ev, err := f.stream.Record()
+	if err != nil {
+		return fmt.Errorf("pack: recording bucket %d's ready event: %w", b.Meta.Seq, err)
+	}
+	b.Buf = gpu.WithFence(b.Buf, ev)
+	put := b.put
+	b.put = func(buf gpu.Buffer) {
+		ev.Close()
+		if put != nil {
+			put(gpu.Unfence(buf))
+		}
+	}
+	return nil
+}
+
+// settle waits until every queued copy has finished, bounded by ctx or, once
+// ctx is done, by finalWait.
+func (f *deviceFill) settle(ctx context.Context) error {
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), finalWait)
+		defer cancel()
+	}
+	return f.stream.Sync(ctx)
+}
+
+// abandon gives back a bucket still being filled, once no copy into it is
+// in flight. If that cannot be known, the buffer stays out of the pool
+// (Pool.Close then reports it) rather than be reused under a copy.
+func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
+	f.batch.Reset()
+	if err := f.settle(ctx); err != nil {
+		return fmt.Errorf("pack: bucket %d kept out of the pool: its copies did not finish: %w", b.Meta.Seq, err)
+	}
+	b.Release()
+	return nil
+}
+
+// close waits for the round's copies, then frees the staging buffers,
+// events and stream. On a failed wait it frees nothing that a copy may
+// still use.
+func (f *deviceFill) close(ctx context.Context) error {
+	f.batch.Reset()
+	if err := f.settle(ctx); err != nil {
+		return fmt.Errorf("pack: copies still running after the round; leaving the staging memory allocated: %w", err)
+	}
+	var errs []error
+	for i := range f.staging {
+		if f.stageDone[i] != nil {
+			errs = append(errs, f.stageDone[i].Close())
+		}
+		if f.staging[i] != nil {
+			errs = append(errs, f.staging[i].Free())
+		}
+	}
+	errs = append(errs, f.stream.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,509 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
+)
+
+// Receiving into device buckets.
+//
+// When a receiver's Pool holds device memory, the transport lands each
+// bucket's bytes on the GPU, Unpack yields device views (View.Device and
+// View.Offset instead of View.Data), and Load hands them to the sink:
+//
+//   - a DeviceSink (DeviceModel) takes the views as they are and copies
+//     them on the GPU; Load calls its Flush, which returns once every copy
+//     out of the bucket has finished, and only then releases the bucket;
+//   - any other Sink (HostModel, Verify, a checkpoint writer) gets host
+//     bytes: Load copies the bucket's filled bytes into a pinned staging
+//     buffer (one per round, the bucket's size) and passes views of it.
+//
+// Checksums: device buckets from a device root carry none (see
+// gpu_pack.go). When a bucket does carry one (a host-memory root), Load
+// stages the bucket to the host and checks it before any sink sees it.
+
+// DeviceSink is a Sink that takes device views of a bucket.
+type DeviceSink interface {
+	Sink
+	// LoadDevice queues the copy of entry e's bytes, which lie at
+	// src[off:off+e.Size] in device memory; chunks come in order. It may
+	// return before the copy has run.
+	LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, off int64) error
+	// Flush returns once every copy queued so far, by LoadDevice or by
+	// Load, has finished reading its source, so that the bucket can be
+	// reused.
+	Flush(ctx context.Context) error
+}
+
+// asDeviceSink returns s as a DeviceSink when it is one (looking through
+// the Receiver's own wrapper).
+func asDeviceSink(s Sink) (DeviceSink, bool) {
+	if v, ok := s.(*versionSink); ok {
+		if _, ok := v.Sink.(DeviceSink); !ok {
+			return nil, false
+		}
+		return v, true
+	}
+	d, ok := s.(DeviceSink)
+	return d, ok
+}
+
+// LoadDevice counts the tensor and forwards to the wrapped DeviceSink.
+func (v *versionSink) LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, off int64) error {
+	if e.Chunk == 0 {
+		v.tensors++
+	}
+	return v.Sink.(DeviceSink).LoadDevice(ctx, e, src, off)
+}
+
+// Flush forwards to the wrapped DeviceSink.
+func (v *versionSink) Flush(ctx context.Context) error { return v.Sink.(DeviceSink).Flush(ctx) }
+
+// hostStaging copies device buckets to pinned host memory for sinks that
+// take host bytes, and to check checksums. One Load stage owns one.
+type hostStaging struct {
+	dev    *gpu.CUDADevice
+	stream *gpu.Stream
+	buf    gpu.Buffer
+}
+
+// fetch copies b's filled bytes to the host and returns them; they stay
+// valid until the next fetch.
+func (h *hostStaging) fetch(ctx context.Context, b *Bucket) ([]byte, error) {
+	n := b.Meta.Length
+	if n == 0 {
+		return nil, nil
+	}
+	if h.stream == nil {
+		dev, err := cudaDeviceOf(b.Buf)
+		if err != nil {
+			return nil, err
+		}
+		if h.stream, err = dev.NewStream(); err != nil {
+			return nil, err
+		}
+		h.dev = dev
+	}
+	if h.buf == nil || int64(h.buf.Len()) < n {
+		if h.buf != nil {
+			if err := h.buf.Free(); err != nil {
+				return nil, err
+			}
+			h.buf = nil
+		}
+		buf, err := h.dev.AllocPinned(max(b.Buf.Len(), int(n)))
+		if err != nil {
+			return nil, fmt.Errorf("allocating pinned memory to stage device buckets for a host sink: %w", err)
+		}
+		h.buf = buf
+	}
+	host := h.buf.Host()[:n]
+	if err := h.stream.CopyDtoH(host, gpu.Unfence(b.Buf), 0); err != nil {
+		return nil, err
+	}
+	if err := h.stream.Sync(ctx); err != nil {
+		return nil, fmt.Errorf("copying bucket %d to the host: %w", b.Meta.Seq, err)
+	}
+	return host, nil
+}
+
+// close frees the staging memory after any copy into it has finished.
+func (h *hostStaging) close(ctx context.Context) error {
+	if h.stream == nil {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWait)
+	defer cancel()
+	if err := h.stream.Sync(wctx); err != nil {
+		return fmt.Errorf("staging copy still running; leaving its pinned memory allocated: %w", err)
+	}
+	var errs []error
+	if h.buf != nil {
+		errs = append(errs, h.buf.Free())
+	}
+	errs = append(errs, h.stream.Close())
+	h.stream, h.buf = nil, nil
+	return errors.Join(errs...)
+}
+
+// loadDeviceViews hands a device bucket's views to sink: as they are to a
+// DeviceSink (then waits for its copies), through host staging to any other.
+func loadDeviceViews(ctx context.Context, u *Unpacked, sink Sink, st *hostStaging) error {
+	m := &u.Bucket.Meta
+	ds, isDev := asDeviceSink(sink)
+	var host []byte
+	if !isDev || m.HasChecksum {
+		var err error
+		if host, err = st.fetch(ctx, u.Bucket); err != nil {
+			return err
+		}
+		if m.HasChecksum {
+			if sum := checksum.SumParallel(host); sum != m.Checksum {
+				return fmt.Errorf("bucket %d (version %d, %d bytes) failed its checksum: got %x, root sent %x; tensors in it: %s",
+					m.Seq, m.Version, m.Length, sum, m.Checksum, entryNames(m.Entries, 8))
+			}
+		}
+	}
+	if !isDev {
+		for _, v := range u.Views {
+			e := v.Entry
+			if err := sink.Load(ctx, e, host[e.Offset:e.Offset+e.Size]); err != nil {
+				return fmt.Errorf("loading tensor %q from bucket %d: %w", e.Name, m.Seq, err)
+			}
+		}
+		return nil
+	}
+	for _, v := range u.Views {
+		if err := ds.LoadDevice(ctx, v.Entry, v.Device, v.Offset); err != nil {
+			return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+		}
+	}
+	if err := ds.Flush(ctx); err != nil {
+		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
+	}
+	return nil
+}
+
+// DeviceTensor is one tensor held by a DeviceModel.
+type DeviceTensor struct {
+	DType dtype.DType
+	Shape []int64
+	// Buf holds the tensor's bytes; nil for a tensor of zero bytes.
+	Buf gpu.Buffer
+}
+
+// DeviceModel is a Sink that keeps the received model in device memory,
+// the destination of a rollout worker's weights. Tensors are allocated on
+// the first round that carries them and updated in place after (a tensor
+// whose dtype or shape changes is reallocated). Copies into them run on
+// the model's own stream: from device buckets device to device, in
+// batches; from host buckets host to device. Flush (called by Load after
+// each bucket) waits for them, so a bucket is never reused while a copy
+// out of it is in flight; Commit leaves every tensor complete.
+//
+// Its methods are safe for concurrent use. Close frees the tensors.
+type DeviceModel struct {
+	dev    *gpu.CUDADevice
+	mu     sync.Mutex
+	stream *gpu.Stream
+	batch  gpu.CopyBatch
+
+	tensors map[string]*DeviceTensor
+	retired []gpu.Buffer // replaced tensors, freed after the next Flush
+	version uint64
+	allocs  int
+	fence   *gpu.Event // recorded by the last Flush after its copies
+	closed  bool
+}
+
+// NewDeviceModel returns an empty model on dev.
+func NewDeviceModel(dev *gpu.CUDADevice) (*DeviceModel, error) {
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("device model: %w", err)
+	}
+	return &DeviceModel{dev: dev, stream: s, tensors: map[string]*DeviceTensor{}}, nil
+}
+
+var _ DeviceSink = (*DeviceModel)(nil)
+
+// place returns the tensor of e, allocating it on first sight.
+func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
+	if m.closed {
+		return nil, errors.New("device model used after Close")
+	}
+	t := m.tensors[e.Name]
+	if t != nil && t.DType == e.DType && slices.Equal(t.Shape, e.Shape) {
+		return t, nil
+	}
+	if t != nil && t.Buf != nil {
+		m.retired = append(m.retired, t.Buf)
+	}
+	t = &DeviceTensor{DType: e.DType, Shape: slices.Clone(e.Shape)}
+	if e.Total > 0 {
+		b, err := m.dev.Alloc(int(e.Total))
+		if err != nil {
+			delete(m.tensors, e.Name)
+			return nil, fmt.Errorf("allocating tensor %q (%d bytes) on %s: %w", e.Name, e.Total, m.dev.Name(), err)
+		}
+		t.Buf = b
+	}
+	m.tensors[e.Name] = t
+	m.allocs++
+	return t, nil
+}
+
+// LoadDevice queues the copy of the entry from src[off:] into its tensor.
+func (m *DeviceModel) LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, off int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, err := m.place(e)
+	if err != nil || e.Size == 0 {
+		return err
+	}
+	from, ok := gpu.Address(src)
+	if !ok {
+		return fmt.Errorf("tensor %q: source buffer on %s is not GPU-addressable", e.Name, src.Device().Name())
+	}
+	m.batch.Add(t.Buf.DevicePtr()+uint64(e.Chunk), from+uint64(off), e.Size)
+	if m.batch.Len() >= flushEvery {
+		return m.stream.CopyBatch(&m.batch)
+	}
+	return nil
+}
+
+// Load queues the copy of host bytes into the entry's tensor. data must
+// stay unchanged until Flush returns.
+func (m *DeviceModel) Load(ctx context.Context, e *Entry, data []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, err := m.place(e)
+	if err != nil || len(data) == 0 {
+		return err
+	}
+	if err := m.stream.CopyBatch(&m.batch); err != nil {
+		return err
+	}
+	return m.stream.CopyHtoD(t.Buf, int(e.Chunk), data)
+}
+
+// Flush queues the collected copies, records an event after them and
+// waits for it: when Flush returns, no copy reads a bucket any more.
+func (m *DeviceModel) Flush(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.flushLocked(ctx)
+}
+
+func (m *DeviceModel) flushLocked(ctx context.Context) error {
+	if m.closed {
+		return errors.New("device model used after Close")
+	}
+	if err := m.stream.CopyBatch(&m.batch); err != nil {
+		return err
+	}
+	ev, err := m.stream.Record()
+	if err != nil {
+		return err
+	}
+	if m.fence != nil {
+		m.fence.Close()
+	}
+	m.fence = ev
+	if err := ev.Wait(ctx); err != nil {
+		return fmt.Errorf("device model: waiting for copies out of the bucket: %w", err)
+	}
+	var errs []error
+	for _, b := range m.retired {
+		errs = append(errs, b.Free())
+	}
+	m.retired = m.retired[:0]
+	return errors.Join(errs...)
+}
+
+// Commit waits for every copy of the round and records its version.
+func (m *DeviceModel) Commit(ctx context.Context, version uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.flushLocked(ctx); err != nil {
+		return err
+	}
+	m.version = version
+	return nil
+}
+
+// Get returns the tensor called name. Its buffer changes under a running
+// sync.
+func (m *DeviceModel) Get(name string) (*DeviceTensor, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.tensors[name]
+	return t, ok
+}
+
+// Names lists the tensors held, sorted.
+func (m *DeviceModel) Names() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.tensors))
+	for n := range m.tensors {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Version is the last committed model version.
+func (m *DeviceModel) Version() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.version
+}
+
+// Allocations counts tensor allocations so far (later rounds of an
+// unchanged model add none).
+func (m *DeviceModel) Allocations() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.allocs
+}
+
+// Bytes is the total size of the tensors held.
+func (m *DeviceModel) Bytes() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, t := range m.tensors {
+		if t.Buf != nil {
+			n += int64(t.Buf.Len())
+		}
+	}
+	return n
+}
+
+// ReadHost copies the tensor called name back to host memory (for checks
+// and debugging).
+func (m *DeviceModel) ReadHost(ctx context.Context, name string) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.tensors[name]
+	if !ok {
+		return nil, fmt.Errorf("device model has no tensor %q", name)
+	}
+	if t.Buf == nil {
+		return []byte{}, nil
+	}
+	out := make([]byte, t.Buf.Len())
+	if err := m.stream.CopyDtoH(out, t.Buf, 0); err != nil {
+		return nil, err
+	}
+	if err := m.stream.Sync(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// verifyChunk is the size of the pieces Verify copies back at a time.
+const verifyChunk = 16 << 20
+
+// VerifyStats counts what DeviceModel.Verify compared.
+type VerifyStats struct {
+	Tensors int
+	Bytes   int64
+}
+
+// Verify compares every tensor of the model, byte for byte, with the
+// tensor of the same name in want (regenerated or re-read on the host),
+// copying the model's bytes back in pieces of 16 MiB. It fails on the first
+// difference, naming the tensor and byte, and when want can list its
+// tensors, on a tensor missing from the model.
+func (m *DeviceModel) Verify(ctx context.Context, want Lookuper) (VerifyStats, error) {
+	var st VerifyStats
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	pinned, err := m.dev.AllocPinned(verifyChunk)
+	if err != nil {
+		return st, err
+	}
+	defer func() {
+		// Free only once no copy writes the pinned memory.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWait)
+		defer cancel()
+		if m.stream.Sync(wctx) == nil {
+			pinned.Free()
+		}
+	}()
+	exp := make([]byte, verifyChunk)
+	names := make([]string, 0, len(m.tensors))
+	for n := range m.tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		t := m.tensors[name]
+		w, ok := want.Lookup(name)
+		if !ok {
+			return st, fmt.Errorf("the model holds tensor %q that the source does not have", name)
+		}
+		if w.DType != t.DType || !slices.Equal(w.Shape, t.Shape) {
+			return st, fmt.Errorf("tensor %q is %s%v in the model, %s%v in the source", name, t.DType, t.Shape, w.DType, w.Shape)
+		}
+		size, err := w.Size()
+		if err != nil {
+			return st, err
+		}
+		for off := int64(0); off < size; off += verifyChunk {
+			n := min(verifyChunk, size-off)
+			got := pinned.Host()[:n]
+			if err := m.stream.CopyDtoH(got, t.Buf, int(off)); err != nil {
+				return st, err
+			}
+			if w.Device != nil {
+				// A device source: read it back the same way.
+				src, _ := gpu.Address(w.Device)
+				if err := m.stream.CopyDtoHPtr(exp[:n], src+uint64(w.DeviceOffset+off)); err != nil {
+					return st, err
+				}
+			} else if err := w.ReadAt(exp[:n], off); err != nil {
+				return st, err
+			}
+			if err := m.stream.Sync(ctx); err != nil {
+				return st, err
+			}
+			if !bytes.Equal(got, exp[:n]) {
+				i := 0
+				for got[i] == exp[i] {
+					i++
+				}
+				return st, fmt.Errorf("tensor %q differs from the source at byte %d (model %#02x, source %#02x)", name, off+int64(i), got[i], exp[i])
+			}
+			st.Bytes += n
+		}
+		st.Tensors++
+	}
+	if l, ok := want.(interface{ List() []*Tensor }); ok && len(l.List()) != len(names) {
+		return st, fmt.Errorf("the model holds %d tensors, the source has %d", len(names), len(l.List()))
+	}
+	return st, nil
+}
+
+// Close frees every tensor and the stream, after the copies in flight.
+// It is idempotent.
+func (m *DeviceModel) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.batch.Reset()
+	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
+	defer cancel()
+	if err := m.stream.Sync(ctx); err != nil {
+		return fmt.Errorf("device model: copies still running; leaving its memory allocated: %w", err)
+	}
+	m.closed = true
+	var errs []error
+	for _, t := range m.tensors {
+		if t.Buf != nil {
+			errs = append(errs, t.Buf.Free())
+		}
+	}
+	for _, b := range m.retired {
+		errs = append(errs, b.Free())
+	}
+	if m.fence != nil {
+		errs = append(errs, m.fence.Close())
+	}
+	errs = append(errs, m.stream.Close())
+	m.tensors, m.retired = nil, nil
+	return errors.Join(errs...)
+}
