@@ -55,7 +55,7 @@ func launchLocal(ctx context.Context, c *config, transportName string, tracer *p
 	results := make([]*rankResult, c.ranks)
 	cmds := make([]*exec.Cmd, c.ranks)
 	traces := make([]string, c.ranks)
-	var relay sync.WaitGroup
+	relays := make([]*sync.WaitGroup, c.ranks)
 	for r := range c.ranks {
 		if tracer != nil {
 			traces[r] = filepath.Join(dir, fmt.Sprintf("rank%d.trace.json", r))
@@ -75,7 +75,8 @@ func launchLocal(ctx context.Context, c *config, transportName string, tracer *p
 			return nil, fmt.Errorf("starting rank %d: %w", r, err)
 		}
 		cmds[r] = cmd
-		relay.Go(func() {
+		relays[r] = new(sync.WaitGroup)
+		relays[r].Go(func() {
 			readEvents(stdout, func(ev event) {
 				if ev.Type == "result" && ev.Result != nil {
 					results[r] = ev.Result
@@ -84,13 +85,18 @@ func launchLocal(ctx context.Context, c *config, transportName string, tracer *p
 				}
 			})
 		})
-		relay.Go(func() { relayLines(stderr, u) })
+		relays[r].Go(func() { relayLines(stderr, u) })
 	}
 
 	waited := make(chan int, c.ranks)
 	exitErrs := make([]error, c.ranks)
 	for r, cmd := range cmds {
-		go func() { exitErrs[r] = cmd.Wait(); waited <- r }()
+		go func() {
+			// Wait closes the pipes: read them to the end first.
+			relays[r].Wait()
+			exitErrs[r] = cmd.Wait()
+			waited <- r
+		}()
 	}
 	var grace <-chan time.Time
 	exited := make([]bool, c.ranks)
@@ -117,7 +123,6 @@ func launchLocal(ctx context.Context, c *config, transportName string, tracer *p
 			done = nil // wait for the exits
 		}
 	}
-	relay.Wait()
 	for r := range results {
 		if results[r] == nil {
 			results[r] = &rankResult{Rank: r, Error: fmt.Sprintf("rank process exited without a result: %v", exitErrs[r])}
