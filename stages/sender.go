@@ -105,18 +105,8 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		return RoundStats{}, fmt.Errorf("sender %w: %w", ErrBroken, s.broken)
 	}
 	start := time.Now()
-	p := pipeline.New(fmt.Sprintf("send v%d", version), s.tracing()...)
-	tensors := Iterate(p, src)
-	if s.cfg.Wrap != nil {
-		tensors = s.cfg.Wrap(p, tensors)
-	}
+	p := s.pipeline(src, version)
 	var stats RoundStats
-	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum}
-	if d, ok := src.(Describer); ok {
-		pc.Source = d.SourceInfo()
-	}
-	buckets := Pack(p, tensors, pc)
-	Broadcast(p, Publish(p, buckets, s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
 	err := p.Run(ctx)
 	if err == nil {
 		err = s.cfg.Publisher.Sync(ctx)
@@ -137,6 +127,25 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	}
 	return stats, nil
 }
+
+// pipeline builds one round's pipeline:
+// iterate ──► [Wrap] ──► pack ──► publish ──► broadcast.
+func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
+	p := pipeline.New(fmt.Sprintf("send v%d", version), s.tracing()...)
+	tensors := Iterate(p, src)
+	if s.cfg.Wrap != nil {
+		tensors = s.cfg.Wrap(p, tensors)
+	}
+	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum}
+	if d, ok := src.(Describer); ok {
+		pc.Source = d.SourceInfo()
+	}
+	Broadcast(p, Publish(p, Pack(p, tensors, pc), s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
+	return p
+}
+
+// Graph describes the pipeline each Sync runs.
+func (s *Sender) Graph() pipeline.Graph { return s.pipeline(nil, 0).Graph() }
 
 func (s *Sender) tracing() []pipeline.Option {
 	if s.cfg.Tracer == nil {
