@@ -289,14 +289,9 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 		return RoundStats{}, fmt.Errorf("receiver %w: %w", ErrBroken, r.broken)
 	}
 	start := time.Now()
-	var opts []pipeline.Option
-	if r.cfg.Tracer != nil {
-		opts = append(opts, pipeline.WithTracer(r.cfg.Tracer, r.cfg.Rank))
-	}
-	p := pipeline.New(fmt.Sprintf("receive rank %d", r.cfg.Rank), opts...)
 	var version uint64
 	vs := &versionSink{Sink: sink, version: &version}
-	Load(p, Unpack(p, Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint)), vs)
+	p := r.pipeline(vs)
 	err := p.Run(ctx)
 	stats := RoundStats{Version: version, Duration: time.Since(start), Stages: p.Metrics(), Graph: p.Graph()}
 	for _, m := range stats.Stages {
@@ -314,6 +309,21 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	}
 	return stats, err
 }
+
+// pipeline builds one round's pipeline:
+// subscribe ──► broadcast ──► unpack ──► load.
+func (r *Receiver) pipeline(sink Sink) *pipeline.Pipeline {
+	var opts []pipeline.Option
+	if r.cfg.Tracer != nil {
+		opts = append(opts, pipeline.WithTracer(r.cfg.Tracer, r.cfg.Rank))
+	}
+	p := pipeline.New(fmt.Sprintf("receive rank %d", r.cfg.Rank), opts...)
+	Load(p, Unpack(p, Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint)), sink)
+	return p
+}
+
+// Graph describes the pipeline each Sync runs.
+func (r *Receiver) Graph() pipeline.Graph { return r.pipeline(nil).Graph() }
 
 // versionSink notes the committed version and counts tensors.
 type versionSink struct {
