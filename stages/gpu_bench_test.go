@@ -1,0 +1,129 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/pipeline"
+)
+
+// packOnly runs iterate → pack → a sink that waits for each bucket's fence
+// and releases it: the cost of filling device buckets alone.
+func packOnly(b *testing.B, src Source, pool *Pool) {
+	p := pipeline.New("pack only")
+	buckets := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1})
+	pipeline.Sink(p, "drain", buckets, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
+		for bk := range in.All() {
+			if ev := gpu.FenceOf(bk.Buf); ev != nil {
+				if err := ev.Wait(ctx); err != nil {
+					bk.Release()
+					return err
+				}
+			}
+			bk.Release()
+		}
+		return in.Err()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.Run(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func devicePool(b *testing.B, d *gpu.CUDADevice, bucket int) *Pool {
+	pool, err := NewPool(d, DefaultBuffers, bucket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pool.Close() })
+	return pool
+}
+
+// BenchmarkGPUPackDevice packs 1 GiB of device tensors (64 separate
+// allocations of 16 MiB, bf16) into 256 MiB device buckets, against one
+// plain device-to-device copy of 1 GiB. Both report GB/s of bytes copied.
+func BenchmarkGPUPackDevice(b *testing.B) {
+	d := gpuTestDevice(b)
+	const total, each = 1 << 30, 16 << 20
+	var src Tensors
+	for i := range total / each {
+		buf := gpuAlloc(b, d, each)
+		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{each / 2}, Device: buf})
+	}
+	b.Run("plainD2D", func(b *testing.B) {
+		s := gpuStream(b, d)
+		from, to := gpuAlloc(b, d, total), gpuAlloc(b, d, total)
+		b.SetBytes(total)
+		for b.Loop() {
+			if err := s.CopyDtoD(to, 0, from, 0, total); err != nil {
+				b.Fatal(err)
+			}
+			gpuSync(b, s)
+		}
+		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	})
+	b.Run("pack", func(b *testing.B) {
+		pool := devicePool(b, d, 256<<20)
+		b.SetBytes(total)
+		for b.Loop() {
+			packOnly(b, src, pool)
+		}
+		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	})
+}
+
+// BenchmarkGPUPackSmall packs 100,000 device tensors of 4 KiB into 64 MiB
+// device buckets and reports the cost per tensor: scattered (every other
+// 4 KiB of one buffer, so no two copies merge) and contiguous (back to
+// back, so the copies merge).
+func BenchmarkGPUPackSmall(b *testing.B) {
+	d := gpuTestDevice(b)
+	const count, size = 100_000, 4 << 10
+	buf := gpuAlloc(b, d, count*2*size)
+	for _, layout := range []struct {
+		name   string
+		stride int64
+	}{{"scattered", 2 * size}, {"contiguous", size}} {
+		b.Run(layout.name, func(b *testing.B) {
+			src := make(Tensors, count)
+			for i := range src {
+				src[i] = &Tensor{Name: fmt.Sprintf("t%d", i), DType: dtype.U8, Shape: []int64{size}, Device: buf, DeviceOffset: int64(i) * layout.stride}
+			}
+			pool := devicePool(b, d, 64<<20)
+			b.SetBytes(count * size)
+			for b.Loop() {
+				packOnly(b, src, pool)
+			}
+			per := b.Elapsed() / time.Duration(b.N*count)
+			b.ReportMetric(float64(per.Nanoseconds())/1000, "µs/tensor")
+			path, failure := gpu.LastBatchPath()
+			b.Logf("copies queued with %v (batch failure: %v)", path, failure)
+		})
+	}
+}
+
+// BenchmarkGPUPackHost packs 1 GiB of host tensors (16 of 64 MiB in Go
+// memory) into 256 MiB device buckets through the pinned staging ring.
+func BenchmarkGPUPackHost(b *testing.B) {
+	d := gpuTestDevice(b)
+	const total, each = 1 << 30, 64 << 20
+	var src Tensors
+	for i := range total / each {
+		data := make([]byte, each)
+		for j := range data {
+			data[j] = byte(j * (i + 1))
+		}
+		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{each / 2}, Data: data})
+	}
+	pool := devicePool(b, d, 256<<20)
+	b.SetBytes(total)
+	for b.Loop() {
+		packOnly(b, src, pool)
+	}
+	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}

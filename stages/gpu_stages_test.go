@@ -1,0 +1,521 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/inproc"
+)
+
+// The tests below need a GPU; they skip, saying why, where CUDA is absent.
+
+func gpuTestDevice(tb testing.TB) *gpu.CUDADevice {
+	tb.Helper()
+	err := gpu.OpenCUDA()
+	if errors.Is(err, gpu.ErrNoDriver) || errors.Is(err, gpu.ErrNoDevice) {
+		tb.Skipf("skipping: needs a CUDA GPU: %v", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	d, err := gpu.NewCUDADevice(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return d
+}
+
+func gpuStream(tb testing.TB, d *gpu.CUDADevice) *gpu.Stream {
+	tb.Helper()
+	s, err := d.NewStream()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
+func gpuAlloc(tb testing.TB, d gpu.Device, n int) gpu.Buffer {
+	tb.Helper()
+	b, err := d.Alloc(n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { b.Free() })
+	return b
+}
+
+func gpuSync(tb testing.TB, s *gpu.Stream) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Sync(ctx); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// devLoop is a test-only device transport between goroutines of one
+// process: the root waits for its bucket's fence and hands the buffer to
+// every receiver, which copies it into its own device buffer on its own
+// stream (device to device, or host to device from a host root).
+type devLoop struct {
+	inbox []chan devDelivery
+}
+
+type devDelivery struct {
+	seq  uint64
+	buf  gpu.Buffer
+	n    int
+	done chan error
+}
+
+type devLoopEP struct {
+	h      *devLoop
+	rank   int
+	stream *gpu.Stream
+}
+
+func newDevLoop(t testing.TB, d *gpu.CUDADevice, world int) []transport.Endpoint {
+	h := &devLoop{inbox: make([]chan devDelivery, world)}
+	eps := make([]transport.Endpoint, world)
+	for r := range world {
+		h.inbox[r] = make(chan devDelivery)
+		eps[r] = &devLoopEP{h: h, rank: r, stream: gpuStream(t, d)}
+	}
+	return eps
+}
+
+func (e *devLoopEP) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+	if e.rank != 0 {
+		select {
+		case d := <-e.h.inbox[e.rank]:
+			err := e.copyIn(ctx, d, seq, buf, n)
+			d.done <- err
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if ev := gpu.FenceOf(buf); ev != nil {
+		if err := ev.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	done := make(chan error, len(e.h.inbox))
+	for r := 1; r < len(e.h.inbox); r++ {
+		select {
+		case e.h.inbox[r] <- devDelivery{seq: seq, buf: buf, n: n, done: done}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	var errs []error
+	for r := 1; r < len(e.h.inbox); r++ {
+		errs = append(errs, <-done) // receivers always answer
+	}
+	return errors.Join(errs...)
+}
+
+func (e *devLoopEP) copyIn(ctx context.Context, d devDelivery, seq uint64, buf gpu.Buffer, n int) error {
+	if d.seq != seq || d.n != n {
+		return fmt.Errorf("root sent bucket %d of %d bytes, receiver %d expected %d of %d", d.seq, d.n, e.rank, seq, n)
+	}
+	var err error
+	if h := d.buf.Host(); h != nil {
+		err = e.stream.CopyHtoD(buf, 0, h[:n])
+	} else {
+		err = e.stream.CopyDtoD(buf, 0, gpu.Unfence(d.buf), 0, n)
+	}
+	if err != nil {
+		return err
+	}
+	return e.stream.Sync(ctx)
+}
+
+func (e *devLoopEP) Close() error { return nil }
+
+// newGPUGroup is a sender and world-1 receivers in this process over
+// devLoop and the inproc metadata bus; the root's buckets are host memory
+// when rootHost is set, every receiver's are on the GPU.
+func newGPUGroup(t testing.TB, d *gpu.CUDADevice, world, bucket int, rootHost, sum bool, wrap func(int, transport.Endpoint) transport.Endpoint) *group {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("%s-%d", t.Name(), groupID.Add(1))
+	eps := newDevLoop(t, d, world)
+	g := &group{}
+	for r := range world {
+		cfg := transport.Config{Group: name, Rank: r, WorldSize: world, Device: gpu.Host{}, Timeout: 20 * time.Second}
+		var dev gpu.Device = d
+		if r == 0 && rootHost {
+			dev = gpu.Host{}
+		}
+		pool, err := NewPool(dev, DefaultBuffers, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.pools = append(g.pools, pool)
+		ep := eps[r]
+		if wrap != nil {
+			ep = wrap(r, ep)
+		}
+		if r == 0 {
+			pub, err := inproc.OpenPublisher(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.closers = append(g.closers, pub.Close)
+			g.sender = NewSender(SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: sum})
+		} else {
+			sub, err := inproc.OpenSubscriber(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.closers = append(g.closers, sub.Close)
+			g.receivers = append(g.receivers, NewReceiver(ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool, Rank: r}))
+		}
+	}
+	t.Cleanup(g.close)
+	return g
+}
+
+// roundCancel runs one round on every rank of g, cancelling all ranks as
+// soon as one fails (so that a failure ends the test at once), and returns
+// the errors.
+func roundCancel(ctx context.Context, g *group, src Source, version uint64, sinks []Sink) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(g.receivers)+1)
+	wg.Go(func() {
+		if _, errs[0] = g.sender.Sync(ctx, src, version); errs[0] != nil {
+			cancel()
+		}
+	})
+	for i, r := range g.receivers {
+		wg.Go(func() {
+			st, err := r.Sync(ctx, sinks[i])
+			if err == nil && st.Version != version {
+				err = fmt.Errorf("receiver %d committed version %d, want %d", i+1, st.Version, version)
+			}
+			if err != nil {
+				errs[i+1] = fmt.Errorf("rank %d: %w", i+1, err)
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// hostLookup finds expected tensors by name.
+type hostLookup map[string]*Tensor
+
+func (h hostLookup) Lookup(name string) (*Tensor, bool) { t, ok := h[name]; return t, ok }
+
+func (h hostLookup) List() []*Tensor {
+	out := make([]*Tensor, 0, len(h))
+	for _, t := range h {
+		out = append(out, t)
+	}
+	return out
+}
+
+// TestGPURoundTrip sends host tensors and device tensors (some sharing one
+// buffer, some on their own) of random dtypes and sizes, some split across
+// buckets, from device buckets to a DeviceModel, a HostModel and a Verify
+// sink; the second round changes every tensor's bytes, which the models
+// must take in place.
+func TestGPURoundTrip(t *testing.T) {
+	d := gpuTestDevice(t)
+	s := gpuStream(t, d)
+	const bucket = 1 << 20
+	rng := rand.New(rand.NewPCG(5, 6))
+	hostTs := randomTensors(rng, 300, 3*bucket)
+	devTs := randomTensors(rng, 200, 3*bucket)
+	// The first half of the device tensors share one buffer (odd offsets
+	// included), the rest have their own.
+	var flatSize int64
+	offs := make([]int64, len(devTs))
+	for i, dt := range devTs[:100] {
+		offs[i] = flatSize + int64(i%3)
+		flatSize = offs[i] + int64(len(dt.Data))
+	}
+	flat := gpuAlloc(t, d, int(flatSize)+1)
+	exp := hostLookup{}
+	var src Tensors
+	for i := range 300 {
+		src = append(src, hostTs[i])
+		exp[hostTs[i].Name] = hostTs[i]
+		if i < len(devTs) {
+			dt := devTs[i]
+			dt.Name = "dev." + dt.Name
+			exp[dt.Name] = &Tensor{Name: dt.Name, DType: dt.DType, Shape: dt.Shape, Data: dt.Data}
+			dev := &Tensor{Name: dt.Name, DType: dt.DType, Shape: dt.Shape}
+			if i < 100 {
+				dev.Device, dev.DeviceOffset = flat, offs[i]
+			} else if len(dt.Data) > 0 {
+				dev.Device = gpuAlloc(t, d, len(dt.Data))
+			} else {
+				dev.Device = flat // a zero-byte tensor anywhere in a buffer
+			}
+			src = append(src, dev)
+		}
+	}
+	upload := func() {
+		for _, tn := range src {
+			if tn.Device != nil {
+				if err := s.CopyHtoD(tn.Device, int(tn.DeviceOffset), exp[tn.Name].Data); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		gpuSync(t, s)
+	}
+	upload()
+	g := newGPUGroup(t, d, 4, bucket, false, true, nil)
+	dm, err := NewDeviceModel(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	hm := NewHostModel()
+	vs := Verify(exp)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := uint64(1); round <= 2; round++ {
+		if round == 2 {
+			for _, tn := range exp {
+				for i := range tn.Data {
+					tn.Data[i] ^= byte(i*7 + 1)
+				}
+			}
+			upload()
+		}
+		if err := roundCancel(ctx, g, src, round, []Sink{dm, hm, vs}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := dm.Verify(ctx, exp)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		var total int64
+		for _, tn := range exp {
+			total += int64(len(tn.Data))
+			got, ok := hm.Get(tn.Name)
+			if !ok || !bytes.Equal(got.Data, tn.Data) {
+				t.Fatalf("round %d: host model's %s differs", round, tn.Name)
+			}
+		}
+		if st.Bytes != total || st.Tensors != len(exp) {
+			t.Fatalf("round %d: device model verified %d tensors, %d bytes; want %d, %d", round, st.Tensors, st.Bytes, len(exp), total)
+		}
+		if dm.Version() != round {
+			t.Fatalf("device model at version %d after round %d", dm.Version(), round)
+		}
+		one, err := dm.ReadHost(ctx, src[1].Name)
+		if err != nil || !bytes.Equal(one, exp[src[1].Name].Data) {
+			t.Fatalf("ReadHost(%s): %v", src[1].Name, err)
+		}
+	}
+	if dm.Allocations() != len(exp) || hm.Allocations() != len(exp) {
+		t.Fatalf("allocations: device %d, host %d, for %d tensors: not updated in place", dm.Allocations(), hm.Allocations(), len(exp))
+	}
+	for r, p := range g.pools {
+		if p.MaxHeld() > DefaultBuffers || p.Held() != 0 {
+			t.Fatalf("rank %d: max held %d, held %d", r, p.MaxHeld(), p.Held())
+		}
+	}
+	path, failure := gpu.LastBatchPath()
+	t.Logf("%d tensors, %d verified bytes per rank per round; copies queued with %v (batch failure: %v)", len(exp), vs.Bytes/2, path, failure)
+}
+
+// TestGPUSynthetic sends a synthetic model (bytes generated on demand,
+// tensors larger than a bucket and than the staging buffers) to a
+// DeviceModel and a Verify sink fed through host staging.
+func TestGPUSynthetic(t *testing.T) {
+	d := gpuTestDevice(t)
+	m, err := Synthetic{Size: 96 << 20, Tensors: 50, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 3}.Model()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGPUGroup(t, d, 3, 8<<20, false, false, nil)
+	dm, err := NewDeviceModel(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	vs := Verify(m)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := uint64(1); round <= 2; round++ {
+		start := time.Now()
+		if err := roundCancel(ctx, g, m, round, []Sink{dm, vs}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: %d bytes in %v", round, m.Size(), time.Since(start).Round(time.Millisecond))
+	}
+	st, err := dm.Verify(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Bytes != m.Size() || vs.Bytes != 2*m.Size() {
+		t.Fatalf("verified %d bytes on the device and %d on the host; model %d bytes, 2 rounds", st.Bytes, vs.Bytes, m.Size())
+	}
+}
+
+// TestGPUHostRootChecksum sends from host buckets with checksums to device
+// buckets: receivers check each checksum through host staging, and a byte
+// flipped on the GPU after the transfer is caught.
+func TestGPUHostRootChecksum(t *testing.T) {
+	d := gpuTestDevice(t)
+	rng := rand.New(rand.NewPCG(8, 9))
+	src := randomTensors(rng, 100, 600<<10)
+	exp := hostLookup{}
+	for _, tn := range src {
+		exp[tn.Name] = tn
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := newGPUGroup(t, d, 3, 1<<20, true, true, nil)
+	dm, err := NewDeviceModel(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dm.Verify(ctx, exp); err != nil {
+		t.Fatal(err)
+	}
+
+	s := gpuStream(t, d)
+	corrupt := func(r int, ep transport.Endpoint) transport.Endpoint {
+		if r != 1 {
+			return ep
+		}
+		return &flipEndpoint{Endpoint: ep, seq: 1, s: s}
+	}
+	g2 := newGPUGroup(t, d, 2, 1<<20, true, true, corrupt)
+	err = roundCancel(ctx, g2, src, 1, []Sink{NewHostModel()})
+	if err == nil || !bytesContain(err.Error(), "checksum") {
+		t.Fatalf("a byte flipped in a device bucket went unnoticed: %v", err)
+	}
+	t.Logf("expected: %v", err)
+}
+
+// flipEndpoint flips one byte of bucket seq on the GPU after it landed.
+type flipEndpoint struct {
+	transport.Endpoint
+	seq uint64
+	s   *gpu.Stream
+}
+
+func (f *flipEndpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+	err := f.Endpoint.Broadcast(ctx, seq, buf, n)
+	if err != nil || seq != f.seq || n == 0 {
+		return err
+	}
+	var b [1]byte
+	if err := f.s.CopyDtoH(b[:], buf, n/2); err != nil {
+		return err
+	}
+	if err := f.s.Sync(ctx); err != nil {
+		return err
+	}
+	if err := f.s.Memset(buf, n/2, 1, b[0]^0x10); err != nil {
+		return err
+	}
+	return f.s.Sync(ctx)
+}
+
+func bytesContain(s, sub string) bool { return bytes.Contains([]byte(s), []byte(sub)) }
+
+// TestGPUReleaseAfterCopy checks that Load gives a device bucket back only
+// after the DeviceModel's copy out of it has completed: the release hook
+// queries the model's fence, and the bucket is overwritten right after
+// release without touching the model's bytes.
+func TestGPUReleaseAfterCopy(t *testing.T) {
+	d := gpuTestDevice(t)
+	s := gpuStream(t, d)
+	const n = 256 << 20 // a copy long enough to be caught in flight
+	pool, err := NewPool(d, 1, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	want := make([]byte, n)
+	rand.NewChaCha8([32]byte{1}).Read(want)
+	dm, err := NewDeviceModel(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for round := range 3 {
+		buf, err := pool.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CopyHtoD(buf, 0, want); err != nil {
+			t.Fatal(err)
+		}
+		gpuSync(t, s)
+		meta := BucketMeta{Seq: uint64(round), Version: uint64(round + 1), Length: n, IsLast: true,
+			Entries: []Entry{{Name: "w", DType: dtype.U8, Shape: []int64{n}, Offset: 0, Size: n, Total: n}}}
+		b := pool.Bucket(buf, meta)
+		var (
+			released  bool
+			copyDone  bool
+			queryErr  error
+			releaseMu sync.Mutex
+		)
+		put := b.put
+		b.put = func(buf gpu.Buffer) {
+			releaseMu.Lock()
+			released = true
+			copyDone, queryErr = dm.fence.Query()
+			releaseMu.Unlock()
+			// Overwrite at once, as the next bucket would.
+			s.Memset(buf, 0, n, 0xEE)
+			put(buf)
+		}
+		u, err := unpack(ctx, b, map[string]progress{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Views[0].Device == nil || u.Views[0].Data != nil {
+			t.Fatal("unpack of a device bucket did not yield a device view")
+		}
+		if err := load(ctx, u, dm); err != nil {
+			t.Fatal(err)
+		}
+		u.Release()
+		gpuSync(t, s)
+		if !released || queryErr != nil || !copyDone {
+			t.Fatalf("round %d: released %v with the model's copy done=%v (%v)", round, released, copyDone, queryErr)
+		}
+		got, err := dm.ReadHost(ctx, "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("round %d: the model's bytes changed when the released bucket was overwritten", round)
+		}
+		want[round] ^= 0xFF // next round differs
+	}
+	if dm.Allocations() != 1 {
+		t.Fatalf("%d allocations for one tensor over 3 rounds", dm.Allocations())
+	}
+}

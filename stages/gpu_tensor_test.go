@@ -1,0 +1,73 @@
+package stages
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/pipeline"
+)
+
+// fakeDevice is device memory as far as Validate can tell (an address, no
+// host bytes); nothing may copy from it.
+type fakeDevice struct{ n int }
+
+func (f fakeDevice) Len() int           { return f.n }
+func (f fakeDevice) Host() []byte       { return nil }
+func (f fakeDevice) DevicePtr() uint64  { return 0x7f0000000000 }
+func (f fakeDevice) Device() gpu.Device { return gpu.Host{} }
+func (f fakeDevice) Free() error        { return nil }
+
+// These need no GPU.
+
+func TestDeviceTensorValidate(t *testing.T) {
+	buf := fakeDevice{n: 1024}
+	good := &Tensor{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: buf, DeviceOffset: 960}
+	if size, err := good.Validate(); err != nil || size != 64 {
+		t.Fatalf("Validate = %d, %v", size, err)
+	}
+	bad := []struct {
+		t    Tensor
+		want string
+	}{
+		{Tensor{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: buf, DeviceOffset: 961}, "outside"},
+		{Tensor{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: buf, DeviceOffset: -1}, "outside"},
+		{Tensor{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: buf, Data: make([]byte, 64)}, "one way"},
+		{Tensor{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: hostBuf(64)}, "not memory the GPU can address"},
+	}
+	for _, c := range bad {
+		if _, err := c.t.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate(%+v) = %v, want an error about %q", c.t, err, c.want)
+		}
+	}
+	if err := good.ReadAt(make([]byte, 4), 0); err == nil || !strings.Contains(err.Error(), "device buckets") {
+		t.Errorf("ReadAt of a device tensor: %v", err)
+	}
+}
+
+// TestDeviceTensorIntoHostBuckets: host buckets cannot take device
+// tensors, and say what to do.
+func TestDeviceTensorIntoHostBuckets(t *testing.T) {
+	pool, err := NewPool(gpu.Host{}, 2, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := pipeline.New("host pack")
+	src := Tensors{{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: fakeDevice{n: 64}}}
+	Load(p, Unpack(p, Pack(p, Iterate(p, src), PackConfig{Pool: pool})), NewHostModel())
+	err = p.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "device buckets") {
+		t.Fatalf("packing a device tensor into host buckets: %v", err)
+	}
+	if pool.Held() != 0 {
+		t.Fatalf("%d buffers still held", pool.Held())
+	}
+}
+
+func hostBuf(n int) gpu.Buffer {
+	b, _ := gpu.Host{}.Alloc(n)
+	return b
+}
