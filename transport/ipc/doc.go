@@ -1,0 +1,46 @@
+// Package ipc is the CUDA IPC byte transport: the root and its receivers
+// are processes of one host (several may share one GPU, as in colocated
+// RL, or use different GPUs of the host), and each receiver copies every
+// bucket straight out of the root's device buffer into its own, on the GPU.
+// No byte crosses the host.
+//
+// It registers itself as the byte transport "ipc".
+//
+// # How a bucket moves
+//
+// The root exports each bucket buffer once (cuIpcGetMemHandle, cached by
+// address: with a Pool of two, two handles per run); receivers open each
+// handle once (cuIpcOpenMemHandle, cached by handle, with lazy peer access
+// so that a receiver on another GPU of the host maps it too). Per bucket,
+// the root waits for the buffer's fence (gpu.Fenced: the pack stage's
+// copies), then sends every receiver a small frame over a side channel —
+// sequence number, length, and which buffer holds it (its handle, and its
+// address for receivers in the root's own process, which cannot open their
+// own handles and copy from the address directly). Each receiver copies
+// the bytes device to device on its own stream, waits for the copy, and
+// acknowledges; the root's Broadcast returns when every receiver has
+// acknowledged, which frees the buffer for the next bucket.
+//
+// The side channel is one TCP connection per receiver on the loopback
+// interface (option "bind" picks another local address). The root
+// publishes its address under AddrKey through Config.Exchange and, in
+// Open, waits until every receiver has connected and sent a hello (group,
+// rank, world size, process id); a hello from another group, with another
+// world size or a duplicate rank is refused with a reason both sides
+// report. Frames are length-prefixed and limited to 4 KiB.
+//
+// # Failures
+//
+// Every wait is bounded by Config.WaitTimeout() and the caller's context.
+// A receiver that dies (even by SIGKILL) closes its connection, and the
+// root's Broadcast fails at once with transport.ErrPeerGone naming its
+// rank; a receiver that hangs makes it fail with transport.ErrTimeout. A
+// dead root makes receivers fail with ErrPeerGone. A receiver that cannot
+// copy tells the root why. After a failure the endpoint refuses further
+// broadcasts. All errors are *transport.Error.
+//
+// # Memory
+//
+// The transport allocates no device memory: a stream per receiver and the
+// mappings of the root's two buffers, which use the root's memory.
+package ipc

@@ -1,0 +1,538 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/transport"
+)
+
+// Name is the registry name of this transport.
+const Name = "ipc"
+
+// AddrKey is the Exchange key under which the root publishes its side
+// channel address.
+const AddrKey = "ipc.addr"
+
+func init() { transport.Register(Name, Open) }
+
+// rootInfo is what the root publishes under AddrKey (JSON).
+type rootInfo struct {
+	Addr   string `json:"addr"`
+	PID    int    `json:"pid"`
+	Device int    `json:"device"`
+}
+
+func terr(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) *transport.Error {
+	return &transport.Error{Transport: Name, Group: cfg.Group, Rank: cfg.Rank, Op: op, Seq: seq, HasSeq: hasSeq, Peer: peer, Err: err}
+}
+
+// Open opens this rank's endpoint. The root listens on the loopback
+// interface (option "bind" picks another host address), publishes the
+// address under AddrKey and waits until every receiver has connected and
+// said hello; a receiver dials it. Each wait is bounded by
+// cfg.WaitTimeout() and ctx. cfg.Device must be a *gpu.CUDADevice.
+func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error) {
+	fail := func(peer int, err error) (transport.Endpoint, error) {
+		var te *transport.Error
+		if errors.As(err, &te) {
+			return nil, err
+		}
+		return nil, terr(cfg, "open", 0, false, peer, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fail(-1, err)
+	}
+	dev, ok := cfg.Device.(*gpu.CUDADevice)
+	if !ok {
+		return fail(-1, fmt.Errorf("the ipc transport moves device memory; this rank's device is %s, not a CUDA GPU (use tcp for host memory)", cfg.Device.Name()))
+	}
+	if cfg.Exchange == nil {
+		return fail(-1, errors.New("no Exchange in the config: the root publishes its address through it"))
+	}
+	if cfg.Rank == 0 {
+		return openRoot(ctx, cfg, dev)
+	}
+	return openReceiver(ctx, cfg, dev)
+}
+
+// bounded returns ctx limited by the config's wait bound, and a function
+// that turns the limit's expiry into ErrTimeout.
+func bounded(ctx context.Context, cfg transport.Config, what string) (context.Context, context.CancelFunc, func(error) error) {
+	d := cfg.WaitTimeout()
+	wctx, cancel := context.WithTimeoutCause(ctx, d, fmt.Errorf("%s took longer than %v: %w", what, d, transport.ErrTimeout))
+	explain := func(err error) error {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return context.Cause(wctx)
+		}
+		return err
+	}
+	return wctx, cancel, explain
+}
+
+// ---- root ----
+
+type peer struct {
+	rank int
+	pid  int
+	conn net.Conn
+	acks chan ack
+	gone chan struct{} // closed by the reader when the connection ends
+	err  error         // why; set before gone is closed
+	wmu  sync.Mutex    // one writer at a time
+}
+
+type root struct {
+	cfg     transport.Config
+	dev     *gpu.CUDADevice
+	peers   []*peer // by rank - 1
+	remote  bool    // some receiver lives in another process
+	handles map[uint64]gpu.IPCHandle
+	wg      sync.WaitGroup
+	done    chan struct{} // closed by Close: readers stop
+
+	mu     sync.Mutex // one Broadcast at a time
+	closed bool
+	broken error
+	once   sync.Once
+}
+
+func openRoot(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice) (transport.Endpoint, error) {
+	bind := "127.0.0.1"
+	if v := cfg.Options["bind"]; v != "" {
+		bind = v
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(bind, "0"))
+	if err != nil {
+		return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("listening on %s: %w", bind, err))
+	}
+	info, _ := json.Marshal(rootInfo{Addr: ln.Addr().String(), PID: os.Getpid(), Device: dev.Ordinal()})
+	wctx, cancel, explain := bounded(ctx, cfg, "waiting for the receivers to connect")
+	defer cancel()
+	if err := cfg.Exchange.Put(wctx, AddrKey, info); err != nil {
+		ln.Close()
+		return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("publishing the side channel address: %w", explain(err)))
+	}
+	stop := context.AfterFunc(wctx, func() { ln.Close() })
+	defer stop()
+	r := &root{cfg: cfg, dev: dev, peers: make([]*peer, cfg.WorldSize-1), handles: map[uint64]gpu.IPCHandle{}, done: make(chan struct{})}
+	joined := 0
+	for joined < cfg.WorldSize-1 {
+		c, err := ln.Accept()
+		if err != nil {
+			ln.Close()
+			r.closeConns()
+			missing := []int{}
+			for i, p := range r.peers {
+				if p == nil {
+					missing = append(missing, i+1)
+				}
+			}
+			return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("ranks %v never connected: %w", missing, explain(err)))
+		}
+		p, err := r.admit(wctx, c)
+		if err != nil {
+			c.Close()
+			continue // a stranger or a bad hello: keep waiting for the real ranks
+		}
+		r.peers[p.rank-1] = p
+		joined++
+	}
+	ln.Close()
+	for _, p := range r.peers {
+		r.wg.Go(func() { r.read(p) })
+	}
+	return r, nil
+}
+
+// admit reads a receiver's hello and answers it.
+func (r *root) admit(ctx context.Context, c net.Conn) (*peer, error) {
+	deadline, _ := ctx.Deadline()
+	c.SetDeadline(deadline)
+	defer c.SetDeadline(time.Time{})
+	typ, payload, err := readFrame(c)
+	if err != nil {
+		return nil, err
+	}
+	if typ != frameHello {
+		return nil, fmt.Errorf("%w: type %d before hello", errFrame, typ)
+	}
+	h, err := decodeHello(payload)
+	if err != nil {
+		return nil, err
+	}
+	var reason string
+	switch {
+	case h.group != r.cfg.Group:
+		reason = fmt.Sprintf("group %q dialed the root of group %q", h.group, r.cfg.Group)
+	case h.world != r.cfg.WorldSize:
+		reason = fmt.Sprintf("world size mismatch: rank %d says %d, the root says %d", h.rank, h.world, r.cfg.WorldSize)
+	case h.rank < 1 || h.rank >= r.cfg.WorldSize:
+		reason = fmt.Sprintf("rank %d outside [1, %d)", h.rank, r.cfg.WorldSize)
+	case r.peers[h.rank-1] != nil:
+		reason = fmt.Sprintf("rank %d joined twice; give every rank a distinct rank", h.rank)
+	}
+	if reason != "" {
+		writeFrame(c, frameWelcome, welcome{ok: false, rootPID: os.Getpid(), msg: reason}.encode())
+		return nil, errors.New(reason)
+	}
+	if err := writeFrame(c, frameWelcome, welcome{ok: true, rootPID: os.Getpid()}.encode()); err != nil {
+		return nil, err
+	}
+	if h.pid != os.Getpid() {
+		r.remote = true
+	}
+	return &peer{rank: h.rank, pid: h.pid, conn: c, acks: make(chan ack, 4), gone: make(chan struct{})}, nil
+}
+
+// read delivers a receiver's acks until its connection ends.
+func (r *root) read(p *peer) {
+	defer close(p.gone)
+	for {
+		typ, payload, err := readFrame(p.conn)
+		if err != nil {
+			p.err = fmt.Errorf("connection to rank %d ended (%v): %w", p.rank, err, transport.ErrPeerGone)
+			return
+		}
+		a, err := decodeAck(payload)
+		if typ != frameAck || err != nil {
+			p.err = fmt.Errorf("rank %d sent a frame of type %d that is no valid ack: %w", p.rank, typ, errFrame)
+			p.conn.Close()
+			return
+		}
+		select {
+		case p.acks <- a:
+		case <-r.done:
+			p.err = transport.ErrClosed
+			return
+		}
+	}
+}
+
+// handle returns the IPC handle of the allocation at base, exporting it
+// the first time.
+func (r *root) handle(buf gpu.Buffer) (gpu.IPCHandle, error) {
+	base := gpu.Unfence(buf)
+	if h, ok := r.handles[base.DevicePtr()]; ok {
+		return h, nil
+	}
+	h, err := r.dev.ExportIPC(base)
+	if err != nil {
+		return h, fmt.Errorf("exporting the bucket buffer (the ipc transport needs whole buffers from the device's Alloc, such as a Pool's): %w", err)
+	}
+	r.handles[base.DevicePtr()] = h
+	return h, nil
+}
+
+// Broadcast waits until the bucket's bytes are written (its fence), tells
+// every receiver where they are, and returns when every receiver has
+// copied them and acknowledged, after which buf may be reused.
+func (r *root) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fail := func(peer int, err error) error {
+		e := terr(r.cfg, "broadcast", seq, true, peer, err)
+		r.broken = e
+		return e
+	}
+	switch {
+	case r.closed:
+		return terr(r.cfg, "broadcast", seq, true, -1, transport.ErrClosed)
+	case r.broken != nil:
+		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("endpoint unusable after an earlier failure: %w", r.broken))
+	case n < 0 || n > buf.Len():
+		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("length %d outside the %d-byte buffer", n, buf.Len()))
+	case !onDevice(buf):
+		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("buffer on %s is not device memory; the ipc transport moves device buckets", buf.Device().Name()))
+	}
+	wctx, cancel, explain := bounded(ctx, r.cfg, fmt.Sprintf("bucket %d", seq))
+	defer cancel()
+	if ev := gpu.FenceOf(buf); ev != nil {
+		if err := ev.Wait(wctx); err != nil {
+			return fail(-1, fmt.Errorf("waiting for the bucket's bytes to be packed: %w", explain(err)))
+		}
+	}
+	msg := bucketMsg{seq: seq, n: uint64(n), bufLen: uint64(buf.Len()), addr: buf.DevicePtr()}
+	if r.remote {
+		h, err := r.handle(buf)
+		if err != nil {
+			return fail(-1, err)
+		}
+		msg.handle = h
+	}
+	frame := msg.encode()
+	deadline, _ := wctx.Deadline()
+	for _, p := range r.peers {
+		p.wmu.Lock()
+		p.conn.SetWriteDeadline(deadline)
+		err := writeFrame(p.conn, frameBucket, frame)
+		p.wmu.Unlock()
+		if err != nil {
+			select {
+			case <-p.gone:
+				return fail(p.rank, p.err)
+			default:
+			}
+			return fail(p.rank, fmt.Errorf("telling rank %d about the bucket (%v): %w", p.rank, explain(err), transport.ErrPeerGone))
+		}
+	}
+	for _, p := range r.peers {
+		select {
+		case a := <-p.acks:
+			switch {
+			case a.seq != seq:
+				return fail(p.rank, fmt.Errorf("rank %d acknowledged bucket %d while the root sent bucket %d", p.rank, a.seq, seq))
+			case !a.ok:
+				return fail(p.rank, fmt.Errorf("rank %d failed: %s", p.rank, a.msg))
+			}
+		case <-p.gone:
+			return fail(p.rank, p.err)
+		case <-wctx.Done():
+			err := explain(wctx.Err())
+			if errors.Is(err, transport.ErrTimeout) {
+				err = fmt.Errorf("rank %d did not acknowledge within %v: %w", p.rank, r.cfg.WaitTimeout(), transport.ErrTimeout)
+			}
+			return fail(p.rank, err)
+		}
+	}
+	return nil
+}
+
+func (r *root) closeConns() {
+	for _, p := range r.peers {
+		if p != nil {
+			p.conn.Close()
+		}
+	}
+}
+
+// Close ends every connection (receivers then fail with ErrPeerGone) and
+// waits for the readers. It is idempotent.
+func (r *root) Close() error {
+	r.once.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		close(r.done)
+		r.closeConns()
+		r.wg.Wait()
+	})
+	return nil
+}
+
+func onDevice(b gpu.Buffer) bool { return b.Host() == nil && b.DevicePtr() != 0 }
+
+// ---- receiver ----
+
+type receiver struct {
+	cfg     transport.Config
+	dev     *gpu.CUDADevice
+	conn    net.Conn
+	rootPID int
+	stream  *gpu.Stream
+	opened  map[gpu.IPCHandle]gpu.Buffer
+	frames  chan bucketMsg
+	gone    chan struct{} // closed by the reader when the connection ends
+	goneErr error
+	done    chan struct{} // closed by Close: the reader stops
+	wg      sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	broken error
+	once   sync.Once
+}
+
+func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice) (transport.Endpoint, error) {
+	fail := func(err error) (transport.Endpoint, error) {
+		return nil, terr(cfg, "open", 0, false, 0, err)
+	}
+	wctx, cancel, explain := bounded(ctx, cfg, "connecting to the root")
+	defer cancel()
+	raw, err := cfg.Exchange.Get(wctx, 0, AddrKey)
+	if err != nil {
+		return fail(fmt.Errorf("waiting for the root's address: %w", explain(err)))
+	}
+	var info rootInfo
+	if err := json.Unmarshal(raw, &info); err != nil || info.Addr == "" {
+		return fail(fmt.Errorf("the root published %q under %q, which is no ipc address (is the root using another transport?)", raw, AddrKey))
+	}
+	var d net.Dialer
+	c, err := d.DialContext(wctx, "tcp", info.Addr)
+	if err != nil {
+		return fail(fmt.Errorf("dialing the root at %s: %w", info.Addr, explain(err)))
+	}
+	deadline, _ := wctx.Deadline()
+	c.SetDeadline(deadline)
+	h := hello{rank: cfg.Rank, world: cfg.WorldSize, pid: os.Getpid(), device: dev.Ordinal(), group: cfg.Group}
+	if err := writeFrame(c, frameHello, h.encode()); err != nil {
+		c.Close()
+		return fail(fmt.Errorf("greeting the root: %w", explain(err)))
+	}
+	typ, payload, err := readFrame(c)
+	if err != nil {
+		c.Close()
+		return fail(fmt.Errorf("waiting for the root's welcome: %w", explain(err)))
+	}
+	w, err := decodeWelcome(payload)
+	if err == nil && typ != frameWelcome {
+		err = fmt.Errorf("%w: type %d instead of welcome", errFrame, typ)
+	}
+	if err != nil {
+		c.Close()
+		return fail(err)
+	}
+	if !w.ok {
+		c.Close()
+		return fail(fmt.Errorf("the root refused this rank: %s", w.msg))
+	}
+	c.SetDeadline(time.Time{})
+	s, err := dev.NewStream()
+	if err != nil {
+		c.Close()
+		return fail(err)
+	}
+	r := &receiver{cfg: cfg, dev: dev, conn: c, rootPID: w.rootPID, stream: s,
+		opened: map[gpu.IPCHandle]gpu.Buffer{}, frames: make(chan bucketMsg, 4), gone: make(chan struct{}), done: make(chan struct{})}
+	r.wg.Go(r.read)
+	return r, nil
+}
+
+// read delivers the root's bucket frames until the connection ends.
+func (r *receiver) read() {
+	defer close(r.gone)
+	for {
+		typ, payload, err := readFrame(r.conn)
+		if err != nil {
+			r.goneErr = fmt.Errorf("connection to the root ended (%v): %w", err, transport.ErrPeerGone)
+			return
+		}
+		m, err := decodeBucket(payload)
+		if typ != frameBucket || err != nil {
+			r.goneErr = fmt.Errorf("the root sent a frame of type %d that is no valid bucket: %w", typ, errFrame)
+			r.conn.Close()
+			return
+		}
+		select {
+		case r.frames <- m:
+		case <-r.done:
+			r.goneErr = transport.ErrClosed
+			return
+		}
+	}
+}
+
+func (r *receiver) sendAck(a ack) error {
+	r.conn.SetWriteDeadline(time.Now().Add(r.cfg.WaitTimeout()))
+	return writeFrame(r.conn, frameAck, a.encode())
+}
+
+// source returns the address of the root's bucket buffer in this process.
+func (r *receiver) source(m bucketMsg) (uint64, error) {
+	if r.rootPID == os.Getpid() {
+		return m.addr, nil
+	}
+	if b, ok := r.opened[m.handle]; ok {
+		if uint64(b.Len()) != m.bufLen {
+			return 0, fmt.Errorf("the root's buffer %s changed size from %d to %d bytes", m.handle.String()[:16], b.Len(), m.bufLen)
+		}
+		return b.DevicePtr(), nil
+	}
+	b, err := r.dev.OpenIPC(m.handle, int(m.bufLen))
+	if err != nil {
+		return 0, fmt.Errorf("opening the root's bucket buffer on %s: %w", r.dev.Name(), err)
+	}
+	r.opened[m.handle] = b
+	return b.DevicePtr(), nil
+}
+
+// Broadcast waits for the root's word on bucket seq, copies its n bytes
+// from the root's buffer into buf on the GPU, waits for the copy and
+// acknowledges.
+func (r *receiver) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fail := func(err error, tell bool) error {
+		if tell {
+			r.sendAck(ack{seq: seq, ok: false, msg: err.Error()})
+		}
+		e := terr(r.cfg, "broadcast", seq, true, 0, err)
+		r.broken = e
+		return e
+	}
+	switch {
+	case r.closed:
+		return terr(r.cfg, "broadcast", seq, true, -1, transport.ErrClosed)
+	case r.broken != nil:
+		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("endpoint unusable after an earlier failure: %w", r.broken))
+	case n < 0 || n > buf.Len():
+		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("length %d outside the %d-byte buffer", n, buf.Len()))
+	case !onDevice(buf):
+		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("buffer on %s is not device memory; the ipc transport moves device buckets", buf.Device().Name()))
+	}
+	wctx, cancel, explain := bounded(ctx, r.cfg, fmt.Sprintf("bucket %d", seq))
+	defer cancel()
+	var m bucketMsg
+	select {
+	case m = <-r.frames:
+	case <-r.gone:
+		return fail(r.goneErr, false)
+	case <-wctx.Done():
+		err := explain(wctx.Err())
+		if errors.Is(err, transport.ErrTimeout) {
+			err = fmt.Errorf("no word from the root on the bucket within %v: %w", r.cfg.WaitTimeout(), transport.ErrTimeout)
+		}
+		return fail(err, false)
+	}
+	if m.seq != seq || m.n != uint64(n) {
+		return fail(fmt.Errorf("root sent bucket %d of %d bytes, this receiver expected bucket %d of %d bytes", m.seq, m.n, seq, n), true)
+	}
+	if n > 0 {
+		src, err := r.source(m)
+		if err != nil {
+			return fail(err, true)
+		}
+		if err := r.stream.CopyDtoDPtr(gpu.Unfence(buf).DevicePtr(), src, n); err != nil {
+			return fail(err, true)
+		}
+		if err := r.stream.Sync(wctx); err != nil {
+			return fail(fmt.Errorf("copying the bucket from the root's buffer: %w", explain(err)), true)
+		}
+	}
+	if err := r.sendAck(ack{seq: seq, ok: true}); err != nil {
+		return fail(fmt.Errorf("acknowledging to the root (%v): %w", err, transport.ErrPeerGone), false)
+	}
+	return nil
+}
+
+// Close waits for a copy in flight (bounded by the config's timeout),
+// unmaps the root's buffers and ends the connection. It is idempotent.
+func (r *receiver) Close() error {
+	var errs []error
+	r.once.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.WaitTimeout())
+		defer cancel()
+		if err := r.stream.Sync(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("ipc close: a copy is still running; leaving the root's buffers mapped: %w", err))
+		} else {
+			for _, b := range r.opened {
+				errs = append(errs, b.Free())
+			}
+			errs = append(errs, r.stream.Close())
+		}
+		close(r.done)
+		r.conn.Close()
+		r.wg.Wait()
+	})
+	return errors.Join(errs...)
+}

@@ -1,0 +1,183 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/transporttest"
+)
+
+// These tests need no GPU: the root's side of the protocol runs against
+// scripted receivers that speak the wire format, with a buffer that looks
+// like device memory (the root only passes its address on).
+
+type fakeDeviceBuf struct{ n int }
+
+func (f fakeDeviceBuf) Len() int           { return f.n }
+func (f fakeDeviceBuf) Host() []byte       { return nil }
+func (f fakeDeviceBuf) DevicePtr() uint64  { return 0x7f0000000000 }
+func (f fakeDeviceBuf) Device() gpu.Device { return gpu.Host{} }
+func (f fakeDeviceBuf) Free() error        { return nil }
+
+// fakeReceiver joins the root as rank and answers each bucket with
+// answer(seq), which returns the ack to send, or false to hang up.
+func fakeReceiver(ctx context.Context, x transport.Exchange, group string, rank, world int, answer func(m bucketMsg) (ack, bool)) error {
+	raw, err := x.Get(ctx, 0, AddrKey)
+	if err != nil {
+		return err
+	}
+	var info rootInfo
+	if err := json.Unmarshal(raw, &info); err != nil {
+		return err
+	}
+	c, err := net.Dial("tcp", info.Addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := writeFrame(c, frameHello, hello{rank: rank, world: world, pid: os.Getpid(), group: group}.encode()); err != nil {
+		return err
+	}
+	if _, p, err := readFrame(c); err != nil {
+		return err
+	} else if w, _ := decodeWelcome(p); !w.ok {
+		return errors.New(w.msg)
+	}
+	for {
+		_, p, err := readFrame(c)
+		if err != nil {
+			return nil // the root closed
+		}
+		m, err := decodeBucket(p)
+		if err != nil {
+			return err
+		}
+		a, ok := answer(m)
+		if !ok {
+			return nil
+		}
+		if err := writeFrame(c, frameAck, a.encode()); err != nil {
+			return err
+		}
+	}
+}
+
+func openFakeGroup(t *testing.T, world int, timeout time.Duration, answer func(rank int, m bucketMsg) (ack, bool)) transport.Endpoint {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfgs := transporttest.Configs(t.Name(), world, timeout)
+	cfgs[0].Device = &gpu.CUDADevice{}
+	var wg sync.WaitGroup
+	for r := 1; r < world; r++ {
+		wg.Go(func() {
+			if err := fakeReceiver(context.Background(), cfgs[r].Exchange, cfgs[r].Group, r, world, func(m bucketMsg) (ack, bool) { return answer(r, m) }); err != nil {
+				t.Errorf("fake rank %d: %v", r, err)
+			}
+		})
+	}
+	ep, err := Open(ctx, cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close(); wg.Wait() })
+	return ep
+}
+
+func TestRootBroadcastAcks(t *testing.T) {
+	ep := openFakeGroup(t, 4, 5*time.Second, func(rank int, m bucketMsg) (ack, bool) {
+		return ack{seq: m.seq, ok: true}, true
+	})
+	for seq := range uint64(5) {
+		if err := ep.Broadcast(context.Background(), seq, fakeDeviceBuf{1 << 20}, int(seq)*1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ep.Broadcast(context.Background(), 5, fakeDeviceBuf{10}, 11); err == nil {
+		t.Fatal("broadcast of more bytes than the buffer holds succeeded")
+	}
+}
+
+func TestRootReceiverHangsUp(t *testing.T) {
+	ep := openFakeGroup(t, 3, 5*time.Second, func(rank int, m bucketMsg) (ack, bool) {
+		return ack{seq: m.seq, ok: true}, !(rank == 2 && m.seq == 1)
+	})
+	ctx := context.Background()
+	if err := ep.Broadcast(ctx, 0, fakeDeviceBuf{64}, 64); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := ep.Broadcast(ctx, 1, fakeDeviceBuf{64}, 64)
+	var te *transport.Error
+	if !errors.As(err, &te) || te.Peer != 2 || !errors.Is(err, transport.ErrPeerGone) || !te.HasSeq || te.Seq != 1 {
+		t.Fatalf("broadcast to a receiver that hung up: %v; want ErrPeerGone from peer 2 at bucket 1", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Fatalf("noticed after %v", time.Since(start))
+	}
+	if err := ep.Broadcast(ctx, 2, fakeDeviceBuf{64}, 64); err == nil || !strings.Contains(err.Error(), "earlier failure") {
+		t.Fatalf("broadcast after a failure: %v", err)
+	}
+}
+
+func TestRootReceiverSilent(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	release := make(chan struct{})
+	ep := openFakeGroup(t, 2, bound, func(rank int, m bucketMsg) (ack, bool) {
+		<-release
+		return ack{}, false
+	})
+	defer close(release)
+	start := time.Now()
+	err := ep.Broadcast(context.Background(), 0, fakeDeviceBuf{64}, 64)
+	if !errors.Is(err, transport.ErrTimeout) || time.Since(start) > 10*bound {
+		t.Fatalf("broadcast to a silent receiver: %v after %v; want ErrTimeout after about %v", err, time.Since(start), bound)
+	}
+	t.Logf("expected: %v", err)
+}
+
+func TestRootReceiverFails(t *testing.T) {
+	ep := openFakeGroup(t, 3, 5*time.Second, func(rank int, m bucketMsg) (ack, bool) {
+		if rank == 1 {
+			return ack{seq: m.seq, ok: false, msg: "cuIpcOpenMemHandle failed"}, true
+		}
+		return ack{seq: m.seq, ok: true}, true
+	})
+	err := ep.Broadcast(context.Background(), 0, fakeDeviceBuf{64}, 64)
+	if err == nil || !strings.Contains(err.Error(), "cuIpcOpenMemHandle failed") || !strings.Contains(err.Error(), "peer rank 1") {
+		t.Fatalf("broadcast with a failing receiver: %v", err)
+	}
+}
+
+func TestRootCancel(t *testing.T) {
+	release := make(chan struct{})
+	ep := openFakeGroup(t, 2, time.Minute, func(rank int, m bucketMsg) (ack, bool) {
+		<-release
+		return ack{}, false
+	})
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := ep.Broadcast(ctx, 0, fakeDeviceBuf{64}, 64); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("cancelled broadcast: %v", err)
+	}
+}
+
+func TestRootNeverJoined(t *testing.T) {
+	cfgs := transporttest.Configs(t.Name(), 3, 200*time.Millisecond)
+	cfgs[0].Device = &gpu.CUDADevice{}
+	_, err := Open(context.Background(), cfgs[0])
+	if !errors.Is(err, transport.ErrTimeout) || !strings.Contains(err.Error(), fmt.Sprint([]int{1, 2})) {
+		t.Fatalf("open with no receivers: %v", err)
+	}
+}
