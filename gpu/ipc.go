@@ -29,15 +29,14 @@ func ParseIPCHandle(s string) (IPCHandle, error) {
 }
 
 // ExportIPC returns the IPC handle of b, which must be a live buffer that
-// d.Alloc returned (a whole allocation, not one opened from a handle; a
-// fenced one is unwrapped). The
-// memory stays owned by this process: importers must close their mappings
-// before b is freed.
+// Alloc of this GPU returned (a whole allocation, not one opened from a
+// handle; a fenced one is unwrapped). The memory stays owned by this
+// process: importers must close their mappings before b is freed.
 func (d *CUDADevice) ExportIPC(b Buffer) (IPCHandle, error) {
 	var h IPCHandle
 	db, ok := Unfence(b).(*deviceBuffer)
 	switch {
-	case !ok || db.dev != d:
+	case !ok || db.dev.ordinal != d.ordinal:
 		return h, fmt.Errorf("gpu: ExportIPC on cuda:%d needs a buffer that this device allocated, got one from %s", d.ordinal, b.Device().Name())
 	case db.opened:
 		return h, fmt.Errorf("gpu: cannot re-export a buffer opened from an IPC handle; export the original allocation")
