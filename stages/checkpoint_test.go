@@ -1,0 +1,494 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/safetensors"
+)
+
+// spec is one tensor of a test checkpoint.
+type spec struct {
+	name  string
+	dtype dtype.DType
+	shape []int64
+}
+
+// testMeta is a __metadata__ with several keys, deliberately not sorted.
+var (
+	testMeta     = map[string]string{"format": "pt", "step": "1200", "author": "weightcast \"tests\" <é>\n"}
+	testMetaKeys = []string{"step", "format", "author"}
+)
+
+// makeShards writes a checkpoint of the given shards into dir with
+// deterministic random bytes and returns the bytes of every tensor. With
+// one shard and index false it writes a single file called name.
+func makeShards(t testing.TB, dir string, seed uint64, shards [][]spec, index bool) map[string][]byte {
+	t.Helper()
+	data := map[string][]byte{}
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var layout safetensors.ModelLayout
+	var total int64
+	for i, sh := range shards {
+		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		if !index {
+			name = "model.safetensors"
+		}
+		sl := safetensors.ShardLayout{Name: name, Metadata: testMeta, MetadataKeys: testMetaKeys}
+		for _, s := range sh {
+			sl.Tensors = append(sl.Tensors, safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape})
+			n, err := s.dtype.Bytes(s.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := make([]byte, n)
+			for j := range b {
+				b[j] = byte(rng.Uint32())
+			}
+			data[s.name] = b
+			total += n
+		}
+		layout.Shards = append(layout.Shards, sl)
+	}
+	if index {
+		layout.IndexName = safetensors.IndexFileName
+		layout.IndexMetadata = map[string]any{"total_size": json.Number(fmt.Sprint(total)), "note": "sharded for tests"}
+	}
+	w, err := safetensors.CreateModel(dir, layout, safetensors.WithoutSync())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range data {
+		if err := w.WriteTensorAt(name, b, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// testShards is a small checkpoint of several dtypes: a tensor larger than
+// 1 MiB (the largest test bucket), a zero-element tensor, odd sizes.
+func testShards() [][]spec {
+	return [][]spec{
+		{
+			{"model.embed_tokens.weight", dtype.BF16, []int64{640, 1024}}, // 1.25 MiB
+			{"model.layers.0.input_layernorm.weight", dtype.F32, []int64{1024}},
+			{"model.rotary_emb.unused", dtype.F32, []int64{0, 8}},
+		},
+		{
+			{"model.layers.0.self_attn.q_proj.weight", dtype.BF16, []int64{96, 1000}},
+			{"model.layers.0.self_attn.k_proj.bias", dtype.F16, []int64{77}},
+			{"model.layers.0.mlp.gate.weight", dtype.F32, []int64{33, 129}},
+			{"model.position_ids", dtype.I64, []int64{1, 513}},
+			{"model.mask", dtype.BOOL, []int64{31}},
+		},
+		{
+			{"model.norm.weight", dtype.F64, []int64{5}},
+			{"model.quant.scale", dtype.U8, []int64{1000}},
+			{"lm_head.weight", dtype.F32, []int64{128, 700}},
+		},
+	}
+}
+
+// dirFiles returns the names of the regular files in dir, sorted, and
+// fails on anything else (a leftover staging directory).
+func dirFiles(t testing.TB, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		if !e.Type().IsRegular() {
+			t.Fatalf("%s holds %s, which is not a regular file (a leftover round?)", dir, e.Name())
+		}
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// sameFiles fails unless dir got holds exactly the files of dir want, each
+// byte for byte.
+func sameFiles(t testing.TB, want, got string) {
+	t.Helper()
+	wn, gn := dirFiles(t, want), dirFiles(t, got)
+	if !slices.Equal(wn, gn) {
+		t.Fatalf("%s has files %q, want %q", got, gn, wn)
+	}
+	for _, n := range wn {
+		a, err := os.ReadFile(filepath.Join(want, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(got, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			i := 0
+			for i < len(a) && i < len(b) && a[i] == b[i] {
+				i++
+			}
+			t.Fatalf("%s differs from the source %s (%d vs %d bytes) from byte %d:\n got  %.120q\n want %.120q",
+				filepath.Join(got, n), filepath.Join(want, n), len(b), len(a), i, b[max(0, i-40):], a[max(0, i-40):])
+		}
+	}
+}
+
+// syncTo runs rounds of src through a new group of 1+len(outs) ranks whose
+// receivers write with WriteSafetensors into outs.
+func syncTo(t *testing.T, src Source, bucket int, outs []string, rounds int) []*SafetensorsSink {
+	t.Helper()
+	g := newGroup(t, groupOpts{world: len(outs) + 1, bucket: bucket, checksum: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sinks []Sink
+	var sts []*SafetensorsSink
+	for _, o := range outs {
+		s := WriteSafetensors(o, SafetensorsWithoutSync())
+		sinks, sts = append(sinks, s), append(sts, s)
+	}
+	for round := 1; round <= rounds; round++ {
+		if err := g.round(ctx, src, uint64(round), sinks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sts
+}
+
+func outDirs(t *testing.T, n int) []string {
+	base := t.TempDir()
+	out := make([]string, n)
+	for i := range out {
+		out[i] = filepath.Join(base, fmt.Sprintf("rank%d", i+1))
+	}
+	return out
+}
+
+func TestCheckpointRoundTrip(t *testing.T) {
+	for _, layout := range []string{"single", "sharded"} {
+		src := t.TempDir()
+		shards := testShards()
+		if layout == "single" {
+			shards = [][]spec{slices.Concat(shards...)}
+		}
+		makeShards(t, src, 1, shards, layout == "sharded")
+		ckpt, err := OpenCheckpoint(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ckpt.Close()
+		for _, bucket := range []int{4 << 10, 64 << 10, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/bucket=%d", layout, bucket), func(t *testing.T) {
+				outs := outDirs(t, 3)
+				syncTo(t, ckpt, bucket, outs, 2)
+				for _, o := range outs {
+					sameFiles(t, src, o)
+				}
+			})
+		}
+	}
+}
+
+// TestCheckpointReference syncs the checkpoints written by the Python
+// safetensors package and transformers and expects them back byte for byte.
+func TestCheckpointReference(t *testing.T) {
+	ref := filepath.Join("..", "safetensors", "testdata", "reference")
+	cases := []string{"mixed.safetensors", "numpy_nometa.safetensors", "empty.safetensors", "sharded_transformers"}
+	for _, c := range cases {
+		t.Run(c, func(t *testing.T) {
+			path := filepath.Join(ref, c)
+			ckpt, err := OpenCheckpoint(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ckpt.Close()
+			outs := outDirs(t, 3)
+			syncTo(t, ckpt, 1<<10, outs, 1)
+			want := path
+			if !strings.HasSuffix(c, ".safetensors") {
+				for _, o := range outs {
+					sameFiles(t, want, o)
+				}
+				return
+			}
+			a, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range outs {
+				if n := dirFiles(t, o); !slices.Equal(n, []string{c}) {
+					t.Fatalf("%s holds %q, want only %s", o, n, c)
+				}
+				b, err := os.ReadFile(filepath.Join(o, c))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(a, b) {
+					t.Fatalf("%s differs from the reference file", filepath.Join(o, c))
+				}
+			}
+		})
+	}
+}
+
+func TestCheckpointSourceInfo(t *testing.T) {
+	src := t.TempDir()
+	data := makeShards(t, src, 2, testShards(), true)
+	ckpt, err := OpenCheckpoint(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	info := ckpt.SourceInfo()
+	if info.Format != "safetensors" || !slices.Equal(info.MetadataKeys, testMetaKeys) || info.Metadata["author"] != testMeta["author"] {
+		t.Fatalf("info %+v", info)
+	}
+	if len(info.Shards) != 3 || info.Shards[1].File != "model-00002-of-00003.safetensors" || info.Shards[1].Tensors[2] != "model.layers.0.mlp.gate.weight" || info.Shards[1].Metadata != nil {
+		t.Fatalf("shards %+v", info.Shards)
+	}
+	var im map[string]any
+	if err := json.Unmarshal(info.IndexMetadata, &im); err != nil || im["note"] != "sharded for tests" {
+		t.Fatalf("index metadata %s: %v", info.IndexMetadata, err)
+	}
+	// The emitted order is shard order, then file offset; every byte reads back.
+	var names []string
+	var size int64
+	err = ckpt.Tensors(context.Background(), func(tn *Tensor) error {
+		names = append(names, tn.Name)
+		n, err := tn.Size()
+		if err != nil {
+			return err
+		}
+		b := make([]byte, n)
+		if err := tn.ReadAt(b, 0); err != nil {
+			return err
+		}
+		if !bytes.Equal(b, data[tn.Name]) {
+			return fmt.Errorf("tensor %s differs", tn.Name)
+		}
+		size += n
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, sh := range info.Shards {
+		want = append(want, sh.Tensors...)
+	}
+	if !slices.Equal(names, want) || size != ckpt.Size() || ckpt.Len() != len(want) {
+		t.Fatalf("emitted %q (%d bytes), want %q (%d bytes)", names, size, want, ckpt.Size())
+	}
+	// Reads outside a tensor fail, naming it.
+	tn, _ := ckpt.Lookup("model.norm.weight")
+	if err := tn.ReadAt(make([]byte, 8), 36); err == nil || !strings.Contains(err.Error(), "model.norm.weight") {
+		t.Fatalf("read past the end: %v", err)
+	}
+}
+
+func TestCheckpointOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	makeShards(t, dir, 3, testShards(), true)
+	// A shard that does not match the index: errors from package
+	// safetensors pass through, naming file and tensor.
+	p := filepath.Join(dir, "model-00003-of-00003.safetensors")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b[:len(b)-10], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenCheckpoint(dir)
+	var se *safetensors.Error
+	if !errors.As(err, &se) || !errors.Is(err, safetensors.ErrTruncated) || se.File != p || se.Tensor != "lm_head.weight" {
+		t.Fatalf("truncated shard: %v", err)
+	}
+	if _, err := OpenCheckpoint(filepath.Join(dir, "nothing")); err == nil {
+		t.Fatal("opened a missing path")
+	}
+}
+
+// failingRound runs one round of src on every rank of g and returns each
+// rank's error (sender first). When the sender fails it closes the
+// sender's endpoint and publisher, as an application drops a broken root,
+// so that receivers waiting for more buckets fail at once.
+func failingRound(ctx context.Context, g *group, src Source, version uint64, sinks []Sink) []error {
+	errs := make([]error, len(g.receivers)+1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, errs[0] = g.sender.Sync(ctx, src, version)
+		if errs[0] != nil {
+			g.closers[0]()
+			g.closers[1]()
+		}
+	})
+	for i, r := range g.receivers {
+		wg.Go(func() { _, errs[i+1] = r.Sync(ctx, sinks[i]) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// hookSource calls before(name) just before emitting each tensor.
+type hookSource struct {
+	Source
+	before func(name string)
+}
+
+func (h hookSource) Tensors(ctx context.Context, emit func(*Tensor) error) error {
+	return h.Source.Tensors(ctx, func(t *Tensor) error {
+		h.before(t.Name)
+		return emit(t)
+	})
+}
+
+func (h hookSource) SourceInfo() *SourceInfo { return h.Source.(Describer).SourceInfo() }
+
+// TestCheckpointChangedUnderRound truncates or rewrites a shard before or
+// during a round: the round fails on every rank, the sender's error names
+// the file and wraps ErrSourceChanged, nothing hangs, and the receivers'
+// directories keep the previous round.
+func TestCheckpointChangedUnderRound(t *testing.T) {
+	cases := []struct {
+		name   string
+		during bool
+		change func(path string) error
+	}{
+		{"truncated before the round", false, func(p string) error { return os.Truncate(p, 1000) }},
+		{"truncated during the round", true, func(p string) error { return os.Truncate(p, 1000) }},
+		{"rewritten in place during the round", true, func(p string) error {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if _, err := f.WriteAt([]byte("changed!"), 2000); err != nil {
+				return err
+			}
+			return os.Chtimes(p, time.Now(), time.Now().Add(time.Hour))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := t.TempDir()
+			makeShards(t, src, 4, testShards(), true)
+			ckpt, err := OpenCheckpoint(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ckpt.Close()
+			outs := outDirs(t, 3)
+			g := newGroup(t, groupOpts{world: 4, bucket: 4 << 10, checksum: true})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var sinks []Sink
+			for _, o := range outs {
+				sinks = append(sinks, WriteSafetensors(o, SafetensorsWithoutSync()))
+			}
+			if err := g.round(ctx, ckpt, 1, sinks); err != nil {
+				t.Fatal(err)
+			}
+			victim := filepath.Join(src, "model-00002-of-00003.safetensors")
+			var src2 Source = ckpt
+			if c.during {
+				var once sync.Once
+				src2 = hookSource{Source: ckpt, before: func(name string) {
+					if name == "model.layers.0.self_attn.q_proj.weight" {
+						once.Do(func() {
+							if err := c.change(victim); err != nil {
+								t.Error(err)
+							}
+						})
+					}
+				}}
+			} else if err := c.change(victim); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			errs := failingRound(ctx, g, src2, 2, sinks)
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("the failed round took %v", time.Since(start))
+			}
+			if !errors.Is(errs[0], ErrSourceChanged) || !strings.Contains(errs[0].Error(), victim) {
+				t.Fatalf("sender: %v", errs[0])
+			}
+			t.Logf("sender: %v\nreceiver 1: %v", errs[0], errs[1])
+			for i, err := range errs[1:] {
+				if err == nil {
+					t.Fatalf("receiver %d succeeded in a round whose source failed", i+1)
+				}
+			}
+			// The first round's files are still there, whole.
+			ref := t.TempDir()
+			makeShards(t, ref, 4, testShards(), true)
+			for i, o := range outs {
+				if err := sinks[i].(*SafetensorsSink).Abort(); err != nil {
+					t.Fatal(err)
+				}
+				sameFiles(t, ref, o)
+			}
+		})
+	}
+}
+
+func TestCheckpointReadAhead(t *testing.T) {
+	src := t.TempDir()
+	data := makeShards(t, src, 5, testShards(), true)
+	for _, window := range []int64{0, 4 << 10, 1 << 20} {
+		ckpt, err := OpenCheckpoint(src, WithReadAhead(window))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (ckpt.ra != nil) != (window > 0 && fadviseSupported) {
+			t.Fatalf("window %d: read-ahead %v", window, ckpt.ra != nil)
+		}
+		reads := 0
+		for round := 0; round < 2; round++ {
+			err = ckpt.Tensors(context.Background(), func(tn *Tensor) error {
+				n, _ := tn.Size()
+				b := make([]byte, n)
+				for off := int64(0); off < n; off += 1000 {
+					k := min(1000, n-off)
+					if err := tn.ReadAt(b[off:off+k], off); err != nil {
+						return err
+					}
+					reads++
+				}
+				if !bytes.Equal(b, data[tn.Name]) {
+					return fmt.Errorf("tensor %s differs", tn.Name)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ra := ckpt.ra; ra != nil {
+			// One request per half window, not one per read; two rounds.
+			most := 2 * (ckpt.Size()/(window/2) + 2)
+			if ra.requests == 0 || ra.requests > most || ra.advised > ckpt.Size() {
+				t.Fatalf("window %d: %d advice requests for %d reads (at most %d expected), advised up to %d of %d",
+					window, ra.requests, reads, most, ra.advised, ckpt.Size())
+			}
+		}
+		ckpt.Close()
+	}
+}

@@ -1,0 +1,506 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/weightcast/weightcast/safetensors"
+)
+
+// stagingPrefix starts the name of the hidden directory a SafetensorsSink
+// writes a round into before moving its files into place.
+const stagingPrefix = ".weightcast-round-"
+
+// SafetensorsOption adjusts WriteSafetensors.
+type SafetensorsOption func(*safetensorsOptions)
+
+type safetensorsOptions struct {
+	noSync   bool
+	fileName string
+}
+
+// SafetensorsWithoutSync skips the fsync of each file and of the directory.
+// Use it for scratch output only: a crash may leave empty or partial files.
+func SafetensorsWithoutSync() SafetensorsOption {
+	return func(o *safetensorsOptions) { o.noSync = true }
+}
+
+// SafetensorsFileName names the single file written for a round whose
+// source is not a checkpoint (a synthetic model, a list of tensors). The
+// default is model.safetensors.
+func SafetensorsFileName(name string) SafetensorsOption {
+	return func(o *safetensorsOptions) { o.fileName = name }
+}
+
+// WriteSafetensors returns a Sink that writes each round it receives as a
+// safetensors checkpoint in the directory dir (created if needed).
+//
+// When the round's source is a checkpoint (its SourceInfo lists shards, as
+// a Checkpoint's does), the sink mirrors it: the same file names, the same
+// tensors in the same order in each file, the same __metadata__ in the same
+// key order, and a model.safetensors.index.json with the same "metadata"
+// when the source had an index or more than one file. Without a cast the
+// files are then byte-identical to the source's (for files written by the
+// reference implementation or package safetensors); after a Cast the
+// headers carry the received dtypes. For any other source it writes one
+// file (model.safetensors, see SafetensorsFileName) holding the tensors in
+// the order received.
+//
+// The files are streamed to disk as chunks arrive; no tensor is held in
+// memory. A file's header depends on the dtype and shape of every tensor in
+// it, which the round's SourceInfo does not carry, so the bytes of a file's
+// tensors before its last one are spooled to a temporary file and copied
+// behind the header once the last tensor's first chunk arrives; the last
+// tensor is written in place.
+//
+// A round is written into a hidden directory inside dir (named
+// .weightcast-round-*). Each finished file is synced there; Commit checks
+// that every file was completed, writes the index, renames the files into
+// dir (the index last), removes files of this sink's earlier rounds that
+// the new round does not have, and syncs dir. A round that fails before
+// Commit leaves dir's earlier files untouched: only a crash during
+// Commit's renames can leave a mix of two rounds' files. The next Begin,
+// or Abort, removes an unfinished round's directory.
+//
+// Tensors must arrive in source order (as Pack sends them); a tensor
+// missing, unexpected or out of order fails the round with an error naming
+// it, since the files could not mirror the source.
+func WriteSafetensors(dir string, opts ...SafetensorsOption) *SafetensorsSink {
+	o := safetensorsOptions{fileName: "model.safetensors"}
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	return &SafetensorsSink{dir: dir, opts: o}
+}
+
+// SafetensorsSink is the Sink returned by WriteSafetensors. Begin, Load and
+// Commit are called by one goroutine at a time (the load stage).
+type SafetensorsSink struct {
+	dir  string
+	opts safetensorsOptions
+
+	mu      sync.Mutex
+	round   *stRound // the round being written, nil between rounds
+	written []string // base names of the files the last commit put in dir
+	copyBuf []byte
+}
+
+// stRound is one round being written.
+type stRound struct {
+	version uint64
+	staging string
+	shards  []*stShard
+	cur     int // the shard receiving tensors
+	index   []byte
+	// indexName is the index file to write, or "".
+	indexName string
+	// open is true when the round's layout is not known: every tensor
+	// goes to a single shard, written at Commit.
+	open bool
+}
+
+// stShard is one file of a round.
+type stShard struct {
+	name     string
+	want     []string // tensor names in file order (nil when open)
+	meta     map[string]string
+	metaKeys []string
+
+	infos    []safetensors.TensorInfo // tensors received so far
+	rel      int64                    // data-region offset of the tensor being received
+	dataLen  int64                    // data-region bytes laid out so far
+	next     int                      // tensors completed
+	inTensor bool                     // a tensor's chunks are arriving
+
+	spill *os.File            // bytes received while the header is unknown
+	w     *safetensors.Writer // once the header is known
+	done  bool
+}
+
+// Begin starts writing round version as described by info (nil or without
+// shards: one file). It abandons a round begun and never committed.
+func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.abortLocked()
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return fmt.Errorf("safetensors sink: %w", err)
+	}
+	staging, err := os.MkdirTemp(s.dir, stagingPrefix+"*")
+	if err != nil {
+		return fmt.Errorf("safetensors sink: creating the round's directory: %w", err)
+	}
+	r := &stRound{version: version, staging: staging}
+	s.round = r
+	if err := s.plan(r, info); err != nil {
+		s.abortLocked()
+		return err
+	}
+	// Files with no tensors are complete already.
+	for _, sh := range r.shards {
+		if !r.open && len(sh.want) == 0 {
+			if err := s.openWriter(ctx, r, sh, 0); err != nil {
+				s.abortLocked()
+				return err
+			}
+			if err := s.closeShard(sh); err != nil {
+				s.abortLocked()
+				return err
+			}
+		}
+	}
+	r.skipDone()
+	return nil
+}
+
+// plan lays out the round's files from info, checking what came from the
+// wire: plain, distinct file names and tensor names seen once.
+func (s *SafetensorsSink) plan(r *stRound, info *SourceInfo) error {
+	if info == nil || len(info.Shards) == 0 {
+		if !plainName(s.opts.fileName) {
+			return fmt.Errorf("safetensors sink: file name %q is not a plain file name", s.opts.fileName)
+		}
+		sh := &stShard{name: s.opts.fileName}
+		if info != nil {
+			sh.meta, sh.metaKeys = info.Metadata, info.MetadataKeys
+		}
+		r.shards, r.open = []*stShard{sh}, true
+		return nil
+	}
+	files := map[string]bool{}
+	tensors := map[string]string{}
+	for _, si := range info.Shards {
+		switch {
+		case !plainName(si.File):
+			return fmt.Errorf("safetensors sink: the source names a file %q, which is not a plain file name", si.File)
+		case files[si.File]:
+			return fmt.Errorf("safetensors sink: the source names file %q twice", si.File)
+		}
+		files[si.File] = true
+		for _, t := range si.Tensors {
+			if other, dup := tensors[t]; dup {
+				return fmt.Errorf("safetensors sink: the source lists tensor %q in %s and again in %s", t, other, si.File)
+			}
+			tensors[t] = si.File
+		}
+		sh := &stShard{name: si.File, want: si.Tensors, meta: info.Metadata, metaKeys: info.MetadataKeys}
+		if si.Metadata != nil {
+			sh.meta, sh.metaKeys = si.Metadata, si.MetadataKeys
+		}
+		r.shards = append(r.shards, sh)
+	}
+	if len(info.Shards) > 1 || info.IndexMetadata != nil {
+		r.indexName = safetensors.IndexFileName
+		if files[r.indexName] {
+			return fmt.Errorf("safetensors sink: the source has a file named %s, the name of the index", r.indexName)
+		}
+		idx := &safetensors.Index{WeightMap: map[string]string{}}
+		for t, f := range tensors {
+			idx.WeightMap[t] = f
+		}
+		if info.IndexMetadata != nil {
+			dec := json.NewDecoder(bytes.NewReader(info.IndexMetadata))
+			dec.UseNumber()
+			if err := dec.Decode(&idx.Metadata); err != nil || idx.Metadata == nil {
+				return fmt.Errorf("safetensors sink: the source's index metadata is not a JSON object: %.80q", info.IndexMetadata)
+			}
+		}
+		r.index = idx.Marshal()
+	}
+	return nil
+}
+
+// plainName reports whether name can be a file directly in the sink's
+// directory, and is not one of the sink's own hidden names.
+func plainName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, `/\`+"\x00") &&
+		filepath.Base(name) == name && !strings.HasPrefix(name, stagingPrefix) && !strings.HasPrefix(name, ".spill-")
+}
+
+// skipDone moves cur past completed shards.
+func (r *stRound) skipDone() {
+	for r.cur < len(r.shards) && r.shards[r.cur].done {
+		r.cur++
+	}
+}
+
+// Load writes one entry's bytes into its file.
+func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.round == nil {
+		return fmt.Errorf("safetensors sink: tensor %q arrived before Begin (the load stage calls Begin with a round's first bucket)", e.Name)
+	}
+	r := s.round
+	if r.cur >= len(r.shards) {
+		return fmt.Errorf("safetensors sink: tensor %q arrived after every file of the source was complete; the round does not match its source description", e.Name)
+	}
+	sh := r.shards[r.cur]
+	if !sh.inTensor {
+		if e.Chunk != 0 {
+			return fmt.Errorf("safetensors sink: tensor %q: chunk at byte %d arrived before its first chunk", e.Name, e.Chunk)
+		}
+		if !r.open && e.Name != sh.want[sh.next] {
+			return fmt.Errorf("safetensors sink: tensor %q arrived where %s expects %q (tensor %d of %d); tensors must arrive in source order, all of them",
+				e.Name, sh.name, sh.want[sh.next], sh.next+1, len(sh.want))
+		}
+		sh.infos = append(sh.infos, safetensors.TensorInfo{Name: e.Name, DType: e.DType, Shape: slices.Clone(e.Shape)})
+		sh.rel, sh.inTensor = sh.dataLen, true
+		sh.dataLen += e.Total
+		if !r.open && sh.next == len(sh.want)-1 {
+			// The last tensor of the file: its header is known now.
+			if err := s.openWriter(ctx, r, sh, sh.rel); err != nil {
+				return err
+			}
+		}
+	} else {
+		last := sh.infos[len(sh.infos)-1]
+		if e.Name != last.Name {
+			return fmt.Errorf("safetensors sink: tensor %q arrived while tensor %q was incomplete", e.Name, last.Name)
+		}
+	}
+	if len(data) > 0 {
+		var err error
+		if sh.w != nil {
+			_, err = sh.w.WriteAt(data, sh.w.DataOffset()+sh.rel+e.Chunk)
+		} else {
+			err = s.spillWrite(r, sh, data, sh.rel+e.Chunk)
+		}
+		if err != nil {
+			return fmt.Errorf("safetensors sink: writing tensor %q: %w", e.Name, err)
+		}
+	}
+	if !e.Complete() {
+		return nil
+	}
+	sh.inTensor = false
+	sh.next++
+	if !r.open && sh.next == len(sh.want) {
+		if err := s.closeShard(sh); err != nil {
+			return err
+		}
+		r.skipDone()
+	}
+	return nil
+}
+
+func (s *SafetensorsSink) spillWrite(r *stRound, sh *stShard, data []byte, off int64) error {
+	if sh.spill == nil {
+		f, err := os.CreateTemp(r.staging, ".spill-*")
+		if err != nil {
+			return err
+		}
+		sh.spill = f
+	}
+	_, err := sh.spill.WriteAt(data, off)
+	return err
+}
+
+// openWriter creates the shard's file in the staging directory now that
+// its header is known, and copies the first spooled bytes of the data
+// region behind it.
+func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShard, spooled int64) error {
+	var opts []safetensors.Option
+	if sh.metaKeys != nil {
+		opts = append(opts, safetensors.WithMetadataOrder(sh.metaKeys))
+	}
+	if s.opts.noSync {
+		opts = append(opts, safetensors.WithoutSync())
+	}
+	w, err := safetensors.Create(filepath.Join(r.staging, sh.name), sh.infos, sh.meta, opts...)
+	if err != nil {
+		return fmt.Errorf("safetensors sink: %w", err)
+	}
+	sh.w = w
+	if sh.spill == nil {
+		return nil
+	}
+	if s.copyBuf == nil {
+		s.copyBuf = make([]byte, 1<<20)
+	}
+	for off := int64(0); off < spooled; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(int64(len(s.copyBuf)), spooled-off)
+		if _, err := sh.spill.ReadAt(s.copyBuf[:n], off); err != nil {
+			return fmt.Errorf("safetensors sink: reading back the spooled bytes of %s: %w", sh.name, err)
+		}
+		if _, err := w.WriteAt(s.copyBuf[:n], w.DataOffset()+off); err != nil {
+			return fmt.Errorf("safetensors sink: %w", err)
+		}
+		off += n
+	}
+	s.dropSpill(sh)
+	return nil
+}
+
+func (s *SafetensorsSink) dropSpill(sh *stShard) {
+	if sh.spill != nil {
+		sh.spill.Close()
+		os.Remove(sh.spill.Name())
+		sh.spill = nil
+	}
+}
+
+// closeShard finishes the shard's file in the staging directory.
+func (s *SafetensorsSink) closeShard(sh *stShard) error {
+	if err := sh.w.Close(); err != nil {
+		return fmt.Errorf("safetensors sink: %w", err)
+	}
+	sh.done = true
+	return nil
+}
+
+// Commit finishes the round: every file complete, the index written, the
+// files renamed into the directory, stale files of earlier rounds removed.
+func (s *SafetensorsSink) Commit(ctx context.Context, version uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.round
+	if r == nil {
+		return fmt.Errorf("safetensors sink: commit of version %d without a round begun", version)
+	}
+	err := s.commit(ctx, r)
+	if err != nil {
+		s.abortLocked()
+	}
+	return err
+}
+
+func (s *SafetensorsSink) commit(ctx context.Context, r *stRound) error {
+	if r.open {
+		sh := r.shards[0]
+		if sh.inTensor {
+			return fmt.Errorf("safetensors sink: round %d ended with tensor %q incomplete", r.version, sh.infos[len(sh.infos)-1].Name)
+		}
+		if err := s.openWriter(ctx, r, sh, sh.dataLen); err != nil {
+			return err
+		}
+		if err := s.closeShard(sh); err != nil {
+			return err
+		}
+	}
+	for _, sh := range r.shards {
+		switch {
+		case sh.done:
+		case sh.inTensor:
+			return fmt.Errorf("safetensors sink: round %d ended with %s incomplete: tensor %q arrived in part", r.version, sh.name, sh.want[sh.next])
+		default:
+			return fmt.Errorf("safetensors sink: round %d ended with %s incomplete: tensor %q never arrived (%d of %d tensors of the file received)",
+				r.version, sh.name, sh.want[sh.next], sh.next, len(sh.want))
+		}
+	}
+	var names []string
+	for _, sh := range r.shards {
+		names = append(names, sh.name)
+	}
+	if r.indexName != "" {
+		if err := s.writeFile(filepath.Join(r.staging, r.indexName), r.index); err != nil {
+			return err
+		}
+		names = append(names, r.indexName) // renamed last
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := os.Rename(filepath.Join(r.staging, n), filepath.Join(s.dir, n)); err != nil {
+			return fmt.Errorf("safetensors sink: moving %s into place: %w", n, err)
+		}
+	}
+	var errs []error
+	for _, old := range s.written {
+		if !slices.Contains(names, old) {
+			if err := os.Remove(filepath.Join(s.dir, old)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	s.written = names
+	errs = append(errs, os.Remove(r.staging), s.syncDir())
+	s.round = nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("safetensors sink: round %d is in place, but: %w", r.version, err)
+	}
+	return nil
+}
+
+func (s *SafetensorsSink) writeFile(path string, b []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("safetensors sink: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil && !s.opts.noSync {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("safetensors sink: writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func (s *SafetensorsSink) syncDir() error {
+	if s.opts.noSync {
+		return nil
+	}
+	d, err := os.Open(s.dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Abort abandons a round begun and not committed, removing its files; the
+// directory keeps the last committed round. Call it after a failed Sync if
+// the sink will not be used again (the next Begin does it otherwise).
+func (s *SafetensorsSink) Abort() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.abortLocked()
+}
+
+func (s *SafetensorsSink) abortLocked() error {
+	r := s.round
+	if r == nil {
+		return nil
+	}
+	s.round = nil
+	for _, sh := range r.shards {
+		s.dropSpill(sh)
+		if sh.w != nil {
+			sh.w.Abort()
+		}
+	}
+	return os.RemoveAll(r.staging)
+}
+
+// Files returns the paths of the files the last committed round wrote, in
+// order (the index last).
+func (s *SafetensorsSink) Files() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, len(s.written))
+	for i, n := range s.written {
+		out[i] = filepath.Join(s.dir, n)
+	}
+	return out
+}
