@@ -1,0 +1,159 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/weightcast/weightcast/cast"
+	"github.com/weightcast/weightcast/dtype"
+)
+
+// castScratch is the most source bytes a cast reader converts at once.
+const castScratch = 256 << 10
+
+var scratchPool = sync.Pool{New: func() any { b := make([]byte, castScratch); return &b }}
+
+// Cast returns a Source that yields src's tensors with their floating-point
+// elements converted to the dtype to: the rollout dtype of an RL setup
+// (verl's rollout_dtype). With to = BF16 or F16, F32 tensors become to and
+// tensors of the other 16-bit type become to; with to = F32, BF16 and F16
+// tensors are widened (exactly). Tensors of other dtypes (integers, F64,
+// FP8) and tensors already of dtype to pass through unchanged; so does
+// every tensor when to is dtype.Invalid (Cast then returns src itself).
+// Any other to makes Tensors fail.
+//
+// The conversion runs inside each cast tensor's Reader, when Pack reads the
+// bytes into a bucket, chunk by chunk through a scratch buffer of at most
+// 256 KiB: the tensor is never held whole. A cast tensor keeps its name and
+// shape and has dtype to, so the bucket metadata and the receivers see the
+// dtype on the wire.
+//
+// The result describes itself as src does (Describer, with the checkpoint
+// metadata unchanged) and finds tensors as src does (Lookup, returning the
+// cast tensor), when src supports those.
+func Cast(src Source, to dtype.DType) Source {
+	if to == dtype.Invalid {
+		return src
+	}
+	return &castSource{src: src, to: to}
+}
+
+type castSource struct {
+	src Source
+	to  dtype.DType
+}
+
+// castable reports whether Cast converts tensors of from to to.
+func castable(from, to dtype.DType) bool {
+	return from != to && from.IsFloat() && cast.Supported(from, to)
+}
+
+// Tensors emits src's tensors, the castable ones wrapped.
+func (c *castSource) Tensors(ctx context.Context, emit func(*Tensor) error) error {
+	switch c.to {
+	case dtype.BF16, dtype.F16, dtype.F32:
+	default:
+		return fmt.Errorf("cast to %s: the rollout dtype must be BF16, F16 or F32", c.to)
+	}
+	return c.src.Tensors(ctx, func(t *Tensor) error {
+		ct, err := c.wrap(t)
+		if err != nil {
+			return err
+		}
+		return emit(ct)
+	})
+}
+
+func (c *castSource) wrap(t *Tensor) (*Tensor, error) {
+	if !castable(t.DType, c.to) {
+		return t, nil
+	}
+	size, err := t.Validate()
+	if err != nil {
+		return nil, err
+	}
+	return &Tensor{Name: t.Name, DType: c.to, Shape: t.Shape, Reader: &castReader{src: t, to: c.to, size: size}}, nil
+}
+
+// SourceInfo returns src's description, or nil when src has none.
+func (c *castSource) SourceInfo() *SourceInfo {
+	if d, ok := c.src.(Describer); ok {
+		return d.SourceInfo()
+	}
+	return nil
+}
+
+// Lookup returns src's tensor called name, cast as Tensors casts it.
+func (c *castSource) Lookup(name string) (*Tensor, bool) {
+	l, ok := c.src.(Lookuper)
+	if !ok {
+		return nil, false
+	}
+	t, ok := l.Lookup(name)
+	if !ok {
+		return nil, false
+	}
+	ct, err := c.wrap(t)
+	if err != nil {
+		return nil, false
+	}
+	return ct, true
+}
+
+// castReader converts a source tensor's elements on the fly.
+type castReader struct {
+	src  *Tensor
+	to   dtype.DType
+	size int64 // source bytes
+}
+
+// ReadAt fills p with the cast elements starting at output byte off. off
+// and len(p) must be whole elements of the output dtype (Pack splits
+// tensors on 64-byte boundaries, so they are).
+func (r *castReader) ReadAt(p []byte, off int64) (int, error) {
+	from, to := r.src.DType, r.to
+	es, eo := int64(from.Size()), int64(to.Size())
+	if off < 0 || off%eo != 0 || int64(len(p))%eo != 0 {
+		return 0, fmt.Errorf("cast %s→%s of tensor %q: read of %d bytes at %d is not on %d-byte element boundaries", from, to, r.src.Name, len(p), off, eo)
+	}
+	elems := int64(len(p)) / eo
+	soff := off / eo * es
+	if soff+elems*es > r.size {
+		return 0, fmt.Errorf("cast %s→%s of tensor %q: read of %d bytes at %d is past the tensor's end", from, to, r.src.Name, len(p), off)
+	}
+	if elems == 0 {
+		return 0, nil
+	}
+	switch {
+	case r.src.Data != nil:
+		if err := cast.Convert(p, to, r.src.Data[soff:soff+elems*es], from); err != nil {
+			return 0, fmt.Errorf("tensor %q: %w", r.src.Name, err)
+		}
+	case es == eo:
+		// Same width: read the source into p and convert in place.
+		if err := r.src.ReadAt(p, soff); err != nil {
+			return 0, err
+		}
+		if err := cast.Convert(p, to, p, from); err != nil {
+			return 0, fmt.Errorf("tensor %q: %w", r.src.Name, err)
+		}
+	default:
+		bp := scratchPool.Get().(*[]byte)
+		defer scratchPool.Put(bp)
+		buf := *bp
+		step := int64(len(buf)) / es // elements per pass
+		for done := int64(0); done < elems; {
+			k := min(step, elems-done)
+			in := buf[:k*es]
+			if err := r.src.ReadAt(in, soff+done*es); err != nil {
+				return 0, err
+			}
+			if err := cast.Convert(p[done*eo:(done+k)*eo], to, in, from); err != nil {
+				return 0, fmt.Errorf("tensor %q: %w", r.src.Name, err)
+			}
+			done += k
+		}
+	}
+	return len(p), nil
+}

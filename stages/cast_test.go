@@ -1,0 +1,283 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/weightcast/weightcast/cast"
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/safetensors"
+)
+
+// miniTensor is a tensor as miniRead finds it.
+type miniTensor struct {
+	DType   string  `json:"dtype"`
+	Shape   []int64 `json:"shape"`
+	Offsets []int64 `json:"data_offsets"`
+	data    []byte
+}
+
+// miniRead parses a safetensors file with encoding/json alone, as an
+// independent check of what package safetensors writes.
+func miniRead(t testing.TB, path string) (map[string]string, map[string]*miniTensor) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(b)
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &top); err != nil {
+		t.Fatalf("%s: header: %v", path, err)
+	}
+	var meta map[string]string
+	tensors := map[string]*miniTensor{}
+	var covered int64
+	for k, v := range top {
+		if k == "__metadata__" {
+			if err := json.Unmarshal(v, &meta); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		var mt miniTensor
+		if err := json.Unmarshal(v, &mt); err != nil {
+			t.Fatal(err)
+		}
+		mt.data = b[8+int64(n)+mt.Offsets[0] : 8+int64(n)+mt.Offsets[1]]
+		covered += mt.Offsets[1] - mt.Offsets[0]
+		tensors[k] = &mt
+	}
+	if covered != int64(len(b))-8-int64(n) {
+		t.Fatalf("%s: tensors cover %d of %d data bytes", path, covered, int64(len(b))-8-int64(n))
+	}
+	return meta, tensors
+}
+
+// castShards is a checkpoint of mostly F32, with every other kind of
+// tensor; lm_head is larger than the cast reader's scratch buffer.
+func castShards() [][]spec {
+	return [][]spec{
+		{
+			{"embed.weight", dtype.F32, []int64{300, 40}},
+			{"norm.weight", dtype.F32, []int64{40}},
+			{"empty", dtype.F32, []int64{0}},
+			{"bf16.weight", dtype.BF16, []int64{33, 3}},
+		},
+		{
+			{"f16.weight", dtype.F16, []int64{7, 9}},
+			{"ids", dtype.I32, []int64{100}},
+			{"flags", dtype.U8, []int64{13}},
+			{"f64.weight", dtype.F64, []int64{9}},
+			{"fp8.weight", dtype.F8E4M3, []int64{10}},
+			{"lm_head.weight", dtype.F32, []int64{200, 400}}, // 312.5 KiB
+		},
+	}
+}
+
+// convert16 converts each element of src (of dtype from) to to, element by
+// element through package cast's scalar functions.
+func convert16(t testing.TB, src []byte, from, to dtype.DType) []byte {
+	var out []byte
+	switch {
+	case from == dtype.F32 && to == dtype.BF16:
+		for i := 0; i < len(src); i += 4 {
+			out = binary.LittleEndian.AppendUint16(out, cast.F32ToBF16(binary.LittleEndian.Uint32(src[i:])))
+		}
+	case from == dtype.F32 && to == dtype.F16:
+		for i := 0; i < len(src); i += 4 {
+			out = binary.LittleEndian.AppendUint16(out, cast.F32ToF16(binary.LittleEndian.Uint32(src[i:])))
+		}
+	case from == dtype.F16 && to == dtype.BF16:
+		for i := 0; i < len(src); i += 2 {
+			out = binary.LittleEndian.AppendUint16(out, cast.F16ToBF16(binary.LittleEndian.Uint16(src[i:])))
+		}
+	case from == dtype.BF16 && to == dtype.F16:
+		for i := 0; i < len(src); i += 2 {
+			out = binary.LittleEndian.AppendUint16(out, cast.BF16ToF16(binary.LittleEndian.Uint16(src[i:])))
+		}
+	default:
+		t.Fatalf("no reference conversion %s→%s", from, to)
+	}
+	if out == nil {
+		out = []byte{}
+	}
+	return out
+}
+
+func TestCastCheckpoint(t *testing.T) {
+	src := t.TempDir()
+	data := makeShards(t, src, 11, castShards(), true)
+	ckpt, err := OpenCheckpoint(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	srcTypes := map[string]dtype.DType{}
+	for _, sh := range castShards() {
+		for _, s := range sh {
+			srcTypes[s.name] = s.dtype
+		}
+	}
+	for _, to := range []dtype.DType{dtype.BF16, dtype.F16} {
+		for _, bucket := range []int{4 << 10, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/bucket=%d", to, bucket), func(t *testing.T) {
+				outs := outDirs(t, 3)
+				syncTo(t, Cast(ckpt, to), bucket, outs, 1)
+				for _, o := range outs {
+					m, err := safetensors.OpenModel(o)
+					if err != nil {
+						t.Fatalf("the package reader refuses the cast checkpoint: %v", err)
+					}
+					if got := m.Index().Metadata["note"]; got != "sharded for tests" {
+						t.Fatalf("index metadata note %v", got)
+					}
+					m.Close()
+					n := 0
+					for _, f := range dirFiles(t, o) {
+						if !strings.HasSuffix(f, ".safetensors") {
+							continue
+						}
+						meta, tensors := miniRead(t, filepath.Join(o, f))
+						if !maps.Equal(meta, testMeta) {
+							t.Fatalf("%s: metadata %v", f, meta)
+						}
+						for name, mt := range tensors {
+							n++
+							from := srcTypes[name]
+							want, wantType := data[name], from
+							if castable(from, to) {
+								want, wantType = convert16(t, data[name], from, to), to
+							}
+							if mt.DType != wantType.String() || !bytes.Equal(mt.data, want) {
+								t.Fatalf("%s: tensor %s is %s of %d bytes, want %s of %d bytes (source %s), or its values differ",
+									f, name, mt.DType, len(mt.data), wantType, len(want), from)
+							}
+						}
+					}
+					if n != len(data) {
+						t.Fatalf("%s holds %d tensors, want %d", o, n, len(data))
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestCastInMemory(t *testing.T) {
+	f32 := make([]byte, 4*1000)
+	bf16 := make([]byte, 2*999)
+	for i := range f32 {
+		f32[i] = byte(i*37 + i>>3)
+	}
+	for i := range bf16 {
+		bf16[i] = byte(i * 11)
+	}
+	src := Tensors{
+		{Name: "a", DType: dtype.F32, Shape: []int64{10, 100}, Data: f32},
+		{Name: "b", DType: dtype.BF16, Shape: []int64{999}, Data: bf16},
+		{Name: "c", DType: dtype.I64, Shape: []int64{2}, Data: make([]byte, 16)},
+	}
+	g := newGroup(t, groupOpts{world: 2, bucket: 1 << 10, checksum: true})
+	h := NewHostModel()
+	if err := g.round(context.Background(), Cast(src, dtype.F16), 1, []Sink{h}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		want []byte
+		typ  dtype.DType
+	}{
+		{"a", convert16(t, f32, dtype.F32, dtype.F16), dtype.F16},
+		{"b", convert16(t, bf16, dtype.BF16, dtype.F16), dtype.F16},
+		{"c", make([]byte, 16), dtype.I64},
+	} {
+		got, ok := h.Get(c.name)
+		if !ok || got.DType != c.typ || !bytes.Equal(got.Data, c.want) {
+			t.Fatalf("tensor %s: got %v", c.name, got)
+		}
+	}
+	// The cast source finds tensors as it emits them.
+	l := Cast(listLookup{src}, dtype.BF16).(Lookuper)
+	if a, ok := l.Lookup("a"); !ok || a.DType != dtype.BF16 || !slices.Equal(a.Shape, []int64{10, 100}) {
+		t.Fatalf("lookup a: %+v", a)
+	}
+	if c, ok := l.Lookup("c"); !ok || c != src[2] {
+		t.Fatalf("lookup c: %+v", c)
+	}
+	if _, ok := l.Lookup("zz"); ok {
+		t.Fatal("found a tensor that does not exist")
+	}
+}
+
+// listLookup adds Lookup to a list of tensors.
+type listLookup struct{ list Tensors }
+
+func (l listLookup) Tensors(ctx context.Context, emit func(*Tensor) error) error {
+	return l.list.Tensors(ctx, emit)
+}
+
+func (l listLookup) Lookup(name string) (*Tensor, bool) {
+	for _, t := range l.list {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+func TestCastReaderBounds(t *testing.T) {
+	src := &Tensor{Name: "w", DType: dtype.F32, Shape: []int64{8}, Data: make([]byte, 32)}
+	ct, err := (&castSource{to: dtype.BF16}).wrap(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := ct.Size(); n != 16 || ct.DType != dtype.BF16 {
+		t.Fatalf("cast tensor %s of %d bytes", ct.DType, n)
+	}
+	p := make([]byte, 16)
+	if err := ct.ReadAt(p[:6], 2); err != nil {
+		t.Fatalf("element-aligned read: %v", err)
+	}
+	for _, c := range []struct{ n, off int64 }{{3, 0}, {4, 1}, {4, 14}, {2, -2}} {
+		if err := ct.ReadAt(p[:c.n], c.off); err == nil || !strings.Contains(err.Error(), `"w"`) {
+			t.Fatalf("read of %d bytes at %d: %v", c.n, c.off, err)
+		}
+	}
+	// A source whose Data does not fit its shape is refused up front.
+	bad := Tensors{{Name: "bad", DType: dtype.F32, Shape: []int64{8}, Data: make([]byte, 30)}}
+	err = Cast(bad, dtype.BF16).Tensors(context.Background(), func(*Tensor) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "bad") {
+		t.Fatalf("bad source: %v", err)
+	}
+}
+
+func TestCastNoOp(t *testing.T) {
+	src := Tensors{{Name: "a", DType: dtype.F32, Shape: []int64{1}, Data: make([]byte, 4)}}
+	if s, ok := Cast(src, dtype.Invalid).(Tensors); !ok || &s[0] != &src[0] {
+		t.Fatalf("Cast to Invalid did not return its source")
+	}
+	var got []*Tensor
+	if err := Cast(src, dtype.F32).Tensors(context.Background(), func(t *Tensor) error { got = append(got, t); return nil }); err != nil || got[0] != src[0] {
+		t.Fatalf("cast to the same dtype: %v %v", got, err)
+	}
+	err := Cast(src, dtype.I32).Tensors(context.Background(), func(*Tensor) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "I32") {
+		t.Fatalf("cast to I32: %v", err)
+	}
+	if info := Cast(src, dtype.BF16).(Describer).SourceInfo(); info != nil {
+		t.Fatalf("a list of tensors described as %+v", info)
+	}
+	if _, ok := Cast(src, dtype.BF16).(Lookuper).Lookup("a"); ok {
+		t.Fatal("found a tensor in a source that cannot look up")
+	}
+}
