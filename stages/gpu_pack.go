@@ -64,9 +64,10 @@ type deviceFill struct {
 	dev    *gpu.CUDADevice
 	stream *gpu.Stream
 	batch  gpu.CopyBatch
-	// lastSrc is the buffer the batch's last copy reads from, so that a
-	// copy continuing it across alignment padding can merge.
-	lastSrc gpu.Buffer
+	// lastSrc is the address of the buffer the batch's last copy reads
+	// from (0: none), so that a copy continuing it across alignment
+	// padding can merge.
+	lastSrc uint64
 
 	staging   [StagingBuffers]gpu.Buffer
 	stageAddr [StagingBuffers]uint64
@@ -87,18 +88,18 @@ func newDeviceFill(pool *Pool) (*deviceFill, error) {
 	return &deviceFill{dev: dev, stream: s}, nil
 }
 
-// add queues a copy of n bytes from src (inside srcBuf) to dst, merging
-// it into the previous copy when only alignment padding of the same
-// buffers lies between them.
-func (f *deviceFill) add(dst, src uint64, n int64, srcBuf gpu.Buffer) error {
-	if ld, ls, ln, ok := f.batch.Last(); ok && srcBuf == f.lastSrc {
+// add queues a copy of n bytes from src (inside the buffer at srcBase) to
+// dst, merging it into the previous copy when only alignment padding of the
+// same buffers lies between them.
+func (f *deviceFill) add(dst, src uint64, n int64, srcBase uint64) error {
+	if ld, ls, ln, ok := f.batch.Last(); ok && srcBase == f.lastSrc {
 		end := ld + uint64(ln)
 		if dst > end && dst-end < Align && src == ls+uint64(ln)+(dst-end) {
 			f.batch.Extend(int64(dst - end))
 		}
 	}
 	f.batch.Add(dst, src, n)
-	f.lastSrc = srcBuf
+	f.lastSrc = srcBase
 	if f.batch.Len() >= flushEvery {
 		return f.flush()
 	}
@@ -107,7 +108,7 @@ func (f *deviceFill) add(dst, src uint64, n int64, srcBuf gpu.Buffer) error {
 
 // flush hands the collected copies to the driver.
 func (f *deviceFill) flush() error {
-	f.lastSrc = nil
+	f.lastSrc = 0
 	if f.batch.Len() == 0 {
 		return nil
 	}
@@ -121,8 +122,8 @@ func (f *deviceFill) flush() error {
 func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, off, n, chunk int64) error {
 	dst := bucket.DevicePtr() + uint64(off)
 	if t.Device != nil {
-		src, _ := gpu.Address(t.Device) // checked by Validate
-		return f.add(dst, src+uint64(t.DeviceOffset+chunk), n, t.Device)
+		base, _ := gpu.Address(t.Device) // checked by Validate
+		return f.add(dst, base+uint64(t.DeviceOffset+chunk), n, base)
 	}
 	for done := int64(0); done < n; {
 		if f.sfill == StagingSize {
@@ -138,7 +139,7 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 		d := dst + uint64(done)
 		// Mirror the bucket's alignment padding in the staging buffer so
 		// that consecutive small tensors become one copy.
-		if ld, _, ln, ok := f.batch.Last(); ok && f.lastSrc == f.staging[f.slot] {
+		if ld, _, ln, ok := f.batch.Last(); ok && f.lastSrc == f.stageAddr[f.slot] {
 			if end := ld + uint64(ln); d > end && d-end < Align && f.sfill+int64(d-end) < StagingSize {
 				f.sfill += int64(d - end)
 			}
@@ -148,7 +149,7 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 		if err := t.ReadAt(buf, chunk+done); err != nil {
 			return err
 		}
-		if err := f.add(d, f.stageAddr[f.slot]+uint64(f.sfill), m, f.staging[f.slot]); err != nil {
+		if err := f.add(d, f.stageAddr[f.slot]+uint64(f.sfill), m, f.stageAddr[f.slot]); err != nil {
 			return err
 		}
 		f.sfill += m

@@ -71,3 +71,40 @@ func hostBuf(n int) gpu.Buffer {
 	b, _ := gpu.Host{}.Alloc(n)
 	return b
 }
+
+// TestDeviceFillMerges checks the copies queued for device tensors without
+// a GPU (nothing is handed to the driver below flushEvery copies): tensors
+// that follow each other in one source buffer, across the alignment
+// padding that the bucket layout also has, become one copy; tensors of
+// another buffer, or with a different gap, do not.
+func TestDeviceFillMerges(t *testing.T) {
+	src := fakeDevice{n: 1 << 20} // at 0x7f0000000000
+	other := otherFake{fakeDevice{n: 1 << 20}}
+	bucket := otherFake{fakeDevice{n: 1 << 20}}
+	bucketBase := bucket.DevicePtr()
+	f := &deviceFill{}
+	ctx := context.Background()
+	add := func(buf gpu.Buffer, srcOff, dstOff, n int64) {
+		t.Helper()
+		tn := &Tensor{Name: "x", DType: dtype.U8, Shape: []int64{n}, Device: buf, DeviceOffset: srcOff}
+		if err := f.copyIn(ctx, tn, bucket, dstOff, n, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(src, 0, 0, 100)     // bucket [0,100)
+	add(src, 128, 128, 50)  // padding 28 on both sides: merged
+	add(src, 178, 192, 10)  // gaps differ (0 vs 14): new copy
+	add(other, 202, 202, 8) // another buffer: new copy
+	if f.batch.Len() != 3 || f.batch.Bytes() != 100+28+50+10+8 {
+		t.Fatalf("%d copies of %d bytes; want 3 copies of %d", f.batch.Len(), f.batch.Bytes(), 100+28+50+10+8)
+	}
+	dst, s, n, _ := f.batch.Last()
+	if dst != bucketBase+202 || s != other.DevicePtr()+202 || n != 8 {
+		t.Fatalf("last copy %#x <- %#x (%d bytes)", dst, s, n)
+	}
+}
+
+// otherFake is device memory at another address.
+type otherFake struct{ fakeDevice }
+
+func (o otherFake) DevicePtr() uint64 { return 0x7e0000000000 }
