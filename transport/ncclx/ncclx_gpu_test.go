@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,6 +134,12 @@ func TestNCCLProcesses(t *testing.T) {
 		}
 		t.Logf("round %d: %d bytes in %d buckets in %v", v, st.Bytes, st.Buckets, st.Duration.Round(time.Millisecond))
 	}
+	// Close while the peer is alive: finalizing may wait for it.
+	start = time.Now()
+	if err := ep.Close(); err != nil {
+		t.Error(err)
+	}
+	t.Logf("closed the endpoint in %v", time.Since(start).Round(time.Millisecond))
 	kid.wait(t, time.Minute)
 }
 
@@ -211,6 +218,12 @@ func TestNCCLThroughput(t *testing.T) {
 		t.Logf("pipeline round %d: %d device tensors, %.1f GiB in %d buckets of 1 GiB in %v: %.1f GB/s (pack, broadcast and the receiver's copy into its model overlapped; round 1 allocates the model)",
 			v, st.Tensors, float64(st.Bytes)/(1<<30), st.Buckets, st.Duration.Round(time.Millisecond), float64(st.Bytes)/st.Duration.Seconds()/1e9)
 	}
+	// Close while the peer is alive (in the order it closes): finalizing
+	// may wait for it.
+	closeRaw()
+	if err := ep.Close(); err != nil {
+		t.Error(err)
+	}
 	kid.wait(t, 2*time.Minute)
 }
 
@@ -266,11 +279,14 @@ func rawComm(ctx context.Context, cfg transport.Config, d *gpu.CUDADevice) (func
 			return c.Broadcast(ctx, p, p, bwBucket, 0, s)
 		}
 	}
+	var once sync.Once
 	closer := func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c.Close(cctx)
-		s.Close()
+		once.Do(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c.Close(cctx)
+			s.Close()
+		})
 	}
 	return loop, closer, nil
 }
