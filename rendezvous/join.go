@@ -45,6 +45,11 @@ type JoinOptions struct {
 	// UniqueID makes the group's 128-byte unique id on rank 0 (the NCCL
 	// unique id, for one). Nil means 128 random bytes.
 	UniqueID func() ([128]byte, error)
+	// HeldWait is how long rank 0 waits for a group held by another run
+	// to be let go before failing with ErrGroupInUse: a killed run's hold
+	// ends when its lease expires, a live run's does not. Zero means
+	// DefaultLeaseTTL plus 2 seconds (use more with a longer lease TTL).
+	HeldWait time.Duration
 }
 
 func (o JoinOptions) timeout() time.Duration {
@@ -239,21 +244,49 @@ func (j *joiner) join(ctx context.Context, timeout time.Duration) (*Group, error
 	return newGroup(j.store, o, timeout, uid, endpoints), nil
 }
 
-// claimGroup makes rank 0's lease hold the group's owner key.
+// claimGroup makes rank 0's lease hold the group's owner key. A group held
+// by another run is waited for, up to JoinOptions.HeldWait: a run that was
+// killed lets go of it when its lease expires, a live run does not, and is
+// then reported as holding it.
 func (j *joiner) claimGroup(ctx context.Context) error {
 	key := j.keys.owner()
-	created, holder, err := j.store.CreateLeased(ctx, key, []byte(j.opts.RunID))
-	switch {
-	case err != nil:
-		return err
-	case created:
-		j.deleteDeadRuns(ctx)
-		return nil
-	case string(holder) == j.opts.RunID:
-		return j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "rank 0 of run %q is already running; start exactly one process with rank 0", j.opts.RunID))
-	default:
-		return j.fail(j.errorf(ErrGroupInUse, key, nil, "group %q is held by live run %q; wait for run %q to finish (or, if it was killed, for its lease to expire) or pick another --group", j.opts.Group, holder, holder))
+	waited := false
+	var wait time.Duration
+	for {
+		created, holder, err := j.store.CreateLeased(ctx, key, []byte(j.opts.RunID))
+		switch {
+		case err != nil:
+			return err
+		case created:
+			j.deleteDeadRuns(ctx)
+			return nil
+		case string(holder) == j.opts.RunID:
+			return j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "rank 0 of run %q is already running; start exactly one process with rank 0", j.opts.RunID))
+		case waited:
+			return j.fail(j.errorf(ErrGroupInUse, key, nil, "group %q is in use by live run %q (still held after waiting %v for a dead run's lease to expire); wait for run %q to finish or pick another --group", j.opts.Group, holder, wait, holder))
+		}
+		// Wait for the hold to end, but leave time before the Join
+		// deadline to say why it did not.
+		wait = j.heldWait()
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(dl)*3/4)
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		err = j.store.WaitAbsent(wctx, key)
+		cancel()
+		if err != nil && ctx.Err() != nil {
+			return err
+		}
+		waited = true
 	}
+}
+
+// heldWait is how long rank 0 waits for a group held by another run.
+func (j *joiner) heldWait() time.Duration {
+	if j.opts.HeldWait > 0 {
+		return j.opts.HeldWait
+	}
+	return DefaultLeaseTTL + 2*time.Second
 }
 
 // deleteDeadRuns deletes what earlier runs of the group left behind (the

@@ -123,6 +123,9 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	s.seq += uint64(stats.Buckets)
 	if err != nil {
 		s.broken = err
+		if a, ok := s.cfg.Publisher.(transport.Aborter); ok {
+			a.Abort(err) // receivers fail with this reason, not "the root left"
+		}
 		return stats, err
 	}
 	return stats, nil

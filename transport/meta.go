@@ -45,3 +45,11 @@ type Subscriber interface {
 	// Close releases the subscriber. It is idempotent.
 	Close() error
 }
+
+// Aborter is implemented by Publishers that can tell every receiver why
+// the root gave up a round, so that receivers fail with the root's reason
+// rather than with "the root went away". The Sender calls it when a round
+// fails.
+type Aborter interface {
+	Abort(err error)
+}

@@ -165,3 +165,18 @@ var ErrPeerGone = errors.New("peer gone")
 
 // ErrClosed is returned by operations on a closed endpoint, publisher or subscriber.
 var ErrClosed = errors.New("transport: closed")
+
+// ContextErr is ctx.Err() with the context's cause attached when the cause
+// says more (a lost peer, a failed stage), so that an error passed down a
+// chain of ranks still tells why the first one stopped. errors.Is still
+// matches context.Canceled or context.DeadlineExceeded.
+func ContextErr(ctx context.Context) error {
+	err := ctx.Err()
+	if err == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w (because %v)", err, cause)
+	}
+	return err
+}

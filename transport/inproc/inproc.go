@@ -111,7 +111,7 @@ func waitAll(ctx context.Context, d time.Duration, all chan struct{}, miss func(
 	case <-all:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("waiting for ranks %v: %w", miss(), ctx.Err())
+		return fmt.Errorf("waiting for ranks %v: %w", miss(), transport.ContextErr(ctx))
 	case <-t.C:
 		return fmt.Errorf("ranks %v never joined within %v: %w", miss(), d, transport.ErrTimeout)
 	}
@@ -152,7 +152,7 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 		case <-h.gone[0]:
 			return e.err("broadcast", seq, 0, transport.ErrPeerGone)
 		case <-ctx.Done():
-			return e.err("broadcast", seq, -1, ctx.Err())
+			return e.err("broadcast", seq, -1, transport.ContextErr(ctx))
 		case <-timer.C:
 			return e.err("broadcast", seq, 0, fmt.Errorf("no bytes from the root within %v: %w", e.cfg.WaitTimeout(), transport.ErrTimeout))
 		}
@@ -165,7 +165,7 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 		case <-h.gone[r]:
 			return e.err("broadcast", seq, r, transport.ErrPeerGone)
 		case <-ctx.Done():
-			return e.err("broadcast", seq, r, ctx.Err())
+			return e.err("broadcast", seq, r, transport.ContextErr(ctx))
 		case <-timer.C:
 			return e.err("broadcast", seq, r, fmt.Errorf("receiver did not take the bucket within %v: %w", e.cfg.WaitTimeout(), transport.ErrTimeout))
 		}
@@ -184,7 +184,7 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 			for ; r < h.world; r++ {
 				<-done
 			}
-			return e.err("broadcast", seq, -1, ctx.Err())
+			return e.err("broadcast", seq, -1, transport.ContextErr(ctx))
 		}
 	}
 	return nil

@@ -132,7 +132,7 @@ func (p *publisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
 		case <-p.b.all:
 			p.ready = true
 		case <-ctx.Done():
-			return metaErr(p.cfg, "publish", seq, true, -1, ctx.Err())
+			return metaErr(p.cfg, "publish", seq, true, -1, transport.ContextErr(ctx))
 		case <-timer.C:
 			return metaErr(p.cfg, "publish", seq, true, -1, fmt.Errorf("subscribers never joined within %v: %w", p.cfg.WaitTimeout(), transport.ErrTimeout))
 		}
@@ -174,7 +174,7 @@ func (p *publisher) waitFor(ctx context.Context, timer *time.Timer, seq uint64, 
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return metaErr(p.cfg, "publish", seq, true, lagging, ctx.Err())
+			return metaErr(p.cfg, "publish", seq, true, lagging, transport.ContextErr(ctx))
 		case <-timer.C:
 			return metaErr(p.cfg, "publish", seq, true, lagging, fmt.Errorf("no acknowledgement within %v: %w", p.cfg.WaitTimeout(), transport.ErrTimeout))
 		}
@@ -213,7 +213,7 @@ func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
 	case <-s.b.gone[0]:
 		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ErrPeerGone)
 	case <-ctx.Done():
-		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, ctx.Err())
+		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ContextErr(ctx))
 	case <-timer.C:
 		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, fmt.Errorf("no metadata within %v: %w", s.cfg.WaitTimeout(), transport.ErrTimeout))
 	}

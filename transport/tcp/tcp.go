@@ -217,7 +217,7 @@ func listen(ctx context.Context, o options) (*net.TCPListener, string, error) {
 // context's own timer).
 func ctxErr(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return transport.ContextErr(ctx)
 	}
 	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
 		return context.DeadlineExceeded

@@ -364,7 +364,7 @@ func (p *publisher) wait(ctx context.Context, op string, seq uint64, hasSeq bool
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return busError(p.cfg, op, seq, hasSeq, st.peer, fmt.Errorf("waiting for %s: %w", st.what, ctx.Err()))
+			return busError(p.cfg, op, seq, hasSeq, st.peer, fmt.Errorf("waiting for %s: %w", st.what, transport.ContextErr(ctx)))
 		case <-timer.C:
 			return busError(p.cfg, op, seq, hasSeq, st.peer, fmt.Errorf("waited %v for %s: %w", timeout, st.what, errTimeout))
 		}
@@ -450,6 +450,16 @@ func (p *publisher) Sync(ctx context.Context) error {
 		}
 		return waitState{done: true}
 	})
+}
+
+// Abort ends the bus because the root's round failed with err: every
+// receiver still connected gets an ERROR (code ABORTED) carrying err's
+// text, so each fails with the root's reason instead of a bare BYE.
+// Publish and Sync fail afterwards. Close is still needed.
+func (p *publisher) Abort(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.abortLocked(busError(p.cfg, "abort", 0, false, -1, fmt.Errorf("%w: %v", ErrAborted, err)), codeAborted)
 }
 
 // Close says BYE to every receiver, closes the socket and joins the

@@ -334,7 +334,7 @@ func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return transport.Message{}, busError(s.cfg, "recv", want, true, 0, ctx.Err())
+			return transport.Message{}, busError(s.cfg, "recv", want, true, 0, transport.ContextErr(ctx))
 		case <-timer.C:
 			return transport.Message{}, busError(s.cfg, "recv", want, true, 0, fmt.Errorf("no metadata message within %v: %w", timeout, errTimeout))
 		}

@@ -52,6 +52,7 @@ const (
 	codeDuplicate uint32 = 6 // rank already joined
 	codeTooLarge  uint32 = 7 // message over a size limit
 	codePeerGone  uint32 = 8 // the root aborts because some rank is gone
+	codeAborted   uint32 = 9 // the root's round failed for another reason (the text says which)
 )
 
 const (
@@ -234,6 +235,8 @@ func codeError(code uint32) error {
 	switch code {
 	case codePeerGone:
 		return errPeerGone
+	case codeAborted:
+		return ErrAborted
 	case codeTooLarge:
 		return ErrTooLarge
 	case codeVersion, codeGroup, codeWorldSize, codeRank, codeDuplicate:

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/weightcast/weightcast/rendezvous"
+)
+
+// These tests run the demo as real processes on loopback, one per rank,
+// meeting through an etcd started by the test.
+
+var demoBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "demo-test-")
+	if err != nil {
+		panic(err)
+	}
+	demoBin = filepath.Join(dir, "demo")
+	out, err := exec.Command("go", "build", "-o", demoBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building the demo: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emb.Close() })
+	return "etcd://" + strings.TrimPrefix(emb.ClientURL(), "http://")
+}
+
+// rankProc is one rank process.
+type rankProc struct {
+	rank   int
+	cmd    *exec.Cmd
+	out    bytes.Buffer
+	err    bytes.Buffer
+	done   chan struct{}
+	exit   error
+	exited time.Time
+}
+
+// model flags shared by a run's ranks: small and quick unless overridden.
+var small = []string{"--size", "4MiB", "--tensors", "30", "--bucket", "256KiB", "--timeout", "20s"}
+
+func startRank(t *testing.T, etcd, group, run string, rank, world int, args ...string) *rankProc {
+	t.Helper()
+	full := append([]string{"--rank", strconv.Itoa(rank), "--world-size", strconv.Itoa(world), "--rendezvous", etcd,
+		"--group", group, "--run-id", run, "--json"}, args...)
+	p := &rankProc{rank: rank, cmd: exec.Command(demoBin, full...), done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.err
+	p.cmd.Env = append(os.Environ(), "NCCL_NVLS_ENABLE=0")
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exit = p.cmd.Wait(); p.exited = time.Now(); close(p.done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+func (p *rankProc) wait(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.exit
+	case <-time.After(d):
+		t.Fatalf("rank %d still running after %v; stderr:\n%s", p.rank, d, p.err.String())
+		return nil
+	}
+}
+
+func (p *rankProc) summary(t *testing.T) summary {
+	t.Helper()
+	var s summary
+	if err := json.Unmarshal(p.out.Bytes(), &s); err != nil {
+		t.Fatalf("rank %d: bad JSON summary (%v): %s\nstderr: %s", p.rank, err, p.out.String(), p.err.String())
+	}
+	return s
+}
+
+func startAll(t *testing.T, etcd, group, run string, world int, args ...string) []*rankProc {
+	ps := make([]*rankProc, world)
+	for r := range world {
+		ps[r] = startRank(t, etcd, group, run, r, world, args...)
+	}
+	return ps
+}
+
+// TestFourRanksByteIdentical: 4 processes, several rounds, every receiver
+// verifies every byte.
+func TestFourRanksByteIdentical(t *testing.T) {
+	etcd := startEtcd(t)
+	ps := startAll(t, etcd, "four", "r1", 4, append(small, "--rounds", "4")...)
+	for _, p := range ps {
+		if err := p.wait(t, 60*time.Second); err != nil {
+			t.Fatalf("rank %d: %v\n%s", p.rank, err, p.err.String())
+		}
+		s := p.summary(t)
+		r := s.PerRank[0]
+		if len(r.Rounds) != 4 || r.Error != "" || r.MaxBuffers > 2 {
+			t.Fatalf("rank %d: %+v", p.rank, r)
+		}
+		if p.rank > 0 && (!r.Verified || r.Checked != 4*s.Bytes) {
+			t.Fatalf("rank %d verified %d of %d bytes", p.rank, r.Checked, 4*s.Bytes)
+		}
+	}
+}
+
+// TestManyRounds: 200 rounds in a row; the receivers check every bucket's
+// sequence number, so a lost, duplicated or reordered message fails them.
+func TestManyRounds(t *testing.T) {
+	etcd := startEtcd(t)
+	ps := startAll(t, etcd, "many", "r1", 3, "--size", "256KiB", "--tensors", "13", "--bucket", "64KiB", "--rounds", "200", "--timeout", "20s")
+	for _, p := range ps {
+		if err := p.wait(t, 120*time.Second); err != nil {
+			t.Fatalf("rank %d: %v\n%s", p.rank, err, p.err.String())
+		}
+		if r := p.summary(t).PerRank[0]; len(r.Rounds) != 200 || (p.rank > 0 && !r.Verified) {
+			t.Fatalf("rank %d: %d rounds, verified %v", p.rank, len(r.Rounds), r.Verified)
+		}
+	}
+}
+
+// TestKill9 kills one rank with SIGKILL in the middle of the rounds: every
+// other rank exits non-zero within 30 s with an error naming the lost rank.
+func TestKill9(t *testing.T) {
+	for _, victim := range []int{2, 0} {
+		t.Run(fmt.Sprintf("rank%d", victim), func(t *testing.T) {
+			etcd := startEtcd(t)
+			ps := startAll(t, etcd, "kill", "r1", 4, "--size", "64MiB", "--tensors", "30", "--bucket", "4MiB", "--rounds", "1000", "--timeout", "60s")
+			time.Sleep(3 * time.Second) // joined and streaming
+			for _, p := range ps {
+				select {
+				case <-p.done:
+					t.Fatalf("rank %d ended before the kill: %v\n%s", p.rank, p.exit, p.err.String())
+				default:
+				}
+			}
+			killed := time.Now()
+			ps[victim].cmd.Process.Signal(syscall.SIGKILL)
+			for _, p := range ps {
+				if p.rank == victim {
+					continue
+				}
+				err := p.wait(t, 30*time.Second)
+				if err == nil {
+					t.Fatalf("rank %d exited 0 after rank %d was killed", p.rank, victim)
+				}
+				msg := p.err.String() + p.out.String()
+				if !strings.Contains(msg, fmt.Sprintf("rank %d", victim)) {
+					t.Errorf("rank %d's error does not name rank %d:\n%s", p.rank, victim, msg)
+				}
+				t.Logf("rank %d exited %.1fs after the kill", p.rank, p.exited.Sub(killed).Seconds())
+			}
+		})
+	}
+}
+
+// TestLateRoot: rank 0 starts 10 s after the others, who wait for it.
+func TestLateRoot(t *testing.T) {
+	etcd := startEtcd(t)
+	var ps []*rankProc
+	for r := 1; r < 3; r++ {
+		ps = append(ps, startRank(t, etcd, "late", "r1", r, 3, small...))
+	}
+	time.Sleep(10 * time.Second)
+	ps = append(ps, startRank(t, etcd, "late", "r1", 0, 3, small...))
+	for _, p := range ps {
+		if err := p.wait(t, 60*time.Second); err != nil {
+			t.Fatalf("rank %d: %v\n%s", p.rank, err, p.err.String())
+		}
+	}
+}
+
+// TestMissingRank: a rank that never comes makes the others time out with
+// an error naming it.
+func TestMissingRank(t *testing.T) {
+	etcd := startEtcd(t)
+	args := []string{"--size", "1MiB", "--tensors", "10", "--bucket", "64KiB", "--timeout", "3s"}
+	ps := []*rankProc{startRank(t, etcd, "missing", "r1", 0, 3, args...), startRank(t, etcd, "missing", "r1", 1, 3, args...)}
+	for _, p := range ps {
+		if err := p.wait(t, 30*time.Second); err == nil {
+			t.Fatalf("rank %d succeeded without rank 2", p.rank)
+		}
+		if msg := p.err.String() + p.out.String(); !strings.Contains(msg, "rank 2") || !strings.Contains(msg, "timed out") && !strings.Contains(msg, "never") {
+			t.Errorf("rank %d's error does not say rank 2 never came:\n%s", p.rank, msg)
+		}
+	}
+}
+
+// TestWorldSizeMismatch: a rank with another world size gets a clear error.
+func TestWorldSizeMismatch(t *testing.T) {
+	etcd := startEtcd(t)
+	args := []string{"--size", "1MiB", "--tensors", "10", "--bucket", "64KiB", "--timeout", "10s"}
+	a := startRank(t, etcd, "ws", "r1", 0, 2, args...)
+	b := startRank(t, etcd, "ws", "r1", 1, 3, args...)
+	for _, p := range []*rankProc{a, b} {
+		if err := p.wait(t, 30*time.Second); err == nil {
+			t.Fatalf("rank %d succeeded with mismatched world sizes", p.rank)
+		}
+		if msg := p.err.String() + p.out.String(); !strings.Contains(msg, "world size") {
+			t.Errorf("rank %d's error does not mention the world size:\n%s", p.rank, msg)
+		}
+	}
+}
+
+// TestGroupInUse: a second run on a group whose first run is alive is
+// refused; once the first run is killed, a new run on that group succeeds
+// within the lease time.
+func TestGroupInUse(t *testing.T) {
+	etcd := startEtcd(t)
+	first := startAll(t, etcd, "busy", "first", 2, "--size", "16MiB", "--tensors", "30", "--bucket", "1MiB", "--rounds", "100000", "--timeout", "60s")
+	time.Sleep(2 * time.Second)
+	second := startRank(t, etcd, "busy", "second", 0, 2, "--size", "1MiB", "--tensors", "10", "--bucket", "64KiB", "--timeout", "10s")
+	if err := second.wait(t, 30*time.Second); err == nil {
+		t.Fatal("a second run took a group held by a live run")
+	}
+	if msg := second.err.String() + second.out.String(); !strings.Contains(msg, "first") || !strings.Contains(msg, "in use") {
+		t.Errorf("the refusal does not say the group is in use by run first:\n%s", msg)
+	}
+	var wg sync.WaitGroup
+	for _, p := range first {
+		wg.Go(func() { p.cmd.Process.Signal(syscall.SIGKILL); <-p.done })
+	}
+	wg.Wait()
+	start := time.Now()
+	third := startAll(t, etcd, "busy", "third", 2, "--size", "1MiB", "--tensors", "10", "--bucket", "64KiB", "--timeout", "40s")
+	for _, p := range third {
+		if err := p.wait(t, 60*time.Second); err != nil {
+			t.Fatalf("new run, rank %d: %v\n%s", p.rank, err, p.err.String())
+		}
+	}
+	t.Logf("the new run finished %.1fs after the old one was killed", time.Since(start).Seconds())
+}
