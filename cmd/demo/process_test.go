@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
 )
 
 // These tests run the demo as real processes on loopback, one per rank,
@@ -135,6 +136,21 @@ func TestFourRanksByteIdentical(t *testing.T) {
 		}
 		if p.rank > 0 && (!r.Verified || r.Checked != 4*s.Bytes) {
 			t.Fatalf("rank %d verified %d of %d bytes", p.rank, r.Checked, 4*s.Bytes)
+		}
+	}
+}
+
+// TestFourRanksExternalEtcd runs the same over a separate etcd server
+// (Debian's etcd-server when installed), as ranks on several hosts would.
+func TestFourRanksExternalEtcd(t *testing.T) {
+	etcd := "etcd://" + strings.TrimPrefix(rendezvoustest.ExternalEtcd(t)[0], "http://")
+	ps := startAll(t, etcd, "four-ext", "r1", 4, append(small, "--rounds", "2")...)
+	for _, p := range ps {
+		if err := p.wait(t, 60*time.Second); err != nil {
+			t.Fatalf("rank %d: %v\n%s", p.rank, err, p.err.String())
+		}
+		if r := p.summary(t).PerRank[0]; len(r.Rounds) != 2 || (p.rank > 0 && !r.Verified) {
+			t.Fatalf("rank %d: %+v", p.rank, r)
 		}
 	}
 }
