@@ -33,4 +33,3 @@ func TestStoreExternalEtcd(t *testing.T) {
 		return dial(t, endpoints, 5*time.Second)
 	})
 }
-
