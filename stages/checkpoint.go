@@ -20,10 +20,6 @@ import (
 // it fails; open the checkpoint again.
 var ErrSourceChanged = errors.New("checkpoint changed on disk after it was opened")
 
-// DefaultReadAhead is how far ahead of the bytes being packed a Checkpoint
-// asks the kernel to read (see WithReadAhead).
-const DefaultReadAhead = 64 << 20
-
 // CheckpointOption adjusts OpenCheckpoint.
 type CheckpointOption func(*checkpointOptions)
 
@@ -32,12 +28,21 @@ type checkpointOptions struct {
 	limits    safetensors.Limits
 }
 
-// WithReadAhead sets how many bytes beyond each read a Checkpoint asks the
-// kernel to start reading (posix_fadvise POSIX_FADV_WILLNEED on Linux), so
-// that the disk reads the next tensors while the current ones are copied
-// into a bucket. The data goes to the page cache, not to memory of this
-// process. 0 turns read-ahead off; on systems other than Linux it is
-// always off. The default is DefaultReadAhead.
+// WithReadAhead turns on read-ahead: before each read, a Checkpoint asks
+// the kernel to start reading up to bytes beyond it (posix_fadvise
+// POSIX_FADV_WILLNEED, Linux only), across file boundaries, so that the
+// disk reads the next tensors while the current ones are packed. It holds
+// no memory of this process: the pages go to the page cache. 0 (the
+// default) leaves reading ahead to the kernel.
+//
+// It is off by default because it did not help where it was measured: a
+// round reads each tensor with one large pread while the previous bucket
+// is being sent, which already overlaps the disk with the transfer, and a
+// cold 1 GiB checkpoint synced at the speed of a plain sequential read
+// without it, and 10-15% slower with a 16 or 64 MiB window (virtio disks;
+// from the page cache it made no difference). It may help on storage
+// where one reader cannot keep the device busy (network file systems);
+// measure with BenchmarkCheckpoint before turning it on.
 func WithReadAhead(bytes int64) CheckpointOption {
 	return func(o *checkpointOptions) { o.readAhead = max(0, bytes) }
 }
@@ -94,7 +99,7 @@ type ckptFile struct {
 // safetensors.OpenModel); errors name the file and the tensor. It reads no
 // tensor bytes.
 func OpenCheckpoint(path string, opts ...CheckpointOption) (*Checkpoint, error) {
-	o := checkpointOptions{readAhead: DefaultReadAhead}
+	var o checkpointOptions
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
@@ -358,7 +363,7 @@ func (ra *readAhead) reading(v, n int64) {
 		ra.mu.Unlock()
 		return
 	}
-	lo, hi := ra.advised, min(end+ra.window, ra.total)
+	lo, hi := max(ra.advised, end), min(end+ra.window, ra.total)
 	ra.advised = hi
 	ra.requests++
 	ra.mu.Unlock()

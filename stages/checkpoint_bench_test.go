@@ -1,0 +1,342 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/safetensors"
+)
+
+// benchCheckpoint returns a sharded checkpoint of about total bytes in
+// shards files, made once in a fixed directory under os.TempDir() and
+// reused by later runs. Its tensors are BF16, of 32 MiB, 8 MiB and 16 KiB
+// in turn, like the projections and norms of a transformer.
+func benchCheckpoint(b *testing.B, total int64, shards int) string {
+	b.Helper()
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("weightcast-bench-checkpoint-%dMiB-%d", total>>20, shards))
+	if c, err := OpenCheckpoint(dir); err == nil {
+		size := c.Size()
+		c.Close()
+		if size == total {
+			return dir
+		}
+	}
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	sizes := []int64{32 << 20, 8 << 20, 16 << 10}
+	per := total / int64(shards)
+	var layout safetensors.ModelLayout
+	k := 0
+	for s := range shards {
+		sl := safetensors.ShardLayout{Name: fmt.Sprintf("model-%05d-of-%05d.safetensors", s+1, shards), Metadata: map[string]string{"format": "pt"}}
+		for have := int64(0); have < per; k++ {
+			n := min(sizes[k%len(sizes)], per-have)
+			sl.Tensors = append(sl.Tensors, safetensors.TensorInfo{Name: fmt.Sprintf("model.layers.%d.weight", k), DType: dtype.BF16, Shape: []int64{n / 2}})
+			have += n
+		}
+		layout.Shards = append(layout.Shards, sl)
+	}
+	layout.IndexName = safetensors.IndexFileName
+	w, err := safetensors.CreateModel(dir, layout, safetensors.WithoutSync())
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*7 + i>>9)
+	}
+	for _, sh := range w.Shards() {
+		for left := sh.Size() - sh.DataOffset(); left > 0; left -= int64(len(chunk)) {
+			if _, err := sh.Write(chunk[:min(int64(len(chunk)), left)]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := w.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+// benchFiles lists the checkpoint's shard files and their total size.
+func benchFiles(b *testing.B, dir string) ([]string, int64) {
+	m, err := safetensors.OpenModel(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	var paths []string
+	var total int64
+	for _, f := range m.Shards() {
+		paths = append(paths, f.Path())
+		total += f.Size()
+	}
+	return paths, total
+}
+
+// dropCache evicts the files from the page cache, for cold reads.
+func dropCache(b *testing.B, paths []string) {
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := fadviseDontNeed(f, 0, 0); err != nil {
+			b.Skipf("cannot drop the page cache here: %v", err)
+		}
+		f.Close()
+	}
+}
+
+// discardSink counts what it is given.
+type discardSink struct{ n int64 }
+
+func (d *discardSink) Load(ctx context.Context, e *Entry, data []byte) error {
+	d.n += int64(len(data))
+	return nil
+}
+
+func (d *discardSink) Commit(ctx context.Context, version uint64) error { return nil }
+
+// plainWriter hides io.Discard's ReadFrom, so io.CopyBuffer uses its buffer.
+type plainWriter struct{}
+
+func (plainWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkCheckpoint syncs a 1 GiB checkpoint of 8 shards from disk to one
+// receiver (inproc transport) and compares it with reading the same files
+// sequentially in the same run. The "read" cases come first; every "sync"
+// case reports its speed as a fraction of read/1MiB of the same cache state
+// ("x-read"). Cold cases evict the files from the page cache before each
+// iteration (posix_fadvise DONTNEED), so they measure the disk.
+//
+//	go test -run '^$' -bench Checkpoint -benchtime 5x ./stages
+func BenchmarkCheckpoint(b *testing.B) {
+	if testing.Short() {
+		b.Skip("uses a 1 GiB checkpoint")
+	}
+	dir := benchCheckpoint(b, 1<<30, 8)
+	paths, fileBytes := benchFiles(b, dir)
+	baseline := map[string]float64{} // GB/s of read/1MiB, by cache state
+	for _, cache := range []string{"warm", "cold"} {
+		prepare := func(b *testing.B) {
+			b.StopTimer()
+			if cache == "cold" {
+				dropCache(b, paths)
+			}
+			b.StartTimer()
+		}
+		if cache == "warm" {
+			for _, p := range paths { // warm the cache
+				f, _ := os.Open(p)
+				io.Copy(io.Discard, f)
+				f.Close()
+			}
+		}
+		// timed runs pass once per iteration and reports GB/s of n bytes.
+		timed := func(b *testing.B, n int64, pass func() error) float64 {
+			b.SetBytes(n)
+			var wall time.Duration
+			for b.Loop() {
+				prepare(b)
+				t0 := time.Now()
+				if err := pass(); err != nil {
+					b.Fatal(err)
+				}
+				wall += time.Since(t0)
+			}
+			gbs := float64(n) * float64(b.N) / wall.Seconds() / 1e9
+			b.ReportMetric(gbs, "GB/s")
+			return gbs
+		}
+		readFiles := func(copyFile func(f *os.File) error) func() error {
+			return func() error {
+				for _, p := range paths {
+					f, err := os.Open(p)
+					if err != nil {
+						return err
+					}
+					err = copyFile(f)
+					f.Close()
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+		}
+		b.Run(cache+"/read/1MiB", func(b *testing.B) {
+			buf := make([]byte, 1<<20)
+			baseline[cache] = timed(b, fileBytes, readFiles(func(f *os.File) error { _, err := io.CopyBuffer(plainWriter{}, f, buf); return err }))
+		})
+		b.Run(cache+"/read/io.Copy-Discard", func(b *testing.B) {
+			timed(b, fileBytes, readFiles(func(f *os.File) error { _, err := io.Copy(io.Discard, f); return err }))
+		})
+		// The tensors read as Pack reads them (through the Checkpoint's
+		// readers, into a 64 MiB buffer, one read per tensor) with no
+		// pipeline: the ceiling of the pack stage.
+		b.Run(cache+"/read/tensors-into-64MiB", func(b *testing.B) {
+			ckpt, err := OpenCheckpoint(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ckpt.Close()
+			buf := make([]byte, 64<<20)
+			timed(b, ckpt.Size(), func() error {
+				fill := int64(0)
+				return ckpt.Tensors(context.Background(), func(t *Tensor) error {
+					n, _ := t.Size()
+					if fill+n > int64(len(buf)) {
+						fill = 0
+					}
+					err := t.ReadAt(buf[fill:fill+n], 0)
+					fill += n
+					return err
+				})
+			})
+		})
+		type syncCase struct {
+			bucket    int
+			readAhead int64
+			sink      string
+			checksum  bool
+		}
+		cases := []syncCase{
+			{64 << 20, 0, "discard", false},
+			{64 << 20, 16 << 20, "discard", false},
+			{64 << 20, 64 << 20, "discard", false},
+			{256 << 20, 0, "discard", false},
+			{256 << 20, 64 << 20, "discard", false},
+			{64 << 20, 0, "checksum", true},
+		}
+		for _, c := range cases {
+			name := fmt.Sprintf("%s/sync/bucket=%dMiB/readahead=%dMiB/sink=%s/bucketsum=%v", cache, c.bucket>>20, c.readAhead>>20, c.sink, c.checksum)
+			b.Run(name, func(b *testing.B) {
+				ckpt, err := OpenCheckpoint(dir, WithReadAhead(c.readAhead))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer ckpt.Close()
+				g := newGroup(b, groupOpts{world: 2, bucket: c.bucket, checksum: c.checksum})
+				ctx := context.Background()
+				b.SetBytes(ckpt.Size())
+				var wall time.Duration
+				busy := map[string]time.Duration{}
+				version := uint64(0)
+				for b.Loop() {
+					prepare(b)
+					version++
+					var sink Sink = &discardSink{}
+					if c.sink == "checksum" {
+						sink = NewChecksumSink()
+					}
+					t0 := time.Now()
+					var sst, rst RoundStats
+					var serr, rerr error
+					var wg sync.WaitGroup
+					wg.Go(func() { sst, serr = g.sender.Sync(ctx, ckpt, version) })
+					wg.Go(func() { rst, rerr = g.receivers[0].Sync(ctx, sink) })
+					wg.Wait()
+					if err := errors.Join(serr, rerr); err != nil {
+						b.Fatal(err)
+					}
+					wall += time.Since(t0)
+					for _, m := range sst.Stages {
+						busy["send "+m.Stage] += m.Busy
+					}
+					for _, m := range rst.Stages {
+						busy["recv "+m.Stage] += m.Busy
+					}
+				}
+				// Each stage's busy time per round, to see which one bounds it.
+				for _, st := range []string{"send pack", "send broadcast", "recv broadcast", "recv load"} {
+					b.ReportMetric(float64(busy[st].Microseconds())/1e3/float64(b.N), strings.ReplaceAll(st, " ", "-")+"-ms/op")
+				}
+				gbs := float64(ckpt.Size()) * float64(b.N) / wall.Seconds() / 1e9
+				b.ReportMetric(gbs, "GB/s")
+				if base := baseline[cache]; base > 0 {
+					b.ReportMetric(gbs/base, "x-read")
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkWriteSafetensors syncs the 1 GiB checkpoint (from the page
+// cache) to one receiver that writes it with WriteSafetensors (no fsync),
+// against copying the files into a directory with io.Copy in the same run.
+// The sink spools each file's bytes before its last tensor to a temporary
+// file and copies them behind the header (see WriteSafetensors), so it
+// writes most bytes twice.
+//
+//	go test -run '^$' -bench WriteSafetensors -benchtime 3x ./stages
+func BenchmarkWriteSafetensors(b *testing.B) {
+	if testing.Short() {
+		b.Skip("uses a 1 GiB checkpoint")
+	}
+	dir := benchCheckpoint(b, 1<<30, 8)
+	paths, fileBytes := benchFiles(b, dir)
+	var base float64
+	b.Run("copy-files", func(b *testing.B) {
+		out := b.TempDir()
+		b.SetBytes(fileBytes)
+		var wall time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			for _, p := range paths {
+				in, err := os.Open(p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				o, err := os.Create(filepath.Join(out, filepath.Base(p)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.Copy(o, in); err != nil {
+					b.Fatal(err)
+				}
+				in.Close()
+				o.Close()
+			}
+			wall += time.Since(t0)
+		}
+		base = float64(fileBytes) * float64(b.N) / wall.Seconds() / 1e9
+		b.ReportMetric(base, "GB/s")
+	})
+	b.Run("sync", func(b *testing.B) {
+		ckpt, err := OpenCheckpoint(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ckpt.Close()
+		g := newGroup(b, groupOpts{world: 2, bucket: 64 << 20})
+		sink := WriteSafetensors(b.TempDir(), SafetensorsWithoutSync())
+		b.SetBytes(ckpt.Size())
+		var wall time.Duration
+		version := uint64(0)
+		for b.Loop() {
+			version++
+			t0 := time.Now()
+			if err := g.round(context.Background(), ckpt, version, []Sink{sink}); err != nil {
+				b.Fatal(err)
+			}
+			wall += time.Since(t0)
+		}
+		gbs := float64(ckpt.Size()) * float64(b.N) / wall.Seconds() / 1e9
+		b.ReportMetric(gbs, "GB/s")
+		if base > 0 {
+			b.ReportMetric(gbs/base, "x-copy")
+		}
+	})
+}
