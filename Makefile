@@ -4,6 +4,10 @@ PKGS := ./...
 
 .PHONY: all build test vet fmt-check demo bench fuzz gpu-bins clean
 
+# Each fuzz target runs for FUZZTIME; `make test` runs their seed corpora.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := ./stages:FuzzDecodeMeta ./safetensors:FuzzParseHeader ./transport/zmqbus:FuzzDecode
+
 all: build
 
 build:
@@ -27,6 +31,13 @@ demo:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 clean:
 	rm -rf bin .gpu
