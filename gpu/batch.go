@@ -26,27 +26,25 @@ type CopyBatch struct {
 	PerCopy bool
 }
 
-// Add appends a copy of n bytes from src to dst. A copy that continues the
-// previous one exactly (dst and src both start where the previous copy
-// ended) extends it instead.
+// Add appends a copy of n bytes from src to dst. It never merges copies:
+// two copies that look contiguous may lie in different allocations that
+// happen to be adjacent in the address space, and the driver refuses a
+// copy that spans allocations (CUDA_ERROR_INVALID_VALUE). Callers that know
+// better use Extend.
 func (b *CopyBatch) Add(dst, src uint64, n int64) {
 	if n <= 0 {
 		return
 	}
 	b.bytes += n
-	if k := len(b.sizes) - 1; k >= 0 && b.dsts[k]+b.sizes[k] == dst && b.srcs[k]+b.sizes[k] == src {
-		b.sizes[k] += uint64(n)
-		return
-	}
 	b.dsts = append(b.dsts, dst)
 	b.srcs = append(b.srcs, src)
 	b.sizes = append(b.sizes, uint64(n))
 }
 
-// Extend grows the last copy by n bytes on both sides (for a caller that
-// knows the bytes in between belong to the same allocations, such as the
-// alignment padding between two tensors of one buffer). It reports false,
-// changing nothing, when the batch is empty.
+// Extend grows the last copy by n bytes on both sides, for a caller that
+// knows the bytes it adds lie in the same allocations as the copy (the next
+// tensor of one source buffer, with the alignment padding before it). It
+// reports false, changing nothing, when the batch is empty.
 func (b *CopyBatch) Extend(n int64) bool {
 	k := len(b.sizes) - 1
 	if k < 0 || n < 0 {
@@ -67,7 +65,7 @@ func (b *CopyBatch) Last() (dst, src uint64, n int64, ok bool) {
 	return b.dsts[k], b.srcs[k], int64(b.sizes[k]), true
 }
 
-// Len is the number of copies collected (after merging).
+// Len is the number of copies collected.
 func (b *CopyBatch) Len() int { return len(b.sizes) }
 
 // Bytes is the number of bytes the collected copies move.

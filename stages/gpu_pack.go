@@ -89,13 +89,17 @@ func newDeviceFill(pool *Pool) (*deviceFill, error) {
 }
 
 // add queues a copy of n bytes from src (inside the buffer at srcBase) to
-// dst, merging it into the previous copy when only alignment padding of the
-// same buffers lies between them.
+// dst, merging it into the previous copy when it continues that copy, on
+// both sides, across at most the alignment padding, in the same source
+// buffer (the destination is always the current bucket). Copies from
+// different buffers never merge, even when their addresses touch: the
+// driver refuses a copy spanning two allocations.
 func (f *deviceFill) add(dst, src uint64, n int64, srcBase uint64) error {
 	if ld, ls, ln, ok := f.batch.Last(); ok && srcBase == f.lastSrc {
 		end := ld + uint64(ln)
-		if dst > end && dst-end < Align && src == ls+uint64(ln)+(dst-end) {
-			f.batch.Extend(int64(dst - end))
+		if gap := dst - end; dst >= end && gap < Align && src == ls+uint64(ln)+gap {
+			f.batch.Extend(int64(gap) + n)
+			return nil
 		}
 	}
 	f.batch.Add(dst, src, n)

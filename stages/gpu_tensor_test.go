@@ -102,7 +102,25 @@ func TestDeviceFillMerges(t *testing.T) {
 	if dst != bucketBase+202 || s != other.DevicePtr()+202 || n != 8 {
 		t.Fatalf("last copy %#x <- %#x (%d bytes)", dst, s, n)
 	}
+
+	// Two allocations that touch in the address space: the end of one and
+	// the start of the next must stay two copies (the driver refuses a
+	// copy across allocations).
+	f = &deviceFill{}
+	first := fakeDevice{n: 1 << 20}
+	next := adjacentFake{fakeDevice{n: 1 << 20}}
+	add(first, 1<<20-64, 0, 64)
+	add(next, 0, 64, 64)
+	if f.batch.Len() != 2 {
+		t.Fatalf("copies from two adjacent allocations merged into %d copy", f.batch.Len())
+	}
 }
+
+// adjacentFake is device memory that starts where a fakeDevice of 1 MiB
+// ends.
+type adjacentFake struct{ fakeDevice }
+
+func (a adjacentFake) DevicePtr() uint64 { return 0x7f0000000000 + 1<<20 }
 
 // otherFake is device memory at another address.
 type otherFake struct{ fakeDevice }
