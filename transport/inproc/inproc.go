@@ -159,35 +159,30 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 	}
 	done := make(chan error, h.world)
 	data := buf.Host()[:n]
-	for r := 1; r < h.world; r++ {
+	handed := 0 // receivers that hold a reference to data
+	var failure error
+	for r := 1; r < h.world && failure == nil; r++ {
 		select {
 		case h.inbox[r] <- delivery{seq: seq, data: data, done: done}:
+			handed++
 		case <-h.gone[r]:
-			return e.err("broadcast", seq, r, transport.ErrPeerGone)
+			failure = e.err("broadcast", seq, r, transport.ErrPeerGone)
 		case <-ctx.Done():
-			return e.err("broadcast", seq, r, transport.ContextErr(ctx))
+			failure = e.err("broadcast", seq, r, transport.ContextErr(ctx))
 		case <-timer.C:
-			return e.err("broadcast", seq, r, fmt.Errorf("receiver did not take the bucket within %v: %w", e.cfg.WaitTimeout(), transport.ErrTimeout))
+			failure = e.err("broadcast", seq, r, fmt.Errorf("receiver did not take the bucket within %v: %w", e.cfg.WaitTimeout(), transport.ErrTimeout))
 		}
 	}
-	// Every receiver holds a reference to data until it reports done, so
-	// the root must not return (and let buf be reused) before then.
-	for r := 1; r < h.world; r++ {
-		select {
-		case err := <-done:
-			if err != nil {
-				return e.err("broadcast", seq, -1, err)
-			}
-		case <-ctx.Done():
-			// The receivers copy synchronously and always answer; wait
-			// for them so no copy out of buf outlives this call.
-			for ; r < h.world; r++ {
-				<-done
-			}
-			return e.err("broadcast", seq, -1, transport.ContextErr(ctx))
+	// Every receiver that took the bucket copies out of buf until it
+	// answers, and it always answers (the copy is synchronous), so the
+	// root waits for each before it returns and lets buf be reused, even
+	// when it is giving up.
+	for range handed {
+		if err := <-done; err != nil && failure == nil {
+			failure = e.err("broadcast", seq, -1, err)
 		}
 	}
-	return nil
+	return failure
 }
 
 // Close leaves the group; peers waiting on this rank see ErrPeerGone.
