@@ -172,6 +172,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 		c.runID = getenv("TORCHELASTIC_RUN_ID")
 	}
 
+	if c.rank >= 0 {
+		c.ranks = c.worldSize
+	}
 	if c.rank >= 0 && !c.child {
 		if c.worldSize < 2 {
 			return nil, fmt.Errorf("--rank %d needs --world-size of 2 or more (or WORLD_SIZE)", c.rank)

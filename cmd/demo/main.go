@@ -118,6 +118,11 @@ func chooseTransport(c *config) (name, reason string, err error) {
 		if c.transport != "inproc" && !slices.Contains(registered, c.transport) {
 			return "", "", fmt.Errorf("--transport %s is not available in this build (available: inproc, %s)", c.transport, strings.Join(registered, ", "))
 		}
+		if c.transport == "ipc" || c.transport == "nccl" {
+			if _, err := c.gpuList(); err != nil {
+				return "", "", fmt.Errorf("--transport %s needs a GPU: %v; use --transport tcp on machines without one", c.transport, err)
+			}
+		}
 		return c.transport, "chosen with --transport", nil
 	}
 	n, err := gpu.DeviceCount()
@@ -132,11 +137,11 @@ func chooseTransport(c *config) (name, reason string, err error) {
 	if len(c.devices) > 0 {
 		n = len(c.devices)
 	}
-	if n >= 2 && slices.Contains(registered, "nccl") {
-		return "nccl", fmt.Sprintf("%d GPUs visible", n), nil
+	if n >= 2 && n >= c.ranks && slices.Contains(registered, "nccl") {
+		return "nccl", fmt.Sprintf("%d GPUs, one per rank", n), nil
 	}
 	if slices.Contains(registered, "ipc") {
-		return "ipc", fmt.Sprintf("%d GPU serves all %d ranks", n, c.ranks), nil
+		return "ipc", fmt.Sprintf("%d ranks share %d GPU(s) of this host", c.ranks, n), nil
 	}
 	return "tcp", fmt.Sprintf("%d GPUs visible, but this build has no GPU transport", n), nil
 }

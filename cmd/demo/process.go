@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/transport"
@@ -56,6 +56,9 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	if err != nil {
 		return nil, err
 	}
+	if cl, ok := dev.(interface{ Close() error }); ok {
+		defer cl.Close() // after the transport and the buffers, deferred below
+	}
 	opts := map[string]string{}
 	if c.advertise != "" {
 		opts = map[string]string{"bind": "0.0.0.0", "advertise": c.advertise}
@@ -80,19 +83,10 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 		// still finishing its last round would look like a lost peer.
 		err = group.Barrier(ctx, "done")
 	}
-	if err != nil && context.Cause(ctx) != nil && context.Cause(ctx) != context.Canceled {
-		err = fmt.Errorf("%w (cause: %v)", err, context.Cause(ctx))
+	if cause := context.Cause(ctx); err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
+		err = fmt.Errorf("%w (cause: %v)", err, cause)
 	}
 	return res, err
-}
-
-// rankDevice is the device a rank's buckets live on for a transport.
-func rankDevice(c *config, transportName string, rank int) (gpu.Device, error) {
-	switch transportName {
-	case "tcp", "inproc":
-		return gpu.Host{}, nil
-	}
-	return nil, fmt.Errorf("transport %q is not available in this build", transportName)
 }
 
 // childMain is a rank process started by the launcher: it reports progress

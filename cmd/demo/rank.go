@@ -48,18 +48,26 @@ type event struct {
 
 // rankResult is what one rank reports about its run.
 type rankResult struct {
-	Rank       int           `json:"rank"`
-	Role       string        `json:"role"`
-	Host       string        `json:"host"`
-	PID        int           `json:"pid"`
-	Device     string        `json:"device"`
-	Rounds     []roundResult `json:"rounds"`
-	Verified   bool          `json:"verified"`
-	Checked    int64         `json:"verified_bytes"`
-	MaxBuffers int           `json:"max_buffers"`
-	PeakRSS    int64         `json:"peak_rss_bytes,omitempty"`
-	GPUMemory  int64         `json:"gpu_memory_bytes,omitempty"`
-	Error      string        `json:"error,omitempty"`
+	Rank     int           `json:"rank"`
+	Role     string        `json:"role"`
+	Host     string        `json:"host"`
+	PID      int           `json:"pid"`
+	Device   string        `json:"device"`
+	Rounds   []roundResult `json:"rounds"`
+	Verified bool          `json:"verified"`
+	Checked  int64         `json:"verified_bytes"`
+	// VerifyScope says what was compared: "every round" (host buckets,
+	// checked as they arrive) or "final round" (a GPU model read back).
+	VerifyScope string `json:"verified_scope,omitempty"`
+	MaxBuffers  int    `json:"max_buffers"`
+	PeakRSS     int64  `json:"peak_rss_bytes,omitempty"`
+	// GPUMemory is the device memory the rank held at its peak, from the
+	// driver's free-memory figure: buckets, its model, and the transport's
+	// own. Only measured when the rank has its GPU to itself (nccl); ranks
+	// sharing a GPU report GPUBuffers, what they allocated themselves.
+	GPUMemory  int64  `json:"gpu_memory_bytes,omitempty"`
+	GPUBuffers int64  `json:"gpu_buffers_bytes,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 type roundResult struct {
@@ -91,7 +99,9 @@ func stageResults(ms []pipeline.Metrics) []stageResult {
 
 // runRank runs every round on one rank. It reports progress through report
 // (rank 0 only) and returns the rank's result; ctx carries the run's
-// cancellation (a lost peer cancels it with the cause).
+// cancellation (a lost peer cancels it with the cause). Each round carries a
+// new model version: the same layout with new bytes (seed + round), as a
+// training step changes every weight.
 func runRank(ctx context.Context, c *config, rank int, l *links, dev gpu.Device, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
 	host, _ := os.Hostname()
 	res := &rankResult{Rank: rank, Role: "receiver", Host: host, PID: os.Getpid(), Device: dev.Name()}
@@ -99,9 +109,15 @@ func runRank(ctx context.Context, c *config, rank int, l *links, dev gpu.Device,
 		res.Role = "sender"
 	}
 	if tracer != nil {
-		tracer.NameProcess(rank, fmt.Sprintf("rank %d (%s)", rank, res.Role))
+		tracer.NameProcess(rank, fmt.Sprintf("rank %d (%s, %s)", rank, res.Role, dev.Name()))
 	}
-	model, err := c.model()
+	cuda, onGPU := dev.(*gpu.CUDADevice)
+	exclusive := onGPU && c.transport == "nccl" // one GPU per rank
+	var freeBefore uint64
+	if exclusive {
+		freeBefore, _, _ = cuda.MemInfo()
+	}
+	layout, err := c.model(0)
 	if err != nil {
 		return res, err
 	}
@@ -115,64 +131,140 @@ func runRank(ctx context.Context, c *config, rank int, l *links, dev gpu.Device,
 			res.Error = err.Error()
 		}
 	}()
+	if onGPU {
+		res.GPUBuffers = int64(stages.DefaultBuffers)*c.bucket + layout.Size() // buckets and the model copy
+	}
+	gpuMemory := func() {
+		if exclusive {
+			if free, _, err := cuda.MemInfo(); err == nil && freeBefore > free {
+				res.GPUMemory = max(res.GPUMemory, int64(freeBefore-free))
+			}
+		}
+	}
 
 	if rank == 0 {
-		var round int
-		var start time.Time
-		var sent int64
-		sender := stages.NewSender(stages.SenderConfig{
-			Endpoint: l.endpoint, Publisher: l.publisher, Pool: pool, Checksum: true, Tracer: tracer, Rank: 0,
-			Progress: func(m *stages.BucketMeta) {
-				sent += m.Length
-				if report != nil {
-					report(event{Type: "progress", Rank: 0, Round: round, Bytes: sent, Total: model.Size(), Elapsed: time.Since(start).Seconds()})
-				}
-			},
-		})
-		for round = 1; round <= c.rounds; round++ {
-			start, sent = time.Now(), 0
-			st, err := sender.Sync(ctx, model, uint64(round))
-			if err != nil {
-				return res, fmt.Errorf("round %d: %w", round, err)
-			}
-			res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
-			if report != nil {
-				report(event{Type: "round", Rank: 0, Round: round, Bytes: st.Bytes, Total: model.Size(), Elapsed: st.Duration.Seconds()})
-			}
-		}
-		res.Verified = c.verify
-		return res, nil
+		return res, sendRounds(ctx, c, l, pool, cuda, layout, tracer, report, res, gpuMemory)
 	}
-
-	receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: l.endpoint, Subscriber: l.sub, Pool: pool, Tracer: tracer, Rank: rank})
-	var sink stages.Sink = &discard{}
-	var verify *stages.VerifySink
-	if c.verify {
-		verify = stages.Verify(model)
-		sink = verify
-	}
-	for round := 1; round <= c.rounds; round++ {
-		st, err := receiver.Sync(ctx, sink)
-		if err != nil {
-			return res, fmt.Errorf("round %d: %w", round, err)
-		}
-		if st.Version != uint64(round) {
-			return res, fmt.Errorf("round %d: received model version %d", round, st.Version)
-		}
-		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
-	}
-	if verify != nil {
-		res.Verified = verify.Bytes == int64(c.rounds)*model.Size()
-		res.Checked = verify.Bytes
-		if !res.Verified {
-			return res, fmt.Errorf("verified %d bytes, expected %d", verify.Bytes, int64(c.rounds)*model.Size())
-		}
-	}
-	return res, nil
+	return res, receiveRounds(ctx, c, rank, l, pool, cuda, tracer, res, gpuMemory)
 }
 
-func (c *config) model() (*stages.SyntheticModel, error) {
-	return stages.Synthetic{Size: c.size, Tensors: c.tensors, DTypes: c.dtypes, Seed: c.seed}.Model()
+func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cuda *gpu.CUDADevice, layout *stages.SyntheticModel,
+	tracer *pipeline.Tracer, report func(event), res *rankResult, gpuMemory func()) error {
+	var round int
+	var start time.Time
+	var sent int64
+	sender := stages.NewSender(stages.SenderConfig{
+		Endpoint: l.endpoint, Publisher: l.publisher, Pool: pool, Checksum: cuda == nil, Tracer: tracer, Rank: 0,
+		Progress: func(m *stages.BucketMeta) {
+			sent += m.Length
+			if report != nil {
+				report(event{Type: "progress", Rank: 0, Round: round, Bytes: sent, Total: layout.Size(), Elapsed: time.Since(start).Seconds()})
+			}
+		},
+	})
+	var onDevice *deviceModel
+	if cuda != nil {
+		var err error
+		if onDevice, err = newDeviceModel(cuda, layout); err != nil {
+			return err
+		}
+		defer onDevice.close()
+	}
+	for round = 1; round <= c.rounds; round++ {
+		model, err := c.model(round)
+		if err != nil {
+			return err
+		}
+		var src stages.Source = model
+		if onDevice != nil {
+			// The trainer's new weights are on its GPU before the sync.
+			if err := onDevice.fill(ctx, model); err != nil {
+				return fmt.Errorf("round %d: writing the model to %s: %w", round, cuda.Name(), err)
+			}
+			src = onDevice.tensors
+		}
+		start, sent = time.Now(), 0
+		st, err := sender.Sync(ctx, src, uint64(round))
+		gpuMemory()
+		if err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
+		}
+		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
+		if report != nil {
+			report(event{Type: "round", Rank: 0, Round: round, Bytes: st.Bytes, Total: layout.Size(), Elapsed: st.Duration.Seconds()})
+		}
+	}
+	res.Verified = c.verify
+	return nil
+}
+
+func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *stages.Pool, cuda *gpu.CUDADevice,
+	tracer *pipeline.Tracer, res *rankResult, gpuMemory func()) error {
+	receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: l.endpoint, Subscriber: l.sub, Pool: pool, Tracer: tracer, Rank: rank})
+	var onDevice *stages.DeviceModel
+	if cuda != nil {
+		// A rollout worker's weights live on its GPU: allocated in the
+		// first round, updated in place after.
+		var err error
+		if onDevice, err = stages.NewDeviceModel(cuda); err != nil {
+			return err
+		}
+		defer onDevice.Close()
+	}
+	var want int64
+	for round := 1; round <= c.rounds; round++ {
+		model, err := c.model(round)
+		if err != nil {
+			return err
+		}
+		var sink stages.Sink = &discard{}
+		var verify *stages.VerifySink
+		switch {
+		case onDevice != nil:
+			sink = onDevice
+		case c.verify:
+			verify = stages.Verify(model)
+			sink = verify
+		}
+		st, err := receiver.Sync(ctx, sink)
+		gpuMemory()
+		if err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
+		}
+		if st.Version != uint64(round) {
+			return fmt.Errorf("round %d: received model version %d", round, st.Version)
+		}
+		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
+		if verify != nil {
+			res.Checked += verify.Bytes
+			want += model.Size()
+			res.VerifyScope = "every round"
+		}
+		if onDevice != nil && c.verify && round == c.rounds {
+			// Reading a GPU model back costs far more than receiving it,
+			// so the device path checks the final version: every tensor,
+			// byte for byte, against the last round's bytes.
+			vs, err := onDevice.Verify(ctx, model)
+			if err != nil {
+				return fmt.Errorf("verifying version %d on %s: %w", round, cuda.Name(), err)
+			}
+			res.Checked, want = vs.Bytes, model.Size()
+			res.VerifyScope = "final round, read back from the GPU"
+		}
+	}
+	if c.verify {
+		res.Verified = res.Checked == want && want > 0
+		if !res.Verified {
+			return fmt.Errorf("verified %d bytes, expected %d", res.Checked, want)
+		}
+	}
+	return nil
+}
+
+// model is the synthetic model of a round: the same layout every round,
+// new bytes each round. Round 0 is the layout alone.
+func (c *config) model(round int) (*stages.SyntheticModel, error) {
+	return stages.Synthetic{Size: c.size, Tensors: c.tensors, DTypes: c.dtypes, Seed: c.seed + uint64(round)}.Model()
 }
 
 // discard is the sink used without --verify: it only counts bytes.

@@ -98,7 +98,7 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		Bucket: c.bucket, Rounds: c.rounds, Trace: c.trace, Timeline: c.timeline, PerRank: results,
 		Verified: c.verify,
 	}
-	if m, err := c.model(); err == nil {
+	if m, err := c.model(0); err == nil {
 		s.Bytes, s.Tensors = m.Size(), len(m.List())
 	}
 	var failed []string
@@ -167,11 +167,26 @@ func (s *summary) writeTable(w io.Writer) {
 	case s.Error != "":
 		fmt.Fprintf(w, "verified:      no, the run failed\n")
 	case s.Verified:
-		fmt.Fprintf(w, "verified:      yes, every byte on %d receivers in %d rounds\n", s.Ranks-1, s.Rounds)
+		scope := "every round"
+		for _, r := range s.PerRank {
+			if r != nil && r.Rank > 0 && r.VerifyScope != "" {
+				scope = r.VerifyScope
+			}
+		}
+		fmt.Fprintf(w, "verified:      yes, every byte on %d receivers (%s)\n", s.Ranks-1, scope)
 	default:
 		fmt.Fprintf(w, "verified:      not checked (--verify=false)\n")
 	}
 	fmt.Fprintf(w, "buffers held:  at most %d per rank\n", s.MaxBuffers)
+	for _, r := range s.PerRank {
+		switch {
+		case r == nil:
+		case r.GPUMemory > 0:
+			fmt.Fprintf(w, "GPU memory:    rank %d held %s on %s (driver's figure: buckets, model, transport)\n", r.Rank, humanize.IBytes(uint64(r.GPUMemory)), r.Device)
+		case r.GPUBuffers > 0:
+			fmt.Fprintf(w, "GPU memory:    rank %d allocated %s on %s (two buckets and its model)\n", r.Rank, humanize.IBytes(uint64(r.GPUBuffers)), r.Device)
+		}
+	}
 	if s.PeakRSS > 0 {
 		fmt.Fprintf(w, "peak memory:   %s RSS on the largest rank\n", humanize.IBytes(uint64(s.PeakRSS)))
 	}
