@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
+	"github.com/weightcast/weightcast/timeline"
 )
 
 // These tests run the demo as real processes on loopback, one per rank,
@@ -280,4 +282,67 @@ func TestGroupInUse(t *testing.T) {
 		}
 	}
 	t.Logf("the new run finished %.1fs after the old one was killed", time.Since(start).Seconds())
+}
+
+// TestTorchrunEnvironment starts ranks as torchrun would: RANK, WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT, with rank 0 serving the rendezvous itself.
+func TestTorchrunEnvironment(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port // handed to rank 0 as torchrun hands out MASTER_PORT
+	l.Close()
+	var ps []*rankProc
+	for r := range 3 {
+		p := &rankProc{rank: r, cmd: exec.Command(demoBin, append([]string{"--json", "--run-id", "torchrun"}, small...)...), done: make(chan struct{})}
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.err
+		p.cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { p.exit = p.cmd.Wait(); close(p.done) }()
+		t.Cleanup(func() { p.cmd.Process.Kill(); <-p.done })
+		ps = append(ps, p)
+	}
+	for _, p := range ps {
+		if err := p.wait(t, 60*time.Second); err != nil {
+			t.Fatalf("rank %d: %v\n%s", p.rank, err, p.err.String())
+		}
+		if r := p.summary(t).PerRank[0]; r.Rank != p.rank || (p.rank > 0 && !r.Verified) {
+			t.Fatalf("rank %d: %+v", p.rank, r)
+		}
+	}
+}
+
+// TestTraceAndTimeline: a local launch with --trace and --timeline writes a
+// trace that is valid Chrome trace-event JSON with spans from every rank,
+// and an SVG.
+func TestTraceAndTimeline(t *testing.T) {
+	dir := t.TempDir()
+	trace, svg := filepath.Join(dir, "trace.json"), filepath.Join(dir, "timeline.svg")
+	cmd := exec.Command(demoBin, append([]string{"--ranks", "3", "--rounds", "2", "--trace", trace, "--timeline", svg}, small...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	f, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := timeline.Validate(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Seek(0, 0)
+	tr, err := timeline.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Processes) != 3 {
+		t.Fatalf("trace has %d ranks, want 3", len(tr.Processes))
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !bytes.Contains(b, []byte("<svg")) {
+		t.Fatalf("timeline: %v, %d bytes", err, len(b))
+	}
 }
