@@ -35,6 +35,11 @@ type config struct {
 	timeout   time.Duration
 	devices   []int
 
+	// A real checkpoint instead of the synthetic model.
+	modelPath string
+	out       string
+	castTo    dtype.DType // dtype.Invalid: keep
+
 	// Across hosts (or a single rank started by hand).
 	rank       int // -1: launch every rank locally
 	worldSize  int
@@ -72,7 +77,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 		fmt.Fprint(stderr, usageText)
 		fs.PrintDefaults()
 	}
-	var size, bucket, dtypes, devices string
+	var size, bucket, dtypes, devices, castTo string
 	fs.IntVar(&c.ranks, "ranks", 4, "number of ranks: 1 sender and `N`-1 receivers")
 	fs.StringVar(&c.transport, "transport", "auto", "how bucket bytes move: auto, tcp, inproc (one process, goroutines), ipc or nccl")
 	fs.StringVar(&size, "size", "1GiB", "total size of the synthetic model")
@@ -86,6 +91,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline's timeline as an SVG Gantt chart to `FILE`")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the synthetic model's bytes")
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "bound on every wait: joining, each bucket, each acknowledgement")
+	fs.StringVar(&c.modelPath, "model", "", "sync a safetensors checkpoint (`PATH`: a .safetensors file or a Hugging Face directory of shards) instead of the synthetic model")
+	fs.StringVar(&c.out, "out", "", "receivers write what they received as safetensors under `DIR`/rankN, mirroring the source's files")
+	fs.StringVar(&castTo, "dtype", "keep", "rollout dtype: keep, bf16 or f16 (floating tensors are cast on the sender, at pack time)")
 	fs.StringVar(&devices, "devices", "", "comma-separated GPU indices to use (default: all visible)")
 	fs.IntVar(&c.rank, "rank", -1, "run only this rank (with --world-size and --rendezvous, or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)")
 	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks of a group spread over hosts")
@@ -121,6 +129,23 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 			return nil, fmt.Errorf("--dtypes: %w", err)
 		}
 		c.dtypes = append(c.dtypes, d)
+	}
+	switch strings.ToLower(castTo) {
+	case "keep", "":
+	case "bf16":
+		c.castTo = dtype.BF16
+	case "f16", "fp16":
+		c.castTo = dtype.F16
+	default:
+		return nil, fmt.Errorf("--dtype %q: choose keep, bf16 or f16", castTo)
+	}
+	if c.castTo != dtype.Invalid && c.modelPath == "" {
+		return nil, errors.New("--dtype casts a checkpoint; give --model PATH (the synthetic model takes --dtypes)")
+	}
+	if c.modelPath != "" {
+		if _, err := os.Stat(c.modelPath); err != nil {
+			return nil, fmt.Errorf("--model: %v", err)
+		}
 	}
 	if devices != "" {
 		for _, s := range strings.Split(devices, ",") {
@@ -254,6 +279,15 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 	}
 	if traceOut != "" {
 		args = append(args, "--trace-out", traceOut)
+	}
+	if c.modelPath != "" {
+		args = append(args, "--model", c.modelPath)
+	}
+	if c.out != "" {
+		args = append(args, "--out", c.out)
+	}
+	if c.castTo != dtype.Invalid {
+		args = append(args, "--dtype", strings.ToLower(c.castTo.String()))
 	}
 	if len(c.devices) > 0 {
 		ds := make([]string, len(c.devices))

@@ -66,7 +66,7 @@ type deviceModel struct {
 	tensors stages.Tensors
 }
 
-func newDeviceModel(dev *gpu.CUDADevice, m *stages.SyntheticModel) (*deviceModel, error) {
+func newDeviceModel(dev *gpu.CUDADevice, m model) (*deviceModel, error) {
 	var total int64
 	offs := make([]int64, len(m.List()))
 	for i, t := range m.List() {
@@ -87,7 +87,7 @@ func newDeviceModel(dev *gpu.CUDADevice, m *stages.SyntheticModel) (*deviceModel
 
 // fill copies the bytes of m (a model with the same layout) into the
 // device tensors.
-func (d *deviceModel) fill(ctx context.Context, m *stages.SyntheticModel) error {
+func (d *deviceModel) fill(ctx context.Context, m model) error {
 	s, err := d.dev.NewStream()
 	if err != nil {
 		return err

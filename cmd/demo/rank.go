@@ -148,7 +148,7 @@ func runRank(ctx context.Context, c *config, rank int, l *links, dev gpu.Device,
 	return res, receiveRounds(ctx, c, rank, l, pool, cuda, tracer, res, gpuMemory)
 }
 
-func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cuda *gpu.CUDADevice, layout *stages.SyntheticModel,
+func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cuda *gpu.CUDADevice, layout model,
 	tracer *pipeline.Tracer, report func(event), res *rankResult, gpuMemory func()) error {
 	var round int
 	var start time.Time
@@ -163,7 +163,7 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 		},
 	})
 	var onDevice *deviceModel
-	if cuda != nil {
+	if cuda != nil && c.modelPath == "" {
 		var err error
 		if onDevice, err = newDeviceModel(cuda, layout); err != nil {
 			return err
@@ -219,12 +219,22 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 		}
 		var sink stages.Sink = &discard{}
 		var verify *stages.VerifySink
+		var sinks multiSink
+		if c.verify && (onDevice == nil || c.out != "") {
+			verify = stages.Verify(model)
+			sinks = append(sinks, verify)
+		}
+		if c.out != "" {
+			// Written from host memory; device buckets are copied out first.
+			sinks = append(sinks, stages.WriteSafetensors(c.outDir(rank)))
+		}
 		switch {
+		case len(sinks) == 1:
+			sink = sinks[0]
+		case len(sinks) > 1:
+			sink = sinks
 		case onDevice != nil:
 			sink = onDevice
-		case c.verify:
-			verify = stages.Verify(model)
-			sink = verify
 		}
 		st, err := receiver.Sync(ctx, sink)
 		gpuMemory()
@@ -240,7 +250,7 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 			want += model.Size()
 			res.VerifyScope = "every round"
 		}
-		if onDevice != nil && c.verify && round == c.rounds {
+		if onDevice != nil && sink == stages.Sink(onDevice) && c.verify && round == c.rounds {
 			// Reading a GPU model back costs far more than receiving it,
 			// so the device path checks the final version: every tensor,
 			// byte for byte, against the last round's bytes.
@@ -259,12 +269,6 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 		}
 	}
 	return nil
-}
-
-// model is the synthetic model of a round: the same layout every round,
-// new bytes each round. Round 0 is the layout alone.
-func (c *config) model(round int) (*stages.SyntheticModel, error) {
-	return stages.Synthetic{Size: c.size, Tensors: c.tensors, DTypes: c.dtypes, Seed: c.seed + uint64(round)}.Model()
 }
 
 // discard is the sink used without --verify: it only counts bytes.

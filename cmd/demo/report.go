@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+
+	"github.com/weightcast/weightcast/dtype"
 )
 
 // ui writes progress to standard error: a live line on a terminal, one
@@ -100,6 +102,12 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 	}
 	if m, err := c.model(0); err == nil {
 		s.Bytes, s.Tensors = m.Size(), len(m.List())
+	}
+	if c.modelPath != "" {
+		s.Model = fmt.Sprintf("checkpoint %s, %d tensors", c.modelPath, s.Tensors)
+		if c.castTo != dtype.Invalid {
+			s.Model += ", cast to " + c.castTo.String()
+		}
 	}
 	var failed []string
 	for _, r := range results {

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/stages"
+)
+
+// model is what a round sends: a Source whose tensors can be listed and
+// looked up (to verify them) and whose size is known.
+type model interface {
+	stages.Source
+	stages.Lookuper
+	List() []*stages.Tensor
+	Size() int64
+}
+
+var (
+	checkpointOnce sync.Once
+	checkpoint     model
+	checkpointErr  error
+)
+
+// model is the model of a round. A synthetic model keeps its layout and
+// takes new bytes every round (seed + round), as a training step changes
+// every weight; round 0 is the layout alone. A checkpoint (--model) is the
+// same every round, opened once per process, cast to --dtype when asked.
+func (c *config) model(round int) (model, error) {
+	if c.modelPath == "" {
+		return stages.Synthetic{Size: c.size, Tensors: c.tensors, DTypes: c.dtypes, Seed: c.seed + uint64(round)}.Model()
+	}
+	checkpointOnce.Do(func() {
+		ck, err := stages.OpenCheckpoint(c.modelPath)
+		if err != nil {
+			checkpointErr = err
+			return
+		}
+		if c.castTo == dtype.Invalid {
+			checkpoint = ck
+			return
+		}
+		checkpoint, checkpointErr = newCastModel(ck, c.castTo)
+	})
+	return checkpoint, checkpointErr
+}
+
+// castModel is a checkpoint seen through stages.Cast.
+type castModel struct {
+	stages.Source
+	lookup stages.Lookuper
+	list   []*stages.Tensor
+	size   int64
+}
+
+func newCastModel(ck *stages.Checkpoint, to dtype.DType) (*castModel, error) {
+	src := stages.Cast(ck, to)
+	lk, ok := src.(stages.Lookuper)
+	if !ok {
+		return nil, fmt.Errorf("cast to %s cannot look tensors up", to)
+	}
+	m := &castModel{Source: src, lookup: lk}
+	for _, t := range ck.List() {
+		ct, ok := lk.Lookup(t.Name)
+		if !ok {
+			return nil, fmt.Errorf("cast lost tensor %q", t.Name)
+		}
+		n, err := ct.Size()
+		if err != nil {
+			return nil, err
+		}
+		m.list, m.size = append(m.list, ct), m.size+n
+	}
+	return m, nil
+}
+
+func (m *castModel) Lookup(name string) (*stages.Tensor, bool) { return m.lookup.Lookup(name) }
+func (m *castModel) List() []*stages.Tensor                    { return m.list }
+func (m *castModel) Size() int64                               { return m.size }
+
+// SourceInfo forwards the checkpoint's description, so receivers can
+// write the same files back.
+func (m *castModel) SourceInfo() *stages.SourceInfo {
+	if d, ok := m.Source.(stages.Describer); ok {
+		return d.SourceInfo()
+	}
+	return nil
+}
+
+// outDir is where rank writes what it received with --out: one directory
+// per rank, so local ranks do not write over each other.
+func (c *config) outDir(rank int) string {
+	return filepath.Join(c.out, "rank"+strconv.Itoa(rank))
+}
+
+// multiSink hands every entry to several host sinks (--out and --verify
+// together).
+type multiSink []stages.Sink
+
+func (m multiSink) Load(ctx context.Context, e *stages.Entry, data []byte) error {
+	for _, s := range m {
+		if err := s.Load(ctx, e, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m multiSink) Begin(ctx context.Context, version uint64, info *stages.SourceInfo) error {
+	for _, s := range m {
+		if b, ok := s.(stages.Beginner); ok {
+			if err := b.Begin(ctx, version, info); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (m multiSink) Commit(ctx context.Context, version uint64) error {
+	for _, s := range m {
+		if err := s.Commit(ctx, version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
