@@ -74,8 +74,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		results = []*rankResult{res}
 	case name == "inproc":
 		mode = "goroutines of one process"
-		u.say("weightcast demo: %d ranks in one process, transport inproc, %s model, %s buckets, %d rounds",
-			c.ranks, sizeText(c.size), sizeText(c.bucket), c.rounds)
+		u.say("weightcast demo: %d ranks in one process, transport inproc, %s, %s buckets, %d rounds",
+			c.ranks, c.modelText(), sizeText(c.bucket), c.rounds)
 		results = runInProcess(ctx, c, tracer, u.event)
 		if len(results) > 0 {
 			for _, r := range results {
@@ -84,8 +84,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		}
 	default:
 		mode = "local processes"
-		u.say("weightcast demo: starting %d rank processes, transport %s (%s), %s model, %s buckets, %d rounds",
-			c.ranks, name, reason, sizeText(c.size), sizeText(c.bucket), c.rounds)
+		u.say("weightcast demo: starting %d rank processes, transport %s (%s), %s, %s buckets, %d rounds",
+			c.ranks, name, reason, c.modelText(), sizeText(c.bucket), c.rounds)
 		results, err = launchLocal(ctx, c, name, tracer, u)
 		if err != nil {
 			fmt.Fprintf(stderr, "demo: %v\n", err)
@@ -171,7 +171,7 @@ func writeTrace(c *config, tracer *pipeline.Tracer, args []string, transportName
 		return fmt.Errorf("writing the trace %s: %w", path, err)
 	}
 	if c.timeline != "" {
-		title := fmt.Sprintf("weightcast: %d ranks, %s, %s model, %s buckets", c.ranks, transportName, sizeText(c.size), sizeText(c.bucket))
+		title := fmt.Sprintf("weightcast: %d ranks, %s, %s, %s buckets", c.ranks, transportName, c.modelText(), sizeText(c.bucket))
 		if err := timeline.RenderFile(path, c.timeline, timeline.Options{Title: title}); err != nil {
 			return fmt.Errorf("drawing the timeline: %w", err)
 		}

@@ -129,3 +129,19 @@ func (m multiSink) Commit(ctx context.Context, version uint64) error {
 	}
 	return nil
 }
+
+// modelText names the model for people: "1.0 GiB synthetic model" or
+// "checkpoint PATH (8.0 GiB)".
+func (c *config) modelText() string {
+	if c.modelPath == "" {
+		return sizeText(c.size) + " synthetic model"
+	}
+	text := "checkpoint " + c.modelPath
+	if m, err := c.model(0); err == nil {
+		text += " (" + sizeText(m.Size()) + ")"
+	}
+	if c.castTo != dtype.Invalid {
+		text += " cast to " + c.castTo.String()
+	}
+	return text
+}
