@@ -22,4 +22,19 @@
 // functions (Iterate, Pack, Publish, Broadcast, Subscribe, Receive, Unpack,
 // Load) compose custom pipelines, such as one that drops frozen tensors
 // between iterate and pack.
+//
+// Sources: Tensors (a list), Synthetic (a deterministic transformer-shaped
+// model generated on demand), OpenCheckpoint (safetensors files, streamed
+// from disk straight into buckets), and Cast, which converts floating
+// tensors to the rollout dtype as pack reads them. Sinks: HostModel and
+// DeviceModel (updated in place round after round), ChecksumSink, Verify,
+// Callback, and WriteSafetensors (the received model written back as the
+// source's files).
+//
+// On GPUs the same stages run on device memory: a Pool of device buffers
+// makes Pack copy into device buckets (device tensors device to device,
+// host tensors through pinned staging, small copies batched), each bucket
+// carries an event that orders its copies before the broadcast, receivers
+// get device views, and a bucket is released only after the copies out of
+// it have finished. See gpu_pack.go and gpu_sink.go.
 package stages
