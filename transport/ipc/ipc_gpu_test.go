@@ -172,12 +172,12 @@ func TestIPCProcesses(t *testing.T) {
 	dir := t.TempDir()
 	group := fmt.Sprintf("ipc-proc-%d", os.Getpid())
 	const world = 4
-	kids := make([]*child, world)
+	kids := make([]*transporttest.Child, world)
 	for r := 1; r < world; r++ {
 		kids[r] = startChild(t, r, childConfig{Mode: "stages", Dir: dir, Group: group, Rank: r, World: world, Bucket: procBucket})
 	}
 	d := openDevice(t, 0)
-	x := fileExchange{dir: dir, rank: 0}
+	x := fileExchange{Dir: dir, Rank: 0}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	free0 := memBarrier(t, ctx, x, d, "setup", world)
@@ -216,7 +216,7 @@ func TestIPCProcesses(t *testing.T) {
 	if err := x.Put(ctx, "mem", mustJSON(memReport{Device: 0, Used: int64(free0) - int64(free1)})); err != nil {
 		t.Fatal(err)
 	}
-	if err := x.barrier(ctx, "measured", world); err != nil {
+	if err := x.Barrier(ctx, "measured", world); err != nil {
 		t.Fatal(err)
 	}
 	// On each GPU, what the ranks there allocated beyond their two
@@ -245,7 +245,7 @@ func TestIPCProcesses(t *testing.T) {
 		}
 	}
 	for r := 1; r < world; r++ {
-		kids[r].wait(t, time.Minute)
+		kids[r].Wait(t, time.Minute)
 	}
 }
 
@@ -253,14 +253,14 @@ func TestIPCProcesses(t *testing.T) {
 // memory, and waits until every rank has read it.
 func memBarrier(t *testing.T, ctx context.Context, x fileExchange, d *gpu.CUDADevice, name string, world int) uint64 {
 	t.Helper()
-	if err := x.barrier(ctx, name+".contexts", world); err != nil {
+	if err := x.Barrier(ctx, name+".contexts", world); err != nil {
 		t.Fatal(err)
 	}
 	free, _, err := d.MemInfo()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := x.barrier(ctx, name+".measured", world); err != nil {
+	if err := x.Barrier(ctx, name+".measured", world); err != nil {
 		t.Fatal(err)
 	}
 	return free
@@ -279,7 +279,7 @@ func TestIPCReceiverKilled(t *testing.T) {
 	dir := t.TempDir()
 	group := fmt.Sprintf("ipc-kill-%d", os.Getpid())
 	const world, size = 3, 1 << 20
-	kids := make([]*child, world)
+	kids := make([]*transporttest.Child, world)
 	for r := 1; r < world; r++ {
 		kids[r] = startChild(t, r, childConfig{Mode: "raw", Dir: dir, Group: group, Rank: r, World: world, Count: -1, Size: size, Fill: [2]byte{0xA1, 0xB2}})
 	}
@@ -287,7 +287,7 @@ func TestIPCReceiverKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const bound = 10 * time.Second
-	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: fileExchange{dir: dir}, Timeout: bound})
+	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: fileExchange{Dir: dir}, Timeout: bound})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestIPCReceiverKilled(t *testing.T) {
 	if err := ep.Broadcast(ctx, 0, bufs[0], size); err != nil {
 		t.Fatal(err)
 	}
-	kids[1].kill()
+	kids[1].Kill()
 	start := time.Now()
 	err = ep.Broadcast(ctx, 1, bufs[1], size)
 	took := time.Since(start)
@@ -316,7 +316,7 @@ func TestIPCReceiverKilled(t *testing.T) {
 	}
 	t.Logf("root failed in %v: %v", took.Round(time.Microsecond), err)
 	ep.Close()
-	kids[2].kill()
+	kids[2].Kill()
 }
 
 // TestIPCCrossGPU sends buckets from the root on cuda:0 to a receiver
@@ -334,7 +334,7 @@ func TestIPCCrossGPU(t *testing.T) {
 	d := openDevice(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: 2, Device: d, Exchange: fileExchange{dir: dir}, Timeout: 30 * time.Second})
+	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: 2, Device: d, Exchange: fileExchange{Dir: dir}, Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +357,7 @@ func TestIPCCrossGPU(t *testing.T) {
 	}
 	el := time.Since(start)
 	t.Logf("ipc cuda:0 → cuda:1, %d MiB buckets: %.1f GB/s", size>>20, float64(count-2)*size/el.Seconds()/1e9)
-	kid.wait(t, time.Minute)
+	kid.Wait(t, time.Minute)
 }
 
 // TestIPCThroughput moves 256 MiB buckets from the root to 3 receiver
@@ -369,14 +369,14 @@ func TestIPCThroughput(t *testing.T) {
 	dir := t.TempDir()
 	group := fmt.Sprintf("ipc-bw-%d", os.Getpid())
 	const world, size, warm, timed = 4, 256 << 20, 4, 32
-	kids := make([]*child, world)
+	kids := make([]*transporttest.Child, world)
 	for r := 1; r < world; r++ {
 		kids[r] = startChild(t, r, childConfig{Mode: "raw", Dir: dir, Group: group, Rank: r, World: world, Count: warm + timed, Size: size, Fill: [2]byte{0x11, 0x22}})
 	}
 	d := openDevice(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: fileExchange{dir: dir}, Timeout: 30 * time.Second})
+	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: fileExchange{Dir: dir}, Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +402,7 @@ func TestIPCThroughput(t *testing.T) {
 	t.Logf("ipc 1 root → %d receivers on one GPU, %d MiB buckets: %.1f GB/s per receiver, %.1f GB/s in all (%d buckets in %v, %.0f µs per bucket)",
 		world-1, size>>20, per, per*float64(world-1), timed, el.Round(time.Microsecond), float64(el.Microseconds())/timed)
 	for r := 1; r < world; r++ {
-		kids[r].wait(t, time.Minute)
+		kids[r].Wait(t, time.Minute)
 	}
 }
 
@@ -438,15 +438,15 @@ func childStages(cfg childConfig) (err error) {
 		return err
 	}
 	defer d.Close()
-	x := fileExchange{dir: cfg.Dir, rank: cfg.Rank}
-	if err := x.barrier(ctx, "setup.contexts", cfg.World); err != nil {
+	x := fileExchange{Dir: cfg.Dir, Rank: cfg.Rank}
+	if err := x.Barrier(ctx, "setup.contexts", cfg.World); err != nil {
 		return err
 	}
 	free0, _, err := d.MemInfo()
 	if err != nil {
 		return err
 	}
-	if err := x.barrier(ctx, "setup.measured", cfg.World); err != nil {
+	if err := x.Barrier(ctx, "setup.measured", cfg.World); err != nil {
 		return err
 	}
 	tc := transport.Config{Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.World, Device: d, Exchange: x, Timeout: 30 * time.Second}
@@ -496,7 +496,7 @@ func childStages(cfg childConfig) (err error) {
 	if err := x.Put(ctx, "mem", mustJSON(memReport{Device: cfg.Device, Used: int64(free0) - int64(free1), ModelBytes: dm.Bytes()})); err != nil {
 		return err
 	}
-	return x.barrier(ctx, "measured", cfg.World)
+	return x.Barrier(ctx, "measured", cfg.World)
 }
 
 func childRaw(cfg childConfig) error {
@@ -507,7 +507,7 @@ func childRaw(cfg childConfig) error {
 		return err
 	}
 	defer d.Close()
-	tc := transport.Config{Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.World, Device: d, Exchange: fileExchange{dir: cfg.Dir, rank: cfg.Rank}, Timeout: time.Minute}
+	tc := transport.Config{Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.World, Device: d, Exchange: fileExchange{Dir: cfg.Dir, Rank: cfg.Rank}, Timeout: time.Minute}
 	ep, err := Open(ctx, tc)
 	if err != nil {
 		return err

@@ -82,7 +82,7 @@ const (
 var stagesModel = stages.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21}
 
 func config(group string, rank int, d *gpu.CUDADevice, dir string, timeout time.Duration) transport.Config {
-	return transport.Config{Group: group, Rank: rank, WorldSize: 2, Device: d, Exchange: fileExchange{dir: dir, rank: rank}, Timeout: timeout}
+	return transport.Config{Group: group, Rank: rank, WorldSize: 2, Device: d, Exchange: fileExchange{Dir: dir, Rank: rank}, Timeout: timeout}
 }
 
 // TestNCCLProcesses runs the pipeline over NCCL between two processes: a
@@ -140,7 +140,7 @@ func TestNCCLProcesses(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("closed the endpoint in %v", time.Since(start).Round(time.Millisecond))
-	kid.wait(t, time.Minute)
+	kid.Wait(t, time.Minute)
 }
 
 // TestNCCLThroughput broadcasts 16 GiB (16 buckets of 1 GiB) from cuda:0
@@ -224,7 +224,7 @@ func TestNCCLThroughput(t *testing.T) {
 	if err := ep.Close(); err != nil {
 		t.Error(err)
 	}
-	kid.wait(t, 2*time.Minute)
+	kid.Wait(t, 2*time.Minute)
 }
 
 // timePasses runs bcast for bwBuckets buckets, bwReps times, and returns
@@ -315,7 +315,7 @@ func TestNCCLReceiverKilled(t *testing.T) {
 	if err := ep.Broadcast(ctx, 0, buf, size); err != nil {
 		t.Fatal(err)
 	}
-	kid.kill()
+	kid.Kill()
 	start := time.Now()
 	err = ep.Broadcast(ctx, 1, buf, size)
 	took := time.Since(start)
