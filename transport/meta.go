@@ -47,9 +47,9 @@ type Subscriber interface {
 }
 
 // Aborter is implemented by Publishers that can tell every receiver why
-// the root gave up a round, so that receivers fail with the root's reason
-// rather than with "the root went away". The Sender calls it when a round
-// fails.
+// the root gave up a round, and by Subscribers that can tell the root why a
+// receiver gave up, so that the other side fails with the real reason rather
+// than with "peer gone". Sender and Receiver call it when a round fails.
 type Aborter interface {
 	Abort(err error)
 }

@@ -61,3 +61,40 @@ func TestAbortCarriesTheReason(t *testing.T) {
 		t.Error("Publish after Abort succeeded")
 	}
 }
+
+// TestSubscriberAbortReachesTheRoot: a receiver whose round failed tells the
+// root why, and the root fails naming that reason.
+func TestSubscriberAbortReachesTheRoot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfgs := transporttest.Configs(t.Name(), 2, 10*time.Second)
+	subc := make(chan transport.Subscriber, 1)
+	go func() {
+		s, err := OpenSubscriber(ctx, cfgs[1])
+		if err != nil {
+			t.Error(err)
+		}
+		subc <- s
+	}()
+	pub, err := OpenPublisher(ctx, cfgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(ctx, 0, []byte("bucket 0")); err != nil {
+		t.Fatal(err)
+	}
+	sub := <-subc
+	if sub == nil {
+		t.FailNow()
+	}
+	defer sub.Close()
+	if _, err := sub.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub.(transport.Aborter).Abort(errors.New("tcp broadcast: rank 2 is gone"))
+	err = pub.Sync(ctx)
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "rank 2 is gone") || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("root's Sync after a receiver aborted: %v; want ErrAborted naming rank 1 and its reason", err)
+	}
+}

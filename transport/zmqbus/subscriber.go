@@ -176,6 +176,20 @@ func (s *subscriber) failLocked(err error) {
 	s.broadcastLocked()
 }
 
+// Abort ends the bus because this receiver's round failed with err, and
+// tells the root why (ERROR code ABORTED with err's text), so the root fails
+// naming the real cause rather than just this rank's departure. Close is
+// still needed.
+func (s *subscriber) Abort(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return
+	}
+	s.failLocked(fmt.Errorf("%w: %v", ErrAborted, err))
+	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeError, codeAborted, s.expect), errorText(err.Error())))
+}
+
 // violationLocked fails the bus and tells the root why.
 func (s *subscriber) violationLocked(err error) {
 	s.failLocked(err)

@@ -40,9 +40,9 @@ var (
 	ErrProtocol = errors.New("protocol violation")
 	// ErrTooLarge is wrapped by errors from a message over a size limit.
 	ErrTooLarge = errors.New("message too large")
-	// ErrAborted is wrapped by errors from a bus the root aborted because
-	// its round failed; the error carries the root's reason.
-	ErrAborted = errors.New("the root aborted the round")
+	// ErrAborted is wrapped by errors from a bus that the other side
+	// aborted because its round failed; the error carries its reason.
+	ErrAborted = errors.New("round aborted")
 
 	errPeerGone = transport.ErrPeerGone
 	errTimeout  = transport.ErrTimeout
