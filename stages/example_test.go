@@ -71,8 +71,11 @@ func Example_customPipeline() {
 					names = append(names, t.Name)
 					return nil
 				}, nil)
-				stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool}).Sync(ctx, sink)
-				fmt.Println("received", len(names), "tensors; embeddings among them:", strings.Contains(strings.Join(names, " "), "embed_tokens"))
+				receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool})
+				if _, err := receiver.Sync(ctx, sink); err != nil {
+					fmt.Println("rank", rank, "failed:", err)
+				}
+				fmt.Println("received", len(names), "tensors; embeddings among them:", strings.Contains(strings.Join(names, " "), "embed_tokens"), "; committed version", receiver.Committed())
 				return
 			}
 			pub, _ := inproc.OpenPublisher(ctx, cfg)
@@ -85,17 +88,24 @@ func Example_customPipeline() {
 				return !strings.Contains(t.Name, "embed_tokens")
 			})
 			buckets := stages.Pack(p, trainable, stages.PackConfig{Pool: pool, Version: 1, Checksum: true})
-			stages.Broadcast(p, stages.Publish(p, buckets, pub), ep, nil)
-			if err := p.Run(ctx); err != nil {
+			var next uint64 // the sequence number after the last bucket
+			stages.Broadcast(p, stages.Publish(p, buckets, pub), ep, func(m *stages.BucketMeta) { next = m.Seq + 1 })
+			err := p.Run(ctx)
+			if err == nil {
+				err = pub.Sync(ctx) // every receiver has every bucket
+			}
+			if err == nil {
+				err = stages.AnnounceCommit(ctx, pub, next, 1) // so version 1 is the group's
+			}
+			if err != nil {
 				fmt.Println("sync failed:", err)
 			}
-			pub.Sync(ctx)
 			fmt.Print(p.Graph().Mermaid())
 		})
 	}
 	wg.Wait()
 	// Unordered output:
-	// received 12 tensors; embeddings among them: false
+	// received 12 tensors; embeddings among them: false ; committed version 1
 	// flowchart LR
 	//     %% custom sender
 	//     iterate([iterate])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/weightcast/weightcast/checksum"
@@ -24,6 +25,9 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			msg, err := sub.Recv(ctx)
 			if err != nil {
 				return err
+			}
+			if isCommit(msg.Data) {
+				return fmt.Errorf("message %d is a commit message (%s) where the metadata of bucket %d was expected: the root and this rank disagree on where the round ends", msg.Seq, quote(msg.Data), want)
 			}
 			meta, err := DecodeMeta(msg.Data)
 			if err != nil {
@@ -195,7 +199,10 @@ type Sink interface {
 	// during the call.
 	Load(ctx context.Context, e *Entry, data []byte) error
 	// Commit is called once the last bucket of a round has been loaded,
-	// with the round's model version.
+	// with the round's model version, before this rank acknowledges that
+	// bucket: an error fails the round on every rank. The version is not
+	// committed yet (other receivers may still fail); Committer's
+	// Committed says when it is.
 	Commit(ctx context.Context, version uint64) error
 }
 
@@ -273,27 +280,47 @@ type ReceiverConfig struct {
 
 // Receiver is one receiving rank of a sync group. Like Sender, a failed
 // round leaves it broken.
+//
+// A round's version is committed only when the root says every receiver
+// has every bucket of it (see AwaitCommit). Committed, WaitCommitted and
+// State tell a serving goroutine where the receiver stands; they may be
+// called while Sync runs.
 type Receiver struct {
-	cfg    ReceiverConfig
-	seq    uint64
-	broken error
+	cfg ReceiverConfig
+	seq uint64 // the next message's sequence number
+
+	mu        sync.Mutex
+	committed uint64
+	state     SinkState
+	broken    error
+	changed   chan struct{} // closed and replaced on every commit, and when the receiver breaks
 }
 
 // NewReceiver returns a Receiver; it starts nothing.
-func NewReceiver(cfg ReceiverConfig) *Receiver { return &Receiver{cfg: cfg} }
+func NewReceiver(cfg ReceiverConfig) *Receiver {
+	return &Receiver{cfg: cfg, changed: make(chan struct{})}
+}
 
 // Sync receives one round into sink and returns its stats; the round's
-// model version is stats.Version.
+// model version is stats.Version. It returns nil once the root has
+// committed the version on every receiver; then sink's Committed (when it
+// is a Committer) has been called, and Committed returns the version.
+//
+// On an error the version is not committed here, and State says whether
+// sink still holds the last committed version intact.
 func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
-	if r.broken != nil {
-		return RoundStats{}, fmt.Errorf("receiver %w: %w", ErrBroken, r.broken)
+	r.mu.Lock()
+	broken := r.broken
+	r.mu.Unlock()
+	if broken != nil {
+		return RoundStats{}, fmt.Errorf("receiver %w: %w", ErrBroken, broken)
 	}
 	start := time.Now()
 	var version uint64
 	vs := &versionSink{Sink: sink, version: &version}
 	p := r.pipeline(vs)
 	err := p.Run(ctx)
-	stats := RoundStats{Version: version, Duration: time.Since(start), Stages: p.Metrics(), Graph: p.Graph()}
+	stats := RoundStats{Version: version, Stages: p.Metrics(), Graph: p.Graph()}
 	for _, m := range stats.Stages {
 		switch m.Stage {
 		case "subscribe":
@@ -303,11 +330,94 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 		}
 	}
 	stats.Tensors = vs.tensors
-	r.seq += uint64(stats.Buckets)
+	if err == nil {
+		err = r.commit(ctx, sink, r.seq+uint64(stats.Buckets), version)
+	}
+	stats.Duration = time.Since(start)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if err != nil {
 		r.broken = err
+		r.state = StateIntact
+		if staged, ok := sink.(Stager); (!ok || !staged.Staged()) && vs.tensors > 0 {
+			// Loaded in place: the sink holds some of an uncommitted
+			// version.
+			r.state = StatePartial
+		}
+		r.wakeLocked()
+		return stats, err
 	}
-	return stats, err
+	r.seq += uint64(stats.Buckets) + 1 // the buckets and the commit message
+	r.committed, r.state = version, StateIntact
+	r.wakeLocked()
+	return stats, nil
+}
+
+// commit waits for the root's commit message of version (message seq),
+// then tells sink.
+func (r *Receiver) commit(ctx context.Context, sink Sink, seq, version uint64) error {
+	r.mu.Lock()
+	last := r.committed
+	r.mu.Unlock()
+	if version <= last {
+		return fmt.Errorf("rank %d: the root sent version %d, which is not above the version committed before, %d", r.cfg.Rank, version, last)
+	}
+	if err := AwaitCommit(ctx, r.cfg.Subscriber, seq, version); err != nil {
+		return fmt.Errorf("rank %d: %w", r.cfg.Rank, err)
+	}
+	if c, ok := sink.(Committer); ok {
+		if err := c.Committed(ctx, version); err != nil {
+			return fmt.Errorf("rank %d: version %d is committed on the group, but this rank's sink could not switch to it: %w", r.cfg.Rank, version, err)
+		}
+	}
+	return nil
+}
+
+func (r *Receiver) wakeLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Committed returns the last version committed on every receiver that
+// this receiver has loaded into its sink, or 0 before the first.
+func (r *Receiver) Committed() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.committed
+}
+
+// State says what the sink of the last round holds: StateIntact while
+// rounds succeed, and after a failed round whether the sink still holds
+// the version Committed returns.
+func (r *Receiver) State() SinkState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state
+}
+
+// WaitCommitted blocks until version v or a later one is committed and
+// returns the committed version; WaitCommitted(ctx, r.Committed()+1)
+// waits for the next one. It returns early with ctx's cause when ctx
+// ends, and with an error wrapping ErrBroken and the round's failure when
+// a round fails before v is committed (the receiver will commit nothing
+// more: resync into a new one).
+func (r *Receiver) WaitCommitted(ctx context.Context, v uint64) (uint64, error) {
+	for {
+		r.mu.Lock()
+		committed, broken, changed := r.committed, r.broken, r.changed
+		r.mu.Unlock()
+		switch {
+		case committed >= v:
+			return committed, nil
+		case broken != nil:
+			return committed, fmt.Errorf("rank %d: waiting for version %d: receiver %w at version %d: %w", r.cfg.Rank, v, ErrBroken, committed, broken)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return committed, fmt.Errorf("rank %d: waiting for version %d (committed: %d): %w", r.cfg.Rank, v, committed, context.Cause(ctx))
+		}
+	}
 }
 
 // pipeline builds one round's pipeline:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/weightcast/weightcast/pipeline"
@@ -90,19 +91,26 @@ type SenderConfig struct {
 // round. A failed round leaves it broken: every later Sync returns the
 // first failure, since the receivers' view of the stream is unknown.
 type Sender struct {
-	cfg    SenderConfig
-	seq    uint64
-	broken error
+	cfg       SenderConfig
+	seq       uint64 // the next message's sequence number
+	committed atomic.Uint64
+	broken    error
 }
 
 // NewSender returns a Sender; it starts nothing.
 func NewSender(cfg SenderConfig) *Sender { return &Sender{cfg: cfg} }
 
-// Sync sends one round: every tensor of src, as model version version. It
-// returns once every receiver has acknowledged every bucket.
+// Sync sends one round: every tensor of src, as model version version,
+// which must be above the last committed version (versions increase; 0 is
+// never a version). Once every receiver has acknowledged every bucket, it
+// announces the version committed (AnnounceCommit) and returns when every
+// receiver has acknowledged that too.
 func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundStats, error) {
 	if s.broken != nil {
 		return RoundStats{}, fmt.Errorf("sender %w: %w", ErrBroken, s.broken)
+	}
+	if c := s.committed.Load(); version <= c {
+		return RoundStats{}, fmt.Errorf("model version %d is not above the last committed version %d: give every round a higher version", version, c)
 	}
 	start := time.Now()
 	p := s.pipeline(src, version)
@@ -110,6 +118,11 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	err := p.Run(ctx)
 	if err == nil {
 		err = s.cfg.Publisher.Sync(ctx)
+	}
+	buckets := packed(p.Metrics())
+	if err == nil {
+		// Every receiver has every bucket: the version is the group's.
+		err = AnnounceCommit(ctx, s.cfg.Publisher, s.seq+uint64(buckets), version)
 	}
 	stats.Version, stats.Duration, stats.Stages, stats.Graph = version, time.Since(start), p.Metrics(), p.Graph()
 	for _, m := range stats.Stages {
@@ -120,7 +133,6 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 			stats.Bytes = m.Bytes
 		}
 	}
-	s.seq += uint64(stats.Buckets)
 	if err != nil {
 		s.broken = err
 		if a, ok := s.cfg.Publisher.(transport.Aborter); ok {
@@ -128,7 +140,23 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		}
 		return stats, err
 	}
+	s.seq += uint64(buckets) + 1 // the buckets and the commit message
+	s.committed.Store(version)
 	return stats, nil
+}
+
+// Committed returns the last version this Sender committed on every
+// receiver, or 0 before the first. It may be called while Sync runs.
+func (s *Sender) Committed() uint64 { return s.committed.Load() }
+
+// packed counts the buckets the pack stage sent on.
+func packed(ms []pipeline.Metrics) int {
+	for _, m := range ms {
+		if m.Stage == "pack" {
+			return int(m.ItemsOut)
+		}
+	}
+	return 0
 }
 
 // pipeline builds one round's pipeline:

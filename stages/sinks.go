@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -23,23 +24,78 @@ type HostTensor struct {
 // bytes. Tensors are allocated in the first round that carries them and
 // updated in place in later rounds, so a steady sync allocates nothing; a
 // tensor whose dtype or shape changes is reallocated.
+//
+// Made WithShadow, it keeps two copies: Get serves the committed version
+// while a round loads into the other copy, and the copies swap when the
+// group commits the round (Committed). A failed round leaves the committed
+// version servable and unchanged. A tensor that a round does not carry
+// keeps its committed bytes.
 type HostModel struct {
 	mu      sync.RWMutex
-	tensors map[string]*HostTensor
-	version uint64
+	tensors map[string]*HostTensor // what Get serves
+	version uint64                 // the version Get serves
 	allocs  int
+
+	// With a shadow: the copy rounds load into, the tensors this round
+	// loaded, and the version fully loaded into it. Only the receiver's
+	// goroutines touch them, one after another (Begin, Load, Commit,
+	// Committed), never Get.
+	shadow  bool
+	spare   map[string]*HostTensor
+	loaded  map[string]bool
+	pending uint64
+}
+
+// HostModelOption adjusts NewHostModel.
+type HostModelOption func(*HostModel)
+
+// WithShadow makes a HostModel stage each round into a second copy and
+// switch to it only when the round is committed on every receiver, at the
+// cost of holding the model twice. It needs a Receiver (or a caller of
+// Committed) to switch: with a pipeline's Load stage alone nothing would
+// ever become visible.
+func WithShadow() HostModelOption {
+	return func(h *HostModel) {
+		h.shadow = true
+		h.spare, h.loaded = map[string]*HostTensor{}, map[string]bool{}
+	}
 }
 
 // NewHostModel returns an empty HostModel.
-func NewHostModel() *HostModel { return &HostModel{tensors: map[string]*HostTensor{}} }
+func NewHostModel(opts ...HostModelOption) *HostModel {
+	h := &HostModel{tensors: map[string]*HostTensor{}}
+	for _, o := range opts {
+		if o != nil {
+			o(h)
+		}
+	}
+	return h
+}
 
-// Load copies the entry's bytes into the tensor's place.
+// Staged reports whether the model was made WithShadow.
+func (h *HostModel) Staged() bool { return h.shadow }
+
+// Begin starts a round: with a shadow, it forgets what an unfinished
+// round loaded.
+func (h *HostModel) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+	if h.shadow {
+		clear(h.loaded)
+		h.pending = 0
+	}
+	return nil
+}
+
+// Load copies the entry's bytes into the tensor's place: the served
+// tensor, or with a shadow its copy in the spare model.
 func (h *HostModel) Load(ctx context.Context, e *Entry, data []byte) error {
+	if h.shadow {
+		return h.loadShadow(e, data)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t := h.tensors[e.Name]
-	if t == nil || t.DType != e.DType || !slices.Equal(t.Shape, e.Shape) {
-		t = &HostTensor{DType: e.DType, Shape: slices.Clone(e.Shape), Data: make([]byte, e.Total)}
+	if !fits(t, e) {
+		t = newHostTensor(e)
 		h.tensors[e.Name] = t
 		h.allocs++
 	}
@@ -47,16 +103,90 @@ func (h *HostModel) Load(ctx context.Context, e *Entry, data []byte) error {
 	return nil
 }
 
-// Commit records the version.
+func (h *HostModel) loadShadow(e *Entry, data []byte) error {
+	t := h.spare[e.Name]
+	if !h.loaded[e.Name] && (!fits(t, e) || h.serves(e.Name, t)) {
+		// A new tensor, a changed one, or one the spare shares with
+		// the served model (a tensor an earlier round did not carry).
+		t = newHostTensor(e)
+		h.spare[e.Name] = t
+		h.mu.Lock()
+		h.allocs++
+		h.mu.Unlock()
+	}
+	h.loaded[e.Name] = true
+	if !fits(t, e) {
+		return fmt.Errorf("tensor %q arrived as %s%v after a chunk as %s%v", e.Name, e.DType, e.Shape, t.DType, t.Shape)
+	}
+	copy(t.Data[e.Chunk:], data)
+	return nil
+}
+
+// serves reports whether t is the tensor Get serves as name.
+func (h *HostModel) serves(name string, t *HostTensor) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return t != nil && h.tensors[name] == t
+}
+
+func fits(t *HostTensor, e *Entry) bool {
+	return t != nil && t.DType == e.DType && slices.Equal(t.Shape, e.Shape)
+}
+
+func newHostTensor(e *Entry) *HostTensor {
+	return &HostTensor{DType: e.DType, Shape: slices.Clone(e.Shape), Data: make([]byte, e.Total)}
+}
+
+// Commit records the version: the one Get serves, or with a shadow the
+// one the spare copy holds until Committed.
 func (h *HostModel) Commit(ctx context.Context, version uint64) error {
+	if h.shadow {
+		h.pending = version
+		return nil
+	}
 	h.mu.Lock()
 	h.version = version
 	h.mu.Unlock()
 	return nil
 }
 
-// Get returns the tensor called name. Its Data must not be modified and
-// changes under a running sync.
+// Committed switches a shadowed model to the copy holding version, which
+// the group has committed: from then on Get serves it. The tensors it
+// served before become the spare copy, which the round after next
+// overwrites. Without a shadow it does nothing.
+func (h *HostModel) Committed(ctx context.Context, version uint64) error {
+	if !h.shadow {
+		return nil
+	}
+	if h.pending != version {
+		return fmt.Errorf("version %d was committed, but the shadow copy holds version %d (a round loaded without Begin and Commit?)", version, h.pending)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// Tensors the round did not carry keep their committed bytes: the
+	// new model shares them with the old one until a round loads them.
+	// What a failed round left in the spare copy goes.
+	for name := range h.spare {
+		if _, ok := h.tensors[name]; !ok && !h.loaded[name] {
+			delete(h.spare, name)
+		}
+	}
+	for name, t := range h.tensors {
+		if !h.loaded[name] {
+			h.spare[name] = t
+		}
+	}
+	h.tensors, h.spare = h.spare, h.tensors
+	h.version = version
+	clear(h.loaded)
+	h.pending = 0
+	return nil
+}
+
+// Get returns the tensor called name. Its Data must not be modified.
+// Without a shadow it changes under a running sync. With a shadow it
+// holds the committed version's bytes, unchanged until the round after
+// the next commit loads into it: call Get again after each commit.
 func (h *HostModel) Get(name string) (*HostTensor, bool) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -64,7 +194,16 @@ func (h *HostModel) Get(name string) (*HostTensor, bool) {
 	return t, ok
 }
 
-// Names lists the tensors held, sorted.
+// Snapshot returns the version Get serves and its tensors, taken at one
+// instant, so that a reader sees one version even across a commit. The map
+// is the caller's; the tensors are shared, under the rules of Get.
+func (h *HostModel) Snapshot() (uint64, map[string]*HostTensor) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.version, maps.Clone(h.tensors)
+}
+
+// Names lists the tensors Get serves, sorted.
 func (h *HostModel) Names() []string {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -76,7 +215,8 @@ func (h *HostModel) Names() []string {
 	return out
 }
 
-// Version is the last committed model version.
+// Version is the model version Get serves: without a shadow the last
+// round loaded completely, with one the last round committed.
 func (h *HostModel) Version() uint64 {
 	h.mu.RLock()
 	defer h.mu.RUnlock()

@@ -1,0 +1,159 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/weightcast/weightcast/transport"
+)
+
+// A round is all or nothing. A receiver loads a round's buckets as they
+// come and acknowledges each once its sink has it, but the version counts
+// as committed only after the root has every receiver's acknowledgement of
+// every bucket and has said so: the commit message, one more message on the
+// metadata bus after the round's last bucket (docs/protocol.md, "Commit
+// message"). It takes the next sequence number, so the next round's first
+// bucket comes one sequence number later.
+
+// MaxCommitSize is the largest commit message a receiver decodes.
+const MaxCommitSize = 4 << 10
+
+// commitMessage is the wire form of the commit message.
+type commitMessage struct {
+	Commit *uint64 `json:"commit"`
+}
+
+// EncodeCommit returns the commit message announcing that version is
+// committed on every receiver: {"commit":version}.
+func EncodeCommit(version uint64) []byte {
+	return []byte(`{"commit":` + strconv.FormatUint(version, 10) + `}`)
+}
+
+// DecodeCommit parses a commit message and returns its version. It rejects
+// anything else: bucket metadata, unknown fields, trailing data, a message
+// over MaxCommitSize.
+func DecodeCommit(b []byte) (uint64, error) {
+	if len(b) > MaxCommitSize {
+		return 0, fmt.Errorf("a commit message of %d bytes exceeds the %d-byte limit", len(b), MaxCommitSize)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var m commitMessage
+	if err := dec.Decode(&m); err != nil {
+		return 0, fmt.Errorf("not a commit message (%s): %w", quote(b), err)
+	}
+	if dec.More() {
+		return 0, fmt.Errorf("not a commit message (%s): data after the object", quote(b))
+	}
+	if m.Commit == nil {
+		return 0, fmt.Errorf("not a commit message (%s): no \"commit\" field", quote(b))
+	}
+	return *m.Commit, nil
+}
+
+// isCommit reports whether msg looks like a commit message rather than
+// bucket metadata (for a clear error when one arrives out of place).
+func isCommit(msg []byte) bool {
+	if len(msg) > 64 || !bytes.Contains(msg, []byte(`"commit"`)) {
+		return false
+	}
+	_, err := DecodeCommit(msg)
+	return err == nil
+}
+
+// quote shows the start of a message in an error.
+func quote(b []byte) string {
+	if len(b) > 80 {
+		return strconv.Quote(string(b[:80])) + "..."
+	}
+	return strconv.Quote(string(b))
+}
+
+// AnnounceCommit is the root's commit: it publishes the commit message of
+// version as message seq through pub, then waits until every receiver has
+// acknowledged it. Call it once the round's last bucket has been published
+// and pub.Sync has returned, that is once every receiver has acknowledged
+// every bucket of the round; seq is the sequence number after the round's
+// last bucket. Sender.Sync does this; a pipeline composed by hand calls it
+// itself.
+func AnnounceCommit(ctx context.Context, pub transport.Publisher, seq, version uint64) error {
+	if err := pub.Publish(ctx, seq, EncodeCommit(version)); err != nil {
+		return fmt.Errorf("announcing the commit of version %d: %w", version, err)
+	}
+	if err := pub.Sync(ctx); err != nil {
+		return fmt.Errorf("version %d was announced committed, but not every receiver acknowledged the announcement: %w", version, err)
+	}
+	return nil
+}
+
+// AwaitCommit is a receiver's side of the commit: it receives the next
+// message from sub, which must be message seq and the commit message of
+// version, and acknowledges it. Call it after the round's last bucket was
+// loaded and acknowledged; when it returns nil, version is committed on
+// every receiver. Receiver.Sync does this.
+func AwaitCommit(ctx context.Context, sub transport.Subscriber, seq, version uint64) error {
+	msg, err := sub.Recv(ctx)
+	if err != nil {
+		return fmt.Errorf("waiting for the root to commit version %d: %w", version, err)
+	}
+	if msg.Seq != seq {
+		return fmt.Errorf("expected the commit message of version %d as message %d, got message %d", version, seq, msg.Seq)
+	}
+	v, err := DecodeCommit(msg.Data)
+	switch {
+	case err != nil:
+		return fmt.Errorf("expected the commit message of version %d after its last bucket (message %d): %w; every rank must run the same protocol", version, seq, err)
+	case v != version:
+		return fmt.Errorf("the root committed version %d, but this rank received version %d", v, version)
+	}
+	if err := sub.Ack(ctx, seq); err != nil {
+		return fmt.Errorf("acknowledging the commit of version %d: %w", version, err)
+	}
+	return nil
+}
+
+// Committer is implemented by Sinks that act when the whole group has a
+// version. Commit tells a sink that this rank has loaded every bucket of a
+// round; Committed, which comes after, that every receiver has, so the
+// version is the group's. A shadowed HostModel switches to the new copy
+// here. An error means the sink could not take the committed version: the
+// receiver's round fails, and its state is StatePartial unless the sink is
+// a Stager.
+type Committer interface {
+	Committed(ctx context.Context, version uint64) error
+}
+
+// Stager is implemented by Sinks that may load a round into a copy of
+// their own and switch to it only in Committed, so that a failed round
+// leaves the committed version in place. Staged reports whether this sink
+// does (a HostModel does when made WithShadow).
+type Stager interface {
+	Staged() bool
+}
+
+// SinkState says what a receiver's sink holds after a round.
+type SinkState int
+
+const (
+	// StateIntact: the sink holds the last committed version unchanged
+	// (the round succeeded, failed before loading anything into the
+	// sink, or the sink stages rounds apart).
+	StateIntact SinkState = iota
+	// StatePartial: a round that did not commit loaded some or all of
+	// its bytes into the sink in place. It holds neither the committed
+	// version nor, for sure, the new one: resync it with a new round.
+	StatePartial
+)
+
+func (s SinkState) String() string {
+	switch s {
+	case StateIntact:
+		return "intact"
+	case StatePartial:
+		return "partial (resync needed)"
+	}
+	return "SinkState(" + strconv.Itoa(int(s)) + ")"
+}
