@@ -31,6 +31,16 @@
 // Callback, and WriteSafetensors (the received model written back as the
 // source's files).
 //
+// Rounds are all or nothing. Every round carries a model version; once
+// every receiver has acknowledged every bucket, Sender.Sync announces the
+// version committed with one more message on the metadata bus
+// (AnnounceCommit, AwaitCommit), and only then does a Receiver report it
+// (Committed, WaitCommitted) and tell its sink (Committer). After a failed
+// round, Receiver.State says whether the sink still holds the committed
+// version (StateIntact) or was partly overwritten (StatePartial: resync).
+// A HostModel made WithShadow loads each round into a second copy and
+// swaps on commit, so the committed version stays servable throughout.
+//
 // On GPUs the same stages run on device memory: a Pool of device buffers
 // makes Pack copy into device buckets (device tensors device to device,
 // host tensors through pinned staging, small copies batched), each bucket

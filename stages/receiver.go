@@ -334,6 +334,9 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 		err = r.commit(ctx, sink, r.seq+uint64(stats.Buckets), version)
 	}
 	stats.Duration = time.Since(start)
+	if a, ok := r.cfg.Subscriber.(transport.Aborter); ok && err != nil {
+		a.Abort(err) // the root fails with this reason, not "rank r left"
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
