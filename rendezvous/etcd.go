@@ -80,7 +80,7 @@ func DialEtcd(ctx context.Context, endpoints []string, opts ...EtcdOption) (*Etc
 		opt(&o)
 	}
 	if len(endpoints) == 0 {
-		return nil, errors.New("rendezvous: no etcd endpoints given; pass --etcd host:port or start an embedded etcd")
+		return nil, errors.New("rendezvous: no etcd endpoints given; give the address of an etcd server (the demo: --rendezvous etcd://HOST:PORT) or start an embedded one with StartEmbedded")
 	}
 	if o.ttl <= 0 {
 		return nil, fmt.Errorf("rendezvous: lease TTL %v must be positive", o.ttl)

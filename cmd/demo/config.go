@@ -48,6 +48,7 @@ type config struct {
 	runID      string
 	advertise  string
 	hostEtcd   string // address rank 0 serves an embedded etcd on (torchrun style)
+	localRank  int    // LOCAL_RANK: which of this host's GPUs a rank started across hosts takes; -1 unset
 
 	// Set by the launcher for the rank processes it starts.
 	child      bool
@@ -70,7 +71,7 @@ Flags:
 
 // parseConfig reads flags and the torchrun-style environment.
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
-	c := &config{rank: -1}
+	c := &config{rank: -1, localRank: -1}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -99,7 +100,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks of a group spread over hosts")
 	fs.StringVar(&c.rendezvous, "rendezvous", "", "etcd to meet at, `etcd://HOST:PORT` (default: an embedded etcd)")
 	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group name; one run at a time may hold a group")
-	fs.StringVar(&c.runID, "run-id", "", "id shared by every rank of one launch (default: new per local launch; TORCHELASTIC_RUN_ID or \"manual\" across hosts)")
+	fs.StringVar(&c.runID, "run-id", "", "id shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
 	fs.StringVar(&c.advertise, "advertise", "", "address other hosts reach this one at; sockets then bind every interface")
 	fs.BoolVar(&c.child, "child", false, "internal: run as a rank process started by the launcher")
 	fs.Int64Var(&c.traceEpoch, "trace-epoch", 0, "internal: trace time origin, Unix nanoseconds")
@@ -193,8 +194,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 			c.hostEtcd = addr
 		}
 	}
-	if c.runID == "" && getenv("TORCHELASTIC_RUN_ID") != "" {
+	if c.runID == "" && getenv("TORCHELASTIC_RUN_ID") != "" && getenv("TORCHELASTIC_RUN_ID") != "none" {
 		c.runID = getenv("TORCHELASTIC_RUN_ID")
+	}
+	if v := getenv("LOCAL_RANK"); v != "" {
+		if c.localRank, err = strconv.Atoi(v); err != nil || c.localRank < 0 {
+			return nil, fmt.Errorf("LOCAL_RANK=%q is not a rank", v)
+		}
 	}
 
 	if c.rank >= 0 {
@@ -214,7 +220,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 			return nil, errors.New("--transport inproc runs every rank in one process; it cannot be used with --rank")
 		}
 		if c.runID == "" {
-			c.runID = "manual"
+			return nil, errors.New("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%s) shared by the launcher), so that a crashed launch never blocks the next")
 		}
 		c.ranks = c.worldSize
 	}

@@ -11,8 +11,10 @@ import (
 )
 
 // rankDevice is the device a rank's buckets live on for a transport: host
-// memory for tcp and inproc, a GPU for ipc and nccl (rank r takes GPU
-// devices[r mod len(devices)], all visible GPUs when --devices is empty).
+// memory for tcp and inproc, a GPU for ipc and nccl: GPU devices[i mod
+// len(devices)] (all visible GPUs when --devices is empty), where i is the
+// rank for ranks launched together here and LOCAL_RANK for ranks started
+// across hosts.
 func rankDevice(c *config, transportName string, rank int) (gpu.Device, error) {
 	switch transportName {
 	case "tcp", "inproc":
@@ -22,12 +24,22 @@ func rankDevice(c *config, transportName string, rank int) (gpu.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	if transportName == "nccl" && len(devices) < c.ranks {
+	// Ranks launched together on this host take GPUs by rank; a rank
+	// started by hand or by torchrun takes the GPU of its local rank.
+	local := rank
+	if c.localRank >= 0 {
+		local = c.localRank
+	}
+	if transportName == "nccl" && c.child && len(devices) < c.ranks {
 		return nil, fmt.Errorf("--transport nccl needs one GPU per rank: %d ranks but %d GPUs (%v); use --transport ipc, fewer --ranks or more --devices", c.ranks, len(devices), devices)
 	}
-	dev, err := gpu.NewCUDADevice(devices[rank%len(devices)])
+	if transportName == "nccl" && local >= len(devices) {
+		return nil, fmt.Errorf("--transport nccl needs one GPU per rank: this rank's local index is %d but only %d GPUs are visible (%v); set LOCAL_RANK or --devices", local, len(devices), devices)
+	}
+	index := devices[local%len(devices)]
+	dev, err := gpu.NewCUDADevice(index)
 	if err != nil {
-		return nil, fmt.Errorf("rank %d: opening GPU %d: %w", rank, devices[rank%len(devices)], err)
+		return nil, fmt.Errorf("rank %d: opening GPU %d: %w", rank, index, err)
 	}
 	return dev, nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/timeline"
 	"github.com/weightcast/weightcast/transport"
@@ -127,6 +128,9 @@ func chooseTransport(c *config) (name, reason string, err error) {
 		n = len(c.devices)
 	}
 	if n >= 2 && n >= c.ranks && slices.Contains(registered, "nccl") {
+		if err := nccl.Load(nccl.Options{}); err != nil {
+			return "ipc", fmt.Sprintf("%d GPUs, but NCCL is not usable (%v)", n, err), nil
+		}
 		return "nccl", fmt.Sprintf("%d GPUs, one per rank", n), nil
 	}
 	if slices.Contains(registered, "ipc") {

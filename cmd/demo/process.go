@@ -15,6 +15,10 @@ import (
 	"github.com/weightcast/weightcast/transport/zmqbus"
 )
 
+// peerGoneGrace is how long a rank lets its transports report a failure
+// before it acts on the rendezvous saying a peer is gone.
+const peerGoneGrace = 2 * time.Second
+
 // runProcessRank runs one rank in this process: it meets the others through
 // etcd, opens its transport and metadata bus, and runs every round. A lost
 // peer (its rendezvous lease expired) cancels the run with that cause.
@@ -47,6 +51,16 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	go func() {
 		select {
 		case <-group.PeerGone():
+		case <-ctx.Done():
+			return
+		}
+		// A lost peer ends the run, but not at once: when a rank fails,
+		// its neighbours usually fail and leave within milliseconds too,
+		// and the transports' own errors name the rank that really went
+		// first. The rendezvous is the backstop for what they cannot see
+		// (a dead NCCL peer, a stopped process).
+		select {
+		case <-time.After(peerGoneGrace):
 			cancel(group.Err())
 		case <-ctx.Done():
 		}
