@@ -195,10 +195,12 @@ type StageError struct {
 	Err      error
 }
 
+// Error says which pipeline and stage failed, and why.
 func (e *StageError) Error() string {
 	return fmt.Sprintf("%s: stage %s: %v", e.Pipeline, e.Stage, e.Err)
 }
 
+// Unwrap returns the stage's own error.
 func (e *StageError) Unwrap() error { return e.Err }
 
 // Run starts every stage on its own goroutine and blocks until all have

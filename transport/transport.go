@@ -142,6 +142,7 @@ type Error struct {
 	Err       error
 }
 
+// Error names the transport, operation, group, rank, bucket and peer.
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s: group %q rank %d", e.Transport, e.Op, e.Group, e.Rank)
@@ -155,6 +156,7 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the underlying error (ErrTimeout, ErrPeerGone, ...).
 func (e *Error) Unwrap() error { return e.Err }
 
 // ErrTimeout is wrapped by errors from waits that ran past their bound.
