@@ -1,6 +1,7 @@
 // cuda_shim.c opens the CUDA driver and fills the dispatch table declared in
 // cuda_shim.h.
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "cuda_shim.h"
@@ -50,6 +51,11 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   WC_SYM(cuMemcpyAsync);
   WC_SYM(cuMemcpyBatchAsync_v2);
   WC_SYM(cuMemcpyBatchAsync);
+  WC_SYM(cuModuleLoadData);
+  WC_SYM(cuModuleLoadDataEx);
+  WC_SYM(cuModuleGetFunction);
+  WC_SYM(cuModuleUnload);
+  WC_SYM(cuLaunchKernel);
 #undef WC_SYM
   wc_cuda = t;
   return 0;
@@ -90,4 +96,22 @@ CUresult wc_copy_batch(CUcontext ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size
       return r;
   }
   return WC_CUDA_SUCCESS;
+}
+
+CUresult wc_module_load(CUcontext ctx, const char *image, CUmodule *m, char *log, size_t loglen) {
+  if (loglen > 0)
+    log[0] = 0;
+  CUresult r = wc_set(ctx);
+  if (r != WC_CUDA_SUCCESS)
+    return r;
+  if (wc_cuda.cuModuleLoadDataEx != NULL && loglen > 0) {
+    int opts[2] = {WC_CU_JIT_ERROR_LOG_BUFFER, WC_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *vals[2] = {log, (void *)(uintptr_t)loglen};
+    r = wc_cuda.cuModuleLoadDataEx(m, image, 2, opts, vals);
+    log[loglen - 1] = 0;
+    return r;
+  }
+  if (wc_cuda.cuModuleLoadData == NULL)
+    return WC_CUDA_FUNCTION_NOT_FOUND;
+  return wc_cuda.cuModuleLoadData(m, image);
 }

@@ -20,6 +20,8 @@ typedef unsigned long long CUdeviceptr; // 64-bit device address
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
 typedef struct {
   char reserved[64];
 } CUipcMemHandle;
@@ -57,6 +59,10 @@ enum {
   WC_BATCH_V2 = 1,       // cuMemcpyBatchAsync_v2 (CUDA 13.0 ABI)
   WC_BATCH_V1 = 2,       // cuMemcpyBatchAsync (CUDA 12.8 ABI, with failIdx)
   WC_BATCH_PER_COPY = 3, // one cuMemcpyAsync per copy
+
+  // CUjit_option values for cuModuleLoadDataEx.
+  WC_CU_JIT_ERROR_LOG_BUFFER = 5,
+  WC_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
 };
 
 // wc_cuda_table holds the driver functions found by dlsym; NULL where the
@@ -99,6 +105,14 @@ typedef struct {
   CUresult (*cuMemcpyBatchAsync)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                                  CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx,
                                  CUstream s);
+  CUresult (*cuModuleLoadData)(CUmodule *m, const void *image);
+  CUresult (*cuModuleLoadDataEx)(CUmodule *m, const void *image, unsigned int numOptions, int *options,
+                                 void **optionValues);
+  CUresult (*cuModuleGetFunction)(CUfunction *f, CUmodule m, const char *name);
+  CUresult (*cuModuleUnload)(CUmodule m);
+  CUresult (*cuLaunchKernel)(CUfunction f, unsigned int gridX, unsigned int gridY, unsigned int gridZ,
+                             unsigned int blockX, unsigned int blockY, unsigned int blockZ, unsigned int sharedBytes,
+                             CUstream s, void **params, void **extra);
 } wc_cuda_table;
 
 extern wc_cuda_table wc_cuda;
@@ -293,6 +307,35 @@ static inline CUresult wc_cuIpcCloseMemHandle(CUcontext ctx, CUdeviceptr p) {
   WC_SET(ctx);
   return wc_cuda.cuIpcCloseMemHandle(p);
 }
+
+static inline CUresult wc_cuModuleGetFunction(CUcontext ctx, CUfunction *f, CUmodule m, const char *name) {
+  WC_NEED(cuModuleGetFunction);
+  WC_SET(ctx);
+  return wc_cuda.cuModuleGetFunction(f, m, name);
+}
+
+static inline CUresult wc_cuModuleUnload(CUcontext ctx, CUmodule m) {
+  WC_NEED(cuModuleUnload);
+  WC_SET(ctx);
+  return wc_cuda.cuModuleUnload(m);
+}
+
+// wc_launch_gather launches the gather kernel (gather.ptx: wc_gather(ranges,
+// count)) with one block of threads threads per range. The parameters are
+// copied by the driver during the call.
+static inline CUresult wc_launch_gather(CUcontext ctx, CUfunction f, CUdeviceptr ranges, unsigned int count,
+                                        unsigned int threads, CUstream s) {
+  WC_NEED(cuLaunchKernel);
+  WC_SET(ctx);
+  void *params[2] = {&ranges, &count};
+  return wc_cuda.cuLaunchKernel(f, count, 1, 1, threads, 1, 1, 0, s, params, NULL);
+}
+
+// wc_module_load loads a NUL-terminated PTX (or cubin) image into ctx:
+// cuModuleLoadDataEx, which writes the JIT compiler's error log (at most
+// loglen bytes, NUL-terminated) into log, where the driver has it, else
+// cuModuleLoadData. Defined in cuda_shim.c.
+CUresult wc_module_load(CUcontext ctx, const char *image, CUmodule *m, char *log, size_t loglen);
 
 // wc_copy_batch queues count pointer-to-pointer copies (device or pinned
 // host addresses, told apart by unified addressing) on s in one call:

@@ -25,6 +25,12 @@ type CUDADevice struct {
 	ctx     C.CUcontext
 	name    string
 	closed  atomic.Bool
+
+	gatherOnce  sync.Once
+	gather      *gatherKernel // loaded by gatherKernel; nil where unavailable
+	gatherErr   error
+	gatherMu    sync.Mutex
+	gatherSpare []*gatherMem // descriptor memory of closed Gathers, for the next ones
 }
 
 var _ Device = (*CUDADevice)(nil)
@@ -132,10 +138,11 @@ func (d *CUDADevice) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	uerr := d.unloadGather()
 	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRelease(d.dev)); r != 0 {
-		return d.err("cuDevicePrimaryCtxRelease_v2", "", r)
+		return errors.Join(uerr, d.err("cuDevicePrimaryCtxRelease_v2", "", r))
 	}
-	return nil
+	return uerr
 }
 
 // deviceBuffer is memory on a CUDA device: allocated with cuMemAlloc, or

@@ -36,6 +36,19 @@
 // buffer as still being written by queued work: readers wait for its
 // Fence event on their stream or on the host.
 //
+// # Gather kernel
+//
+// Stream.NewGather returns a Gather, which queues many device-to-device
+// copies with one launch of a small kernel (gather.ptx, hand-written PTX
+// embedded in the binary and loaded with cuModuleLoadDataEx, launched with
+// cuLaunchKernel): one thread block per piece of at most GatherChunk
+// bytes, 16-byte loads and stores where the addresses allow. The copy
+// engine costs microseconds per copy however copies are queued; the
+// kernel's cost per copy is that of the bytes. The first Gather of a
+// device loads the kernel and checks it on a few copies; where it cannot
+// be loaded or fails that check (or WEIGHTCAST_GATHER=off), Gather falls
+// back to CopyBatch and says why (Gather.Kernel, LastGatherPath).
+//
 // # IPC
 //
 // (*CUDADevice).ExportIPC gives a 64-byte IPCHandle for a device buffer;

@@ -1,0 +1,478 @@
+package gpu
+
+// #include <stdlib.h>
+// #include "cuda_shim.h"
+import "C"
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// gatherPTX is the gather kernel, hand-written PTX with its CUDA C in a
+// comment at the top of the file.
+//
+//go:embed gather.ptx
+var gatherPTX string
+
+const (
+	// GatherChunk is the most bytes one thread block of the gather kernel
+	// copies: Gather splits longer copies into pieces of this size (a
+	// multiple of 16, so pieces keep their copy's alignment), so that one
+	// long copy spreads over every multiprocessor.
+	GatherChunk = 64 << 10
+	// gatherThreads is the kernel's block size.
+	gatherThreads = 256
+	// gatherSlots descriptor slots are used in turn; gatherSlotRanges
+	// ranges fit in one slot and are copied by one launch.
+	gatherSlots      = 4
+	gatherSlotRanges = 8192
+	// gatherWords is the size of one range descriptor in uint64 words:
+	// src, dst, len, as the kernel reads them.
+	gatherWords = 3
+	// gatherCheckWait bounds the self-test that runs when the kernel is
+	// loaded.
+	gatherCheckWait = 10 * time.Second
+)
+
+// GatherEnv names the environment variable that turns the gather kernel
+// off when set to "off": every Gather then queues its copies with
+// Stream.CopyBatch.
+const GatherEnv = "WEIGHTCAST_GATHER"
+
+// ErrNoGatherKernel is matched (errors.Is) by the reason Gather gives for
+// not using its kernel: the driver lacks a function, the PTX did not
+// compile for this GPU, the kernel failed its self-test, or GatherEnv
+// turned it off.
+var ErrNoGatherKernel = errors.New("gpu: gather kernel unavailable")
+
+// gatherKernel is the loaded gather module of one device's context.
+type gatherKernel struct {
+	mod C.CUmodule
+	fn  C.CUfunction
+}
+
+// gatherKernel loads the gather kernel into d's context once, and checks
+// it on a few copies before anything else may use it.
+func (d *CUDADevice) gatherKernel() (*gatherKernel, error) {
+	d.gatherOnce.Do(func() { d.gather, d.gatherErr = d.loadGather() })
+	return d.gather, d.gatherErr
+}
+
+func (d *CUDADevice) loadGather() (*gatherKernel, error) {
+	if v := os.Getenv(GatherEnv); v == "off" {
+		return nil, fmt.Errorf("%w: %s=%s", ErrNoGatherKernel, GatherEnv, v)
+	}
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	image := C.CString(gatherPTX)
+	defer C.free(unsafe.Pointer(image))
+	var log [4096]C.char
+	k := &gatherKernel{}
+	if r := CUDAResult(C.wc_module_load(d.ctx, image, &k.mod, &log[0], C.size_t(len(log)))); r != 0 {
+		err := fmt.Errorf("%w on %s: %w", ErrNoGatherKernel, d.Name(), d.err("cuModuleLoadDataEx", "gather.ptx", r))
+		if msg := strings.TrimSpace(C.GoString(&log[0])); msg != "" {
+			err = fmt.Errorf("%w; the PTX compiler said: %s", err, msg)
+		}
+		return nil, err
+	}
+	name := C.CString("wc_gather")
+	defer C.free(unsafe.Pointer(name))
+	if r := CUDAResult(C.wc_cuModuleGetFunction(d.ctx, &k.fn, k.mod, name)); r != 0 {
+		C.wc_cuModuleUnload(d.ctx, k.mod)
+		return nil, fmt.Errorf("%w on %s: %w", ErrNoGatherKernel, d.Name(), d.err("cuModuleGetFunction", "wc_gather", r))
+	}
+	if err := d.checkGather(k); err != nil {
+		// A kernel that may still be running keeps its module loaded.
+		var werr *WaitError
+		if !errors.As(err, &werr) {
+			C.wc_cuModuleUnload(d.ctx, k.mod)
+		}
+		return nil, fmt.Errorf("%w on %s: self-test failed: %w", ErrNoGatherKernel, d.Name(), err)
+	}
+	return k, nil
+}
+
+// gatherCheck lists the self-test's copies (offsets into 256 KiB buffers):
+// 16-byte aligned with every loop of the kernel, a piece boundary and a
+// tail; misaligned; single bytes.
+var gatherCheck = []struct{ dst, src, n int }{
+	{0, 0, 100005},             // aligned: unrolled, single, byte tail, two pieces
+	{102400, 3, 5000},          // source misaligned: bytes
+	{110016, 110000, 7},        // aligned, shorter than 16 bytes
+	{120001, 120001, 1},        // one byte, both misaligned alike
+	{140000, 130000, 4083},     // aligned, 255 vectors and 3 bytes
+	{160000, 150000, 65584},    // aligned, a full piece and 48 bytes
+	{230001, 240000, 16 << 10}, // destination misaligned
+}
+
+// checkGather runs the kernel on gatherCheck and compares every byte of
+// the destination buffer.
+func (d *CUDADevice) checkGather(k *gatherKernel) (err error) {
+	const n = 256 << 10
+	ctx, cancel := context.WithTimeout(context.Background(), gatherCheckWait)
+	defer cancel()
+	s, err := d.NewStream()
+	if err != nil {
+		return err
+	}
+	src, err := d.Alloc(n)
+	if err != nil {
+		s.Close()
+		return err
+	}
+	dst, err := d.Alloc(n)
+	if err != nil {
+		src.Free()
+		s.Close()
+		return err
+	}
+	g := &Gather{s: s, k: k, slotRanges: gatherSlotRanges, chunk: GatherChunk}
+	defer func() {
+		// Free nothing that a copy may still use.
+		if serr := s.Sync(ctx); serr != nil {
+			err = errors.Join(err, serr)
+			return
+		}
+		err = errors.Join(err, g.Close(ctx), src.Free(), dst.Free(), s.Close())
+	}()
+	pat := make([]byte, n)
+	for i := range pat {
+		pat[i] = byte(i*131 + i>>8 + 7)
+	}
+	want := make([]byte, n)
+	var b CopyBatch
+	for _, c := range gatherCheck {
+		b.Add(dst.DevicePtr()+uint64(c.dst), src.DevicePtr()+uint64(c.src), int64(c.n))
+		copy(want[c.dst:c.dst+c.n], pat[c.src:c.src+c.n])
+	}
+	got := make([]byte, n)
+	if err := s.CopyHtoD(src, 0, pat); err != nil {
+		return err
+	}
+	if err := s.Memset(dst, 0, n, 0); err != nil {
+		return err
+	}
+	if err := g.Copy(ctx, &b); err != nil {
+		return err
+	}
+	if err := s.CopyDtoH(got, dst, 0); err != nil {
+		return err
+	}
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	if i := diffAt(got, want); i >= 0 {
+		return fmt.Errorf("byte %d of the destination is %#x, want %#x", i, got[i], want[i])
+	}
+	return nil
+}
+
+// diffAt returns the index of the first byte where a and b differ, or -1.
+func diffAt(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// unloadGather frees the spare descriptor memory and unloads the gather
+// module, if loaded, before Close releases the context.
+func (d *CUDADevice) unloadGather() error {
+	d.gatherMu.Lock()
+	spare := d.gatherSpare
+	d.gatherSpare = nil
+	d.gatherMu.Unlock()
+	var errs []error
+	for _, m := range spare {
+		errs = append(errs, m.free())
+	}
+	if k := d.gather; k != nil {
+		d.gather = nil
+		if r := CUDAResult(C.wc_cuModuleUnload(d.ctx, k.mod)); r != 0 {
+			errs = append(errs, d.err("cuModuleUnload", "gather", r))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// GatherPath says how a Gather queued its copies.
+type GatherPath int
+
+// The ways Gather queues copies.
+const (
+	GatherNone      GatherPath = iota // nothing queued yet
+	GatherKernel                      // one launch of the gather kernel per up to 8192 pieces
+	GatherCopyBatch                   // the kernel is unavailable: Stream.CopyBatch
+)
+
+func (p GatherPath) String() string {
+	switch p {
+	case GatherKernel:
+		return "gather kernel"
+	case GatherCopyBatch:
+		return "CopyBatch (no gather kernel)"
+	}
+	return "none"
+}
+
+var (
+	gatherMu       sync.Mutex
+	lastGatherPath GatherPath
+	lastGatherWhy  error
+)
+
+// LastGatherPath reports how the most recent Gather.Copy of this process
+// queued its copies and, when that was not the kernel, why (an error
+// matching ErrNoGatherKernel).
+func LastGatherPath() (GatherPath, error) {
+	gatherMu.Lock()
+	defer gatherMu.Unlock()
+	return lastGatherPath, lastGatherWhy
+}
+
+func noteGatherPath(p GatherPath, why error) {
+	gatherMu.Lock()
+	lastGatherPath, lastGatherWhy = p, why
+	gatherMu.Unlock()
+}
+
+// Gather queues many copies between device addresses of one GPU with one
+// launch of a small copy kernel, instead of one copy-engine operation per
+// copy (about 4.5 µs each on an H200, batched or not). The kernel runs one
+// thread block per piece of at most GatherChunk bytes, with 16-byte loads
+// and stores where source, destination and length allow, byte copies
+// elsewhere.
+//
+// The range descriptors (source, destination, length: 24 bytes each) are
+// written to pinned host memory, copied to device memory and read by the
+// kernel, all on the stream, through a ring of four slots of 8192 ranges;
+// a slot is rewritten only after the launch that read it has finished
+// (Copy waits for that, bounded by its context).
+//
+// Where the kernel cannot be used (see NewGather), Copy queues the copies
+// with Stream.CopyBatch instead; Kernel and LastGatherPath say which. A
+// Gather is not safe for concurrent use. Close it before closing its
+// stream.
+//
+// Unlike the copy engine, which refuses a copy outside live memory with
+// an error, the kernel faults on it, and a fault ends the CUDA context of
+// the process: callers hand Gather only ranges they have checked to lie
+// inside allocations.
+type Gather struct {
+	s          *Stream
+	k          *gatherKernel // nil: copies go through CopyBatch
+	why        error         // why k is nil
+	slotRanges int
+	chunk      uint64 // GatherChunk; tests and benchmarks try others
+
+	mem  *gatherMem // taken at first use, from the device's spare ones if it has one
+	done [gatherSlots]*Event
+	slot int
+}
+
+// gatherMem is the descriptor memory of a Gather: gatherSlots slots of
+// slotRanges ranges, in pinned host memory and in device memory.
+type gatherMem struct {
+	host, dev Buffer
+	words     []uint64 // host viewed as descriptor words
+}
+
+// maxSpareGather bounds the descriptor memories a device keeps for later
+// Gathers (one per concurrent Gather is enough; each is 1.5 MiB).
+const maxSpareGather = 4
+
+// NewGather returns a Gather that queues copies on s. The first Gather of
+// a device loads the kernel (the driver compiles its PTX, a few
+// milliseconds) and checks it on a few copies; where that fails, or the
+// driver lacks cuLaunchKernel or cuModuleLoadData, or GatherEnv is "off",
+// every Gather of the device falls back to Stream.CopyBatch, and Kernel
+// returns the reason.
+func (s *Stream) NewGather() *Gather {
+	g := &Gather{s: s, slotRanges: gatherSlotRanges, chunk: GatherChunk}
+	g.k, g.why = s.d.gatherKernel()
+	if g.k == nil && g.why == nil {
+		g.why = ErrNoGatherKernel
+	}
+	return g
+}
+
+// Kernel reports whether Copy uses the gather kernel and, if not, why (an
+// error matching ErrNoGatherKernel, or the device's error).
+func (g *Gather) Kernel() (bool, error) { return g.k != nil, g.why }
+
+// Copy queues every copy of b on the stream, then empties b. Sources and
+// destinations must be device memory of the stream's GPU (its own
+// allocations, views of them, or IPC mappings opened on it), copies must
+// not overlap, and they may run in any order. As with CopyBatch, the
+// sources must stay unchanged until an Event recorded after Copy has
+// completed. Copy blocks only to reuse a descriptor slot whose launch is
+// still running, at most until ctx ends.
+func (g *Gather) Copy(ctx context.Context, b *CopyBatch) error {
+	if g.k == nil {
+		noteGatherPath(GatherCopyBatch, g.why)
+		return g.s.CopyBatch(b)
+	}
+	defer b.Reset()
+	if err := g.s.check(); err != nil {
+		return err
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if g.mem == nil {
+		if err := g.alloc(); err != nil {
+			return err
+		}
+	}
+	noteGatherPath(GatherKernel, nil)
+	var sp rangeSplitter
+	per := g.slotRanges * gatherWords
+	for !sp.done(b) {
+		slot := g.slot
+		if ev := g.done[slot]; ev != nil {
+			if err := ev.Wait(ctx); err != nil {
+				return fmt.Errorf("gpu: gather on cuda:%d: waiting for descriptor slot %d: %w", g.s.d.ordinal, slot, err)
+			}
+		}
+		n := sp.fill(g.mem.words[slot*per:(slot+1)*per], b, g.chunk)
+		if err := g.launch(slot, n); err != nil {
+			return err
+		}
+		ev, err := g.s.Record()
+		if err != nil {
+			return err
+		}
+		if old := g.done[slot]; old != nil {
+			old.Close()
+		}
+		g.done[slot] = ev
+		g.slot = (slot + 1) % gatherSlots
+	}
+	return nil
+}
+
+// launch copies slot's n descriptors to the device and launches the
+// kernel over them.
+func (g *Gather) launch(slot, n int) error {
+	d := g.s.d
+	off := slot * g.slotRanges * gatherWords * 8
+	hostSlot := unsafe.Pointer(&g.mem.host.Host()[off])
+	devSlot := g.mem.dev.DevicePtr() + uint64(off)
+	size := n * gatherWords * 8
+	if r := CUDAResult(C.wc_cuMemcpyHtoDAsync(d.ctx, C.CUdeviceptr(devSlot), hostSlot, C.size_t(size), g.s.s)); r != 0 {
+		return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d gather descriptors", n), r)
+	}
+	if r := CUDAResult(C.wc_launch_gather(d.ctx, g.k.fn, C.CUdeviceptr(devSlot), C.uint(n), gatherThreads, g.s.s)); r != 0 {
+		return d.err("cuLaunchKernel", fmt.Sprintf("gather kernel over %d ranges", n), r)
+	}
+	return nil
+}
+
+// alloc takes descriptor memory: a spare one of the device (pinned
+// allocations cost hundreds of microseconds, too much for every round of a
+// sync), or new memory.
+func (g *Gather) alloc() error {
+	d := g.s.d
+	size := gatherSlots * g.slotRanges * gatherWords * 8
+	d.gatherMu.Lock()
+	if k := len(d.gatherSpare) - 1; k >= 0 && d.gatherSpare[k].host.Len() == size {
+		g.mem = d.gatherSpare[k]
+		d.gatherSpare = d.gatherSpare[:k]
+	}
+	d.gatherMu.Unlock()
+	if g.mem != nil {
+		return nil
+	}
+	host, err := d.AllocPinned(size)
+	if err != nil {
+		return fmt.Errorf("gpu: gather descriptors: %w", err)
+	}
+	dev, err := d.Alloc(size)
+	if err != nil {
+		host.Free()
+		return fmt.Errorf("gpu: gather descriptors: %w", err)
+	}
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(&host.Host()[0])), size/8)
+	g.mem = &gatherMem{host: host, dev: dev, words: words}
+	return nil
+}
+
+// Close waits, bounded by ctx, until no launch reads the descriptor
+// memory any more, then gives it back to the device for later Gathers
+// (the device frees it on Close) or frees it. If the wait fails the memory
+// stays allocated (rather than be reused under a running copy) and Close
+// returns the error. Close is idempotent.
+func (g *Gather) Close(ctx context.Context) error {
+	for i, ev := range g.done {
+		if ev == nil {
+			continue
+		}
+		if err := ev.Wait(ctx); err != nil {
+			return fmt.Errorf("gpu: gather on cuda:%d: descriptors kept allocated: %w", g.s.d.ordinal, err)
+		}
+		ev.Close()
+		g.done[i] = nil
+	}
+	m := g.mem
+	if m == nil {
+		return nil
+	}
+	g.mem = nil
+	d := g.s.d
+	d.gatherMu.Lock()
+	keep := g.slotRanges == gatherSlotRanges && len(d.gatherSpare) < maxSpareGather && !d.closed.Load()
+	if keep {
+		d.gatherSpare = append(d.gatherSpare, m)
+	}
+	d.gatherMu.Unlock()
+	if keep {
+		return nil
+	}
+	return m.free()
+}
+
+func (m *gatherMem) free() error { return errors.Join(m.host.Free(), m.dev.Free()) }
+
+// rangeSplitter walks the copies of a CopyBatch as kernel ranges of at
+// most chunk bytes each: it stands at byte off of copy i.
+type rangeSplitter struct {
+	i   int
+	off uint64
+}
+
+// done reports whether every byte of b has been handed out.
+func (sp *rangeSplitter) done(b *CopyBatch) bool { return sp.i >= len(b.sizes) }
+
+// fill writes the next ranges of b into out, gatherWords words each
+// (source, destination, length), until out is full or b is done, and
+// returns how many it wrote. chunk must be a multiple of 16, so that every
+// piece keeps the alignment of its copy.
+func (sp *rangeSplitter) fill(out []uint64, b *CopyBatch, chunk uint64) int {
+	n := 0
+	for ; (n+1)*gatherWords <= len(out) && sp.i < len(b.sizes); n++ {
+		size := b.sizes[sp.i]
+		m := min(chunk, size-sp.off)
+		w := out[n*gatherWords : (n+1)*gatherWords]
+		w[0], w[1], w[2] = b.srcs[sp.i]+sp.off, b.dsts[sp.i]+sp.off, m
+		sp.off += m
+		if sp.off == size {
+			sp.i, sp.off = sp.i+1, 0
+		}
+	}
+	return n
+}
