@@ -47,6 +47,12 @@ func devicePool(b *testing.B, d *gpu.CUDADevice, bucket int) *Pool {
 // BenchmarkGPUPackDevice packs 1 GiB of device tensors (64 separate
 // allocations of 16 MiB, bf16) into 256 MiB device buckets, against one
 // plain device-to-device copy of 1 GiB. Both report GB/s of bytes copied.
+// "pack" uses Pack's default plan (the gather kernel); pack-batch and
+// pack-perCopy queue the same copies on the copy engine, batched
+// (cuMemcpyBatchAsync, the path before the kernel) and one cuMemcpyAsync
+// each; pack-1GiB fills one 1 GiB bucket instead of four, so no bucket
+// waits for a free buffer; round packs one 64-byte tensor, the fixed cost
+// of a round.
 func BenchmarkGPUPackDevice(b *testing.B) {
 	d := gpuTestDevice(b)
 	const total, each = 1 << 30, 16 << 20
@@ -67,20 +73,54 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 		}
 		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	})
-	b.Run("pack", func(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		plan   devicePlan
+		bucket int
+	}{
+		{"pack", defaultPlan, 256 << 20},
+		{"pack-batch", devicePlan{}, 256 << 20},
+		{"pack-perCopy", devicePlan{perCopy: true}, 256 << 20},
+		{"pack-1GiB", defaultPlan, 1 << 30},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			withPlan(b, c.plan)
+			pool := devicePool(b, d, c.bucket)
+			packOnly(b, src, pool) // warm up: loads the kernel
+			b.SetBytes(total)
+			b.ResetTimer()
+			for b.Loop() {
+				packOnly(b, src, pool)
+			}
+			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			logPaths(b)
+		})
+	}
+	b.Run("round", func(b *testing.B) {
 		pool := devicePool(b, d, 256<<20)
-		b.SetBytes(total)
+		one := Tensors{{Name: "w", DType: dtype.U8, Shape: []int64{64}, Device: src[0].Device}}
+		packOnly(b, one, pool)
+		b.ResetTimer()
 		for b.Loop() {
-			packOnly(b, src, pool)
+			packOnly(b, one, pool)
 		}
-		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/round")
 	})
+}
+
+// logPaths says how the last pack queued its device copies.
+func logPaths(b *testing.B) {
+	gpath, why := gpu.LastGatherPath()
+	bpath, failure := gpu.LastBatchPath()
+	b.Logf("gather: %v (%v); copy engine: %v (batch failure: %v)", gpath, why, bpath, failure)
 }
 
 // BenchmarkGPUPackSmall packs 100,000 device tensors of 4 KiB into 64 MiB
 // device buckets and reports the cost per tensor: scattered (every other
 // 4 KiB of one buffer, so no two copies merge) and contiguous (back to
-// back, so the copies merge).
+// back, so the copies merge), with Pack's default plan (the gather
+// kernel), and scattered-batch through the copy engine as before the
+// kernel.
 func BenchmarkGPUPackSmall(b *testing.B) {
 	d := gpuTestDevice(b)
 	const count, size = 100_000, 4 << 10
@@ -88,21 +128,23 @@ func BenchmarkGPUPackSmall(b *testing.B) {
 	for _, layout := range []struct {
 		name   string
 		stride int64
-	}{{"scattered", 2 * size}, {"contiguous", size}} {
+		plan   devicePlan
+	}{{"scattered", 2 * size, defaultPlan}, {"contiguous", size, defaultPlan}, {"scattered-batch", 2 * size, devicePlan{}}} {
 		b.Run(layout.name, func(b *testing.B) {
+			withPlan(b, layout.plan)
 			src := make(Tensors, count)
 			for i := range src {
 				src[i] = &Tensor{Name: fmt.Sprintf("t%d", i), DType: dtype.U8, Shape: []int64{size}, Device: buf, DeviceOffset: int64(i) * layout.stride}
 			}
 			pool := devicePool(b, d, 64<<20)
+			packOnly(b, src[:10], pool) // warm up: loads the kernel
 			b.SetBytes(count * size)
 			for b.Loop() {
 				packOnly(b, src, pool)
 			}
 			per := b.Elapsed() / time.Duration(b.N*count)
 			b.ReportMetric(float64(per.Nanoseconds())/1000, "µs/tensor")
-			path, failure := gpu.LastBatchPath()
-			b.Logf("copies queued with %v (batch failure: %v)", path, failure)
+			logPaths(b)
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
@@ -14,16 +15,25 @@ import (
 // When a Pool's buffers are device memory (Host() == nil), Pack fills them
 // on the GPU instead of with host copies, through one copy stream per round:
 //
-//   - device tensors (Tensor.Device) are copied device to device;
+//   - device tensors (Tensor.Device) are copied device to device: those
+//     on the bucket's GPU, in copies shorter than the plan's gatherBelow,
+//     by the gather kernel (gpu.Gather: one launch copies thousands of
+//     ranges, where the copy engine costs about 4.5 µs per copy), the
+//     others by the copy engine;
 //   - host tensors (Data or Reader) are read into a small ring of pinned
 //     staging buffers (StagingBuffers × StagingSize) and copied host to
 //     device from there, so that the copy runs at pinned speed while the
 //     next bytes are read;
-//   - copies are not issued one per tensor: they are collected in a
-//     gpu.CopyBatch and queued with one cuMemcpyBatchAsync per batch
-//     (per-copy cuMemcpyAsync where the driver lacks it). Copies that
-//     continue each other, including across the alignment padding between
-//     tensors of one buffer, merge into one.
+//   - copies are not issued one per tensor: they are collected in two
+//     gpu.CopyBatch queues, one for the gather kernel and one for the copy
+//     engine (queued with one cuMemcpyBatchAsync per batch, or per-copy
+//     cuMemcpyAsync where the driver lacks it or the plan says so). Copies
+//     that continue each other, including across the alignment padding
+//     between tensors of one buffer, merge into one.
+//
+// Where the gather kernel cannot be loaded (gpu.NewGather says why, and
+// gpu.LastGatherPath tells which path ran), its queue goes to the copy
+// engine too.
 //
 // When a bucket is full, an event is recorded after its copies and the
 // bucket's buffer travels fenced (gpu.WithFence): the transport orders its
@@ -44,9 +54,24 @@ const (
 	StagingSize    = 8 << 20
 )
 
-// flushEvery bounds the copies collected before they are handed to the
-// driver, so that the GPU starts on a bucket of many small tensors early.
+// flushEvery bounds the copies collected in one queue before they are
+// handed to the driver, so that the GPU starts on a bucket of many small
+// tensors early.
 const flushEvery = 4096
+
+// devicePlan says how pack queues the copies of device tensors.
+type devicePlan struct {
+	// gatherBelow: copies shorter than this, out of device memory of the
+	// bucket's GPU, go through the gather kernel; 0 turns it off.
+	gatherBelow int64
+	// perCopy queues the copy engine's copies one cuMemcpyAsync each
+	// instead of with cuMemcpyBatchAsync.
+	perCopy bool
+}
+
+// defaultPlan is the plan Pack uses: every device-to-device copy through
+// the gather kernel (see docs/benchmarks.md for the measurements behind it).
+var defaultPlan = devicePlan{gatherBelow: math.MaxInt64}
 
 // finalWait bounds the wait for a round's copies when the round's own
 // context is already done (so that memory is never freed under a copy).
@@ -63,11 +88,24 @@ func isDevicePool(p *Pool) bool {
 type deviceFill struct {
 	dev    *gpu.CUDADevice
 	stream *gpu.Stream
-	batch  gpu.CopyBatch
+	plan   devicePlan
+	// batch is the copy engine's queue: host staging copies and the
+	// device copies that do not go to the kernel.
+	batch gpu.CopyBatch
 	// lastSrc is the address of the buffer the batch's last copy reads
 	// from (0: none), so that a copy continuing it across alignment
 	// padding can merge.
 	lastSrc uint64
+
+	// kernel is set when device copies may go to the gather kernel:
+	// kbatch is its queue, klastSrc as lastSrc, and onGPU reports
+	// whether the kernel can read a buffer (device memory of the
+	// bucket's GPU).
+	kernel   bool
+	gather   *gpu.Gather
+	kbatch   gpu.CopyBatch
+	klastSrc uint64
+	onGPU    func(gpu.Buffer) bool
 
 	staging   [StagingBuffers]gpu.Buffer
 	stageAddr [StagingBuffers]uint64
@@ -85,39 +123,80 @@ func newDeviceFill(pool *Pool) (*deviceFill, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pack: creating the copy stream: %w", err)
 	}
-	return &deviceFill{dev: dev, stream: s}, nil
-}
-
-// add queues a copy of n bytes from src (inside the buffer at srcBase) to
-// dst, merging it into the previous copy when it continues that copy, on
-// both sides, across at most the alignment padding, in the same source
-// buffer (the destination is always the current bucket). Copies from
-// different buffers never merge, even when their addresses touch: the
-// driver refuses a copy spanning two allocations.
-func (f *deviceFill) add(dst, src uint64, n int64, srcBase uint64) error {
-	if ld, ls, ln, ok := f.batch.Last(); ok && srcBase == f.lastSrc {
-		end := ld + uint64(ln)
-		if gap := dst - end; dst >= end && gap < Align && src == ls+uint64(ln)+gap {
-			f.batch.Extend(int64(gap) + n)
-			return nil
+	f := &deviceFill{dev: dev, stream: s, plan: defaultPlan}
+	if f.plan.gatherBelow > 0 {
+		f.kernel, f.gather = true, s.NewGather()
+		f.onGPU = func(b gpu.Buffer) bool {
+			d, ok := gpu.Unfence(b).Device().(*gpu.CUDADevice)
+			return ok && d.Ordinal() == dev.Ordinal()
 		}
 	}
-	f.batch.Add(dst, src, n)
-	f.lastSrc = srcBase
-	if f.batch.Len() >= flushEvery {
-		return f.flush()
+	return f, nil
+}
+
+// merge appends a copy of n bytes from src (inside the buffer at srcBase)
+// to dst to b, or merges it into b's last copy when it continues that
+// copy, on both sides, across at most the alignment padding, in the same
+// source buffer (*last; the destination is always the current bucket).
+// Copies from different buffers never merge, even when their addresses
+// touch: the driver refuses a copy spanning two allocations. It reports
+// whether b grew by a copy.
+func merge(b *gpu.CopyBatch, last *uint64, dst, src uint64, n int64, srcBase uint64) bool {
+	if ld, ls, ln, ok := b.Last(); ok && srcBase == *last {
+		end := ld + uint64(ln)
+		if gap := dst - end; dst >= end && gap < Align && src == ls+uint64(ln)+gap {
+			b.Extend(int64(gap) + n)
+			return false
+		}
+	}
+	b.Add(dst, src, n)
+	*last = srcBase
+	return true
+}
+
+// add queues a copy on the copy engine (see merge).
+func (f *deviceFill) add(dst, src uint64, n int64, srcBase uint64) error {
+	if merge(&f.batch, &f.lastSrc, dst, src, n, srcBase) && f.batch.Len() >= flushEvery {
+		return f.flushEngine()
 	}
 	return nil
 }
 
-// flush hands the collected copies to the driver.
-func (f *deviceFill) flush() error {
+// addKernel queues a copy for the gather kernel (see merge).
+func (f *deviceFill) addKernel(ctx context.Context, dst, src uint64, n int64, srcBase uint64) error {
+	if merge(&f.kbatch, &f.klastSrc, dst, src, n, srcBase) && f.kbatch.Len() >= flushEvery {
+		return f.flushKernel(ctx)
+	}
+	return nil
+}
+
+// flush hands every collected copy to the driver.
+func (f *deviceFill) flush(ctx context.Context) error {
+	if err := f.flushKernel(ctx); err != nil {
+		return err
+	}
+	return f.flushEngine()
+}
+
+func (f *deviceFill) flushEngine() error {
 	f.lastSrc = 0
 	if f.batch.Len() == 0 {
 		return nil
 	}
+	f.batch.PerCopy = f.plan.perCopy
 	if err := f.stream.CopyBatch(&f.batch); err != nil {
 		return fmt.Errorf("pack: queueing copies into a device bucket: %w", err)
+	}
+	return nil
+}
+
+func (f *deviceFill) flushKernel(ctx context.Context) error {
+	f.klastSrc = 0
+	if f.kbatch.Len() == 0 {
+		return nil
+	}
+	if err := f.gather.Copy(ctx, &f.kbatch); err != nil {
+		return fmt.Errorf("pack: queueing gathered copies into a device bucket: %w", err)
 	}
 	return nil
 }
@@ -127,7 +206,11 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 	dst := bucket.DevicePtr() + uint64(off)
 	if t.Device != nil {
 		base, _ := gpu.Address(t.Device) // checked by Validate
-		return f.add(dst, base+uint64(t.DeviceOffset+chunk), n, base)
+		src := base + uint64(t.DeviceOffset+chunk)
+		if f.kernel && n < f.plan.gatherBelow && f.onGPU(t.Device) {
+			return f.addKernel(ctx, dst, src, n, base)
+		}
+		return f.add(dst, src, n, base)
 	}
 	for done := int64(0); done < n; {
 		if f.sfill == StagingSize {
@@ -177,7 +260,7 @@ func (f *deviceFill) allocStaging() error {
 // with an event, and moves to the next one, waiting until the copies that
 // last read it have finished.
 func (f *deviceFill) nextSlot(ctx context.Context) error {
-	if err := f.flush(); err != nil {
+	if err := f.flushEngine(); err != nil {
 		return err
 	}
 	ev, err := f.stream.Record()
@@ -200,8 +283,8 @@ func (f *deviceFill) nextSlot(ctx context.Context) error {
 
 // finish queues the bucket's remaining copies and fences its buffer with an
 // event recorded after them; releasing the bucket destroys the event.
-func (f *deviceFill) finish(b *Bucket) error {
-	if err := f.flush(); err != nil {
+func (f *deviceFill) finish(ctx context.Context, b *Bucket) error {
+	if err := f.flush(ctx); err != nil {
 		return err
 	}
 	ev, err := f.stream.Record()
@@ -235,6 +318,7 @@ func (f *deviceFill) settle(ctx context.Context) error {
 // (Pool.Close then reports it) rather than be reused under a copy.
 func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
 	f.batch.Reset()
+	f.kbatch.Reset()
 	if err := f.settle(ctx); err != nil {
 		return fmt.Errorf("pack: bucket %d kept out of the pool: its copies did not finish: %w", b.Meta.Seq, err)
 	}
@@ -247,10 +331,14 @@ func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
 // still use.
 func (f *deviceFill) close(ctx context.Context) error {
 	f.batch.Reset()
+	f.kbatch.Reset()
 	if err := f.settle(ctx); err != nil {
 		return fmt.Errorf("pack: copies still running after the round; leaving the staging memory allocated: %w", err)
 	}
 	var errs []error
+	if f.gather != nil {
+		errs = append(errs, f.gather.Close(ctx))
+	}
 	for i := range f.staging {
 		if f.stageDone[i] != nil {
 			errs = append(errs, f.stageDone[i].Close())

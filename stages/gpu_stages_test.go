@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
 )
@@ -517,5 +519,148 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 	}
 	if dm.Allocations() != 1 {
 		t.Fatalf("%d allocations for one tensor over 3 rounds", dm.Allocations())
+	}
+}
+
+// withPlan makes Pack use p until the test ends.
+func withPlan(tb testing.TB, p devicePlan) {
+	old := defaultPlan
+	defaultPlan = p
+	tb.Cleanup(func() { defaultPlan = old })
+}
+
+// checkPacked runs iterate → pack over src into device buckets from pool,
+// reads every bucket back to the host and compares each entry's bytes with
+// exp; it returns the number of buckets.
+func checkPacked(t *testing.T, d *gpu.CUDADevice, src Tensors, exp map[string][]byte, pool *Pool) int {
+	t.Helper()
+	s := gpuStream(t, d)
+	got := map[string]int64{}
+	buckets := 0
+	p := pipeline.New("pack check")
+	out := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1})
+	pipeline.Sink(p, "check", out, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
+		host := make([]byte, pool.BufferSize())
+		for bk := range in.All() {
+			err := func() error {
+				defer bk.Release()
+				if ev := gpu.FenceOf(bk.Buf); ev == nil {
+					return fmt.Errorf("bucket %d carries no fence", bk.Meta.Seq)
+				} else if err := s.WaitEvent(ev); err != nil {
+					return err
+				}
+				if err := s.CopyDtoH(host[:bk.Meta.Length], gpu.Unfence(bk.Buf), 0); err != nil {
+					return err
+				}
+				if err := s.Sync(ctx); err != nil {
+					return err
+				}
+				for _, e := range bk.Meta.Entries {
+					want := exp[e.Name][e.Chunk : e.Chunk+e.Size]
+					if i := firstDiff(host[e.Offset:e.Offset+e.Size], want); i >= 0 {
+						return fmt.Errorf("bucket %d: %s bytes [%d, %d): byte %d differs", bk.Meta.Seq, e.Name, e.Chunk, e.Chunk+e.Size, e.Chunk+int64(i))
+					}
+					got[e.Name] += e.Size
+				}
+				buckets++
+				return nil
+			}()
+			if err != nil {
+				return err
+			}
+		}
+		return in.Err()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range exp {
+		if got[name] != int64(len(data)) {
+			t.Fatalf("%s: %d of %d bytes packed", name, got[name], len(data))
+		}
+	}
+	return buckets
+}
+
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// TestGPUPackPlans packs device tensors (tiny to 3 MiB, split across 1 MiB
+// buckets; some sharing one buffer at odd offsets, some in their own
+// allocations) and host tensors through every device copy plan: all
+// device copies through the gather kernel, the short ones only, none
+// (cuMemcpyBatchAsync, the path before the kernel), and per-copy
+// cuMemcpyAsync. Every bucket is read back and compared byte for byte.
+func TestGPUPackPlans(t *testing.T) {
+	d := gpuTestDevice(t)
+	s := gpuStream(t, d)
+	rng := rand.New(rand.NewPCG(7, 8))
+	devTs := randomTensors(rng, 240, 3<<20)
+	hostTs := randomTensors(rng, 40, 64<<10)
+	var flatSize int64
+	offs := make([]int64, len(devTs))
+	for i, dt := range devTs[:80] {
+		offs[i] = flatSize + int64(i%5)
+		flatSize = offs[i] + int64(len(dt.Data))
+	}
+	flat := gpuAlloc(t, d, int(flatSize)+1)
+	exp := map[string][]byte{}
+	var src Tensors
+	for i, dt := range devTs {
+		tn := &Tensor{Name: "dev." + dt.Name, DType: dt.DType, Shape: dt.Shape}
+		switch {
+		case i < 80:
+			tn.Device, tn.DeviceOffset = flat, offs[i]
+		case len(dt.Data) > 0:
+			tn.Device = gpuAlloc(t, d, len(dt.Data))
+		default:
+			tn.Device = flat
+		}
+		if err := s.CopyHtoD(tn.Device, int(tn.DeviceOffset), dt.Data); err != nil {
+			t.Fatal(err)
+		}
+		exp[tn.Name] = dt.Data
+		src = append(src, tn)
+		if i%6 == 0 {
+			h := hostTs[i/6]
+			h.Name = "host." + h.Name
+			exp[h.Name] = h.Data
+			src = append(src, h)
+		}
+	}
+	gpuSync(t, s)
+	for _, plan := range []devicePlan{
+		{gatherBelow: math.MaxInt64},
+		{gatherBelow: 256 << 10},
+		{gatherBelow: 0},
+		{gatherBelow: 0, perCopy: true},
+		{gatherBelow: 256 << 10, perCopy: true},
+	} {
+		t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v", plan.gatherBelow, plan.perCopy), func(t *testing.T) {
+			withPlan(t, plan)
+			pool, err := NewPool(d, DefaultBuffers, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			n := checkPacked(t, d, src, exp, pool)
+			path, why := gpu.LastGatherPath()
+			if plan.gatherBelow > 0 && path != gpu.GatherKernel {
+				t.Fatalf("device copies queued with %v: %v", path, why)
+			}
+			batch, failure := gpu.LastBatchPath()
+			t.Logf("%d tensors in %d buckets, byte-identical; gather: %v (%v); copy engine: %v (batch failure: %v)", len(src), n, path, why, batch, failure)
+		})
 	}
 }

@@ -126,3 +126,51 @@ func (a adjacentFake) DevicePtr() uint64 { return 0x7f0000000000 + 1<<20 }
 type otherFake struct{ fakeDevice }
 
 func (o otherFake) DevicePtr() uint64 { return 0x7e0000000000 }
+
+// TestDeviceFillRoutes checks, without a GPU (nothing reaches the driver
+// below flushEvery copies), which queue each device copy joins: copies
+// shorter than the plan's gatherBelow, out of memory the kernel can read,
+// go to the gather kernel's queue and merge there as on the copy engine's;
+// longer copies, and copies out of memory the kernel cannot read (another
+// GPU, pinned host memory), go to the copy engine.
+func TestDeviceFillRoutes(t *testing.T) {
+	src := fakeDevice{n: 4 << 20} // at 0x7f0000000000
+	far := otherFake{fakeDevice{n: 1 << 20}}
+	bucket := otherFake{fakeDevice{n: 8 << 20}}
+	f := &deviceFill{
+		plan:   devicePlan{gatherBelow: 1 << 20},
+		kernel: true,
+		onGPU:  func(b gpu.Buffer) bool { return b == gpu.Buffer(src) },
+	}
+	ctx := context.Background()
+	add := func(buf gpu.Buffer, srcOff, dstOff, n int64) {
+		t.Helper()
+		tn := &Tensor{Name: "x", DType: dtype.U8, Shape: []int64{n}, Device: buf, DeviceOffset: srcOff}
+		if err := f.copyIn(ctx, tn, bucket, dstOff, n, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(src, 0, 0, 100)             // kernel
+	add(src, 128, 128, 50)          // kernel, merged across the padding
+	add(src, 1<<20, 1<<20, 1<<20)   // as long as gatherBelow: copy engine
+	add(far, 0, 3<<20, 4096)        // not readable by the kernel: copy engine
+	add(src, 3<<20, 4<<20, 1<<20-1) // kernel
+	if f.kbatch.Len() != 2 || f.kbatch.Bytes() != 178+1<<20-1 {
+		t.Fatalf("kernel queue: %d copies of %d bytes; want 2 of %d", f.kbatch.Len(), f.kbatch.Bytes(), 178+1<<20-1)
+	}
+	if f.batch.Len() != 2 || f.batch.Bytes() != 1<<20+4096 {
+		t.Fatalf("copy engine queue: %d copies of %d bytes; want 2 of %d", f.batch.Len(), f.batch.Bytes(), 1<<20+4096)
+	}
+	dst, s, n, _ := f.kbatch.Last()
+	if dst != bucket.DevicePtr()+4<<20 || s != src.DevicePtr()+3<<20 || n != 1<<20-1 {
+		t.Fatalf("last kernel copy %#x <- %#x (%d bytes)", dst, s, n)
+	}
+
+	// With the kernel off (no gather, as where it cannot be loaded, or a
+	// plan of 0), everything goes to the copy engine.
+	f = &deviceFill{plan: devicePlan{gatherBelow: 1 << 20}}
+	add(src, 0, 0, 100)
+	if f.kbatch.Len() != 0 || f.batch.Len() != 1 {
+		t.Fatalf("without the kernel: %d kernel copies, %d copy engine copies", f.kbatch.Len(), f.batch.Len())
+	}
+}

@@ -114,7 +114,7 @@ func (pk *packer) emit(last bool) error {
 	b.Meta.Length, b.Meta.IsLast = pk.fill, last
 	if pk.dev != nil {
 		// Device buckets carry no checksum (see gpu_pack.go).
-		if err := pk.dev.finish(b); err != nil {
+		if err := pk.dev.finish(pk.ctx, b); err != nil {
 			return err // abandon releases b once its copies are done
 		}
 	} else if pk.cfg.Checksum {
