@@ -456,7 +456,8 @@ func (k *ptxKernel) thread(mem *ptxMemory, pv map[string]uint64, block, tid, nti
 
 // TestGatherPTX parses the embedded kernel and runs it on random copies
 // (sizes 1 byte to 150 KiB, random alignments) described exactly as Gather
-// describes them to the GPU, in small descriptor slots.
+// describes them to the GPU, in small descriptor slots and pieces of
+// 16 KiB (so that copies span several pieces).
 func TestGatherPTX(t *testing.T) {
 	k := parsePTX(t, gatherPTX)
 	if k.name != "wc_gather" || len(k.params) != 2 || k.sizes[k.params[0]] != 8 || k.sizes[k.params[1]] != 4 {
@@ -498,7 +499,7 @@ func TestGatherPTX(t *testing.T) {
 	var sp rangeSplitter
 	launches := 0
 	for !sp.done(&b) {
-		n := sp.fill(words, &b, GatherChunk)
+		n := sp.fill(words, &b, 16<<10)
 		for i, w := range words[:n*gatherWords] {
 			binary.LittleEndian.PutUint64(desc[8*i:], w)
 		}
@@ -531,7 +532,7 @@ func TestGatherPTX(t *testing.T) {
 // slots of any size.
 func TestRangeSplitter(t *testing.T) {
 	var b CopyBatch
-	sizes := []int64{1, 15, 16, 17, 4096, 64 << 10, 64<<10 + 1, 3<<20 + 5, 100}
+	sizes := []int64{1, 15, 16, 17, 4096, GatherChunk - 1, GatherChunk, GatherChunk + 1, 3<<20 + 5, 100}
 	for i, n := range sizes {
 		b.Add(uint64(1+i)<<40, uint64(1+i)<<32+uint64(i), n)
 	}

@@ -70,7 +70,11 @@ type devicePlan struct {
 }
 
 // defaultPlan is the plan Pack uses: every device-to-device copy through
-// the gather kernel (see docs/benchmarks.md for the measurements behind it).
+// the gather kernel. Measured on an H200 (docs/benchmarks.md): 100,000
+// scattered 4 KiB tensors at 0.62 µs each against 4.94 through
+// cuMemcpyBatchAsync; 1 GiB in 16 MiB tensors at 1299 GB/s against 1272
+// batched and 1266 per copy (with 64 KiB kernel pieces; 256 KiB pieces,
+// now the default, copy 64 × 16 MiB at 1742 GB/s against 1405 batched).
 var defaultPlan = devicePlan{gatherBelow: math.MaxInt64}
 
 // finalWait bounds the wait for a round's copies when the round's own
