@@ -205,7 +205,32 @@ func TestKill9(t *testing.T) {
 				}
 				t.Logf("rank %d exited %.1fs after the kill", p.rank, p.exited.Sub(killed).Seconds())
 			}
+			checkCommitted(t, ps, victim)
 		})
+	}
+}
+
+// checkCommitted reads the summaries of the ranks that outlived victim:
+// each receiver says what its model holds, and no receiver is more than
+// one version ahead of the root's last acknowledged commit nor behind it.
+func checkCommitted(t *testing.T, ps []*rankProc, victim int) {
+	t.Helper()
+	var root *rankResult
+	if victim != 0 {
+		root = ps[0].summary(t).PerRank[0]
+	}
+	for _, p := range ps[1:] {
+		if p.rank == victim {
+			continue
+		}
+		r := p.summary(t).PerRank[0]
+		if r.State != "intact" && r.State != "partial (resync needed)" {
+			t.Errorf("rank %d does not say what its model holds: state %q", p.rank, r.State)
+		}
+		if root != nil && (r.CommittedVersion < root.CommittedVersion || r.CommittedVersion > root.CommittedVersion+1) {
+			t.Errorf("rank %d reports version %d committed, the root %d", p.rank, r.CommittedVersion, root.CommittedVersion)
+		}
+		t.Logf("rank %d: committed version %d, model %s", p.rank, r.CommittedVersion, r.State)
 	}
 }
 

@@ -65,9 +65,15 @@ type rankResult struct {
 	// driver's free-memory figure: buckets, its model, and the transport's
 	// own. Only measured when the rank has its GPU to itself (nccl); ranks
 	// sharing a GPU report GPUBuffers, what they allocated themselves.
-	GPUMemory  int64  `json:"gpu_memory_bytes,omitempty"`
-	GPUBuffers int64  `json:"gpu_buffers_bytes,omitempty"`
-	Error      string `json:"error,omitempty"`
+	GPUMemory  int64 `json:"gpu_memory_bytes,omitempty"`
+	GPUBuffers int64 `json:"gpu_buffers_bytes,omitempty"`
+	// CommittedVersion is the last model version committed on every
+	// receiver, as this rank saw it (0: none).
+	CommittedVersion uint64 `json:"committed_version"`
+	// State says, on a receiver that failed, what its model holds:
+	// "intact" (the committed version) or "partial (resync needed)".
+	State string `json:"state,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 type roundResult struct {
@@ -170,6 +176,7 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 		}
 		defer onDevice.close()
 	}
+	defer func() { res.CommittedVersion = sender.Committed() }()
 	for round = 1; round <= c.rounds; round++ {
 		model, err := c.model(round)
 		if err != nil {
@@ -199,8 +206,14 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 }
 
 func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *stages.Pool, cuda *gpu.CUDADevice,
-	tracer *pipeline.Tracer, res *rankResult, gpuMemory func()) error {
+	tracer *pipeline.Tracer, res *rankResult, gpuMemory func()) (err error) {
 	receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: l.endpoint, Subscriber: l.sub, Pool: pool, Tracer: tracer, Rank: rank})
+	defer func() {
+		res.CommittedVersion = receiver.Committed()
+		if err != nil {
+			res.State = receiver.State().String()
+		}
+	}()
 	var onDevice *stages.DeviceModel
 	if cuda != nil {
 		// A rollout worker's weights live on its GPU: allocated in the

@@ -73,24 +73,28 @@ func (u *ui) clear() {
 
 // summary is the demo's result; --json prints it as one object.
 type summary struct {
-	Transport       string        `json:"transport"`
-	TransportReason string        `json:"transport_reason"`
-	Ranks           int           `json:"ranks"`
-	Mode            string        `json:"mode"`
-	Model           string        `json:"model"`
-	Bytes           int64         `json:"bytes"`
-	Tensors         int           `json:"tensors"`
-	Bucket          int64         `json:"bucket"`
-	Rounds          int           `json:"rounds"`
-	Seconds         []float64     `json:"seconds"`
-	GBps            float64       `json:"gbps"`
-	Verified        bool          `json:"verified"`
-	MaxBuffers      int           `json:"max_buffers"`
-	PeakRSS         int64         `json:"peak_rss_bytes"`
-	Trace           string        `json:"trace,omitempty"`
-	Timeline        string        `json:"timeline,omitempty"`
-	PerRank         []*rankResult `json:"per_rank"`
-	Error           string        `json:"error,omitempty"`
+	Transport       string    `json:"transport"`
+	TransportReason string    `json:"transport_reason"`
+	Ranks           int       `json:"ranks"`
+	Mode            string    `json:"mode"`
+	Model           string    `json:"model"`
+	Bytes           int64     `json:"bytes"`
+	Tensors         int       `json:"tensors"`
+	Bucket          int64     `json:"bucket"`
+	Rounds          int       `json:"rounds"`
+	Seconds         []float64 `json:"seconds"`
+	GBps            float64   `json:"gbps"`
+	Verified        bool      `json:"verified"`
+	// Committed is the last model version committed on every receiver:
+	// the lowest any receiver reports (the sender's, when it reports
+	// alone).
+	Committed  uint64        `json:"committed_version"`
+	MaxBuffers int           `json:"max_buffers"`
+	PeakRSS    int64         `json:"peak_rss_bytes"`
+	Trace      string        `json:"trace,omitempty"`
+	Timeline   string        `json:"timeline,omitempty"`
+	PerRank    []*rankResult `json:"per_rank"`
+	Error      string        `json:"error,omitempty"`
 }
 
 func summarize(c *config, transportName, reason, mode string, results []*rankResult) *summary {
@@ -110,6 +114,18 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		}
 	}
 	var failed []string
+	receivers := 0
+	for _, r := range results {
+		if r != nil && r.Rank > 0 {
+			if receivers == 0 || r.CommittedVersion < s.Committed {
+				s.Committed = r.CommittedVersion
+			}
+			receivers++
+		}
+	}
+	if receivers == 0 && len(results) > 0 && results[0] != nil {
+		s.Committed = results[0].CommittedVersion
+	}
 	for _, r := range results {
 		if r == nil {
 			continue
@@ -185,6 +201,7 @@ func (s *summary) writeTable(w io.Writer) {
 	default:
 		fmt.Fprintf(w, "verified:      not checked (--verify=false)\n")
 	}
+	s.writeCommitted(w)
 	fmt.Fprintf(w, "buffers held:  at most %d per rank\n", s.MaxBuffers)
 	for _, r := range s.PerRank {
 		switch {
@@ -207,6 +224,39 @@ func (s *summary) writeTable(w io.Writer) {
 	if s.Error != "" {
 		fmt.Fprintf(w, "\nFAILED: %s\n", s.Error)
 	}
+}
+
+// writeCommitted prints the committed version: one line when every rank
+// agrees and none failed, else one line per rank.
+func (s *summary) writeCommitted(w io.Writer) {
+	var ranks []*rankResult
+	same := true
+	for _, r := range s.PerRank {
+		if r == nil {
+			continue
+		}
+		ranks = append(ranks, r)
+		same = same && r.CommittedVersion == s.Committed && r.State == ""
+	}
+	switch {
+	case len(ranks) == 1:
+		r := ranks[0]
+		fmt.Fprintf(w, "committed:     version %d on every receiver, as rank %d saw it%s\n", r.CommittedVersion, r.Rank, stateText(r))
+	case same:
+		fmt.Fprintf(w, "committed:     version %d on every receiver\n", s.Committed)
+	default:
+		fmt.Fprintf(w, "committed:     version %d on every receiver; by rank:\n", s.Committed)
+		for _, r := range ranks {
+			fmt.Fprintf(w, "               rank %d: version %d%s\n", r.Rank, r.CommittedVersion, stateText(r))
+		}
+	}
+}
+
+func stateText(r *rankResult) string {
+	if r.State == "" {
+		return ""
+	}
+	return ", model " + r.State
 }
 
 func sizeText(n int64) string { return humanize.IBytes(uint64(n)) }
