@@ -31,6 +31,9 @@ import (
 var demoBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(serveEtcdEnv) != "" {
+		os.Exit(serveEtcd()) // a child process of TestEtcdKilled
+	}
 	dir, err := os.MkdirTemp("", "demo-test-")
 	if err != nil {
 		panic(err)
@@ -102,6 +105,8 @@ func (p *rankProc) wait(t *testing.T, d time.Duration) error {
 	case <-p.done:
 		return p.exit
 	case <-time.After(d):
+		p.cmd.Process.Kill() // so that its output is complete and ours to read
+		<-p.done
 		t.Fatalf("rank %d still running after %v; stderr:\n%s", p.rank, d, p.err.String())
 		return nil
 	}
