@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
@@ -69,13 +68,14 @@ type devicePlan struct {
 	perCopy bool
 }
 
-// defaultPlan is the plan Pack uses: every device-to-device copy through
-// the gather kernel. Measured on an H200 (docs/benchmarks.md): 100,000
-// scattered 4 KiB tensors at 0.62 µs each against 4.94 through
-// cuMemcpyBatchAsync; 1 GiB in 16 MiB tensors at 1299 GB/s against 1272
-// batched and 1266 per copy (with 64 KiB kernel pieces; 256 KiB pieces,
-// now the default, copy 64 × 16 MiB at 1742 GB/s against 1405 batched).
-var defaultPlan = devicePlan{gatherBelow: math.MaxInt64}
+// defaultPlan is the plan Pack uses: device-to-device copies under 64 MiB
+// through the gather kernel, larger ones on the copy engine. Measured on an
+// H200 (docs/benchmarks.md): 100,000 scattered 4 KiB tensors at 0.62 µs
+// each against 4.94 through cuMemcpyBatchAsync; 64 × 16 MiB at 1742 GB/s
+// (256 KiB kernel pieces) against 1405 batched; but 64 × 256 MiB through
+// the kernel at 1009 GB/s, half of what the copy engine does with one large
+// copy (2102), hence the threshold. The mixed plan itself was not measured.
+var defaultPlan = devicePlan{gatherBelow: 64 << 20}
 
 // finalWait bounds the wait for a round's copies when the round's own
 // context is already done (so that memory is never freed under a copy).
