@@ -132,6 +132,18 @@ func (s *Etcd) check(op, key string) error {
 	return nil
 }
 
+// LeaseLost returns a channel that is closed when the store's lease ends:
+// etcd could not be reached to renew it for longer than the lease TTL, or
+// it was revoked. It is nil before the lease exists (its first use).
+func (s *Etcd) LeaseLost() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.session == nil {
+		return nil
+	}
+	return s.session.Done()
+}
+
 // lease returns the store's lease, granting it and starting its
 // keep-alive on first use.
 func (s *Etcd) lease(ctx context.Context) (clientv3.LeaseID, error) {
@@ -376,8 +388,15 @@ func (s *Etcd) Close() error {
 	s.mu.Unlock()
 	var err error
 	if sess != nil {
-		if rerr := sess.Close(); rerr != nil {
-			err = fmt.Errorf("etcd: revoking lease %x: %w", sess.Lease(), rerr)
+		select {
+		case <-sess.Done():
+			// The lease is already gone (etcd unreachable past the TTL):
+			// revoking it would only wait on an etcd that does not answer.
+			sess.Orphan()
+		default:
+			if rerr := sess.Close(); rerr != nil {
+				err = fmt.Errorf("etcd: revoking lease %x: %w", sess.Lease(), rerr)
+			}
 		}
 	}
 	if cerr := s.client.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {

@@ -52,7 +52,26 @@ func newGroup(store Store, opts JoinOptions, timeout time.Duration, uid [128]byt
 	for r := range opts.WorldSize {
 		g.watchers.Go(func() { g.watchRank(r) })
 	}
+	if lw, ok := store.(interface{ LeaseLost() <-chan struct{} }); ok {
+		if lost := lw.LeaseLost(); lost != nil {
+			g.watchers.Go(func() { g.watchLease(lost) })
+		}
+	}
 	return g
+}
+
+// watchLease breaks the group when this rank's own lease ends: etcd is
+// gone or unreachable, so no rank can tell whether the others live, and
+// this rank's keys are gone.
+func (g *Group) watchLease(lost <-chan struct{}) {
+	select {
+	case <-lost:
+		if g.ctx.Err() == nil {
+			g.broken(g.errorf(ErrLeaseLost, g.keys.rank(g.opts.Rank), []int{g.opts.Rank},
+				"this rank could not renew its lease: etcd was unreachable for longer than the lease TTL (is the etcd server down?); restart the run once etcd is back"))
+		}
+	case <-g.ctx.Done():
+	}
 }
 
 // Name returns the group's name.
@@ -295,7 +314,7 @@ func (g *Group) Close() error {
 		g.cancel(errGroupClosed)
 		g.watchers.Wait()
 		var errs []error
-		if g.opts.Rank == 0 {
+		if g.opts.Rank == 0 && !errors.Is(g.goneErr, ErrLeaseLost) {
 			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			// Let the other ranks leave first (bounded): they may still
 			// be reading keys of the run, such as a barrier's "done".
