@@ -87,6 +87,7 @@ const (
 	BatchPerCopy BatchPath = C.WC_BATCH_PER_COPY // one cuMemcpyAsync per copy
 )
 
+// String names the path for people.
 func (p BatchPath) String() string {
 	switch p {
 	case BatchV2:

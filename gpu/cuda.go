@@ -156,6 +156,7 @@ type Error struct {
 	Result CUDAResult
 }
 
+// Error names the driver call, the device and the result.
 func (e *Error) Error() string {
 	s := "gpu: " + e.Op
 	if e.Device >= 0 {
@@ -167,6 +168,7 @@ func (e *Error) Error() string {
 	return s + ": " + e.Result.Error()
 }
 
+// Unwrap returns the CUDA result, for errors.Is.
 func (e *Error) Unwrap() error { return e.Result }
 
 // cudaResultNames names the CUresult values of cuda.h (CUDA 13.0).

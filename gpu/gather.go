@@ -225,6 +225,7 @@ const (
 	GatherCopyBatch                   // the kernel is unavailable: Stream.CopyBatch
 )
 
+// String names the path for people.
 func (p GatherPath) String() string {
 	switch p {
 	case GatherKernel:

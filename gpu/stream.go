@@ -271,11 +271,13 @@ type WaitError struct {
 	Err    error
 }
 
+// Error says what was being waited for and why the wait ended.
 func (e *WaitError) Error() string {
 	return fmt.Sprintf("gpu: %s on cuda:%d gave up after %v: %v (the queued GPU work was not cancelled)",
 		e.Op, e.Device, e.Waited.Round(time.Millisecond), e.Err)
 }
 
+// Unwrap returns the context error that ended the wait.
 func (e *WaitError) Unwrap() error { return e.Err }
 
 func (d *CUDADevice) wait(ctx context.Context, op string, done func() (bool, error)) error {

@@ -86,6 +86,7 @@ type Error struct {
 	Aborted bool   // the communicator was aborted (ncclCommAbort) because of this error
 }
 
+// Error names the operation, the communicator, the result and NCCL's own message.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("nccl " + e.Op)
@@ -117,6 +118,7 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the NCCL result and, when a context ended the call, its error.
 func (e *Error) Unwrap() []error {
 	var out []error
 	if e.Result != Success {

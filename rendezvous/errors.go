@@ -56,6 +56,7 @@ type Error struct {
 	Detail string
 }
 
+// Error names the group, run, rank, key and ranks concerned, and what to do.
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "rendezvous: group %q run %q rank %d: %v", e.Group, e.RunID, e.Rank, e.Err)

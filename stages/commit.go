@@ -148,6 +148,7 @@ const (
 	StatePartial
 )
 
+// String describes the state for people ("intact", "partial (resync needed)").
 func (s SinkState) String() string {
 	switch s {
 	case StateIntact:

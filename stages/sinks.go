@@ -339,6 +339,7 @@ type VerifySink struct {
 	Tensors int
 }
 
+// Load compares the entry's bytes with the source's, in 1 MiB pieces.
 func (v *VerifySink) Load(ctx context.Context, e *Entry, data []byte) error {
 	t, ok := v.want.Lookup(e.Name)
 	if !ok {

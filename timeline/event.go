@@ -70,6 +70,7 @@ type Problem struct {
 	readable bool // Read can skip the event and go on (an unknown phase)
 }
 
+// String says where the problem is and what it is.
 func (p Problem) String() string {
 	if p.Index < 0 {
 		return p.Msg
@@ -107,6 +108,7 @@ type ValidationError struct {
 // maxListed is how many problems Error spells out.
 const maxListed = 20
 
+// Error lists the problems found.
 func (e *ValidationError) Error() string {
 	var b strings.Builder
 	n := len(e.Problems)
