@@ -334,8 +334,7 @@ func (j *joiner) register(ctx context.Context) error {
 		_, _, err := j.store.Create(ctx, j.keys.seen()+strconv.Itoa(j.opts.Rank), nil)
 		return err
 	}
-	var other rankRecord
-	json.Unmarshal(existing, &other)
+	other, _ := decodeRankRecord(existing) // only for the message
 	return j.fail(j.errorf(ErrDuplicateRank, key, []int{j.opts.Rank},
 		"rank %d of run %q is already held by %s; give each process its own rank", j.opts.Rank, j.opts.RunID, other.holder()))
 }
@@ -374,9 +373,9 @@ func (j *joiner) readRoot(ctx context.Context) ([128]byte, error) {
 	if err != nil {
 		return uid, err
 	}
-	var rec rootRecord
-	if err := json.Unmarshal(val, &rec); err != nil || len(rec.UniqueID) != len(uid) {
-		return uid, j.errorf(ErrInvalid, key, []int{0}, "rank 0's record %q is malformed; is another program using the %s keys?", val, KeyPrefix)
+	rec, err := decodeRootRecord(val)
+	if err != nil {
+		return uid, j.errorf(ErrInvalid, key, []int{0}, "rank 0's record is malformed (%v); is another program using the %s keys?", err, KeyPrefix)
 	}
 	if rec.WorldSize != j.opts.WorldSize {
 		return uid, j.fail(j.errorf(ErrWorldSizeMismatch, key, []int{0, j.opts.Rank},
@@ -401,9 +400,9 @@ func (j *joiner) readRanks(ctx context.Context) ([]map[string]string, error) {
 			missing = append(missing, r)
 			continue
 		}
-		var rec rankRecord
-		if err := json.Unmarshal(val, &rec); err != nil {
-			return nil, j.errorf(ErrInvalid, j.keys.rank(r), []int{r}, "rank %d's record %q is malformed", r, val)
+		rec, err := decodeRankRecord(val)
+		if err != nil {
+			return nil, j.errorf(ErrInvalid, j.keys.rank(r), []int{r}, "rank %d's record is malformed (%v); is another program using the %s keys?", r, err, KeyPrefix)
 		}
 		if rec.WorldSize != n {
 			mismatch = append(mismatch, r)
@@ -437,9 +436,9 @@ func (j *joiner) fail(e *Error) *Error {
 
 // fromAbort turns the run's abort record into this rank's error.
 func (j *joiner) fromAbort(val []byte) *Error {
-	var rec abortRecord
-	if err := json.Unmarshal(val, &rec); err != nil {
-		return j.errorf(ErrAborted, j.keys.abort(), nil, "the run was aborted with an unreadable record %q", val)
+	rec, err := decodeAbortRecord(val)
+	if err != nil {
+		return j.errorf(ErrAborted, j.keys.abort(), nil, "the run was aborted with an unreadable record (%v)", err)
 	}
 	sentinel, ok := abortKinds[rec.Kind]
 	if !ok {
