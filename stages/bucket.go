@@ -22,12 +22,17 @@ const (
 	MaxRank = 16
 	// MaxEntries is the most entries one bucket may carry.
 	MaxEntries = 1 << 20
+	// MaxTensors is the most tensors one round may carry.
+	MaxTensors = 1 << 20
 	// MinBucketSize is the smallest bucket size a sender accepts.
 	MinBucketSize = 1 << 10
 	// Align is the alignment of every entry's offset within a bucket, so
 	// that tensor views of any dtype are aligned.
 	Align = 64
 )
+
+// maxTensors is MaxTensors; tests lower it.
+var maxTensors = MaxTensors
 
 // Entry places one tensor, or one chunk of a tensor larger than a bucket, in
 // a bucket.

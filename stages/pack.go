@@ -153,6 +153,9 @@ func (pk *packer) add(t *Tensor) error {
 	if _, dup := pk.seen[t.Name]; dup {
 		return fmt.Errorf("tensor %q appears twice in round %d; tensor names must be unique", t.Name, pk.cfg.Version)
 	}
+	if len(pk.seen) >= maxTensors {
+		return fmt.Errorf("round %d has more than %d tensors (at %q); receivers refuse more", pk.cfg.Version, maxTensors, t.Name)
+	}
 	pk.seen[t.Name] = struct{}{}
 	// A tensor that fits in one bucket is never split: if it does not fit
 	// in what is left of this one, start the next.

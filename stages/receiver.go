@@ -160,6 +160,8 @@ func unpack(ctx context.Context, b *Bucket, got map[string]progress) (*Unpacked,
 			return nil, fmt.Errorf("tensor %q arrived twice in round %d (again in bucket %d)", e.Name, m.Version, m.Seq)
 		case e.Chunk != have:
 			return nil, fmt.Errorf("tensor %q: bucket %d carries bytes [%d, %d) but %d bytes had arrived; chunks out of order", e.Name, m.Seq, e.Chunk, e.Chunk+e.Size, have)
+		case !seen && len(got) >= maxTensors:
+			return nil, fmt.Errorf("round %d carries more than %d tensors (bucket %d); the limit keeps a receiver's bookkeeping bounded", m.Version, maxTensors, m.Seq)
 		}
 		got[e.Name] = progress{have + e.Size, e.Total}
 		if data != nil {
