@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/weightcast/weightcast/pipeline"
@@ -46,9 +47,11 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	}
 	defer group.Close()
 
+	var watch sync.WaitGroup
+	defer watch.Wait()
 	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
+	defer cancel(nil) // runs before watch.Wait: ends the watcher below
+	watch.Go(func() {
 		select {
 		case <-group.PeerGone():
 		case <-ctx.Done():
@@ -64,7 +67,7 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 			cancel(group.Err())
 		case <-ctx.Done():
 		}
-	}()
+	})
 
 	dev, err := rankDevice(c, transportName, c.rank)
 	if err != nil {
@@ -73,22 +76,29 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	if cl, ok := dev.(interface{ Close() error }); ok {
 		defer cl.Close() // after the transport and the buffers, deferred below
 	}
-	opts := map[string]string{}
+	cfg := transport.Config{Group: c.group, Rank: c.rank, WorldSize: c.worldSize, Device: dev, Exchange: group, Timeout: c.timeout}
+	// Sockets other hosts connect to (the metadata bus, the tcp chain)
+	// listen on every interface and publish --advertise. ipc and nccl
+	// find their peers themselves.
+	netCfg := cfg
 	if c.advertise != "" {
-		opts = map[string]string{"bind": "0.0.0.0", "advertise": c.advertise}
+		netCfg.Options = map[string]string{"bind": "0.0.0.0", "advertise": c.advertise}
 	}
-	cfg := transport.Config{Group: c.group, Rank: c.rank, WorldSize: c.worldSize, Device: dev, Exchange: group, Timeout: c.timeout, Options: opts}
 	l := &links{}
 	defer l.close()
 	if c.rank == 0 {
-		l.publisher, err = zmqbus.OpenPublisher(ctx, cfg)
+		l.publisher, err = zmqbus.OpenPublisher(ctx, netCfg)
 	} else {
-		l.sub, err = zmqbus.OpenSubscriber(ctx, cfg)
+		l.sub, err = zmqbus.OpenSubscriber(ctx, netCfg)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if l.endpoint, err = transport.Open(ctx, transportName, cfg); err != nil {
+	tcfg := cfg
+	if transportName == "tcp" {
+		tcfg = netCfg
+	}
+	if l.endpoint, err = transport.Open(ctx, transportName, tcfg); err != nil {
 		return nil, err
 	}
 	res, err := runRank(ctx, c, c.rank, l, dev, tracer, report)
