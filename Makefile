@@ -44,5 +44,12 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
 
+# Test binaries and the demo for a GPU machine that has no Go: copy .gpu/
+# there and run, for example, `cd stages && ../.gpu/stages.test -test.run GPU`.
+gpu-bins:
+	mkdir -p .gpu
+	CGO_ENABLED=1 $(GO) test -c -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx
+	CGO_ENABLED=1 $(GO) build -o .gpu/demo ./cmd/demo
+
 clean:
 	rm -rf bin .gpu
