@@ -104,6 +104,13 @@ type SourceInfo struct {
 type ShardInfo struct {
 	File    string   `json:"file"`
 	Tensors []string `json:"tensors"`
+	// DTypes and Shapes, when set, give the dtype and shape of each of
+	// Tensors (same length, same order) as the round carries them (after
+	// a Cast, the cast dtype). They let a receiver lay out the file's
+	// header before its tensors arrive (WriteSafetensors writes every
+	// byte in place then). Empty when unknown, as from older senders.
+	DTypes []dtype.DType `json:"dtypes,omitempty"`
+	Shapes [][]int64     `json:"shapes,omitempty"`
 	// Metadata is this file's own __metadata__ when it differs per shard.
 	Metadata     map[string]string `json:"metadata,omitempty"`
 	MetadataKeys []string          `json:"metadata_keys,omitempty"`

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/weightcast/weightcast/cast"
@@ -30,7 +31,7 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, castScratch); re
 // dtype on the wire.
 //
 // The result describes itself as src does (Describer, with the checkpoint
-// metadata unchanged) and finds tensors as src does (Lookup, returning the
+// metadata unchanged and each cast tensor's announced dtype set to to) and finds tensors as src does (Lookup, returning the
 // cast tensor), when src supports those.
 func Cast(src Source, to dtype.DType) Source {
 	if to == dtype.Invalid {
@@ -42,6 +43,10 @@ func Cast(src Source, to dtype.DType) Source {
 type castSource struct {
 	src Source
 	to  dtype.DType
+
+	mu      sync.Mutex
+	infoSrc *SourceInfo // the src description info was derived from
+	info    *SourceInfo
 }
 
 // castable reports whether Cast converts tensors of from to to.
@@ -76,12 +81,50 @@ func (c *castSource) wrap(t *Tensor) (*Tensor, error) {
 	return &Tensor{Name: t.Name, DType: c.to, Shape: t.Shape, Reader: &castReader{src: t, to: c.to, size: size}}, nil
 }
 
-// SourceInfo returns src's description, or nil when src has none.
+// SourceInfo returns src's description with the dtypes of the tensors it
+// casts rewritten to the cast dtype, or nil when src has none. The result
+// is shared and must not be modified.
 func (c *castSource) SourceInfo() *SourceInfo {
-	if d, ok := c.src.(Describer); ok {
-		return d.SourceInfo()
+	d, ok := c.src.(Describer)
+	if !ok {
+		return nil
 	}
-	return nil
+	info := d.SourceInfo()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if info != c.infoSrc {
+		c.infoSrc, c.info = info, castInfo(info, c.to)
+	}
+	return c.info
+}
+
+// castInfo returns a copy of info whose shard dtypes are those Cast gives
+// the tensors (info itself when nothing changes).
+func castInfo(info *SourceInfo, to dtype.DType) *SourceInfo {
+	if info == nil {
+		return nil
+	}
+	var out *SourceInfo
+	for i, sh := range info.Shards {
+		for j, dt := range sh.DTypes {
+			if !castable(dt, to) {
+				continue
+			}
+			if out == nil {
+				cp := *info
+				cp.Shards = slices.Clone(info.Shards)
+				out = &cp
+			}
+			if &out.Shards[i].DTypes[0] == &info.Shards[i].DTypes[0] {
+				out.Shards[i].DTypes = slices.Clone(sh.DTypes)
+			}
+			out.Shards[i].DTypes[j] = to
+		}
+	}
+	if out == nil {
+		return info
+	}
+	return out
 }
 
 // Lookup returns src's tensor called name, cast as Tensors casts it.

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
 )
 
@@ -195,9 +196,12 @@ func describe(m *safetensors.Model, shards []*safetensors.File, names []string) 
 	first := shards[0]
 	info.Metadata, info.MetadataKeys = first.Metadata(), first.MetadataKeys()
 	for i, sf := range shards {
-		si := ShardInfo{File: names[i], Tensors: make([]string, 0, sf.Len())}
+		n := sf.Len()
+		si := ShardInfo{File: names[i], Tensors: make([]string, 0, n), DTypes: make([]dtype.DType, 0, n), Shapes: make([][]int64, 0, n)}
 		for _, t := range sf.Tensors() {
 			si.Tensors = append(si.Tensors, t.Name)
+			si.DTypes = append(si.DTypes, t.DType)
+			si.Shapes = append(si.Shapes, append([]int64{}, t.Shape...)) // [] for a scalar, not null
 		}
 		if md, keys := sf.Metadata(), sf.MetadataKeys(); !maps.Equal(md, info.Metadata) || !slices.Equal(keys, info.MetadataKeys) {
 			si.Metadata, si.MetadataKeys = md, keys
@@ -232,7 +236,8 @@ func (c *Checkpoint) Tensors(ctx context.Context, emit func(*Tensor) error) erro
 
 // SourceInfo describes the checkpoint: format "safetensors", the first
 // file's __metadata__ with its key order, each file with its tensors in
-// file order (and its own metadata where it differs from the first's), and
+// file order with their dtypes and shapes (and its own metadata where it
+// differs from the first's), and
 // the index's "metadata" object. The result is shared and must not be
 // modified.
 func (c *Checkpoint) SourceInfo() *SourceInfo { return c.info }

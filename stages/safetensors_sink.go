@@ -56,10 +56,15 @@ func SafetensorsFileName(name string) SafetensorsOption {
 //
 // The files are streamed to disk as chunks arrive; no tensor is held in
 // memory. A file's header depends on the dtype and shape of every tensor in
-// it, which the round's SourceInfo does not carry, so the bytes of a file's
-// tensors before its last one are spooled to a temporary file and copied
-// behind the header once the last tensor's first chunk arrives; the last
-// tensor is written in place.
+// it. When the round's SourceInfo announces them (ShardInfo.DTypes and
+// Shapes, as a Checkpoint's and a Cast's do), the sink creates each file
+// with its header when the file's first tensor arrives and writes every
+// chunk in place, so each byte is written once; a tensor that arrives with
+// another dtype or shape than announced fails the round with an error
+// naming it. Without them (an older sender), the bytes of a file's tensors
+// before its last one are spooled to a temporary file and copied behind
+// the header once the last tensor's first chunk arrives (most bytes are
+// then written twice); the last tensor is written in place.
 //
 // A round is written into a hidden directory inside dir (named
 // .weightcast-round-*). Each finished file is synced there; Commit checks
@@ -111,8 +116,12 @@ type stRound struct {
 
 // stShard is one file of a round.
 type stShard struct {
-	name     string
-	want     []string // tensor names in file order (nil when open)
+	name string
+	want []string // tensor names in file order (nil when open)
+	// layout is every tensor of the file with its dtype and shape when
+	// the source announced them, else nil (the header waits for the
+	// file's last tensor).
+	layout   []safetensors.TensorInfo
 	meta     map[string]string
 	metaKeys []string
 
@@ -149,7 +158,7 @@ func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *Sourc
 	// Files with no tensors are complete already.
 	for _, sh := range r.shards {
 		if !r.open && len(sh.want) == 0 {
-			if err := s.openWriter(ctx, r, sh, 0); err != nil {
+			if err := s.openWriter(ctx, r, sh, nil, 0); err != nil {
 				s.abortLocked()
 				return err
 			}
@@ -194,6 +203,11 @@ func (s *SafetensorsSink) plan(r *stRound, info *SourceInfo) error {
 			tensors[t] = si.File
 		}
 		sh := &stShard{name: si.File, want: si.Tensors, meta: info.Metadata, metaKeys: info.MetadataKeys}
+		layout, err := shardLayout(si)
+		if err != nil {
+			return err
+		}
+		sh.layout = layout
 		if si.Metadata != nil {
 			sh.meta, sh.metaKeys = si.Metadata, si.MetadataKeys
 		}
@@ -218,6 +232,31 @@ func (s *SafetensorsSink) plan(r *stRound, info *SourceInfo) error {
 		r.index = idx.Marshal()
 	}
 	return nil
+}
+
+// shardLayout returns the tensors of si with their announced dtypes and
+// shapes, nil when si announces none, and an error when the announcement
+// is malformed.
+func shardLayout(si ShardInfo) ([]safetensors.TensorInfo, error) {
+	if len(si.DTypes) == 0 && len(si.Shapes) == 0 {
+		return nil, nil
+	}
+	if len(si.DTypes) != len(si.Tensors) || len(si.Shapes) != len(si.Tensors) {
+		return nil, fmt.Errorf("safetensors sink: the source lists %d tensors in %s with %d dtypes and %d shapes; it must give one of each per tensor, or none",
+			len(si.Tensors), si.File, len(si.DTypes), len(si.Shapes))
+	}
+	layout := make([]safetensors.TensorInfo, len(si.Tensors))
+	for i, name := range si.Tensors {
+		dt, shape := si.DTypes[i], si.Shapes[i]
+		if len(shape) > MaxRank {
+			return nil, fmt.Errorf("safetensors sink: the source announces tensor %q in %s with %d dimensions; the limit is %d", name, si.File, len(shape), MaxRank)
+		}
+		if _, err := dt.Bytes(shape); err != nil {
+			return nil, fmt.Errorf("safetensors sink: the source announces tensor %q in %s as %s%v: %w", name, si.File, dt, shape, err)
+		}
+		layout[i] = safetensors.TensorInfo{Name: name, DType: dt, Shape: slices.Clone(shape)}
+	}
+	return layout, nil
 }
 
 // plainName reports whether name can be a file directly in the sink's
@@ -254,12 +293,25 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error
 			return fmt.Errorf("safetensors sink: tensor %q arrived where %s expects %q (tensor %d of %d); tensors must arrive in source order, all of them",
 				e.Name, sh.name, sh.want[sh.next], sh.next+1, len(sh.want))
 		}
+		if sh.layout != nil {
+			if want := sh.layout[sh.next]; e.DType != want.DType || !slices.Equal(e.Shape, want.Shape) {
+				return fmt.Errorf("safetensors sink: tensor %q arrived as %s%v, but the round's source description announces it as %s%v in %s; the sender's description does not match what it sends",
+					e.Name, e.DType, e.Shape, want.DType, want.Shape, sh.name)
+			}
+		}
 		sh.infos = append(sh.infos, safetensors.TensorInfo{Name: e.Name, DType: e.DType, Shape: slices.Clone(e.Shape)})
 		sh.rel, sh.inTensor = sh.dataLen, true
 		sh.dataLen += e.Total
-		if !r.open && sh.next == len(sh.want)-1 {
+		switch {
+		case sh.w != nil:
+		case sh.layout != nil:
+			// The header is announced: write the whole file in place.
+			if err := s.openWriter(ctx, r, sh, sh.layout, 0); err != nil {
+				return err
+			}
+		case !r.open && sh.next == len(sh.want)-1:
 			// The last tensor of the file: its header is known now.
-			if err := s.openWriter(ctx, r, sh, sh.rel); err != nil {
+			if err := s.openWriter(ctx, r, sh, sh.infos, sh.rel); err != nil {
 				return err
 			}
 		}
@@ -271,9 +323,12 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error
 	}
 	if len(data) > 0 {
 		var err error
-		if sh.w != nil {
+		switch {
+		case sh.layout != nil:
+			err = sh.w.WriteTensorAt(e.Name, data, e.Chunk)
+		case sh.w != nil:
 			_, err = sh.w.WriteAt(data, sh.w.DataOffset()+sh.rel+e.Chunk)
-		} else {
+		default:
 			err = s.spillWrite(r, sh, data, sh.rel+e.Chunk)
 		}
 		if err != nil {
@@ -306,10 +361,10 @@ func (s *SafetensorsSink) spillWrite(r *stRound, sh *stShard, data []byte, off i
 	return err
 }
 
-// openWriter creates the shard's file in the staging directory now that
-// its header is known, and copies the first spooled bytes of the data
-// region behind it.
-func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShard, spooled int64) error {
+// openWriter creates the shard's file holding tensors in the staging
+// directory now that its header is known, and copies the first spooled
+// bytes of the data region behind it.
+func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShard, tensors []safetensors.TensorInfo, spooled int64) error {
 	var opts []safetensors.Option
 	if sh.metaKeys != nil {
 		opts = append(opts, safetensors.WithMetadataOrder(sh.metaKeys))
@@ -317,7 +372,7 @@ func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShar
 	if s.opts.noSync {
 		opts = append(opts, safetensors.WithoutSync())
 	}
-	w, err := safetensors.Create(filepath.Join(r.staging, sh.name), sh.infos, sh.meta, opts...)
+	w, err := safetensors.Create(filepath.Join(r.staging, sh.name), tensors, sh.meta, opts...)
 	if err != nil {
 		return fmt.Errorf("safetensors sink: %w", err)
 	}
@@ -384,7 +439,7 @@ func (s *SafetensorsSink) commit(ctx context.Context, r *stRound) error {
 		if sh.inTensor {
 			return fmt.Errorf("safetensors sink: round %d ended with tensor %q incomplete", r.version, sh.infos[len(sh.infos)-1].Name)
 		}
-		if err := s.openWriter(ctx, r, sh, sh.dataLen); err != nil {
+		if err := s.openWriter(ctx, r, sh, sh.infos, sh.dataLen); err != nil {
 			return err
 		}
 		if err := s.closeShard(sh); err != nil {
