@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,4 +192,146 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 	// A later good round works after all this.
 	good(s, 4)
 	sameFiles(t, snapshot, dir)
+}
+
+// TestSafetensorsSinkAnnounced feeds the sink a description with dtypes and
+// shapes: it writes each file in place from its first tensor on (no spool
+// file), the files are byte-identical to those of a description without
+// them, and a tensor that arrives unlike its announcement fails the round.
+func TestSafetensorsSinkAnnounced(t *testing.T) {
+	ctx := context.Background()
+	names := func() ShardInfo { return ShardInfo{File: "a.safetensors", Tensors: []string{"x", "y"}} }
+	plain := &SourceInfo{Format: "safetensors", Metadata: map[string]string{"format": "pt"}, MetadataKeys: []string{"format"},
+		Shards: []ShardInfo{names(), {File: "b.safetensors", Tensors: []string{"z"}}}}
+	announced := *plain
+	announced.Shards = []ShardInfo{names(), {File: "b.safetensors", Tensors: []string{"z"}}}
+	announced.Shards[0].DTypes, announced.Shards[0].Shapes = []dtype.DType{dtype.U8, dtype.I16}, [][]int64{{3}, {2, 2}}
+	announced.Shards[1].DTypes, announced.Shards[1].Shapes = []dtype.DType{dtype.U8}, [][]int64{{}}
+	type load struct {
+		e    Entry
+		data string
+	}
+	loads := []load{
+		{Entry{Name: "x", DType: dtype.U8, Shape: []int64{3}, Size: 2, Total: 3}, "xx"},
+		{Entry{Name: "x", DType: dtype.U8, Shape: []int64{3}, Size: 1, Chunk: 2, Total: 3}, "x"},
+		{Entry{Name: "y", DType: dtype.I16, Shape: []int64{2, 2}, Size: 8, Total: 8}, "yyyyyyyy"},
+		{Entry{Name: "z", DType: dtype.U8, Shape: []int64{}, Size: 1, Total: 1}, "z"},
+	}
+	write := func(info *SourceInfo) string {
+		t.Helper()
+		dir := t.TempDir()
+		s := WriteSafetensors(dir, SafetensorsWithoutSync())
+		if err := s.Begin(ctx, 1, info); err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range loads {
+			if err := s.Load(ctx, &l.e, []byte(l.data)); err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				staged, _ := filepath.Glob(filepath.Join(dir, stagingPrefix+"*", ".*"))
+				spilled := slices.ContainsFunc(staged, func(p string) bool { return strings.HasPrefix(filepath.Base(p), ".spill-") })
+				if spilled != (info == plain) {
+					t.Fatalf("after the first chunk the round's directory holds %q; spooled %v, want %v", staged, spilled, info == plain)
+				}
+			}
+		}
+		if err := s.Commit(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	want, got := write(plain), write(&announced)
+	sameFiles(t, want, got)
+	if meta, tensors := miniRead(t, filepath.Join(got, "a.safetensors")); meta["format"] != "pt" || tensors["y"].DType != "I16" || string(tensors["y"].data) != "yyyyyyyy" {
+		t.Fatalf("a.safetensors: metadata %v, tensors %v", meta, tensors)
+	}
+
+	dir := t.TempDir()
+	s := WriteSafetensors(dir, SafetensorsWithoutSync())
+	cases := []struct {
+		name  string
+		e     Entry
+		wants string
+	}{
+		{"dtype", Entry{Name: "x", DType: dtype.I8, Shape: []int64{3}, Size: 3, Total: 3}, `tensor "x" arrived as I8[3], but the round's source description announces it as U8[3] in a.safetensors`},
+		{"shape", Entry{Name: "x", DType: dtype.U8, Shape: []int64{1, 3}, Size: 3, Total: 3}, `tensor "x" arrived as U8[1 3], but the round's source description announces it as U8[3]`},
+	}
+	for _, c := range cases {
+		if err := s.Begin(ctx, 2, &announced); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Load(ctx, &c.e, []byte("xxx")); err == nil || !strings.Contains(err.Error(), c.wants) {
+			t.Fatalf("%s: %v, want an error containing %s", c.name, err, c.wants)
+		}
+		if err := s.Abort(); err != nil {
+			t.Fatal(err)
+		}
+		if left := dirFiles(t, dir); len(left) != 0 {
+			t.Fatalf("%s: the failed round left %q", c.name, left)
+		}
+	}
+	// A malformed announcement is refused at Begin.
+	bad := announced
+	bad.Shards = slices.Clone(announced.Shards)
+	bad.Shards[0].DTypes = bad.Shards[0].DTypes[:1]
+	if err := s.Begin(ctx, 3, &bad); err == nil || !strings.Contains(err.Error(), "2 tensors in a.safetensors with 1 dtypes and 2 shapes") {
+		t.Fatalf("short dtypes: %v", err)
+	}
+	bad.Shards[0].DTypes, bad.Shards[0].Shapes = announced.Shards[0].DTypes, [][]int64{{3}, {-1}}
+	if err := s.Begin(ctx, 3, &bad); err == nil || !strings.Contains(err.Error(), `tensor "y" in a.safetensors as I16[-1]`) {
+		t.Fatalf("negative dimension: %v", err)
+	}
+	s.Abort()
+}
+
+// TestSourceInfoDTypesWire checks that a shard's dtypes and shapes survive
+// the wire, and are left out (so older peers decode the metadata) when
+// unknown.
+func TestSourceInfoDTypesWire(t *testing.T) {
+	m := &BucketMeta{Source: &SourceInfo{Format: "synthetic", Shards: []ShardInfo{{File: "a.safetensors", Tensors: []string{"x"}}}}}
+	b, err := EncodeMeta(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(b, []byte("dtypes")) || bytes.Contains(b, []byte("shapes")) {
+		t.Fatalf("a shard without dtypes encodes them: %s", b)
+	}
+	m.Source.Shards[0].DTypes, m.Source.Shards[0].Shapes = []dtype.DType{dtype.BF16}, [][]int64{{2, 3}}
+	if b, err = EncodeMeta(m); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(`"dtypes":["BF16"],"shapes":[[2,3]]`)) {
+		t.Fatalf("encoded %s", b)
+	}
+	got, err := DecodeMeta(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh := got.Source.Shards[0]; !slices.Equal(sh.DTypes, []dtype.DType{dtype.BF16}) || len(sh.Shapes) != 1 || !slices.Equal(sh.Shapes[0], []int64{2, 3}) {
+		t.Fatalf("decoded %+v", sh)
+	}
+}
+
+// TestCastSourceInfo checks that Cast announces the cast dtype for the
+// tensors it casts, and leaves its source's description alone.
+func TestCastSourceInfo(t *testing.T) {
+	info := &SourceInfo{Format: "safetensors", Shards: []ShardInfo{
+		{File: "a", Tensors: []string{"w", "i"}, DTypes: []dtype.DType{dtype.F32, dtype.I64}, Shapes: [][]int64{{2}, {2}}},
+		{File: "b", Tensors: []string{"h"}, DTypes: []dtype.DType{dtype.BF16}, Shapes: [][]int64{{4}}},
+	}}
+	got := castInfo(info, dtype.BF16)
+	if !slices.Equal(got.Shards[0].DTypes, []dtype.DType{dtype.BF16, dtype.I64}) || !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.BF16}) {
+		t.Fatalf("cast to BF16 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
+	}
+	if info.Shards[0].DTypes[0] != dtype.F32 {
+		t.Fatal("castInfo modified its source's description")
+	}
+	if got := castInfo(info, dtype.F32); !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.F32}) || !slices.Equal(got.Shards[0].DTypes, info.Shards[0].DTypes) {
+		t.Fatalf("cast to F32 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
+	}
+	noFloats := &SourceInfo{Shards: []ShardInfo{{File: "a", Tensors: []string{"i"}, DTypes: []dtype.DType{dtype.I64}, Shapes: [][]int64{{2}}}}}
+	if castInfo(noFloats, dtype.BF16) != noFloats {
+		t.Fatal("castInfo copied a description it does not change")
+	}
 }
