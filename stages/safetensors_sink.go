@@ -19,6 +19,12 @@ import (
 // writes a round into before moving its files into place.
 const stagingPrefix = ".weightcast-round-"
 
+// sinkWriteSize is the most bytes a SafetensorsSink writes with one
+// system call. Writing a 64 MiB bucket entry with a single pwrite ran at
+// half the speed of writing it 1 MiB at a time (Linux, ext4, page cache;
+// BenchmarkWriteSafetensors).
+const sinkWriteSize = 1 << 20
+
 // SafetensorsOption adjusts WriteSafetensors.
 type SafetensorsOption func(*safetensorsOptions)
 
@@ -321,19 +327,22 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error
 			return fmt.Errorf("safetensors sink: tensor %q arrived while tensor %q was incomplete", e.Name, last.Name)
 		}
 	}
-	if len(data) > 0 {
+	for done := 0; done < len(data); {
+		p := data[done:min(done+sinkWriteSize, len(data))]
+		at := e.Chunk + int64(done)
 		var err error
 		switch {
 		case sh.layout != nil:
-			err = sh.w.WriteTensorAt(e.Name, data, e.Chunk)
+			err = sh.w.WriteTensorAt(e.Name, p, at)
 		case sh.w != nil:
-			_, err = sh.w.WriteAt(data, sh.w.DataOffset()+sh.rel+e.Chunk)
+			_, err = sh.w.WriteAt(p, sh.w.DataOffset()+sh.rel+at)
 		default:
-			err = s.spillWrite(r, sh, data, sh.rel+e.Chunk)
+			err = s.spillWrite(r, sh, p, sh.rel+at)
 		}
 		if err != nil {
 			return fmt.Errorf("safetensors sink: writing tensor %q: %w", e.Name, err)
 		}
+		done += len(p)
 	}
 	if !e.Complete() {
 		return nil
