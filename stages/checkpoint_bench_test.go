@@ -276,9 +276,8 @@ func BenchmarkCheckpoint(b *testing.B) {
 // BenchmarkWriteSafetensors syncs the 1 GiB checkpoint (from the page
 // cache) to one receiver that writes it with WriteSafetensors (no fsync),
 // against copying the files into a directory with io.Copy in the same run.
-// The sink spools each file's bytes before its last tensor to a temporary
-// file and copies them behind the header (see WriteSafetensors), so it
-// writes most bytes twice.
+// A checkpoint announces each tensor's dtype and shape, so the sink opens
+// every file at its first tensor and writes each byte once, in place.
 //
 //	go test -run '^$' -bench WriteSafetensors -benchtime 3x ./stages
 func BenchmarkWriteSafetensors(b *testing.B) {
