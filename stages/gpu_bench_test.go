@@ -56,23 +56,8 @@ func devicePool(b *testing.B, d *gpu.CUDADevice, bucket int) *Pool {
 func BenchmarkGPUPackDevice(b *testing.B) {
 	d := gpuTestDevice(b)
 	const total, each = 1 << 30, 16 << 20
-	var src Tensors
-	for i := range total / each {
-		buf := gpuAlloc(b, d, each)
-		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{each / 2}, Device: buf})
-	}
-	b.Run("plainD2D", func(b *testing.B) {
-		s := gpuStream(b, d)
-		from, to := gpuAlloc(b, d, total), gpuAlloc(b, d, total)
-		b.SetBytes(total)
-		for b.Loop() {
-			if err := s.CopyDtoD(to, 0, from, 0, total); err != nil {
-				b.Fatal(err)
-			}
-			gpuSync(b, s)
-		}
-		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-	})
+	src := deviceTensors(b, d, total, each)
+	b.Run("plainD2D", func(b *testing.B) { benchPlainD2D(b, d, total) })
 	for _, c := range []struct {
 		name   string
 		plan   devicePlan
@@ -177,23 +162,8 @@ func BenchmarkGPUPackHost(b *testing.B) {
 func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 	d := gpuTestDevice(b)
 	const total, each = 16 << 30, 256 << 20
-	var src Tensors
-	for i := range total / each {
-		buf := gpuAlloc(b, d, each)
-		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{each / 2}, Device: buf})
-	}
-	b.Run("plainD2D", func(b *testing.B) {
-		s := gpuStream(b, d)
-		from, to := gpuAlloc(b, d, total), gpuAlloc(b, d, total)
-		b.SetBytes(total)
-		for b.Loop() {
-			if err := s.CopyDtoD(to, 0, from, 0, total); err != nil {
-				b.Fatal(err)
-			}
-			gpuSync(b, s)
-		}
-		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-	})
+	src := deviceTensors(b, d, total, each)
+	b.Run("plainD2D", func(b *testing.B) { benchPlainD2D(b, d, total) })
 	b.Run("pack", func(b *testing.B) {
 		pool := devicePool(b, d, 1<<30)
 		packOnly(b, src, pool) // warm up: loads the kernel
@@ -205,4 +175,30 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 		logPaths(b)
 	})
+}
+
+// deviceTensors allocates total bytes of bf16 device tensors of each bytes,
+// one allocation per tensor.
+func deviceTensors(b *testing.B, d *gpu.CUDADevice, total, each int) Tensors {
+	var src Tensors
+	for i := range total / each {
+		buf := gpuAlloc(b, d, each)
+		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{int64(each / 2)}, Device: buf})
+	}
+	return src
+}
+
+// benchPlainD2D is the baseline of the pack benchmarks: one plain
+// device-to-device copy of total bytes per iteration.
+func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
+	s := gpuStream(b, d)
+	from, to := gpuAlloc(b, d, total), gpuAlloc(b, d, total)
+	b.SetBytes(int64(total))
+	for b.Loop() {
+		if err := s.CopyDtoD(to, 0, from, 0, total); err != nil {
+			b.Fatal(err)
+		}
+		gpuSync(b, s)
+	}
+	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
