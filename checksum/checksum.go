@@ -44,7 +44,18 @@ func partial(b []byte, first uint64) uint64 {
 
 // Sum returns the checksum of b on the calling goroutine.
 func Sum(b []byte) uint64 {
-	return fmix64(partial(b, 0) ^ uint64(len(b)))
+	return Finish(partial(b, 0), int64(len(b)))
+}
+
+// Finish finishes a checksum of n bytes from sum, the sum modulo 2^64 of
+// the contributions of its words, fmix64(w_i + (i+1)·φ) (see the package
+// doc), as a parallel or GPU implementation computes it: in any grouping
+// and any order. Finish(sum, n) is fmix64(sum ^ n); Sum(b) equals
+// Finish of the sum of b's word contributions and len(b). n is an int64
+// so that streams (Digest) and device buffers past 2 GiB finish the same
+// way on every platform.
+func Finish(sum uint64, n int64) uint64 {
+	return fmix64(sum ^ uint64(n))
 }
 
 // parallelMin is the size above which SumParallel splits the work.
@@ -74,7 +85,7 @@ func SumParallel(b []byte) uint64 {
 	for _, v := range sums {
 		s += v
 	}
-	return fmix64(s ^ uint64(len(b)))
+	return Finish(s, int64(len(b)))
 }
 
 // Digest computes Sum over bytes written in pieces, in order.
@@ -113,5 +124,5 @@ func (d *Digest) Sum64() uint64 {
 	if d.nt > 0 {
 		s += partial(d.tail[:d.nt], (d.n-uint64(d.nt))/8)
 	}
-	return fmix64(s ^ d.n)
+	return Finish(s, int64(d.n))
 }

@@ -1,6 +1,7 @@
 package checksum
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 
@@ -109,5 +110,48 @@ func TestDigestMatchesSum(t *testing.T) {
 		if d.Sum64() != want {
 			t.Fatal("digest over pieces differs from Sum")
 		}
+	}
+}
+
+// contribution is word i's term of the sum, written out from the package
+// doc rather than taken from partial.
+func contribution(b []byte, i int) uint64 {
+	var w [8]byte
+	copy(w[:], b[8*i:min(len(b), 8*i+8)])
+	return fmix64(binary.LittleEndian.Uint64(w[:]) + uint64(i+1)*0x9e3779b97f4a7c15)
+}
+
+// TestFinish adds the words' contributions the way a GPU does (in random
+// groups, in random order) and checks that Finish of the total is Sum;
+// a wrong length or a missing word gives another checksum.
+func TestFinish(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 1000, 4099} {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		words := (n + 7) / 8
+		slots := make([]uint64, 1+rng.IntN(5))
+		for _, i := range rng.Perm(words) {
+			slots[rng.IntN(len(slots))] += contribution(b, i)
+		}
+		var sum uint64
+		for _, s := range slots {
+			sum += s
+		}
+		want := Sum(b)
+		if got := Finish(sum, int64(n)); got != want {
+			t.Fatalf("n=%d: Finish = %#x, Sum = %#x", n, got, want)
+		}
+		if Finish(sum, int64(n)+1) == want {
+			t.Fatalf("n=%d: Finish ignores the length", n)
+		}
+		if words > 0 && Finish(sum-contribution(b, words-1), int64(n)) == want {
+			t.Fatalf("n=%d: Finish ignores the last word", n)
+		}
+	}
+	if Finish(0, 0) != Sum(nil) {
+		t.Fatal("Finish(0, 0) is not the checksum of nothing")
 	}
 }
