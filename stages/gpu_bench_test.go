@@ -67,6 +67,8 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 		{"pack-batch", devicePlan{}, 256 << 20},
 		{"pack-perCopy", devicePlan{perCopy: true}, 256 << 20},
 		{"pack-1GiB", defaultPlan, 1 << 30},
+		{"pack-batch-lanes2", devicePlan{lanes: 2, laneAbove: 1 << 20}, 256 << 20},
+		{"pack-batch-lanes4", devicePlan{lanes: 4, laneAbove: 1 << 20}, 256 << 20},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			withPlan(b, c.plan)
@@ -164,17 +166,29 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 	const total, each = 16 << 30, 256 << 20
 	src := deviceTensors(b, d, total, each)
 	b.Run("plainD2D", func(b *testing.B) { benchPlainD2D(b, d, total) })
-	b.Run("pack", func(b *testing.B) {
-		pool := devicePool(b, d, 1<<30)
-		packOnly(b, src, pool) // warm up: loads the kernel
-		b.SetBytes(total)
-		b.ResetTimer()
-		for b.Loop() {
-			packOnly(b, src, pool)
-		}
-		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-		logPaths(b)
-	})
+	for _, c := range []struct {
+		name string
+		plan devicePlan
+	}{
+		{"pack", defaultPlan},
+		{"pack-lanes1", devicePlan{gatherBelow: 64 << 20}},
+		{"pack-lanes2", devicePlan{gatherBelow: 64 << 20, lanes: 2, laneAbove: 64 << 20}},
+		{"pack-lanes3", devicePlan{gatherBelow: 64 << 20, lanes: 3, laneAbove: 64 << 20}},
+		{"pack-lanes4", devicePlan{gatherBelow: 64 << 20, lanes: 4, laneAbove: 64 << 20}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			withPlan(b, c.plan)
+			pool := devicePool(b, d, 1<<30)
+			packOnly(b, src, pool) // warm up: loads the kernel
+			b.SetBytes(total)
+			b.ResetTimer()
+			for b.Loop() {
+				packOnly(b, src, pool)
+			}
+			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			logPaths(b)
+		})
+	}
 }
 
 // deviceTensors allocates total bytes of bf16 device tensors of each bytes,

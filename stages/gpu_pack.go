@@ -66,16 +66,26 @@ type devicePlan struct {
 	// perCopy queues the copy engine's copies one cuMemcpyAsync each
 	// instead of with cuMemcpyBatchAsync.
 	perCopy bool
+	// lanes is the number of streams the copy engine's device-to-device
+	// copies of at least laneAbove bytes are spread over, in turn: the
+	// copy stream and lanes-1 more, joined back into the copy stream
+	// before the bucket's ready event, so that one copy's ramp-up and
+	// drain overlap another's. 0 or 1: the copy stream alone.
+	lanes     int
+	laneAbove int64
 }
 
 // defaultPlan is the plan Pack uses: device-to-device copies under 64 MiB
-// through the gather kernel, larger ones on the copy engine. Measured on an
-// H200 (docs/benchmarks.md): 100,000 scattered 4 KiB tensors at 0.62 µs
-// each against 4.94 through cuMemcpyBatchAsync; 64 × 16 MiB at 1742 GB/s
-// (256 KiB kernel pieces) against 1405 batched; but 64 × 256 MiB through
-// the kernel at 1009 GB/s, half of what the copy engine does with one large
-// copy (2102), hence the threshold. The mixed plan itself was not measured.
-var defaultPlan = devicePlan{gatherBelow: 64 << 20}
+// through the gather kernel, larger ones on the copy engine, spread over
+// two streams. Measured on an H200 (docs/benchmarks.md): 100,000 scattered
+// 4 KiB tensors at 0.62 µs each against 4.94 through cuMemcpyBatchAsync;
+// 64 × 16 MiB at 1742 GB/s (256 KiB kernel pieces) against 1405 batched;
+// but 64 × 256 MiB through the kernel at 1009 GB/s, half of what the copy
+// engine does with one large copy (2102), hence the threshold; and 16 GiB
+// of 256 MiB tensors into 1 GiB buckets at 1947 GB/s on one stream, 2089 on
+// two, 2093 on three, 2077 on four, against 2115 for one plain 16 GiB copy
+// (BenchmarkGPUPackDevice16GiB), hence the two lanes.
+var defaultPlan = devicePlan{gatherBelow: 64 << 20, lanes: 2, laneAbove: 64 << 20}
 
 // finalWait bounds the wait for a round's copies when the round's own
 // context is already done (so that memory is never freed under a copy).
@@ -111,6 +121,15 @@ type deviceFill struct {
 	klastSrc uint64
 	onGPU    func(gpu.Buffer) bool
 
+	// lanes are the extra streams of plan.lanes, with a queue each;
+	// laneUsed marks those with copies into the current bucket, next is
+	// the stream (0: the copy stream, i: lanes[i-1]) of the next large
+	// copy.
+	lanes     []*gpu.Stream
+	laneBatch []gpu.CopyBatch
+	laneUsed  []bool
+	next      int
+
 	staging   [StagingBuffers]gpu.Buffer
 	stageAddr [StagingBuffers]uint64
 	stageDone [StagingBuffers]*gpu.Event // recorded after the last copies out of each
@@ -128,6 +147,16 @@ func newDeviceFill(pool *Pool) (*deviceFill, error) {
 		return nil, fmt.Errorf("pack: creating the copy stream: %w", err)
 	}
 	f := &deviceFill{dev: dev, stream: s, plan: defaultPlan}
+	for range f.plan.lanes - 1 {
+		ls, err := dev.NewStream()
+		if err != nil {
+			f.close(context.Background())
+			return nil, fmt.Errorf("pack: creating a copy lane: %w", err)
+		}
+		f.lanes = append(f.lanes, ls)
+	}
+	f.laneBatch = make([]gpu.CopyBatch, len(f.lanes))
+	f.laneUsed = make([]bool, len(f.lanes))
 	if f.plan.gatherBelow > 0 {
 		f.kernel, f.gather = true, s.NewGather()
 		f.onGPU = func(b gpu.Buffer) bool {
@@ -166,6 +195,19 @@ func (f *deviceFill) add(dst, src uint64, n int64, srcBase uint64) error {
 	return nil
 }
 
+// addLarge queues a large device-to-device copy on the next stream in
+// turn (see devicePlan.lanes).
+func (f *deviceFill) addLarge(dst, src uint64, n int64, srcBase uint64) error {
+	i := f.next
+	f.next = (f.next + 1) % (len(f.lanes) + 1)
+	if i == 0 {
+		return f.add(dst, src, n, srcBase)
+	}
+	f.laneBatch[i-1].Add(dst, src, n)
+	f.laneUsed[i-1] = true
+	return nil
+}
+
 // addKernel queues a copy for the gather kernel (see merge).
 func (f *deviceFill) addKernel(ctx context.Context, dst, src uint64, n int64, srcBase uint64) error {
 	if merge(&f.kbatch, &f.klastSrc, dst, src, n, srcBase) && f.kbatch.Len() >= flushEvery {
@@ -184,12 +226,42 @@ func (f *deviceFill) flush(ctx context.Context) error {
 
 func (f *deviceFill) flushEngine() error {
 	f.lastSrc = 0
+	for i := range f.lanes {
+		if f.laneBatch[i].Len() == 0 {
+			continue
+		}
+		f.laneBatch[i].PerCopy = f.plan.perCopy
+		if err := f.lanes[i].CopyBatch(&f.laneBatch[i]); err != nil {
+			return fmt.Errorf("pack: queueing copies into a device bucket on copy lane %d: %w", i+1, err)
+		}
+	}
 	if f.batch.Len() == 0 {
 		return nil
 	}
 	f.batch.PerCopy = f.plan.perCopy
 	if err := f.stream.CopyBatch(&f.batch); err != nil {
 		return fmt.Errorf("pack: queueing copies into a device bucket: %w", err)
+	}
+	return nil
+}
+
+// joinLanes makes the copy stream wait for the copies queued on the lanes
+// since the last join.
+func (f *deviceFill) joinLanes() error {
+	for i, used := range f.laneUsed {
+		if !used {
+			continue
+		}
+		ev, err := f.lanes[i].Record()
+		if err != nil {
+			return fmt.Errorf("pack: recording copy lane %d's event: %w", i+1, err)
+		}
+		err = f.stream.WaitEvent(ev)
+		ev.Close() // the driver keeps it until the wait is done
+		if err != nil {
+			return fmt.Errorf("pack: joining copy lane %d: %w", i+1, err)
+		}
+		f.laneUsed[i] = false
 	}
 	return nil
 }
@@ -213,6 +285,9 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 		src := base + uint64(t.DeviceOffset+chunk)
 		if f.kernel && n < f.plan.gatherBelow && f.onGPU(t.Device) {
 			return f.addKernel(ctx, dst, src, n, base)
+		}
+		if len(f.lanes) > 0 && n >= f.plan.laneAbove {
+			return f.addLarge(dst, src, n, base)
 		}
 		return f.add(dst, src, n, base)
 	}
@@ -291,6 +366,9 @@ func (f *deviceFill) finish(ctx context.Context, b *Bucket) error {
 	if err := f.flush(ctx); err != nil {
 		return err
 	}
+	if err := f.joinLanes(); err != nil {
+		return err
+	}
 	ev, err := f.stream.Record()
 	if err != nil {
 		return fmt.Errorf("pack: recording bucket %d's ready event: %w", b.Meta.Seq, err)
@@ -314,6 +392,11 @@ func (f *deviceFill) settle(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), finalWait)
 		defer cancel()
 	}
+	for _, l := range f.lanes {
+		if err := l.Sync(ctx); err != nil {
+			return err
+		}
+	}
 	return f.stream.Sync(ctx)
 }
 
@@ -321,8 +404,7 @@ func (f *deviceFill) settle(ctx context.Context) error {
 // in flight. If that cannot be known, the buffer stays out of the pool
 // (Pool.Close then reports it) rather than be reused under a copy.
 func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
-	f.batch.Reset()
-	f.kbatch.Reset()
+	f.resetQueues()
 	if err := f.settle(ctx); err != nil {
 		return fmt.Errorf("pack: bucket %d kept out of the pool: its copies did not finish: %w", b.Meta.Seq, err)
 	}
@@ -334,8 +416,7 @@ func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
 // events and stream. On a failed wait it frees nothing that a copy may
 // still use.
 func (f *deviceFill) close(ctx context.Context) error {
-	f.batch.Reset()
-	f.kbatch.Reset()
+	f.resetQueues()
 	if err := f.settle(ctx); err != nil {
 		return fmt.Errorf("pack: copies still running after the round; leaving the staging memory allocated: %w", err)
 	}
@@ -351,6 +432,18 @@ func (f *deviceFill) close(ctx context.Context) error {
 			errs = append(errs, f.staging[i].Free())
 		}
 	}
+	for _, l := range f.lanes {
+		errs = append(errs, l.Close())
+	}
 	errs = append(errs, f.stream.Close())
 	return errors.Join(errs...)
+}
+
+// resetQueues drops the copies collected and not yet queued.
+func (f *deviceFill) resetQueues() {
+	f.batch.Reset()
+	f.kbatch.Reset()
+	for i := range f.laneBatch {
+		f.laneBatch[i].Reset()
+	}
 }

@@ -646,8 +646,10 @@ func TestGPUPackPlans(t *testing.T) {
 		{gatherBelow: 0},
 		{gatherBelow: 0, perCopy: true},
 		{gatherBelow: 256 << 10, perCopy: true},
+		{gatherBelow: 0, lanes: 3, laneAbove: 4096},
+		{gatherBelow: 16 << 10, lanes: 2, laneAbove: 16 << 10},
 	} {
-		t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v", plan.gatherBelow, plan.perCopy), func(t *testing.T) {
+		t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v,lanes=%d", plan.gatherBelow, plan.perCopy, plan.lanes), func(t *testing.T) {
 			withPlan(t, plan)
 			pool, err := NewPool(d, DefaultBuffers, 1<<20)
 			if err != nil {
