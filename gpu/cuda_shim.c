@@ -25,6 +25,7 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   WC_SYM(cuDeviceGetCount);
   WC_SYM(cuDeviceGet);
   WC_SYM(cuDeviceGetName);
+  WC_SYM(cuDeviceGetAttribute);
   WC_SYM(cuDevicePrimaryCtxRetain);
   WC_SYM(cuDevicePrimaryCtxRelease_v2);
   WC_SYM(cuCtxSetCurrent);

@@ -60,6 +60,9 @@ enum {
   WC_BATCH_V1 = 2,       // cuMemcpyBatchAsync (CUDA 12.8 ABI, with failIdx)
   WC_BATCH_PER_COPY = 3, // one cuMemcpyAsync per copy
 
+  // CUdevice_attribute values for cuDeviceGetAttribute.
+  WC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+
   // CUjit_option values for cuModuleLoadDataEx.
   WC_CU_JIT_ERROR_LOG_BUFFER = 5,
   WC_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
@@ -76,6 +79,7 @@ typedef struct {
   CUresult (*cuDeviceGetCount)(int *count);
   CUresult (*cuDeviceGet)(CUdevice *dev, int ordinal);
   CUresult (*cuDeviceGetName)(char *name, int len, CUdevice dev);
+  CUresult (*cuDeviceGetAttribute)(int *v, int attrib, CUdevice dev);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
   CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice dev);
   CUresult (*cuCtxSetCurrent)(CUcontext ctx);
@@ -172,6 +176,11 @@ static inline CUresult wc_cuDeviceGet(CUdevice *dev, int ordinal) {
 static inline CUresult wc_cuDeviceGetName(char *name, int len, CUdevice dev) {
   WC_NEED(cuDeviceGetName);
   return wc_cuda.cuDeviceGetName(name, len, dev);
+}
+
+static inline CUresult wc_cuDeviceGetAttribute(int *v, int attrib, CUdevice dev) {
+  WC_NEED(cuDeviceGetAttribute);
+  return wc_cuda.cuDeviceGetAttribute(v, attrib, dev);
 }
 
 static inline CUresult wc_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
@@ -329,6 +338,16 @@ static inline CUresult wc_launch_gather(CUcontext ctx, CUfunction f, CUdeviceptr
   WC_SET(ctx);
   void *params[2] = {&ranges, &count};
   return wc_cuda.cuLaunchKernel(f, count, 1, 1, threads, 1, 1, 0, s, params, NULL);
+}
+
+// wc_launch_checksum launches the checksum kernel (checksum.ptx:
+// wc_checksum(buf, n, slots)) on a grid of blocks×threads.
+static inline CUresult wc_launch_checksum(CUcontext ctx, CUfunction f, CUdeviceptr buf, unsigned long long n,
+                                          CUdeviceptr slots, unsigned int blocks, unsigned int threads, CUstream s) {
+  WC_NEED(cuLaunchKernel);
+  WC_SET(ctx);
+  void *params[3] = {&buf, &n, &slots};
+  return wc_cuda.cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, s, params, NULL);
 }
 
 // wc_module_load loads a NUL-terminated PTX (or cubin) image into ctx:

@@ -31,6 +31,8 @@ type CUDADevice struct {
 	gatherErr   error
 	gatherMu    sync.Mutex
 	gatherSpare []*gatherMem // descriptor memory of closed Gathers, for the next ones
+
+	kernels deviceKernels // the checksum and cast kernels, and the multiprocessor count
 }
 
 var _ Device = (*CUDADevice)(nil)
@@ -138,7 +140,7 @@ func (d *CUDADevice) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
-	uerr := d.unloadGather()
+	uerr := errors.Join(d.unloadGather(), d.unloadKernels())
 	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRelease(d.dev)); r != 0 {
 		return errors.Join(uerr, d.err("cuDevicePrimaryCtxRelease_v2", "", r))
 	}

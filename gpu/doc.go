@@ -49,6 +49,24 @@
 // be loaded or fails that check (or WEIGHTCAST_GATHER=off), Gather falls
 // back to CopyBatch and says why (Gather.Kernel, LastGatherPath).
 //
+// # Checksum kernel
+//
+// Stream.NewChecksummer returns a Checksummer, whose Queue adds a
+// checksum of device memory to the stream (checksum.ptx: a grid-stride
+// loop with 16-byte loads; each thread adds its partial sum with an atomic
+// into one of 256 slots, which are copied to pinned memory) and returns a
+// PendingSum; PendingSum.Wait adds the slots and finishes the sum with
+// checksum.Finish, so the result equals checksum.Sum of the same bytes.
+// Slots are pooled; many sums may be outstanding. Where the kernel cannot
+// be loaded or fails its self-test (or WEIGHTCAST_GPU_CHECKSUM=off),
+// NewChecksummer fails with an error matching ErrNoChecksumKernel.
+//
+// # Testing kernels without a GPU
+//
+// The package's tests run every hand-written kernel on the host through a
+// small PTX interpreter (ptx_interp_test.go), which checks register
+// classes, operand widths, labels, memory bounds and alignment as it goes.
+//
 // # IPC
 //
 // (*CUDADevice).ExportIPC gives a 64-byte IPCHandle for a device buffer;

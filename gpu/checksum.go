@@ -1,0 +1,487 @@
+package gpu
+
+// #include "cuda_shim.h"
+import "C"
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/weightcast/weightcast/checksum"
+)
+
+// checksumPTX is the checksum kernel, hand-written PTX with its CUDA C in
+// a comment at the top of the file.
+//
+//go:embed checksum.ptx
+var checksumPTX string
+
+const (
+	// checksumSlots is the number of partial sums a launch adds into:
+	// thread g adds its sum into slot g % 256, so the threads of a warp
+	// add into distinct addresses.
+	checksumSlots     = 256
+	checksumSlotBytes = checksumSlots * 8
+	// checksumThreads is the kernel's block size.
+	checksumThreads = 256
+	// checksumBytesPerThread: a launch uses one more block for every
+	// checksumThreads × this many bytes, so small buffers take few blocks.
+	checksumBytesPerThread = 256
+	// checksumBlocksPerSM caps the grid at this many blocks per
+	// multiprocessor: 8 blocks of 256 threads fill an H200's
+	// multiprocessor (the kernel uses 26 registers). 1 GiB on an H200:
+	// 3431 GB/s with 8, 3259 with 16, 3023 with 4, 1972 with 2
+	// (BenchmarkChecksum1GiB).
+	checksumBlocksPerSM = 8
+	// checksumGrow is the number of slots allocated at once when the pool
+	// of a Checksummer runs dry.
+	checksumGrow = 8
+	// checksumCheckWait bounds the self-test that runs when the kernel is
+	// loaded.
+	checksumCheckWait = 10 * time.Second
+)
+
+// ChecksumEnv names the environment variable that turns the checksum
+// kernel off when set to "off": NewChecksummer then fails with
+// ErrNoChecksumKernel, and callers checksum on the host.
+const ChecksumEnv = "WEIGHTCAST_GPU_CHECKSUM"
+
+// ErrNoChecksumKernel is matched (errors.Is) by the error NewChecksummer
+// returns when the checksum kernel cannot be used: the driver lacks a
+// function, the PTX did not compile for this GPU, the kernel failed its
+// self-test, or ChecksumEnv turned it off. The error says which.
+var ErrNoChecksumKernel = errors.New("gpu: checksum kernel unavailable")
+
+// ErrChecksummerClosed is matched (errors.Is) by the errors of a
+// Checksummer, or of a PendingSum not yet waited for, used after the
+// Checksummer's Close.
+var ErrChecksummerClosed = errors.New("gpu: checksummer closed")
+
+// checksumKernel loads the checksum kernel into d's context once, and
+// checks it before anything else may use it.
+func (d *CUDADevice) checksumKernel() (*loadedKernel, error) {
+	k := &d.kernels
+	k.checksumOnce.Do(func() { k.checksum, k.checksumErr = d.loadChecksum() })
+	return k.checksum, k.checksumErr
+}
+
+func (d *CUDADevice) loadChecksum() (*loadedKernel, error) {
+	if v := os.Getenv(ChecksumEnv); v == "off" {
+		return nil, fmt.Errorf("%w: %s=%s", ErrNoChecksumKernel, ChecksumEnv, v)
+	}
+	if _, err := d.Multiprocessors(); err != nil {
+		return nil, fmt.Errorf("%w on %s: %w", ErrNoChecksumKernel, d.Name(), err)
+	}
+	k, err := d.loadPTX("checksum.ptx", checksumPTX, "wc_checksum", ErrNoChecksumKernel)
+	if err != nil {
+		return nil, err
+	}
+	return d.selfTested(k, d.checkChecksum(k), ErrNoChecksumKernel)
+}
+
+// checksumCheck lists the self-test's sums: (offset, length) in a buffer
+// of checksumCheckSize bytes, at 16-byte aligned, 8-byte aligned and
+// unaligned addresses, with partial last words and odd last words, small
+// and over a megabyte (many blocks).
+const checksumCheckSize = 1<<20 + 64
+
+var checksumCheck = []struct{ off, n int }{
+	{0, 0}, {0, 1}, {0, 7}, {0, 8}, {0, 9}, {0, 15}, {0, 16}, {0, 17},
+	{8, 1}, {8, 9}, {8, 17}, {8, 24}, {3, 1}, {3, 17}, {5, 1000},
+	{0, 4096}, {0, 1<<20 + 13}, {8, 1<<20 + 5}, {1, 1<<20 + 7}, {16, 1<<20 + 24},
+}
+
+// checkChecksum runs the kernel on checksumCheck, all sums outstanding at
+// once, and compares each with checksum.Sum.
+func (d *CUDADevice) checkChecksum(k *loadedKernel) (err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), checksumCheckWait)
+	defer cancel()
+	s, err := d.NewStream()
+	if err != nil {
+		return err
+	}
+	buf, err := d.Alloc(checksumCheckSize)
+	if err != nil {
+		s.Close()
+		return err
+	}
+	c := &Checksummer{s: s, k: k}
+	defer func() {
+		// Free nothing that a launch may still use.
+		if serr := s.Sync(ctx); serr != nil {
+			err = errors.Join(err, serr)
+			return
+		}
+		err = errors.Join(err, c.Close(ctx), buf.Free(), s.Close())
+	}()
+	pat := make([]byte, checksumCheckSize)
+	for i := range pat {
+		pat[i] = byte(i*151 + i>>9 + 11)
+	}
+	if err := s.CopyHtoD(buf, 0, pat); err != nil {
+		return err
+	}
+	sums := make([]*PendingSum, len(checksumCheck))
+	for i, cc := range checksumCheck {
+		v, err := d.View(buf.DevicePtr()+uint64(cc.off), cc.n)
+		if err != nil {
+			return err
+		}
+		if sums[i], err = c.Queue(v, int64(cc.n)); err != nil {
+			return err
+		}
+	}
+	for i, cc := range checksumCheck {
+		got, err := sums[i].Wait(ctx)
+		if err != nil {
+			return err
+		}
+		sums[i].Close()
+		if want := checksum.Sum(pat[cc.off : cc.off+cc.n]); got != want {
+			return fmt.Errorf("the checksum of %d bytes at offset %d is %#x, want %#x", cc.n, cc.off, got, want)
+		}
+	}
+	return nil
+}
+
+// checksumBlocks returns the grid size for a checksum of n bytes: one
+// block per checksumThreads×checksumBytesPerThread bytes, at least one,
+// at most most.
+func checksumBlocks(n int64, most int) int {
+	per := int64(checksumThreads * checksumBytesPerThread)
+	b := (n + per - 1) / per
+	return int(max(1, min(b, int64(most))))
+}
+
+// Checksummer computes checksum.Sum of device memory on a stream: Queue
+// adds a launch of the checksum kernel to the stream and returns a
+// PendingSum, whose Wait returns the checksum once the launch is done. The
+// kernel reads the memory once, at close to the device's memory bandwidth,
+// and sends 2 KiB of partial sums to the host.
+//
+// Each PendingSum holds a slot: 2 KiB of device memory for the kernel's
+// partial sums, 2 KiB of pinned host memory they are copied into, and an
+// event. Slots are pooled and reused; the pool grows while many sums are
+// outstanding. A slot goes back to the pool only when its launch and copy
+// are known finished, so memory a kernel may still write is never reused.
+//
+// A Checksummer is for one goroutine at a time (Queue and Close). Its
+// PendingSums may be waited for and closed on other goroutines, each
+// PendingSum by one goroutine at a time. Close the Checksummer before
+// closing its stream.
+type Checksummer struct {
+	s      *Stream
+	k      *loadedKernel
+	blocks int // grid size cap; 0 until first use
+
+	mu      sync.Mutex
+	free    []*sumSlot        // ready for reuse
+	retired []*sumSlot        // their PendingSum closed unwaited: reused once the event completed
+	busy    map[*sumSlot]bool // held by a PendingSum
+	lost    int               // slots whose Queue failed before recording their event
+	slots   []*sumSlot        // every slot, for Close
+	chunks  []sumChunk
+	closed  bool // Close began: Queue refuses
+	freed   bool // Close freed the memory
+}
+
+type sumChunk struct{ dev, host Buffer }
+
+type sumSlot struct {
+	dev  uint64   // checksumSlots uint64 in device memory
+	host []uint64 // their copy, in pinned host memory
+	ev   *Event   // recorded after the copy
+}
+
+// NewChecksummer returns a Checksummer that queues sums on s. The first
+// one of a device loads the kernel (the driver compiles its PTX) and
+// checks it against checksum.Sum on sums of 0 to 1 MiB + 13 bytes at
+// several alignments; the error wraps ErrNoChecksumKernel when that fails,
+// the driver lacks a function, or ChecksumEnv is "off", and says why.
+func (s *Stream) NewChecksummer() (*Checksummer, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	k, err := s.d.checksumKernel()
+	if err != nil {
+		return nil, err
+	}
+	return &Checksummer{s: s, k: k}, nil
+}
+
+// PendingSum is a checksum queued on a stream (Checksummer.Queue).
+type PendingSum struct {
+	c    *Checksummer
+	slot *sumSlot // nil for an empty buffer, and once closed
+	n    int64
+
+	done   bool
+	sum    uint64
+	closed bool
+}
+
+// Queue queues a checksum of the first n bytes of buf on the stream, after
+// everything queued on it before (and, if buf carries a fence, after the
+// fence: see WithFence): zeroing a slot's partial sums, the kernel, and a
+// copy of the partial sums to pinned memory, then an event. It never
+// blocks. buf must be device memory of the stream's device (an
+// allocation, a View, an IPC mapping) and n at most buf.Len(). The bytes
+// must stay unchanged until the PendingSum's Wait has returned.
+func (c *Checksummer) Queue(buf Buffer, n int64) (*PendingSum, error) {
+	d := c.s.d
+	if err := c.s.check(); err != nil {
+		return nil, err
+	}
+	if c.closed {
+		return nil, fmt.Errorf("%w: Queue on cuda:%d", ErrChecksummerClosed, d.ordinal)
+	}
+	if db, ok := Unfence(buf).(*deviceBuffer); ok && db.freed {
+		return nil, fmt.Errorf("gpu: checksum on cuda:%d: %w", d.ordinal, ErrFreed)
+	}
+	p := buf.DevicePtr()
+	if p == 0 {
+		return nil, fmt.Errorf("gpu: checksum on cuda:%d: the %s buffer is not device memory; checksum host memory with checksum.Sum", d.ordinal, buf.Device().Name())
+	}
+	if dev, ok := buf.Device().(*CUDADevice); !ok || dev != d {
+		return nil, fmt.Errorf("gpu: checksum on cuda:%d: the buffer is memory of %s; queue it on a stream of that device", d.ordinal, buf.Device().Name())
+	}
+	if n < 0 || n > int64(buf.Len()) {
+		return nil, fmt.Errorf("gpu: checksum on cuda:%d: %d bytes of a %d-byte buffer", d.ordinal, n, buf.Len())
+	}
+	if n == 0 {
+		return &PendingSum{c: c, done: true, sum: checksum.Finish(0, 0)}, nil
+	}
+	if ev := FenceOf(buf); ev != nil {
+		if err := c.s.WaitEvent(ev); err != nil {
+			return nil, err
+		}
+	}
+	if c.blocks == 0 {
+		sms, err := d.Multiprocessors()
+		if err != nil {
+			return nil, err
+		}
+		c.blocks = max(1, sms*checksumBlocksPerSM)
+	}
+	slot, err := c.take()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.launch(slot, p, n); err != nil {
+		// Some of the slot's work may be queued: the slot goes back only
+		// once the stream has passed it.
+		if rerr := slot.ev.recordOn(c.s); rerr != nil {
+			err = errors.Join(err, rerr)
+			c.mu.Lock()
+			delete(c.busy, slot) // lost until Close syncs the stream and frees its chunk
+			c.lost++
+			c.mu.Unlock()
+			return nil, err
+		}
+		c.mu.Lock()
+		delete(c.busy, slot)
+		c.retired = append(c.retired, slot)
+		c.mu.Unlock()
+		return nil, err
+	}
+	return &PendingSum{c: c, slot: slot, n: n}, nil
+}
+
+// launch queues the zeroing, the kernel, the copy and the event of one sum.
+func (c *Checksummer) launch(slot *sumSlot, buf uint64, n int64) error {
+	d, st := c.s.d, c.s.s
+	if r := CUDAResult(C.wc_cuMemsetD8Async(d.ctx, C.CUdeviceptr(slot.dev), 0, checksumSlotBytes, st)); r != 0 {
+		return d.err("cuMemsetD8Async", "checksum slots", r)
+	}
+	blocks := checksumBlocks(n, c.blocks)
+	if r := CUDAResult(C.wc_launch_checksum(d.ctx, c.k.fn, C.CUdeviceptr(buf), C.ulonglong(n), C.CUdeviceptr(slot.dev),
+		C.uint(blocks), checksumThreads, st)); r != 0 {
+		return d.err("cuLaunchKernel", fmt.Sprintf("checksum kernel over %d bytes, %d blocks", n, blocks), r)
+	}
+	if r := CUDAResult(C.wc_cuMemcpyDtoHAsync(d.ctx, unsafe.Pointer(&slot.host[0]), C.CUdeviceptr(slot.dev), checksumSlotBytes, st)); r != 0 {
+		return d.err("cuMemcpyDtoHAsync_v2", "checksum slots", r)
+	}
+	return slot.ev.recordOn(c.s)
+}
+
+// take returns a free slot, reclaiming retired ones whose work is done and
+// growing the pool when none is free.
+func (c *Checksummer) take() (*sumSlot, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.busy == nil {
+		c.busy = map[*sumSlot]bool{}
+	}
+	keep := c.retired[:0]
+	for _, s := range c.retired {
+		if ok, err := s.ev.Query(); ok && err == nil {
+			c.free = append(c.free, s)
+		} else {
+			keep = append(keep, s)
+		}
+	}
+	clear(c.retired[len(keep):])
+	c.retired = keep
+	if len(c.free) == 0 {
+		if err := c.grow(); err != nil {
+			return nil, err
+		}
+	}
+	s := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	c.busy[s] = true
+	return s, nil
+}
+
+// grow allocates checksumGrow slots: one device and one pinned allocation,
+// and an event per slot.
+func (c *Checksummer) grow() error {
+	d := c.s.d
+	size := checksumGrow * checksumSlotBytes
+	host, err := d.AllocPinned(size)
+	if err != nil {
+		return fmt.Errorf("gpu: checksum slots: %w", err)
+	}
+	dev, err := d.Alloc(size)
+	if err != nil {
+		host.Free()
+		return fmt.Errorf("gpu: checksum slots: %w", err)
+	}
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(&host.Host()[0])), size/8)
+	slots := make([]*sumSlot, 0, checksumGrow)
+	for i := range checksumGrow {
+		ev, err := d.newEvent()
+		if err != nil {
+			for _, s := range slots {
+				s.ev.Close()
+			}
+			return errors.Join(fmt.Errorf("gpu: checksum slots: %w", err), host.Free(), dev.Free())
+		}
+		slots = append(slots, &sumSlot{
+			dev:  dev.DevicePtr() + uint64(i*checksumSlotBytes),
+			host: words[i*checksumSlots : (i+1)*checksumSlots],
+			ev:   ev,
+		})
+	}
+	c.chunks = append(c.chunks, sumChunk{dev: dev, host: host})
+	c.slots = append(c.slots, slots...)
+	c.free = append(c.free, slots...)
+	return nil
+}
+
+// Wait waits until the sum's launch has finished, at most until ctx ends
+// (then it returns a *WaitError and the sum stays pending), and returns
+// the checksum: checksum.Finish of the sum of the slots. Calling it again
+// returns the same value.
+func (p *PendingSum) Wait(ctx context.Context) (uint64, error) {
+	if p.done {
+		return p.sum, nil
+	}
+	c := p.c
+	if p.closed {
+		return 0, fmt.Errorf("gpu: checksum on cuda:%d: Wait after Close", c.s.d.ordinal)
+	}
+	err := c.s.d.wait(ctx, "checksum wait", func() (bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.freed {
+			return false, fmt.Errorf("%w before the sum of %d bytes was waited for", ErrChecksummerClosed, p.n)
+		}
+		return p.slot.ev.Query()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.freed {
+		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, ErrChecksummerClosed)
+	}
+	var sum uint64
+	for _, v := range p.slot.host {
+		sum += v
+	}
+	p.sum, p.done = checksum.Finish(sum, p.n), true
+	return p.sum, nil
+}
+
+// Close gives the sum's slot back to the Checksummer: at once after a
+// successful Wait, else once its launch is known finished. Wait still
+// returns a value it returned before. Close is idempotent.
+func (p *PendingSum) Close() {
+	if p.closed {
+		return
+	}
+	p.closed = true
+	s := p.slot
+	if s == nil {
+		return
+	}
+	p.slot = nil
+	c := p.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.busy[s] {
+		return // the Checksummer was closed and freed it
+	}
+	delete(c.busy, s)
+	if p.done {
+		c.free = append(c.free, s)
+	} else {
+		c.retired = append(c.retired, s)
+	}
+}
+
+// Close waits, bounded by ctx, until no launch of the Checksummer may
+// still write its slots, then frees them. PendingSums not yet waited for
+// then fail with ErrChecksummerClosed; values already returned by Wait
+// stay available. If the wait fails, the memory stays allocated (rather
+// than be freed under a running kernel), Queue refuses, and Close returns
+// the error; calling it again retries. Close is idempotent.
+func (c *Checksummer) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if c.freed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	var evs []*Event
+	for s := range c.busy {
+		evs = append(evs, s.ev)
+	}
+	for _, s := range c.retired {
+		evs = append(evs, s.ev)
+	}
+	lost := c.lost
+	c.mu.Unlock()
+	for _, ev := range evs {
+		if err := ev.Wait(ctx); err != nil {
+			return fmt.Errorf("gpu: checksummer on cuda:%d: slots kept allocated: %w", c.s.d.ordinal, err)
+		}
+	}
+	if lost > 0 {
+		// A slot lost to a failed Queue (its event could not be
+		// recorded) may be written by work still on the stream.
+		if err := c.s.Sync(ctx); err != nil {
+			return fmt.Errorf("gpu: checksummer on cuda:%d: slots kept allocated: %w", c.s.d.ordinal, err)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, s := range c.slots {
+		errs = append(errs, s.ev.Close())
+	}
+	for _, ch := range c.chunks {
+		errs = append(errs, ch.host.Free(), ch.dev.Free())
+	}
+	c.slots, c.free, c.retired, c.busy, c.chunks = nil, nil, nil, nil, nil
+	c.freed = true
+	return errors.Join(errs...)
+}

@@ -1,0 +1,129 @@
+package gpu
+
+// #include <stdlib.h>
+// #include "cuda_shim.h"
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"unsafe"
+)
+
+// deviceKernels holds, for one device, the hand-written kernels other than
+// the gather kernel (each loaded and self-tested once, at first use) and
+// the multiprocessor count.
+type deviceKernels struct {
+	checksumOnce sync.Once
+	checksum     *loadedKernel
+	checksumErr  error
+
+	smOnce sync.Once
+	sms    int
+	smErr  error
+}
+
+// loadedKernel is one kernel of a PTX module loaded into a device's
+// context.
+type loadedKernel struct {
+	mod C.CUmodule
+	fn  C.CUfunction
+}
+
+// loadPTX loads the PTX text src (file names it in errors) into d's
+// context and looks up its kernel entry. Errors wrap unavailable.
+func (d *CUDADevice) loadPTX(file, src, entry string, unavailable error) (*loadedKernel, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, fmt.Errorf("%w: %w", unavailable, err)
+	}
+	image := C.CString(src)
+	defer C.free(unsafe.Pointer(image))
+	var log [4096]C.char
+	k := &loadedKernel{}
+	if r := CUDAResult(C.wc_module_load(d.ctx, image, &k.mod, &log[0], C.size_t(len(log)))); r != 0 {
+		err := fmt.Errorf("%w on %s: %w", unavailable, d.Name(), d.err("cuModuleLoadDataEx", file, r))
+		if msg := strings.TrimSpace(C.GoString(&log[0])); msg != "" {
+			err = fmt.Errorf("%w; the PTX compiler said: %s", err, msg)
+		}
+		return nil, err
+	}
+	name := C.CString(entry)
+	defer C.free(unsafe.Pointer(name))
+	if r := CUDAResult(C.wc_cuModuleGetFunction(d.ctx, &k.fn, k.mod, name)); r != 0 {
+		C.wc_cuModuleUnload(d.ctx, k.mod)
+		return nil, fmt.Errorf("%w on %s: %w", unavailable, d.Name(), d.err("cuModuleGetFunction", entry, r))
+	}
+	return k, nil
+}
+
+// selfTested returns k when its self-test passed; otherwise it unloads k
+// (unless a launch may still be running: a wait that gave up keeps the
+// module loaded) and returns the test's error, wrapping unavailable.
+func (d *CUDADevice) selfTested(k *loadedKernel, err error, unavailable error) (*loadedKernel, error) {
+	if err == nil {
+		return k, nil
+	}
+	var werr *WaitError
+	if !errors.As(err, &werr) {
+		C.wc_cuModuleUnload(d.ctx, k.mod)
+	}
+	return nil, fmt.Errorf("%w on %s: self-test failed: %w", unavailable, d.Name(), err)
+}
+
+// Multiprocessors returns the device's number of streaming multiprocessors
+// (132 on an H200), which sizes kernel grids.
+func (d *CUDADevice) Multiprocessors() (int, error) {
+	k := &d.kernels
+	k.smOnce.Do(func() {
+		var v C.int
+		if r := CUDAResult(C.wc_cuDeviceGetAttribute(&v, C.WC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d.dev)); r != 0 {
+			k.smErr = d.err("cuDeviceGetAttribute", "multiprocessor count", r)
+			return
+		}
+		k.sms = int(v)
+	})
+	return k.sms, k.smErr
+}
+
+// unloadKernels unloads the modules loaded by loadPTX before Close
+// releases the context.
+func (d *CUDADevice) unloadKernels() error {
+	k := &d.kernels
+	var errs []error
+	for _, l := range []struct {
+		k    **loadedKernel
+		name string
+	}{{&k.checksum, "checksum"}} {
+		if *l.k == nil {
+			continue
+		}
+		if r := CUDAResult(C.wc_cuModuleUnload(d.ctx, (*l.k).mod)); r != 0 {
+			errs = append(errs, d.err("cuModuleUnload", l.name, r))
+		}
+		*l.k = nil
+	}
+	return errors.Join(errs...)
+}
+
+// newEvent creates an event without recording it; recordOn records it.
+func (d *CUDADevice) newEvent() (*Event, error) {
+	e := &Event{d: d}
+	if r := CUDAResult(C.wc_cuEventCreate(d.ctx, &e.e)); r != 0 {
+		return nil, d.err("cuEventCreate", "", r)
+	}
+	return e, nil
+}
+
+// recordOn records e again, at the current end of s (an event may be
+// recorded many times; a wait sees the latest recording).
+func (e *Event) recordOn(s *Stream) error {
+	if e.closed {
+		return fmt.Errorf("gpu: event of cuda:%d used after Close", e.d.ordinal)
+	}
+	if r := CUDAResult(C.wc_cuEventRecord(s.d.ctx, e.e, s.s)); r != 0 {
+		return s.d.err("cuEventRecord", "", r)
+	}
+	return nil
+}
