@@ -350,6 +350,16 @@ static inline CUresult wc_launch_checksum(CUcontext ctx, CUfunction f, CUdevicep
   return wc_cuda.cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, s, params, NULL);
 }
 
+// wc_launch_cast launches the cast kernel (cast.ptx: wc_cast(descs,
+// count)) with one block of threads threads per descriptor.
+static inline CUresult wc_launch_cast(CUcontext ctx, CUfunction f, CUdeviceptr descs, unsigned int count,
+                                      unsigned int threads, CUstream s) {
+  WC_NEED(cuLaunchKernel);
+  WC_SET(ctx);
+  void *params[2] = {&descs, &count};
+  return wc_cuda.cuLaunchKernel(f, count, 1, 1, threads, 1, 1, 0, s, params, NULL);
+}
+
 // wc_module_load loads a NUL-terminated PTX (or cubin) image into ctx:
 // cuModuleLoadDataEx, which writes the JIT compiler's error log (at most
 // loglen bytes, NUL-terminated) into log, where the driver has it, else

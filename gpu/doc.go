@@ -61,6 +61,18 @@
 // be loaded or fails its self-test (or WEIGHTCAST_GPU_CHECKSUM=off),
 // NewChecksummer fails with an error matching ErrNoChecksumKernel.
 //
+// # Cast kernel
+//
+// Stream.NewCaster returns a Caster, which converts tensors in device
+// memory between F32, BF16 and F16 (cast.ptx: one thread block per piece
+// of at most CastChunk elements, groups of four elements per 8- or 16-byte
+// access where the addresses allow) with integer arithmetic that
+// reproduces package cast, PyTorch's CPU conversions, bit for bit,
+// including its NaNs (the hardware's cvt.rn.bf16.f32 differs there).
+// Add collects conversions, Flush launches them. Where the kernel cannot
+// be loaded or fails its self-test (or WEIGHTCAST_GPU_CAST=off), Add fails
+// with an error matching ErrNoCastKernel, and callers convert on the host.
+//
 // # Testing kernels without a GPU
 //
 // The package's tests run every hand-written kernel on the host through a

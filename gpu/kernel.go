@@ -13,12 +13,18 @@ import (
 )
 
 // deviceKernels holds, for one device, the hand-written kernels other than
-// the gather kernel (each loaded and self-tested once, at first use) and
-// the multiprocessor count.
+// the gather kernel (each loaded and self-tested once, at first use), the
+// spare descriptor memory of closed Casters, and the multiprocessor count.
 type deviceKernels struct {
 	checksumOnce sync.Once
 	checksum     *loadedKernel
 	checksumErr  error
+
+	castOnce  sync.Once
+	cast      *loadedKernel
+	castErr   error
+	castMu    sync.Mutex
+	castSpare []*castMem // descriptor memory of closed Casters, for the next ones
 
 	smOnce sync.Once
 	sms    int
@@ -87,15 +93,22 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 	return k.sms, k.smErr
 }
 
-// unloadKernels unloads the modules loaded by loadPTX before Close
-// releases the context.
+// unloadKernels frees the spare cast descriptor memory and unloads the
+// checksum and cast modules, if loaded, before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
+	k.castMu.Lock()
+	spare := k.castSpare
+	k.castSpare = nil
+	k.castMu.Unlock()
 	var errs []error
+	for _, m := range spare {
+		errs = append(errs, m.free())
+	}
 	for _, l := range []struct {
 		k    **loadedKernel
 		name string
-	}{{&k.checksum, "checksum"}} {
+	}{{&k.checksum, "checksum"}, {&k.cast, "cast"}} {
 		if *l.k == nil {
 			continue
 		}
