@@ -229,6 +229,9 @@ type Bucket struct {
 	Ack  func() error
 	once sync.Once
 	put  func(gpu.Buffer)
+	// sum is the checksum of a device bucket being computed on the GPU
+	// (see gpu_checksum.go); nil otherwise.
+	sum *gpu.PendingSum
 }
 
 // Bytes returns the filled part of a host-memory bucket.

@@ -26,7 +26,9 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, castScratch); re
 //
 // The conversion runs inside each cast tensor's Reader, when Pack reads the
 // bytes into a bucket, chunk by chunk through a scratch buffer of at most
-// 256 KiB: the tensor is never held whole. A cast tensor keeps its name and
+// 256 KiB: the tensor is never held whole. Device tensors (Tensor.Device)
+// packed into device buckets are converted on the GPU instead, by the cast
+// kernel, as Pack fills the bucket. A cast tensor keeps its name and
 // shape and has dtype to, so the bucket metadata and the receivers see the
 // dtype on the wire.
 //

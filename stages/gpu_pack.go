@@ -19,6 +19,8 @@ import (
 //     by the gather kernel (gpu.Gather: one launch copies thousands of
 //     ranges, where the copy engine costs about 4.5 µs per copy), the
 //     others by the copy engine;
+//   - device tensors that Cast wraps are converted into the bucket by the
+//     GPU cast kernel (gpu.Caster), on the copy stream, instead of copied;
 //   - host tensors (Data or Reader) are read into a small ring of pinned
 //     staging buffers (StagingBuffers × StagingSize) and copied host to
 //     device from there, so that the copy runs at pinned speed while the
@@ -42,10 +44,8 @@ import (
 // released. A staging buffer is refilled only after the event recorded
 // after the copies out of it has completed.
 //
-// Checksums: checksum.Sum runs on host bytes, so device buckets carry no
-// checksum (HasChecksum false) even when PackConfig.Checksum is set; a GPU
-// checksum kernel is future work. Receivers that stage device buckets to
-// the host still check checksums sent by a host-memory root.
+// Checksums: with PackConfig.Checksum, each device bucket's checksum is
+// computed on the GPU after its copies (see gpu_checksum.go).
 
 // Staging sizes for host tensors packed into device buckets.
 const (
@@ -125,6 +125,15 @@ type deviceFill struct {
 	// laneUsed marks those with copies into the current bucket, next is
 	// the stream (0: the copy stream, i: lanes[i-1]) of the next large
 	// copy.
+	// caster converts device tensors that Cast wraps into the bucket
+	// (the GPU cast kernel), created at the first such tensor.
+	caster *gpu.Caster
+
+	// sums computes bucket checksums on the copy stream, created at the
+	// first; sumsWhy says why the kernel is unavailable.
+	sums    *gpu.Checksummer
+	sumsWhy error
+
 	lanes     []*gpu.Stream
 	laneBatch []gpu.CopyBatch
 	laneUsed  []bool
@@ -216,10 +225,15 @@ func (f *deviceFill) addKernel(ctx context.Context, dst, src uint64, n int64, sr
 	return nil
 }
 
-// flush hands every collected copy to the driver.
+// flush hands every collected copy and cast to the driver.
 func (f *deviceFill) flush(ctx context.Context) error {
 	if err := f.flushKernel(ctx); err != nil {
 		return err
+	}
+	if f.caster != nil {
+		if err := f.caster.Flush(ctx); err != nil {
+			return fmt.Errorf("pack: queueing casts into a device bucket: %w", err)
+		}
 	}
 	return f.flushEngine()
 }
@@ -280,6 +294,9 @@ func (f *deviceFill) flushKernel(ctx context.Context) error {
 // copyIn queues the copy of t's bytes [chunk, chunk+n) to bucket[off:].
 func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, off, n, chunk int64) error {
 	dst := bucket.DevicePtr() + uint64(off)
+	if cr, ok := t.Reader.(*castReader); ok && cr.src.Device != nil {
+		return f.castIn(cr, dst, n, chunk)
+	}
 	if t.Device != nil {
 		base, _ := gpu.Address(t.Device) // checked by Validate
 		src := base + uint64(t.DeviceOffset+chunk)
@@ -320,6 +337,28 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 		}
 		f.sfill += m
 		done += m
+	}
+	return nil
+}
+
+// castIn queues the conversion of the device tensor behind cr, output
+// bytes [chunk, chunk+n), into the bucket at dst, by the GPU cast kernel.
+func (f *deviceFill) castIn(cr *castReader, dst uint64, n, chunk int64) error {
+	t, from, to := cr.src, cr.src.DType, cr.to
+	es, eo := int64(from.Size()), int64(to.Size())
+	if chunk%eo != 0 || n%eo != 0 {
+		return fmt.Errorf("pack: cast %s→%s of tensor %q: %d bytes at %d are not whole elements", from, to, t.Name, n, chunk)
+	}
+	if n == 0 {
+		return nil
+	}
+	if f.caster == nil {
+		f.caster = f.stream.NewCaster()
+	}
+	base, _ := gpu.Address(t.Device) // checked by Validate
+	src := base + uint64(t.DeviceOffset+chunk/eo*es)
+	if err := f.caster.Add(dst, src, n/eo, from, to); err != nil {
+		return fmt.Errorf("pack: tensor %q: %w", t.Name, err)
 	}
 	return nil
 }
@@ -423,6 +462,12 @@ func (f *deviceFill) close(ctx context.Context) error {
 	var errs []error
 	if f.gather != nil {
 		errs = append(errs, f.gather.Close(ctx))
+	}
+	if f.sums != nil {
+		errs = append(errs, f.sums.Close(ctx))
+	}
+	if f.caster != nil {
+		errs = append(errs, f.caster.Close(ctx))
 	}
 	for i := range f.staging {
 		if f.stageDone[i] != nil {

@@ -27,9 +27,9 @@ import (
 //     bytes: Load copies the bucket's filled bytes into a pinned staging
 //     buffer (one per round, the bucket's size) and passes views of it.
 //
-// Checksums: device buckets from a device root carry none (see
-// gpu_pack.go). When a bucket does carry one (a host-memory root), Load
-// stages the bucket to the host and checks it before any sink sees it.
+// Checksums: Load checks a device bucket's checksum before any sink sees
+// it, with the GPU checksum kernel, or on the host where the kernel is
+// unavailable (see gpu_checksum.go).
 
 // DeviceSink is a Sink that takes device views of a bucket.
 type DeviceSink interface {
@@ -69,11 +69,50 @@ func (v *versionSink) LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, 
 func (v *versionSink) Flush(ctx context.Context) error { return v.Sink.(DeviceSink).Flush(ctx) }
 
 // hostStaging copies device buckets to pinned host memory for sinks that
-// take host bytes, and to check checksums. One Load stage owns one.
+// take host bytes, and checks or computes their checksums. One stage owns
+// one.
 type hostStaging struct {
-	dev    *gpu.CUDADevice
-	stream *gpu.Stream
-	buf    gpu.Buffer
+	dev     *gpu.CUDADevice
+	stream  *gpu.Stream
+	buf     gpu.Buffer
+	sums    *gpu.Checksummer // nil until first used, or when unavailable
+	sumsWhy error            // why the checksum kernel is unavailable
+}
+
+// start makes sure the staging stream exists, on b's GPU, and orders the
+// work queued on it next after b's fence, if b carries one.
+func (h *hostStaging) start(b *Bucket) error {
+	if h.stream == nil {
+		dev, err := cudaDeviceOf(b.Buf)
+		if err != nil {
+			return err
+		}
+		if h.stream, err = dev.NewStream(); err != nil {
+			return err
+		}
+		h.dev = dev
+	}
+	if ev := gpu.FenceOf(b.Buf); ev != nil {
+		return h.stream.WaitEvent(ev)
+	}
+	return nil
+}
+
+// checksummer returns the GPU checksum of the staging stream, started
+// for b (see start), or nil when the kernel is unavailable.
+func (h *hostStaging) checksummer(b *Bucket) (*gpu.Checksummer, error) {
+	if err := h.start(b); err != nil {
+		return nil, err
+	}
+	if h.sums == nil && h.sumsWhy == nil {
+		h.sums, h.sumsWhy = h.stream.NewChecksummer()
+		if h.sumsWhy != nil && !errors.Is(h.sumsWhy, gpu.ErrNoChecksumKernel) {
+			err := h.sumsWhy
+			h.sums, h.sumsWhy = nil, nil
+			return nil, err
+		}
+	}
+	return h.sums, nil
 }
 
 // fetch copies b's filled bytes to the host and returns them; they stay
@@ -83,15 +122,8 @@ func (h *hostStaging) fetch(ctx context.Context, b *Bucket) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	if h.stream == nil {
-		dev, err := cudaDeviceOf(b.Buf)
-		if err != nil {
-			return nil, err
-		}
-		if h.stream, err = dev.NewStream(); err != nil {
-			return nil, err
-		}
-		h.dev = dev
+	if err := h.start(b); err != nil {
+		return nil, err
 	}
 	if h.buf == nil || int64(h.buf.Len()) < n {
 		if h.buf != nil {
@@ -127,11 +159,14 @@ func (h *hostStaging) close(ctx context.Context) error {
 		return fmt.Errorf("staging copy still running; leaving its pinned memory allocated: %w", err)
 	}
 	var errs []error
+	if h.sums != nil {
+		errs = append(errs, h.sums.Close(wctx))
+	}
 	if h.buf != nil {
 		errs = append(errs, h.buf.Free())
 	}
 	errs = append(errs, h.stream.Close())
-	h.stream, h.buf = nil, nil
+	h.stream, h.buf, h.sums = nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -140,16 +175,22 @@ func (h *hostStaging) close(ctx context.Context) error {
 func loadDeviceViews(ctx context.Context, u *Unpacked, sink Sink, st *hostStaging) error {
 	m := &u.Bucket.Meta
 	ds, isDev := asDeviceSink(sink)
+	checked := false
+	if isDev && m.HasChecksum {
+		var err error
+		if checked, err = checkDeviceSum(ctx, u.Bucket, st); err != nil {
+			return err
+		}
+	}
 	var host []byte
-	if !isDev || m.HasChecksum {
+	if !isDev || (m.HasChecksum && !checked) {
 		var err error
 		if host, err = st.fetch(ctx, u.Bucket); err != nil {
 			return err
 		}
-		if m.HasChecksum {
-			if sum := checksum.SumParallel(host); sum != m.Checksum {
-				return fmt.Errorf("bucket %d (version %d, %d bytes) failed its checksum: got %x, root sent %x; tensors in it: %s",
-					m.Seq, m.Version, m.Length, sum, m.Checksum, entryNames(m.Entries, 8))
+		if m.HasChecksum && !checked {
+			if err := sumMismatch(m, checksum.SumParallel(host)); err != nil {
+				return err
 			}
 		}
 	}

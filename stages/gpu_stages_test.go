@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/pipeline"
@@ -416,6 +417,111 @@ func TestGPUHostRootChecksum(t *testing.T) {
 	t.Logf("expected: %v", err)
 }
 
+// TestGPUDeviceRootChecksum sends from device buckets with checksums,
+// computed on the root's GPU, to receivers that check them on theirs
+// (DeviceModel) or on the host (HostModel): a clean round passes on every
+// rank, each bucket's checksum equals checksum.Sum of its bytes, and a
+// byte flipped on a receiver's GPU after the transfer fails the round
+// naming the checksum, whichever kind of sink the receiver has.
+func TestGPUDeviceRootChecksum(t *testing.T) {
+	d := gpuTestDevice(t)
+	rng := rand.New(rand.NewPCG(10, 11))
+	src := randomTensors(rng, 150, 900<<10)
+	exp := hostLookup{}
+	for _, tn := range src {
+		exp[tn.Name] = tn
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := gpuStream(t, d)
+	g := newGPUGroup(t, d, 3, 1<<20, false, true, nil)
+	dm, err := NewDeviceModel(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dm.Close()
+	if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dm.Verify(ctx, exp); err != nil {
+		t.Fatal(err)
+	}
+	checkPackedSums(t, d, s, src)
+
+	for _, sink := range []string{"device", "host"} {
+		corrupt := func(r int, ep transport.Endpoint) transport.Endpoint {
+			if r != 1 {
+				return ep
+			}
+			return &flipEndpoint{Endpoint: ep, seq: 2, s: s}
+		}
+		g2 := newGPUGroup(t, d, 2, 1<<20, false, true, corrupt)
+		var sk Sink = NewHostModel()
+		if sink == "device" {
+			dm2, err := NewDeviceModel(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dm2.Close()
+			sk = dm2
+		}
+		err := roundCancel(ctx, g2, src, 1, []Sink{sk})
+		if err == nil || !bytesContain(err.Error(), "failed its checksum") {
+			t.Fatalf("%s sink: a byte flipped in a device bucket went unnoticed: %v", sink, err)
+		}
+		t.Logf("%s sink, expected: %v", sink, err)
+	}
+}
+
+// checkPackedSums packs src into device buckets with checksums and checks
+// that each bucket's checksum, computed on the GPU and completed as
+// Publish completes it, is checksum.Sum of the bucket's bytes.
+func checkPackedSums(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, src Tensors) {
+	t.Helper()
+	pool, err := NewPool(d, DefaultBuffers, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := pipeline.New("pack with checksums")
+	buckets := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1, Checksum: true})
+	n := 0
+	pipeline.Sink(p, "check", buckets, func(ctx context.Context, in *pipeline.Input[*Bucket]) (err error) {
+		st := &hostStaging{}
+		defer func() { err = errors.Join(err, st.close(ctx)) }()
+		for bk := range in.All() {
+			err := func() error {
+				defer bk.Release()
+				if !bk.Meta.HasChecksum || bk.sum == nil {
+					return fmt.Errorf("bucket %d: no checksum pending on the GPU (HasChecksum %v)", bk.Meta.Seq, bk.Meta.HasChecksum)
+				}
+				if err := completeSum(ctx, bk, st); err != nil {
+					return err
+				}
+				host, err := st.fetch(ctx, bk)
+				if err != nil {
+					return err
+				}
+				if want := checksum.Sum(host); bk.Meta.Checksum != want {
+					return fmt.Errorf("bucket %d (%d bytes): GPU checksum %x, checksum.Sum %x", bk.Meta.Seq, bk.Meta.Length, bk.Meta.Checksum, want)
+				}
+				n++
+				return nil
+			}()
+			if err != nil {
+				return err
+			}
+		}
+		return in.Err()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d buckets, each checksum computed on the GPU equal to checksum.Sum of its bytes", n)
+}
+
 // flipEndpoint flips one byte of bucket seq on the GPU after it landed.
 type flipEndpoint struct {
 	transport.Endpoint
@@ -663,6 +769,74 @@ func TestGPUPackPlans(t *testing.T) {
 			}
 			batch, failure := gpu.LastBatchPath()
 			t.Logf("%d tensors in %d buckets, byte-identical; gather: %v (%v); copy engine: %v (batch failure: %v)", len(src), n, path, why, batch, failure)
+		})
+	}
+}
+
+// TestGPUCastDevice sends device tensors through Cast (f32 → bf16 and
+// f16, bf16 ↔ f16, widening to f32) in device buckets: the GPU cast kernel
+// converts them while packing, tensors larger than a bucket included, and
+// every receiver holds exactly what cast.Convert gives on the host.
+func TestGPUCastDevice(t *testing.T) {
+	d := gpuTestDevice(t)
+	s := gpuStream(t, d)
+	rng := rand.New(rand.NewPCG(12, 13))
+	const bucket = 1 << 20
+	for _, to := range []dtype.DType{dtype.BF16, dtype.F16, dtype.F32} {
+		t.Run(to.String(), func(t *testing.T) {
+			var src Tensors
+			var want []*Tensor
+			for i, from := range []dtype.DType{dtype.F32, dtype.BF16, dtype.F16, dtype.F32, dtype.I32} {
+				elems := []int64{1, 7, 1000, 300_001, 0}[i]
+				data := make([]byte, elems*int64(from.Size()))
+				for j := range data {
+					data[j] = byte(rng.Uint32())
+				}
+				buf := gpuAlloc(t, d, max(len(data), 1)+2*from.Size())
+				off := int64(from.Size()) // not at the allocation's start
+				if len(data) > 0 {
+					if err := s.CopyHtoD(buf, int(off), data); err != nil {
+						t.Fatal(err)
+					}
+				}
+				name := fmt.Sprintf("t%d.%s", i, from)
+				src = append(src, &Tensor{Name: name, DType: from, Shape: []int64{elems}, Device: buf, DeviceOffset: off})
+				host := &Tensor{Name: name, DType: from, Shape: []int64{elems}, Data: data}
+				ct, err := Cast(Tensors{host}, to).(*castSource).wrap(host)
+				if err != nil {
+					t.Fatal(err)
+				}
+				size, _ := ct.Validate()
+				out := make([]byte, size)
+				if err := ct.ReadAt(out, 0); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, &Tensor{Name: name, DType: ct.DType, Shape: ct.Shape, Data: out})
+			}
+			gpuSync(t, s)
+			g := newGPUGroup(t, d, 3, bucket, false, true, nil)
+			hm := NewHostModel()
+			dm, err := NewDeviceModel(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dm.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := roundCancel(ctx, g, Cast(src, to), 1, []Sink{hm, dm}); err != nil {
+				t.Fatal(err)
+			}
+			exp := hostLookup{}
+			for _, w := range want {
+				exp[w.Name] = w
+				got, ok := hm.Get(w.Name)
+				if !ok || got.DType != w.DType || !bytes.Equal(got.Data, w.Data) {
+					t.Fatalf("%s: received %v differs from cast.Convert's %s", w.Name, got.DType, w.DType)
+				}
+			}
+			if _, err := dm.Verify(ctx, exp); err != nil {
+				t.Fatal(err)
+			}
 		})
 	}
 }

@@ -41,7 +41,8 @@ type PackConfig struct {
 // When the pool's buffers are device memory, the buckets are filled on the
 // GPU and travel fenced (see gpu_pack.go): host tensors through pinned
 // staging, device tensors (Tensor.Device) device to device, in batched
-// copies; such buckets carry no checksum.
+// copies; their checksums are computed on the GPU, and Publish sends them
+// once known.
 func Pack(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfig) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "pack", in, 1, func(ctx context.Context, in *pipeline.Input[*Tensor], out *pipeline.Output[*Bucket]) (err error) {
 		pk := packer{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, bsize: int64(cfg.Pool.BufferSize())}
@@ -113,9 +114,13 @@ func (pk *packer) emit(last bool) error {
 	b := pk.cur
 	b.Meta.Length, b.Meta.IsLast = pk.fill, last
 	if pk.dev != nil {
-		// Device buckets carry no checksum (see gpu_pack.go).
 		if err := pk.dev.finish(pk.ctx, b); err != nil {
 			return err // abandon releases b once its copies are done
+		}
+		if pk.cfg.Checksum {
+			if err := pk.dev.queueSum(b); err != nil {
+				return err // abandon releases b once its copies are done
+			}
 		}
 	} else if pk.cfg.Checksum {
 		b.Meta.Checksum, b.Meta.HasChecksum = checksum.SumParallel(pk.buf[:pk.fill]), true

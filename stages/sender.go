@@ -12,12 +12,20 @@ import (
 )
 
 // Publish adds the stage that sends each bucket's metadata through pub
-// before passing the bucket on to have its bytes moved.
+// before passing the bucket on to have its bytes moved. For a device
+// bucket whose checksum Pack left pending on the GPU, it first waits for
+// the checksum (see gpu_checksum.go).
 func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher) *pipeline.Stream[*Bucket] {
-	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
+	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
+		st := &hostStaging{} // device checksums without the GPU kernel
+		defer func() { err = errors.Join(err, st.close(ctx)) }()
 		for b := range in.All() {
 			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version})
-			msg, err := EncodeMeta(&b.Meta)
+			err := completeSum(ctx, b, st)
+			var msg []byte
+			if err == nil {
+				msg, err = EncodeMeta(&b.Meta)
+			}
 			if err == nil {
 				span.Args(map[string]any{"meta_bytes": len(msg)})
 				err = pub.Publish(ctx, b.Meta.Seq, msg)

@@ -160,7 +160,7 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 	var start time.Time
 	var sent int64
 	sender := stages.NewSender(stages.SenderConfig{
-		Endpoint: l.endpoint, Publisher: l.publisher, Pool: pool, Checksum: cuda == nil, Tracer: tracer, Rank: 0,
+		Endpoint: l.endpoint, Publisher: l.publisher, Pool: pool, Checksum: c.checksum, Tracer: tracer, Rank: 0,
 		Progress: func(m *stages.BucketMeta) {
 			sent += m.Length
 			if report != nil {

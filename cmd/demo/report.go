@@ -85,6 +85,9 @@ type summary struct {
 	Seconds         []float64 `json:"seconds"`
 	GBps            float64   `json:"gbps"`
 	Verified        bool      `json:"verified"`
+	// Checksum says whether every bucket carried a checksum that every
+	// receiver checked (--checksum).
+	Checksum bool `json:"checksum"`
 	// Committed is the last model version committed on every receiver:
 	// the lowest any receiver reports (the sender's, when it reports
 	// alone).
@@ -102,7 +105,7 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		Transport: transportName, TransportReason: reason, Ranks: c.ranks, Mode: mode,
 		Model:  fmt.Sprintf("synthetic %s, %d tensors, %s, seed %d", humanize.IBytes(uint64(c.size)), c.tensors, dtypeList(c), c.seed),
 		Bucket: c.bucket, Rounds: c.rounds, Trace: c.trace, Timeline: c.timeline, PerRank: results,
-		Verified: c.verify,
+		Verified: c.verify, Checksum: c.checksum,
 	}
 	if m, err := c.model(0); err == nil {
 		s.Bytes, s.Tensors = m.Size(), len(m.List())
@@ -200,6 +203,11 @@ func (s *summary) writeTable(w io.Writer) {
 		fmt.Fprintf(w, "verified:      yes, every byte on %d receivers (%s)\n", s.Ranks-1, scope)
 	default:
 		fmt.Fprintf(w, "verified:      not checked (--verify=false)\n")
+	}
+	if s.Checksum {
+		fmt.Fprintf(w, "checksums:     every bucket, checked by every receiver\n")
+	} else {
+		fmt.Fprintf(w, "checksums:     off (--checksum=false)\n")
 	}
 	s.writeCommitted(w)
 	fmt.Fprintf(w, "buffers held:  at most %d per rank\n", s.MaxBuffers)
