@@ -210,7 +210,10 @@ func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
 // memory (1 GiB each). "pack" reports GB/s and its fraction of pinnedH2D
 // (x-pinned; target 0.8); the other pack cases vary the ring (readers,
 // slots × slot size, piece size); readOnly is the ring with the GPU left
-// out (no copies), the speed of the parallel reads alone.
+// out (no copies), the speed of the parallel reads alone; allocRing is the
+// cost of pinning a ring (and freeing it), which rounds avoid by keeping
+// their slots. Every pack case warms up with one round first, so that the
+// timed rounds reuse the slots.
 //
 //	stages.test -test.run '^$' -test.bench 'GPUCheckpoint' -test.benchtime 3x
 func BenchmarkGPUCheckpoint(b *testing.B) {
@@ -246,16 +249,10 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 		cfg  stagingConfig
 	}{
 		{"pack", def},
-		{"pack-readers=6", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 6}},
-		{"pack-readers=10", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 10}},
-		{"pack-readers=12", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 12}},
+		{"pack-readers=8", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 8}},
 		{"pack-readers=16", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 16}},
-		{"pack-6x16MiB", stagingConfig{slots: 6, slotSize: 16 << 20, piece: def.piece, readers: def.readers}},
 		{"pack-8x8MiB", stagingConfig{slots: 8, slotSize: 8 << 20, piece: def.piece, readers: def.readers}},
-		{"pack-4x32MiB", stagingConfig{slots: 4, slotSize: 32 << 20, piece: def.piece, readers: def.readers}},
 		{"pack-piece=1MiB", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: 1 << 20, readers: def.readers}},
-		{"pack-piece=4MiB", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: 4 << 20, readers: def.readers}},
-		{"pack-12r-piece=1MiB", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: 1 << 20, readers: 12}},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -274,7 +271,7 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 			}
 		})
 	}
-	for _, readers := range []int{def.readers, 12, 16} {
+	for _, readers := range []int{def.readers, 8, 16} {
 		name := "readOnly"
 		if readers != def.readers {
 			name = fmt.Sprintf("readOnly-readers=%d", readers)

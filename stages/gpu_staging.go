@@ -36,14 +36,20 @@ import (
 // next round on the device, once the readers have stopped and every copy
 // has finished.
 //
-// Sizes (measured on an H200 with 16 cores, see BenchmarkGPUCheckpoint):
-// eight readers at a few GB/s each are needed to approach the 55 GB/s of
-// pinned host-to-device copies; 2 MiB pieces split a 16 MiB slot among all
-// of them and bound the time a cancelled reader takes to stop (one piece);
-// eight slots of 16 MiB (128 MiB pinned per round, allocated as the ring
-// first reaches each slot) keep every reader busy while two or three
-// slots are being copied. Each copy out of a slot is at least as long as a
-// tensor or 16 MiB, long enough for the copy engine's full speed.
+// Sizes, measured with BenchmarkGPUCheckpoint on an H200 host of 16 cores
+// (a 4 GiB checkpoint in the page cache into 1 GiB buckets; pinned
+// host-to-device copies run at 55 GB/s there): reading from the page cache
+// runs at about 4-6 GB/s per reader (45 GB/s with 8 readers, 65 with 12,
+// 74 with 16, no copies), and the copies take memory bandwidth too: with
+// 12 readers a round ran at 46-54 GB/s (0.83-0.98 of pinned copies, over
+// four runs on shared hosts), with 8 at 36-51, with 14 or 16 at 47-51
+// (the pack goroutine and the driver need threads too). 2 MiB pieces
+// (1 MiB did the same, 4 MiB worse) split a 16 MiB slot among all readers
+// and bound how long a cancelled reader takes to stop. 8 slots of 16 MiB
+// keep the readers busy while slots are being copied (6 × 16 MiB and
+// 8 × 8 MiB did about as well); 128 MiB pinned is small beside two device
+// buckets, and pinning it is slow (62-85 ms to allocate and free the ring,
+// as long as the whole round), hence stagingSpares.
 
 // Staging sizes for host tensors packed into device buckets: the number of
 // pinned slots in the ring and the size of each.
@@ -55,8 +61,10 @@ const (
 // stagingPiece is the most bytes one reader goroutine reads at a time.
 const stagingPiece = 2 << 20
 
-// stagingMaxReaders bounds the reader goroutines of a round.
-const stagingMaxReaders = 8
+// stagingMaxReaders bounds the reader goroutines of a round; a round uses
+// three quarters of GOMAXPROCS up to that (at least 2), leaving threads to
+// the pack goroutine and the driver.
+const stagingMaxReaders = 12
 
 // stagingMaxOps bounds the reads (small tensors) one piece carries, so that
 // the small tensors of a slot are spread over the readers too.
@@ -77,7 +85,7 @@ var stagingDefaults = func() stagingConfig {
 		slots:    StagingBuffers,
 		slotSize: StagingSize,
 		piece:    stagingPiece,
-		readers:  min(stagingMaxReaders, runtime.GOMAXPROCS(0)),
+		readers:  min(stagingMaxReaders, max(2, runtime.GOMAXPROCS(0)*3/4)),
 	}
 }
 
