@@ -21,10 +21,10 @@ import (
 //     others by the copy engine;
 //   - device tensors that Cast wraps are converted into the bucket by the
 //     GPU cast kernel (gpu.Caster), on the copy stream, instead of copied;
-//   - host tensors (Data or Reader) are read into a small ring of pinned
-//     staging buffers (StagingBuffers × StagingSize) and copied host to
-//     device from there, so that the copy runs at pinned speed while the
-//     next bytes are read;
+//   - host tensors (Data or Reader) are read, by several goroutines in
+//     parallel, into a ring of pinned staging buffers (StagingBuffers ×
+//     StagingSize) and copied host to device from there, so that the copy
+//     runs at pinned speed while the next bytes are read (gpu_staging.go);
 //   - copies are not issued one per tensor: they are collected in two
 //     gpu.CopyBatch queues, one for the gather kernel and one for the copy
 //     engine (queued with one cuMemcpyBatchAsync per batch, or per-copy
@@ -46,12 +46,6 @@ import (
 //
 // Checksums: with PackConfig.Checksum, each device bucket's checksum is
 // computed on the GPU after its copies (see gpu_checksum.go).
-
-// Staging sizes for host tensors packed into device buckets.
-const (
-	StagingBuffers = 2
-	StagingSize    = 8 << 20
-)
 
 // flushEvery bounds the copies collected in one queue before they are
 // handed to the driver, so that the GPU starts on a bucket of many small
@@ -121,10 +115,6 @@ type deviceFill struct {
 	klastSrc uint64
 	onGPU    func(gpu.Buffer) bool
 
-	// lanes are the extra streams of plan.lanes, with a queue each;
-	// laneUsed marks those with copies into the current bucket, next is
-	// the stream (0: the copy stream, i: lanes[i-1]) of the next large
-	// copy.
 	// caster converts device tensors that Cast wraps into the bucket
 	// (the GPU cast kernel), created at the first such tensor.
 	caster *gpu.Caster
@@ -134,16 +124,18 @@ type deviceFill struct {
 	sums    *gpu.Checksummer
 	sumsWhy error
 
+	// lanes are the extra streams of plan.lanes, with a queue each;
+	// laneUsed marks those with copies into the current bucket, next is
+	// the stream (0: the copy stream, i: lanes[i-1]) of the next large
+	// copy.
 	lanes     []*gpu.Stream
 	laneBatch []gpu.CopyBatch
 	laneUsed  []bool
 	next      int
 
-	staging   [StagingBuffers]gpu.Buffer
-	stageAddr [StagingBuffers]uint64
-	stageDone [StagingBuffers]*gpu.Event // recorded after the last copies out of each
-	slot      int
-	sfill     int64
+	// stage reads host tensors into pinned staging and queues their
+	// copies (gpu_staging.go); nil until the round's first host tensor.
+	stage *stager
 }
 
 func newDeviceFill(pool *Pool) (*deviceFill, error) {
@@ -227,6 +219,9 @@ func (f *deviceFill) addKernel(ctx context.Context, dst, src uint64, n int64, sr
 
 // flush hands every collected copy and cast to the driver.
 func (f *deviceFill) flush(ctx context.Context) error {
+	if err := f.stage.drain(ctx); err != nil {
+		return err
+	}
 	if err := f.flushKernel(ctx); err != nil {
 		return err
 	}
@@ -308,37 +303,14 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 		}
 		return f.add(dst, src, n, base)
 	}
-	for done := int64(0); done < n; {
-		if f.sfill == StagingSize {
-			if err := f.nextSlot(ctx); err != nil {
-				return err
-			}
-		}
-		if f.staging[f.slot] == nil {
-			if err := f.allocStaging(); err != nil {
-				return err
-			}
-		}
-		d := dst + uint64(done)
-		// Mirror the bucket's alignment padding in the staging buffer so
-		// that consecutive small tensors become one copy.
-		if ld, _, ln, ok := f.batch.Last(); ok && f.lastSrc == f.stageAddr[f.slot] {
-			if end := ld + uint64(ln); d > end && d-end < Align && f.sfill+int64(d-end) < StagingSize {
-				f.sfill += int64(d - end)
-			}
-		}
-		m := min(n-done, StagingSize-f.sfill)
-		buf := f.staging[f.slot].Host()[f.sfill : f.sfill+m]
-		if err := t.ReadAt(buf, chunk+done); err != nil {
+	if f.stage == nil {
+		st, err := newStager(&streamStaging{dev: f.dev, stream: f.stream, perCopy: f.plan.perCopy}, stagingDefaults())
+		if err != nil {
 			return err
 		}
-		if err := f.add(d, f.stageAddr[f.slot]+uint64(f.sfill), m, f.stageAddr[f.slot]); err != nil {
-			return err
-		}
-		f.sfill += m
-		done += m
+		f.stage = st
 	}
-	return nil
+	return f.stage.stage(ctx, t, dst, n, chunk)
 }
 
 // castIn queues the conversion of the device tensor behind cr, output
@@ -359,42 +331,6 @@ func (f *deviceFill) castIn(cr *castReader, dst uint64, n, chunk int64) error {
 	src := base + uint64(t.DeviceOffset+chunk/eo*es)
 	if err := f.caster.Add(dst, src, n/eo, from, to); err != nil {
 		return fmt.Errorf("pack: tensor %q: %w", t.Name, err)
-	}
-	return nil
-}
-
-func (f *deviceFill) allocStaging() error {
-	b, err := f.dev.AllocPinned(StagingSize)
-	if err != nil {
-		return fmt.Errorf("pack: allocating %d bytes of pinned staging memory: %w", StagingSize, err)
-	}
-	f.staging[f.slot] = b
-	f.stageAddr[f.slot], _ = gpu.Address(b)
-	f.sfill = 0
-	return nil
-}
-
-// nextSlot queues the copies out of the current staging buffer, marks it
-// with an event, and moves to the next one, waiting until the copies that
-// last read it have finished.
-func (f *deviceFill) nextSlot(ctx context.Context) error {
-	if err := f.flushEngine(); err != nil {
-		return err
-	}
-	ev, err := f.stream.Record()
-	if err != nil {
-		return fmt.Errorf("pack: recording a staging event: %w", err)
-	}
-	if old := f.stageDone[f.slot]; old != nil {
-		old.Close()
-	}
-	f.stageDone[f.slot] = ev
-	f.slot = (f.slot + 1) % StagingBuffers
-	f.sfill = 0
-	if prev := f.stageDone[f.slot]; prev != nil {
-		if err := prev.Wait(ctx); err != nil {
-			return fmt.Errorf("pack: waiting for a staging buffer to drain: %w", err)
-		}
 	}
 	return nil
 }
@@ -451,13 +387,14 @@ func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
 	return nil
 }
 
-// close waits for the round's copies, then frees the staging buffers,
-// events and stream. On a failed wait it frees nothing that a copy may
-// still use.
+// close stops the staging readers, waits for the round's copies, then frees
+// the staging buffers, events and stream. On a failed wait it frees nothing
+// that a copy or a reader may still use.
 func (f *deviceFill) close(ctx context.Context) error {
 	f.resetQueues()
+	serr := f.stage.stop(ctx)
 	if err := f.settle(ctx); err != nil {
-		return fmt.Errorf("pack: copies still running after the round; leaving the staging memory allocated: %w", err)
+		return errors.Join(serr, fmt.Errorf("pack: copies still running after the round; leaving the staging memory allocated: %w", err))
 	}
 	var errs []error
 	if f.gather != nil {
@@ -469,13 +406,10 @@ func (f *deviceFill) close(ctx context.Context) error {
 	if f.caster != nil {
 		errs = append(errs, f.caster.Close(ctx))
 	}
-	for i := range f.staging {
-		if f.stageDone[i] != nil {
-			errs = append(errs, f.stageDone[i].Close())
-		}
-		if f.staging[i] != nil {
-			errs = append(errs, f.staging[i].Free())
-		}
+	if serr != nil {
+		errs = append(errs, serr)
+	} else {
+		errs = append(errs, f.stage.free())
 	}
 	for _, l := range f.lanes {
 		errs = append(errs, l.Close())
