@@ -341,6 +341,9 @@ func (c *Caster) Add(dst, src uint64, elems int64, from, to dtype.DType) error {
 	return nil
 }
 
+// Reset forgets the conversions added since the last Flush.
+func (c *Caster) Reset() { c.ops = c.ops[:0] }
+
 // Len returns the number of conversions added and not yet flushed.
 func (c *Caster) Len() int { return len(c.ops) }
 

@@ -425,4 +425,35 @@ func (f *deviceFill) resetQueues() {
 	for i := range f.laneBatch {
 		f.laneBatch[i].Reset()
 	}
+	if f.caster != nil {
+		f.caster.Reset()
+	}
+}
+
+// endRound ends Pack's use of f. After a round that succeeded it stops the
+// staging readers, waits for the round's copies and gives the staging
+// slots back (gpu_staging.go), then leaves the rest (streams, kernels'
+// descriptor memory, the checksums of buckets still travelling) to pool
+// for its next round, so that a round does not pay for creating them
+// again; pool.Close frees them. After a failed round, or when pool keeps
+// another already, it closes f.
+func (f *deviceFill) endRound(ctx context.Context, pool *Pool, failed bool) error {
+	if failed {
+		return f.close(ctx)
+	}
+	f.resetQueues()
+	if err := f.stage.stop(ctx); err != nil {
+		return errors.Join(err, f.close(ctx))
+	}
+	if err := f.settle(ctx); err != nil {
+		return errors.Join(err, f.close(ctx))
+	}
+	if err := f.stage.free(); err != nil {
+		return errors.Join(err, f.close(ctx))
+	}
+	f.stage = nil
+	if !pool.keepFill(f) {
+		return f.close(ctx)
+	}
+	return nil
 }

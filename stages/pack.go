@@ -47,10 +47,12 @@ func Pack(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfig) *p
 	return pipeline.Stage(p, "pack", in, 1, func(ctx context.Context, in *pipeline.Input[*Tensor], out *pipeline.Output[*Bucket]) (err error) {
 		pk := packer{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, bsize: int64(cfg.Pool.BufferSize())}
 		if isDevicePool(cfg.Pool) {
-			if pk.dev, err = newDeviceFill(cfg.Pool); err != nil {
-				return err
+			if pk.dev = cfg.Pool.takeFill(); pk.dev == nil {
+				if pk.dev, err = newDeviceFill(cfg.Pool); err != nil {
+					return err
+				}
 			}
-			defer func() { err = errors.Join(err, pk.dev.close(ctx)) }()
+			defer func() { err = errors.Join(err, pk.dev.endRound(ctx, cfg.Pool, err != nil)) }()
 		}
 		defer func() { err = errors.Join(err, pk.abandon()) }()
 		for t := range in.All() {

@@ -25,6 +25,9 @@ type Pool struct {
 	held    int
 	maxHeld int
 	closed  bool
+	// fill is a device pool's pack state kept between rounds (see
+	// deviceFill.endRound); nil while a Pack holds it, and for host pools.
+	fill *deviceFill
 }
 
 // NewPool allocates n buffers of size bytes each on dev.
@@ -96,8 +99,31 @@ func (p *Pool) Bucket(buf gpu.Buffer, meta BucketMeta) *Bucket {
 	return &Bucket{Meta: meta, Buf: buf, put: p.Put}
 }
 
-// Close frees every buffer. It fails if some are still out, naming how
-// many, since freeing memory still in use would corrupt it.
+// takeFill hands Pack the state an earlier round of this pool left, or nil.
+func (p *Pool) takeFill() *deviceFill {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.fill
+	p.fill = nil
+	return f
+}
+
+// keepFill keeps f for the pool's next round. It reports false, keeping
+// nothing, when the pool is closed or keeps another already.
+func (p *Pool) keepFill(f *deviceFill) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.fill != nil {
+		return false
+	}
+	p.fill = f
+	return true
+}
+
+// Close frees every buffer, and the pack state kept between rounds of a
+// device pool (waiting, at most a minute, for work still queued on its
+// streams). It fails if some buffers are still out, naming how many, since
+// freeing memory still in use would corrupt it.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -108,7 +134,14 @@ func (p *Pool) Close() error {
 		return fmt.Errorf("bucket pool closed with %d of %d buffers still in use", p.held, len(p.all))
 	}
 	p.closed = true
-	return p.freeAll()
+	var err error
+	if f := p.fill; f != nil {
+		p.fill = nil
+		ctx, cancel := context.WithTimeout(context.Background(), finalWait)
+		err = f.close(ctx)
+		cancel()
+	}
+	return errors.Join(err, p.freeAll())
 }
 
 func (p *Pool) freeAll() error {
