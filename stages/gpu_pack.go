@@ -69,17 +69,17 @@ type devicePlan struct {
 	laneAbove int64
 }
 
-// defaultPlan is the plan Pack uses: device-to-device copies under 64 MiB
+// defaultPlan is the plan Pack uses: device-to-device copies under 16 MiB
 // through the gather kernel, larger ones on the copy engine, spread over
-// two streams. Measured on an H200 (docs/benchmarks.md): 100,000 scattered
-// 4 KiB tensors at 0.62 µs each against 4.94 through cuMemcpyBatchAsync;
-// 64 × 16 MiB at 1742 GB/s (256 KiB kernel pieces) against 1405 batched;
-// but 64 × 256 MiB through the kernel at 1009 GB/s, half of what the copy
-// engine does with one large copy (2102), hence the threshold; and 16 GiB
-// of 256 MiB tensors into 1 GiB buckets at 1947 GB/s on one stream, 2089 on
-// two, 2093 on three, 2077 on four, against 2115 for one plain 16 GiB copy
-// (BenchmarkGPUPackDevice16GiB), hence the two lanes.
-var defaultPlan = devicePlan{gatherBelow: 64 << 20, lanes: 2, laneAbove: 64 << 20}
+// four streams. Measured on an H200 (docs/benchmarks.md): 100,000
+// scattered 4 KiB tensors at 0.62 µs each through the kernel against 4.94
+// through cuMemcpyBatchAsync; 1 GiB of 16 MiB tensors into 256 MiB buckets
+// at 1437 GB/s through the kernel, 1335 on one copy stream, 1471 on two and
+// 1664 on four (one plain copy: 1902); 16 GiB of 256 MiB tensors into 1 GiB
+// buckets at 1965 GB/s on one stream, 2109 on two, 2103 on three, 2104 on
+// four (one plain copy: 2128) — BenchmarkGPUPackDevice and
+// BenchmarkGPUPackDevice16GiB.
+var defaultPlan = devicePlan{gatherBelow: 16 << 20, lanes: 4, laneAbove: 16 << 20}
 
 // finalWait bounds the wait for a round's copies when the round's own
 // context is already done (so that memory is never freed under a copy).
