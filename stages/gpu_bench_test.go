@@ -179,6 +179,7 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 		{"pack-lanes1", devicePlan{gatherBelow: 16 << 20}},
 		{"pack-lanes2", devicePlan{gatherBelow: 16 << 20, lanes: 2, laneAbove: 16 << 20}},
 		{"pack-lanes3", devicePlan{gatherBelow: 16 << 20, lanes: 3, laneAbove: 16 << 20}},
+		{"pack-again", defaultPlan}, // the first case after plainD2D has measured slower
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			withPlan(b, c.plan)
@@ -232,8 +233,9 @@ func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
 // slots × slot size, piece size); readOnly is the ring with the GPU left
 // out (no copies), the speed of the parallel reads alone; allocRing is the
 // cost of pinning a ring (and freeing it), which rounds avoid by keeping
-// their slots. Every pack case warms up with one round first, so that the
-// timed rounds reuse the slots.
+// their slots; cast-f16 and cast-f16-host pack the checkpoint cast to F16,
+// on the GPU and on the host. Every pack case warms up with one round
+// first, so that the timed rounds reuse the slots.
 //
 //	stages.test -test.run '^$' -test.bench 'GPUCheckpoint' -test.benchtime 3x
 func BenchmarkGPUCheckpoint(b *testing.B) {
@@ -274,21 +276,39 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 		{"pack-8x8MiB", stagingConfig{slots: 8, slotSize: 8 << 20, piece: def.piece, readers: def.readers}},
 		{"pack-piece=1MiB", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: 1 << 20, readers: def.readers}},
 	}
+	pack := func(b *testing.B, src Source) {
+		pool := devicePool(b, d, 1<<30)
+		packOnly(b, src, pool) // warm up: loads the kernels, first use of the pool
+		b.SetBytes(total)
+		b.ResetTimer()
+		for b.Loop() {
+			packOnly(b, src, pool)
+		}
+		gbs := float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
+		b.ReportMetric(gbs, "GB/s")
+		if pinned > 0 {
+			b.ReportMetric(gbs/pinned, "x-pinned")
+		}
+	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			withStaging(b, c.cfg)
-			pool := devicePool(b, d, 1<<30)
-			packOnly(b, ckpt, pool) // warm up: loads the kernel, first use of the pool
-			b.SetBytes(total)
-			b.ResetTimer()
-			for b.Loop() {
-				packOnly(b, ckpt, pool)
-			}
-			gbs := float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
-			b.ReportMetric(gbs, "GB/s")
-			if pinned > 0 {
-				b.ReportMetric(gbs/pinned, "x-pinned")
-			}
+			pack(b, ckpt)
+		})
+	}
+	// The checkpoint cast to F16 as it is packed (GB/s of checkpoint
+	// bytes): by the GPU cast kernel from staged source bytes, and on the
+	// host as the readers read.
+	for _, hostCast := range []bool{false, true} {
+		name := "cast-f16"
+		if hostCast {
+			name += "-host"
+		}
+		b.Run(name, func(b *testing.B) {
+			plan := defaultPlan
+			plan.hostCast = hostCast
+			withPlan(b, plan)
+			pack(b, Cast(ckpt, dtype.F16))
 		})
 	}
 	for _, readers := range []int{def.readers, 8, 16} {

@@ -19,8 +19,10 @@ import (
 //     by the gather kernel (gpu.Gather: one launch copies thousands of
 //     ranges, where the copy engine costs about 4.5 µs per copy), the
 //     others by the copy engine;
-//   - device tensors that Cast wraps are converted into the bucket by the
-//     GPU cast kernel (gpu.Caster), on the copy stream, instead of copied;
+//   - tensors that Cast wraps are converted into the bucket by the GPU cast
+//     kernel (gpu.Caster), on the copy stream: device tensors straight
+//     from their memory, host tensors from their source bytes, staged as
+//     below and copied to device scratch memory first;
 //   - host tensors (Data or Reader) are read, by several goroutines in
 //     parallel, into a ring of pinned staging buffers (StagingBuffers ×
 //     StagingSize) and copied host to device from there, so that the copy
@@ -67,6 +69,9 @@ type devicePlan struct {
 	// drain overlap another's. 0 or 1: the copy stream alone.
 	lanes     int
 	laneAbove int64
+	// hostCast converts host tensors that Cast wraps on the host, as they
+	// are read, even where the GPU cast kernel could (to compare the two).
+	hostCast bool
 }
 
 // defaultPlan is the plan Pack uses: device-to-device copies under 16 MiB
@@ -115,9 +120,11 @@ type deviceFill struct {
 	klastSrc uint64
 	onGPU    func(gpu.Buffer) bool
 
-	// caster converts device tensors that Cast wraps into the bucket
-	// (the GPU cast kernel), created at the first such tensor.
-	caster *gpu.Caster
+	// caster converts tensors that Cast wraps into the bucket (the GPU
+	// cast kernel), created at the first such tensor; scratch holds the
+	// source bytes of host tensors it converts (gpu_staging.go).
+	caster  *gpu.Caster
+	scratch deviceScratch
 
 	// sums computes bucket checksums on the copy stream, created at the
 	// first; sumsWhy says why the kernel is unavailable.
@@ -289,7 +296,8 @@ func (f *deviceFill) flushKernel(ctx context.Context) error {
 // copyIn queues the copy of t's bytes [chunk, chunk+n) to bucket[off:].
 func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, off, n, chunk int64) error {
 	dst := bucket.DevicePtr() + uint64(off)
-	if cr, ok := t.Reader.(*castReader); ok && cr.src.Device != nil {
+	cr, cast := t.Reader.(*castReader)
+	if cast && cr.src.Device != nil {
 		return f.castIn(cr, dst, n, chunk)
 	}
 	if t.Device != nil {
@@ -304,11 +312,26 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, o
 		return f.add(dst, src, n, base)
 	}
 	if f.stage == nil {
-		st, err := newStager(&streamStaging{dev: f.dev, stream: f.stream, perCopy: f.plan.perCopy}, stagingDefaults())
+		if f.caster == nil {
+			f.caster = f.stream.NewCaster()
+		}
+		g := &streamStaging{ctx: ctx, dev: f.dev, stream: f.stream, perCopy: f.plan.perCopy, caster: f.caster, scratch: &f.scratch}
+		st, err := newStager(g, stagingDefaults())
 		if err != nil {
 			return err
 		}
 		f.stage = st
+	}
+	if cast && !f.plan.hostCast {
+		if ok, _ := f.caster.Kernel(); ok {
+			// Stage the source bytes; the GPU converts them.
+			from, to := cr.src.DType, cr.to
+			es, eo := int64(from.Size()), int64(to.Size())
+			if chunk%eo != 0 || n%eo != 0 {
+				return fmt.Errorf("pack: cast %s→%s of tensor %q: %d bytes at %d are not whole elements", from, to, t.Name, n, chunk)
+			}
+			return f.stage.stageAs(ctx, cr.src, dst, n/eo*es, chunk/eo*es, to)
+		}
 	}
 	return f.stage.stage(ctx, t, dst, n, chunk)
 }
@@ -405,6 +428,9 @@ func (f *deviceFill) close(ctx context.Context) error {
 	}
 	if f.caster != nil {
 		errs = append(errs, f.caster.Close(ctx))
+	}
+	if f.scratch.buf != nil {
+		errs = append(errs, f.scratch.buf.Free())
 	}
 	if serr != nil {
 		errs = append(errs, serr)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 )
 
@@ -114,19 +115,83 @@ type stagingEvent interface {
 	Close() error
 }
 
-// stageCopy is a copy of n bytes from staging (src) to a bucket (dst).
+// stageCopy is a copy of n bytes from staging (src) to a bucket (dst), or,
+// when to is set, a conversion of the n bytes of elements of type from at
+// src into elements of type to at dst (on the GPU: see streamStaging).
 type stageCopy struct {
 	dst, src uint64
 	n        int64
+	from, to dtype.DType
 }
 
 // streamStaging is the stagingGPU of a round: pinned memory of dev, copies
 // on stream, queued with one cuMemcpyBatchAsync per slot.
+//
+// Conversions (stageCopy.to set) go through device scratch memory: the
+// source bytes are copied from the slot to the same offset of the slot's
+// scratch region, then the cast kernel converts them into the bucket, both
+// on stream before the slot's event, so a scratch region is rewritten only
+// once its slot is.
 type streamStaging struct {
+	ctx     context.Context // the round's: bounds waits for the cast kernel's descriptor slots
 	dev     *gpu.CUDADevice
 	stream  *gpu.Stream
 	perCopy bool // queue one cuMemcpyAsync per copy (devicePlan.perCopy)
 	batch   gpu.CopyBatch
+
+	// caster and scratch are the deviceFill's (kept across rounds);
+	// bases are the addresses of the slots alloc returned, in order: the
+	// k-th slot's scratch region is scratch.region(k).
+	caster  *gpu.Caster
+	scratch *deviceScratch
+	bases   []uint64
+	slotLen int
+}
+
+// deviceScratch is device memory for the source bytes of conversions staged
+// from the host: one region per staging slot, allocated at the first
+// conversion.
+type deviceScratch struct {
+	buf    gpu.Buffer
+	region int64
+}
+
+// scratchAt returns the scratch address of staging address src, in the slot
+// alloc returned k-th.
+func (g *streamStaging) scratchAt(src uint64) (uint64, error) {
+	for k, base := range g.bases {
+		if src >= base && src < base+uint64(g.slotLen) {
+			if g.scratch.buf == nil || g.scratch.region != int64(g.slotLen) || int64(k+1)*g.scratch.region > int64(g.scratch.buf.Len()) {
+				if err := g.growScratch(); err != nil {
+					return 0, err
+				}
+			}
+			return g.scratch.buf.DevicePtr() + uint64(int64(k)*g.scratch.region) + (src - base), nil
+		}
+	}
+	return 0, fmt.Errorf("pack: staging address %#x outside every slot", src)
+}
+
+// growScratch (re)allocates the scratch memory for every slot allocated so
+// far, waiting first for the work queued on the stream (which may read
+// the old memory).
+func (g *streamStaging) growScratch() error {
+	if old := g.scratch.buf; old != nil {
+		if err := g.stream.Sync(g.ctx); err != nil {
+			return fmt.Errorf("pack: waiting to replace the cast scratch memory: %w", err)
+		}
+		if err := old.Free(); err != nil {
+			return err
+		}
+		g.scratch.buf = nil
+	}
+	n := max(len(g.bases), StagingBuffers) * g.slotLen
+	buf, err := g.dev.Alloc(n)
+	if err != nil {
+		return fmt.Errorf("pack: allocating %d bytes of device memory to cast host tensors on the GPU: %w", n, err)
+	}
+	g.scratch.buf, g.scratch.region = buf, int64(g.slotLen)
+	return nil
 }
 
 func (g *streamStaging) alloc(n int) ([]byte, uint64, func() error, error) {
@@ -142,6 +207,8 @@ func (g *streamStaging) alloc(n int) ([]byte, uint64, func() error, error) {
 	if !ok {
 		return nil, 0, nil, errors.Join(fmt.Errorf("pack: pinned staging memory of %s has no address", g.dev.Name()), b.Free())
 	}
+	g.bases = append(g.bases, addr)
+	g.slotLen = n
 	return b.Host(), addr, func() error { return giveSpare(g.dev, b) }, nil
 }
 
@@ -202,11 +269,44 @@ func giveSpare(dev *gpu.CUDADevice, b gpu.Buffer) error {
 
 func (g *streamStaging) queue(cs []stageCopy) error {
 	g.batch.Reset()
+	casts := 0
 	for _, c := range cs {
+		if c.to != dtype.Invalid {
+			casts++
+			continue
+		}
 		g.batch.Add(c.dst, c.src, c.n)
 	}
 	g.batch.PerCopy = g.perCopy
-	return g.stream.CopyBatch(&g.batch)
+	if err := g.stream.CopyBatch(&g.batch); err != nil {
+		return err
+	}
+	if casts == 0 {
+		return nil
+	}
+	for _, c := range cs {
+		if c.to == dtype.Invalid {
+			continue
+		}
+		at, err := g.scratchAt(c.src)
+		if err != nil {
+			return err
+		}
+		g.batch.Add(at, c.src, c.n)
+	}
+	if err := g.stream.CopyBatch(&g.batch); err != nil {
+		return err
+	}
+	for _, c := range cs {
+		if c.to == dtype.Invalid {
+			continue
+		}
+		at, _ := g.scratchAt(c.src)
+		if err := g.caster.Add(c.dst, at, c.n/int64(c.from.Size()), c.from, c.to); err != nil {
+			return err
+		}
+	}
+	return g.caster.Flush(g.ctx)
 }
 
 func (g *streamStaging) record() (stagingEvent, error) {
@@ -361,8 +461,20 @@ func (s *stager) stopped(ctx context.Context) error {
 // the readers and collects their copies. The copies are queued once the
 // reads have finished, at the latest by drain.
 func (s *stager) stage(ctx context.Context, t *Tensor, dst uint64, n, off int64) error {
+	return s.stageAs(ctx, t, dst, n, off, dtype.Invalid)
+}
+
+// stageAs is stage, converting t's elements to the dtype to on the GPU
+// when to is set: n and off then count t's (source) bytes, whole elements,
+// and dst receives n / t's element size × to's element size bytes. A
+// conversion never merges with the copy before it.
+func (s *stager) stageAs(ctx context.Context, t *Tensor, dst uint64, n, off int64, to dtype.DType) error {
 	if n == 0 {
 		return nil
+	}
+	es, eo := int64(1), int64(1)
+	if to != dtype.Invalid {
+		es, eo = int64(t.DType.Size()), int64(to.Size())
 	}
 	if !s.started {
 		s.start(ctx)
@@ -375,12 +487,12 @@ func (s *stager) stage(ctx context.Context, t *Tensor, dst uint64, n, off int64)
 		if err != nil {
 			return err
 		}
-		d := dst + uint64(done)
+		d := dst + uint64(done/es*eo)
 		pos, grow := alignUp(sl.fill), false
 		// Mirror the bucket's alignment padding, so that consecutive
 		// small tensors become one copy (the last copy of the slot ends
 		// at fill).
-		if k := len(sl.copies) - 1; k >= 0 {
+		if k := len(sl.copies) - 1; k >= 0 && to == dtype.Invalid && sl.copies[k].to == dtype.Invalid {
 			if end := sl.copies[k].dst + uint64(sl.copies[k].n); d >= end && d-end < Align {
 				pos, grow = sl.fill+int64(d-end), true
 			}
@@ -391,10 +503,13 @@ func (s *stager) stage(ctx context.Context, t *Tensor, dst uint64, n, off int64)
 			}
 			continue
 		}
-		m := min(n-done, s.cfg.slotSize-pos)
-		if grow {
+		m := min(n-done, s.cfg.slotSize-pos) // whole elements: both are multiples of Align
+		switch {
+		case grow:
 			sl.copies[len(sl.copies)-1].n += pos - sl.fill + m
-		} else {
+		case to != dtype.Invalid:
+			sl.copies = append(sl.copies, stageCopy{dst: d, src: sl.addr + uint64(pos), n: m, from: t.DType, to: to})
+		default:
 			sl.copies = append(sl.copies, stageCopy{dst: d, src: sl.addr + uint64(pos), n: m})
 		}
 		if err := s.read(ctx, t, off+done, sl.host[pos:pos+m]); err != nil {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
 )
 
@@ -35,10 +36,11 @@ type fakeStaging struct {
 	allocs, frees, copies int
 }
 
-// fakeOp is a queued copy, or an event (ev != nil).
+// fakeOp is a queued copy or conversion (to set), or an event (ev != nil).
 type fakeOp struct {
 	dst, src uint64
 	n        int64
+	from, to dtype.DType
 	ev       *fakeEvent
 }
 
@@ -85,7 +87,7 @@ func (f *fakeStaging) alloc(n int) ([]byte, uint64, func() error, error) {
 
 func (f *fakeStaging) queue(cs []stageCopy) error {
 	for _, c := range cs {
-		f.ops = append(f.ops, fakeOp{dst: c.dst, src: c.src, n: c.n})
+		f.ops = append(f.ops, fakeOp{dst: c.dst, src: c.src, n: c.n, from: c.from, to: c.to})
 		f.copies++
 	}
 	return f.progress()
@@ -117,6 +119,16 @@ func (f *fakeStaging) runTo(i int) error {
 		src, err := f.resolve(op.src, op.n)
 		if err != nil {
 			return err
+		}
+		if op.to != dtype.Invalid {
+			dst, err := f.resolve(op.dst, op.n/int64(op.from.Size())*int64(op.to.Size()))
+			if err != nil {
+				return err
+			}
+			if err := cast.Convert(dst, op.to, src, op.from); err != nil {
+				return err
+			}
+			continue
 		}
 		dst, err := f.resolve(op.dst, op.n)
 		if err != nil {
@@ -196,6 +208,16 @@ func (r *fakeRound) finish(ctx context.Context) error {
 
 // add stages t, whose bytes are want, as pk.add lays it out.
 func (r *fakeRound) add(ctx context.Context, t *Tensor, want []byte) error {
+	return r.addAs(ctx, t, dtype.Invalid, want)
+}
+
+// addAs is add converting t to the dtype to on the "GPU" when to is set;
+// want is then the converted bytes.
+func (r *fakeRound) addAs(ctx context.Context, t *Tensor, to dtype.DType, want []byte) error {
+	es, eo := int64(1), int64(1)
+	if to != dtype.Invalid {
+		es, eo = int64(t.DType.Size()), int64(to.Size())
+	}
 	size := int64(len(want))
 	if r.cur != nil && len(r.cur.entries) > 0 && size <= r.bsize && alignUp(r.cur.fill)+size > r.bsize {
 		if err := r.finish(ctx); err != nil {
@@ -218,7 +240,7 @@ func (r *fakeRound) add(ctx context.Context, t *Tensor, want []byte) error {
 			}
 			continue
 		}
-		if err := r.s.stage(ctx, t, r.cur.addr+uint64(off), n, chunk); err != nil {
+		if err := r.s.stageAs(ctx, t, r.cur.addr+uint64(off), n/eo*es, chunk/eo*es, to); err != nil {
 			return err
 		}
 		r.cur.entries = append(r.cur.entries, fakeEntry{off: off, data: want[chunk : chunk+n]})
@@ -322,6 +344,69 @@ func TestStagingBytes(t *testing.T) {
 				t.Fatalf("%d slots allocated for a ring of %d", r.fk.allocs, cfg.slots)
 			}
 			t.Logf("%d buckets, %d copies", len(r.buckets), r.fk.copies)
+		})
+	}
+}
+
+// TestStagingCasts stages tensors converted on the "GPU" (F32 → BF16 and
+// F16, BF16 ↔ F16, widening to F32) among plain ones, some larger than a
+// slot or a bucket: the staged source bytes, laid out in whole elements,
+// convert into exactly what cast.Convert gives, and a conversion never
+// merges with its neighbours.
+func TestStagingCasts(t *testing.T) {
+	pairs := [][2]dtype.DType{{dtype.F32, dtype.BF16}, {dtype.F32, dtype.F16}, {dtype.BF16, dtype.F16}, {dtype.F16, dtype.BF16}, {dtype.BF16, dtype.F32}, {dtype.F16, dtype.F32}}
+	for i, cfg := range []stagingConfig{
+		{slots: 2, slotSize: 1024, piece: 128, readers: 3},
+		{slots: 4, slotSize: 4096, piece: 512, readers: 4},
+	} {
+		t.Run(fmt.Sprintf("%d×%d", cfg.slots, cfg.slotSize), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			r := newFakeRound(t, uint64(i), cfg, 3008)
+			ctx := context.Background()
+			for k := range 200 {
+				elems := []int{rng.IntN(30), rng.IntN(400), rng.IntN(3000)}[rng.IntN(3)]
+				if k%3 == 0 {
+					data := make([]byte, elems)
+					for j := range data {
+						data[j] = byte(rng.Uint32())
+					}
+					tn := &Tensor{Name: fmt.Sprintf("plain%d", k), DType: dtype.U8, Shape: []int64{int64(elems)}, Data: data}
+					if err := r.add(ctx, tn, data); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				p := pairs[rng.IntN(len(pairs))]
+				src := make([]byte, elems*p[0].Size())
+				for j := range src {
+					src[j] = byte(rng.Uint32())
+				}
+				want := make([]byte, elems*p[1].Size())
+				if err := cast.Convert(want, p[1], src, p[0]); err != nil {
+					t.Fatal(err)
+				}
+				tn := &Tensor{Name: fmt.Sprintf("cast%d", k), DType: p[0], Shape: []int64{int64(elems)}}
+				if k%2 == 0 {
+					tn.Data = src
+				} else {
+					// Raw source bytes: a widening cast's chunks start
+					// on elements, not on Align boundaries of the source.
+					tn.Reader = bytes.NewReader(src)
+				}
+				if err := r.addAs(ctx, tn, p[1], want); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r.finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.close(t)
+			r.check(t)
+			for _, op := range r.fk.ops {
+				if op.to != dtype.Invalid && op.n%int64(op.from.Size()) != 0 {
+					t.Fatalf("a conversion of %d bytes of %s: not whole elements", op.n, op.from)
+				}
+			}
 		})
 	}
 }
