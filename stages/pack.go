@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/internal/parallel"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
@@ -193,7 +194,12 @@ func (pk *packer) add(t *Tensor) error {
 		if pk.dev != nil {
 			err = pk.dev.copyIn(pk.ctx, t, pk.cur.Buf, off, n, chunk)
 		} else {
-			err = t.ReadAt(pk.buf[off:off+n], chunk)
+			// A large read runs on several goroutines, in pieces that
+			// start on Align boundaries of the tensor (whole elements for
+			// a cast reader).
+			err = parallel.Pieces(n, func(o, k int64) error {
+				return t.ReadAt(pk.buf[off+o:off+o+k], chunk+o)
+			})
 		}
 		if err != nil {
 			return err

@@ -21,7 +21,8 @@ type Tensor struct {
 	// supplies them.
 	Data []byte
 	// Reader supplies the bytes when Data is nil; ReadAt must fill the
-	// whole slice it is given.
+	// whole slice it is given. Pack calls it from several goroutines at
+	// once, for different ranges of a large tensor, as io.ReaderAt allows.
 	Reader io.ReaderAt
 	// Device, when set, holds the tensor's bytes in device memory at
 	// DeviceOffset (Data and Reader stay nil). Pack copies them into

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/internal/parallel"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -121,7 +122,8 @@ func (e *endpoint) err(op string, seq uint64, peer int, err error) error {
 	return &transport.Error{Transport: Name, Group: e.cfg.Group, Rank: e.cfg.Rank, Op: op, Seq: seq, HasSeq: true, Peer: peer, Err: err}
 }
 
-// Broadcast copies the root's buf[:n] into every receiver's buf.
+// Broadcast copies the root's buf[:n] into every receiver's buf (a large
+// bucket on several goroutines: one core's memcpy would limit a host sync).
 func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
 	if buf.Host() == nil {
 		return e.err("broadcast", seq, -1, errors.New("inproc needs host buffers; use the ipc or nccl transport for device memory"))
@@ -140,7 +142,7 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 				d.done <- err
 				return e.err("broadcast", seq, 0, err)
 			}
-			copy(buf.Host()[:n], d.data)
+			parallel.Copy(buf.Host()[:n], d.data)
 			d.done <- nil
 			return nil
 		case <-h.gone[0]:
