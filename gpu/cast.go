@@ -77,9 +77,7 @@ func castCode(d dtype.DType) uint64 {
 // castKernel loads the cast kernel into d's context once, and checks it
 // before anything else may use it.
 func (d *CUDADevice) castKernel() (*loadedKernel, error) {
-	k := &d.kernels
-	k.castOnce.Do(func() { k.cast, k.castErr = d.loadCast() })
-	return k.cast, k.castErr
+	return d.kernels.cast.get(d.loadCast)
 }
 
 func (d *CUDADevice) loadCast() (*loadedKernel, error) {

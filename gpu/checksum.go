@@ -66,9 +66,7 @@ var ErrChecksummerClosed = errors.New("gpu: checksummer closed")
 // checksumKernel loads the checksum kernel into d's context once, and
 // checks it before anything else may use it.
 func (d *CUDADevice) checksumKernel() (*loadedKernel, error) {
-	k := &d.kernels
-	k.checksumOnce.Do(func() { k.checksum, k.checksumErr = d.loadChecksum() })
-	return k.checksum, k.checksumErr
+	return d.kernels.checksum.get(d.loadChecksum)
 }
 
 func (d *CUDADevice) loadChecksum() (*loadedKernel, error) {

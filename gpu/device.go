@@ -26,13 +26,10 @@ type CUDADevice struct {
 	name    string
 	closed  atomic.Bool
 
-	gatherOnce  sync.Once
-	gather      *gatherKernel // loaded by gatherKernel; nil where unavailable
-	gatherErr   error
 	gatherMu    sync.Mutex
 	gatherSpare []*gatherMem // descriptor memory of closed Gathers, for the next ones
 
-	kernels deviceKernels // the checksum and cast kernels, and the multiprocessor count
+	kernels deviceKernels // the hand-written kernels, and the multiprocessor count
 }
 
 var _ Device = (*CUDADevice)(nil)
@@ -140,7 +137,7 @@ func (d *CUDADevice) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
-	uerr := errors.Join(d.unloadGather(), d.unloadKernels())
+	uerr := d.unloadKernels()
 	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRelease(d.dev)); r != 0 {
 		return errors.Join(uerr, d.err("cuDevicePrimaryCtxRelease_v2", "", r))
 	}

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -57,52 +56,25 @@ const GatherEnv = "WEIGHTCAST_GATHER"
 // turned it off.
 var ErrNoGatherKernel = errors.New("gpu: gather kernel unavailable")
 
-// gatherKernel is the loaded gather module of one device's context.
-type gatherKernel struct {
-	mod C.CUmodule
-	fn  C.CUfunction
-}
-
 // gatherKernel loads the gather kernel into d's context once, and checks
 // it on a few copies before anything else may use it.
-func (d *CUDADevice) gatherKernel() (*gatherKernel, error) {
-	d.gatherOnce.Do(func() { d.gather, d.gatherErr = d.loadGather() })
-	return d.gather, d.gatherErr
+func (d *CUDADevice) gatherKernel() (*loadedKernel, error) {
+	return d.kernels.gather.get(d.loadGather)
 }
 
-func (d *CUDADevice) loadGather() (*gatherKernel, error) {
+func (d *CUDADevice) loadGather() (*loadedKernel, error) {
 	if v := os.Getenv(GatherEnv); v == "off" {
 		return nil, fmt.Errorf("%w: %s=%s", ErrNoGatherKernel, GatherEnv, v)
 	}
+	// A closed device is the device's error (Kernel returns it as is).
 	if err := d.checkOpen(); err != nil {
 		return nil, err
 	}
-	image := C.CString(gatherPTX)
-	defer C.free(unsafe.Pointer(image))
-	var log [4096]C.char
-	k := &gatherKernel{}
-	if r := CUDAResult(C.wc_module_load(d.ctx, image, &k.mod, &log[0], C.size_t(len(log)))); r != 0 {
-		err := fmt.Errorf("%w on %s: %w", ErrNoGatherKernel, d.Name(), d.err("cuModuleLoadDataEx", "gather.ptx", r))
-		if msg := strings.TrimSpace(C.GoString(&log[0])); msg != "" {
-			err = fmt.Errorf("%w; the PTX compiler said: %s", err, msg)
-		}
+	k, err := d.loadPTX("gather.ptx", gatherPTX, "wc_gather", ErrNoGatherKernel)
+	if err != nil {
 		return nil, err
 	}
-	name := C.CString("wc_gather")
-	defer C.free(unsafe.Pointer(name))
-	if r := CUDAResult(C.wc_cuModuleGetFunction(d.ctx, &k.fn, k.mod, name)); r != 0 {
-		C.wc_cuModuleUnload(d.ctx, k.mod)
-		return nil, fmt.Errorf("%w on %s: %w", ErrNoGatherKernel, d.Name(), d.err("cuModuleGetFunction", "wc_gather", r))
-	}
-	if err := d.checkGather(k); err != nil {
-		// A kernel that may still be running keeps its module loaded.
-		var werr *WaitError
-		if !errors.As(err, &werr) {
-			C.wc_cuModuleUnload(d.ctx, k.mod)
-		}
-		return nil, fmt.Errorf("%w on %s: self-test failed: %w", ErrNoGatherKernel, d.Name(), err)
-	}
-	return k, nil
+	return d.selfTested(k, d.checkGather(k), ErrNoGatherKernel)
 }
 
 // gatherCheck lists the self-test's copies (offsets into 256 KiB buffers,
@@ -122,7 +94,7 @@ var gatherCheck = []struct{ dst, src, n int }{
 
 // checkGather runs the kernel on gatherCheck and compares every byte of
 // the destination buffer.
-func (d *CUDADevice) checkGather(k *gatherKernel) (err error) {
+func (d *CUDADevice) checkGather(k *loadedKernel) (err error) {
 	const n = 256 << 10
 	ctx, cancel := context.WithTimeout(context.Background(), gatherCheckWait)
 	defer cancel()
@@ -195,9 +167,8 @@ func diffAt(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-// unloadGather frees the spare descriptor memory and unloads the gather
-// module, if loaded, before Close releases the context.
-func (d *CUDADevice) unloadGather() error {
+// freeGatherSpare frees the spare gather descriptor memory.
+func (d *CUDADevice) freeGatherSpare() error {
 	d.gatherMu.Lock()
 	spare := d.gatherSpare
 	d.gatherSpare = nil
@@ -205,12 +176,6 @@ func (d *CUDADevice) unloadGather() error {
 	var errs []error
 	for _, m := range spare {
 		errs = append(errs, m.free())
-	}
-	if k := d.gather; k != nil {
-		d.gather = nil
-		if r := CUDAResult(C.wc_cuModuleUnload(d.ctx, k.mod)); r != 0 {
-			errs = append(errs, d.err("cuModuleUnload", "gather", r))
-		}
 	}
 	return errors.Join(errs...)
 }
@@ -282,7 +247,7 @@ func noteGatherPath(p GatherPath, why error) {
 // inside allocations.
 type Gather struct {
 	s          *Stream
-	k          *gatherKernel // nil: copies go through CopyBatch
+	k          *loadedKernel // nil: copies go through CopyBatch
 	why        error         // why k is nil
 	slotRanges int
 	chunk      uint64 // GatherChunk; tests and benchmarks try others

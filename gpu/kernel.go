@@ -12,23 +12,47 @@ import (
 	"unsafe"
 )
 
-// deviceKernels holds, for one device, the hand-written kernels other than
-// the gather kernel (each loaded and self-tested once, at first use), the
-// spare descriptor memory of closed Casters, and the multiprocessor count.
+// deviceKernels holds, for one device, the hand-written kernels (each
+// loaded and self-tested once, at first use), the spare descriptor memory
+// of closed Casters, and the multiprocessor count.
 type deviceKernels struct {
-	checksumOnce sync.Once
-	checksum     *loadedKernel
-	checksumErr  error
+	gather, checksum, cast onceKernel
 
-	castOnce  sync.Once
-	cast      *loadedKernel
-	castErr   error
 	castMu    sync.Mutex
 	castSpare []*castMem // descriptor memory of closed Casters, for the next ones
 
 	smOnce sync.Once
 	sms    int
 	smErr  error
+}
+
+// onceKernel is a kernel loaded at first use: the kernel, or why it is
+// unavailable.
+type onceKernel struct {
+	once sync.Once
+	k    *loadedKernel // nil where unavailable, and once unloaded
+	err  error
+}
+
+// get loads the kernel with load the first time it is called, and returns
+// what that gave.
+func (o *onceKernel) get(load func() (*loadedKernel, error)) (*loadedKernel, error) {
+	o.once.Do(func() { o.k, o.err = load() })
+	return o.k, o.err
+}
+
+// unload unloads the kernel's module, if loaded, from d's context; name
+// says which kernel in the error.
+func (o *onceKernel) unload(d *CUDADevice, name string) error {
+	k := o.k
+	if k == nil {
+		return nil
+	}
+	o.k = nil
+	if r := CUDAResult(C.wc_cuModuleUnload(d.ctx, k.mod)); r != 0 {
+		return d.err("cuModuleUnload", name, r)
+	}
+	return nil
 }
 
 // loadedKernel is one kernel of a PTX module loaded into a device's
@@ -93,9 +117,16 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 	return k.sms, k.smErr
 }
 
-// unloadKernels frees the spare cast descriptor memory and unloads the
+// unloadKernels frees the spare descriptor memory and unloads the gather,
 // checksum and cast modules, if loaded, before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
+	k := &d.kernels
+	return errors.Join(d.freeGatherSpare(), k.gather.unload(d, "gather"),
+		d.freeCastSpare(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"))
+}
+
+// freeCastSpare frees the spare cast descriptor memory.
+func (d *CUDADevice) freeCastSpare() error {
 	k := &d.kernels
 	k.castMu.Lock()
 	spare := k.castSpare
@@ -104,18 +135,6 @@ func (d *CUDADevice) unloadKernels() error {
 	var errs []error
 	for _, m := range spare {
 		errs = append(errs, m.free())
-	}
-	for _, l := range []struct {
-		k    **loadedKernel
-		name string
-	}{{&k.checksum, "checksum"}, {&k.cast, "cast"}} {
-		if *l.k == nil {
-			continue
-		}
-		if r := CUDAResult(C.wc_cuModuleUnload(d.ctx, (*l.k).mod)); r != 0 {
-			errs = append(errs, d.err("cuModuleUnload", l.name, r))
-		}
-		*l.k = nil
 	}
 	return errors.Join(errs...)
 }
