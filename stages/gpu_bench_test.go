@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,28 +12,61 @@ import (
 	"github.com/weightcast/weightcast/pipeline"
 )
 
-// packOnly runs iterate → pack → a sink that waits for each bucket's fence
-// and releases it: the cost of filling device buckets alone.
-func packOnly(b *testing.B, src Source, pool *Pool) {
-	p := pipeline.New("pack only")
-	buckets := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1})
-	pipeline.Sink(p, "drain", buckets, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
+// packRound runs iterate → pack over src with cfg → a sink that calls each
+// for every bucket, then releases it, and returns the round's error. The
+// sink's hostStaging is for each to use.
+func packRound(src Source, cfg PackConfig, each func(ctx context.Context, st *hostStaging, bk *Bucket) error) error {
+	p := pipeline.New("pack round")
+	buckets := Pack(p, Iterate(p, src), cfg)
+	pipeline.Sink(p, "each", buckets, func(ctx context.Context, in *pipeline.Input[*Bucket]) (err error) {
+		st := &hostStaging{}
+		defer func() { err = errors.Join(err, st.close(ctx)) }()
 		for bk := range in.All() {
-			if ev := gpu.FenceOf(bk.Buf); ev != nil {
-				if err := ev.Wait(ctx); err != nil {
-					bk.Release()
-					return err
-				}
-			}
+			err := each(ctx, st, bk)
 			bk.Release()
+			if err != nil {
+				return err
+			}
 		}
 		return in.Err()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := p.Run(ctx); err != nil {
+	return p.Run(ctx)
+}
+
+// waitFence waits for a device bucket's copies (its fence).
+func waitFence(ctx context.Context, _ *hostStaging, bk *Bucket) error {
+	if ev := gpu.FenceOf(bk.Buf); ev != nil {
+		return ev.Wait(ctx)
+	}
+	return nil
+}
+
+// packOnly packs src into buckets from pool and waits for each bucket's
+// fence: the cost of filling device buckets alone.
+func packOnly(b *testing.B, src Source, pool *Pool) {
+	if err := packRound(src, PackConfig{Pool: pool, Version: 1}, waitFence); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// benchPack reports the GB/s of packing src (total bytes) into buckets of
+// the given size with plan, after three warm-up rounds (which load the
+// kernels and settle the clocks).
+func benchPack(b *testing.B, d *gpu.CUDADevice, src Source, total int64, plan devicePlan, bucket int) {
+	withPlan(b, plan)
+	pool := devicePool(b, d, bucket)
+	for range 3 {
+		packOnly(b, src, pool)
+	}
+	b.SetBytes(total)
+	b.ResetTimer()
+	for b.Loop() {
+		packOnly(b, src, pool)
+	}
+	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	logPaths(b)
 }
 
 func devicePool(b *testing.B, d *gpu.CUDADevice, bucket int) *Pool {
@@ -72,20 +106,7 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 		{"pack-batch-lanes4", devicePlan{lanes: 4, laneAbove: 1 << 20}, 256 << 20},
 		{"pack-kernel", devicePlan{gatherBelow: 64 << 20}, 256 << 20},
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			withPlan(b, c.plan)
-			pool := devicePool(b, d, c.bucket)
-			for range 3 { // warm up: loads the kernel, settles the clocks
-				packOnly(b, src, pool)
-			}
-			b.SetBytes(total)
-			b.ResetTimer()
-			for b.Loop() {
-				packOnly(b, src, pool)
-			}
-			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-			logPaths(b)
-		})
+		b.Run(c.name, func(b *testing.B) { benchPack(b, d, src, total, c.plan, c.bucket) })
 	}
 	b.Run("round", func(b *testing.B) {
 		pool := devicePool(b, d, 256<<20)
@@ -181,20 +202,7 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 		{"pack-lanes3", devicePlan{gatherBelow: 16 << 20, lanes: 3, laneAbove: 16 << 20}},
 		{"pack-again", defaultPlan}, // the first case after plainD2D has measured slower
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			withPlan(b, c.plan)
-			pool := devicePool(b, d, 1<<30)
-			for range 3 { // warm up: loads the kernel, settles the clocks
-				packOnly(b, src, pool)
-			}
-			b.SetBytes(total)
-			b.ResetTimer()
-			for b.Loop() {
-				packOnly(b, src, pool)
-			}
-			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-			logPaths(b)
-		})
+		b.Run(c.name, func(b *testing.B) { benchPack(b, d, src, total, c.plan, 1<<30) })
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
-	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
 )
@@ -376,147 +375,97 @@ func TestGPUSynthetic(t *testing.T) {
 	}
 }
 
-// TestGPUHostRootChecksum sends from host buckets with checksums to device
-// buckets: receivers check each checksum through host staging, and a byte
-// flipped on the GPU after the transfer is caught.
-func TestGPUHostRootChecksum(t *testing.T) {
+// TestGPUChecksum sends buckets with checksums to receivers with device
+// buckets, from a root with host buckets (checksummed on the CPU) and from
+// one with device buckets (checksummed on its GPU, each checksum equal to
+// checksum.Sum of the bucket's bytes). A clean round passes on every rank;
+// a byte flipped on a receiver's GPU after the transfer fails the round
+// naming the checksum, whether the receiver checks it on the GPU (a device
+// sink) or on the host (a host sink).
+func TestGPUChecksum(t *testing.T) {
 	d := gpuTestDevice(t)
-	rng := rand.New(rand.NewPCG(8, 9))
-	src := randomTensors(rng, 100, 600<<10)
-	exp := hostLookup{}
-	for _, tn := range src {
-		exp[tn.Name] = tn
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	g := newGPUGroup(t, d, 3, 1<<20, true, true, nil)
-	dm, err := NewDeviceModel(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dm.Close()
-	if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dm.Verify(ctx, exp); err != nil {
-		t.Fatal(err)
-	}
-
 	s := gpuStream(t, d)
-	corrupt := func(r int, ep transport.Endpoint) transport.Endpoint {
-		if r != 1 {
-			return ep
-		}
-		return &flipEndpoint{Endpoint: ep, seq: 1, s: s}
-	}
-	g2 := newGPUGroup(t, d, 2, 1<<20, true, true, corrupt)
-	err = roundCancel(ctx, g2, src, 1, []Sink{NewHostModel()})
-	if err == nil || !bytesContain(err.Error(), "checksum") {
-		t.Fatalf("a byte flipped in a device bucket went unnoticed: %v", err)
-	}
-	t.Logf("expected: %v", err)
-}
-
-// TestGPUDeviceRootChecksum sends from device buckets with checksums,
-// computed on the root's GPU, to receivers that check them on theirs
-// (DeviceModel) or on the host (HostModel): a clean round passes on every
-// rank, each bucket's checksum equals checksum.Sum of its bytes, and a
-// byte flipped on a receiver's GPU after the transfer fails the round
-// naming the checksum, whichever kind of sink the receiver has.
-func TestGPUDeviceRootChecksum(t *testing.T) {
-	d := gpuTestDevice(t)
-	rng := rand.New(rand.NewPCG(10, 11))
-	src := randomTensors(rng, 150, 900<<10)
-	exp := hostLookup{}
-	for _, tn := range src {
-		exp[tn.Name] = tn
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s := gpuStream(t, d)
-	g := newGPUGroup(t, d, 3, 1<<20, false, true, nil)
-	dm, err := NewDeviceModel(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dm.Close()
-	if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dm.Verify(ctx, exp); err != nil {
-		t.Fatal(err)
-	}
-	checkPackedSums(t, d, s, src)
-
-	for _, sink := range []string{"device", "host"} {
-		corrupt := func(r int, ep transport.Endpoint) transport.Endpoint {
-			if r != 1 {
-				return ep
+	for _, rootHost := range []bool{true, false} {
+		t.Run(map[bool]string{true: "host root", false: "device root"}[rootHost], func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(8, 9))
+			src := randomTensors(rng, 150, 900<<10)
+			exp := hostLookup{}
+			for _, tn := range src {
+				exp[tn.Name] = tn
 			}
-			return &flipEndpoint{Endpoint: ep, seq: 2, s: s}
-		}
-		g2 := newGPUGroup(t, d, 2, 1<<20, false, true, corrupt)
-		var sk Sink = NewHostModel()
-		if sink == "device" {
-			dm2, err := NewDeviceModel(d)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			g := newGPUGroup(t, d, 3, 1<<20, rootHost, true, nil)
+			dm, err := NewDeviceModel(d)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer dm2.Close()
-			sk = dm2
-		}
-		err := roundCancel(ctx, g2, src, 1, []Sink{sk})
-		if err == nil || !bytesContain(err.Error(), "failed its checksum") {
-			t.Fatalf("%s sink: a byte flipped in a device bucket went unnoticed: %v", sink, err)
-		}
-		t.Logf("%s sink, expected: %v", sink, err)
+			defer dm.Close()
+			if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := dm.Verify(ctx, exp); err != nil {
+				t.Fatal(err)
+			}
+			if !rootHost {
+				checkPackedSums(t, d, src)
+			}
+			for _, sink := range []string{"device", "host"} {
+				corrupt := func(r int, ep transport.Endpoint) transport.Endpoint {
+					if r != 1 {
+						return ep
+					}
+					return &flipEndpoint{Endpoint: ep, seq: 2, s: s}
+				}
+				g2 := newGPUGroup(t, d, 2, 1<<20, rootHost, true, corrupt)
+				var sk Sink = NewHostModel()
+				if sink == "device" {
+					dm2, err := NewDeviceModel(d)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer dm2.Close()
+					sk = dm2
+				}
+				err := roundCancel(ctx, g2, src, 1, []Sink{sk})
+				if err == nil || !bytesContain(err.Error(), "failed its checksum") {
+					t.Fatalf("%s sink: a byte flipped in a device bucket went unnoticed: %v", sink, err)
+				}
+				t.Logf("%s sink, expected: %v", sink, err)
+			}
+		})
 	}
 }
 
 // checkPackedSums packs src into device buckets with checksums and checks
 // that each bucket's checksum, computed on the GPU and completed as
 // Publish completes it, is checksum.Sum of the bucket's bytes.
-func checkPackedSums(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, src Tensors) {
+func checkPackedSums(t *testing.T, d *gpu.CUDADevice, src Tensors) {
 	t.Helper()
 	pool, err := NewPool(d, DefaultBuffers, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	p := pipeline.New("pack with checksums")
-	buckets := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1, Checksum: true})
 	n := 0
-	pipeline.Sink(p, "check", buckets, func(ctx context.Context, in *pipeline.Input[*Bucket]) (err error) {
-		st := &hostStaging{}
-		defer func() { err = errors.Join(err, st.close(ctx)) }()
-		for bk := range in.All() {
-			err := func() error {
-				defer bk.Release()
-				if !bk.Meta.HasChecksum || bk.sum == nil {
-					return fmt.Errorf("bucket %d: no checksum pending on the GPU (HasChecksum %v)", bk.Meta.Seq, bk.Meta.HasChecksum)
-				}
-				if err := completeSum(ctx, bk, st); err != nil {
-					return err
-				}
-				host, err := st.fetch(ctx, bk)
-				if err != nil {
-					return err
-				}
-				if want := checksum.Sum(host); bk.Meta.Checksum != want {
-					return fmt.Errorf("bucket %d (%d bytes): GPU checksum %x, checksum.Sum %x", bk.Meta.Seq, bk.Meta.Length, bk.Meta.Checksum, want)
-				}
-				n++
-				return nil
-			}()
-			if err != nil {
-				return err
-			}
+	err = packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: true}, func(ctx context.Context, st *hostStaging, bk *Bucket) error {
+		if !bk.Meta.HasChecksum || bk.sum == nil {
+			return fmt.Errorf("bucket %d: no checksum pending on the GPU (HasChecksum %v)", bk.Meta.Seq, bk.Meta.HasChecksum)
 		}
-		return in.Err()
+		if err := completeSum(ctx, bk, st); err != nil {
+			return err
+		}
+		host, err := st.fetch(ctx, bk)
+		if err != nil {
+			return err
+		}
+		if want := checksum.Sum(host); bk.Meta.Checksum != want {
+			return fmt.Errorf("bucket %d (%d bytes): GPU checksum %x, checksum.Sum %x", bk.Meta.Seq, bk.Meta.Length, bk.Meta.Checksum, want)
+		}
+		n++
+		return nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.Run(ctx); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d buckets, each checksum computed on the GPU equal to checksum.Sum of its bytes", n)
@@ -638,48 +587,29 @@ func withPlan(tb testing.TB, p devicePlan) {
 // checkPacked runs iterate → pack over src into device buckets from pool,
 // reads every bucket back to the host and compares each entry's bytes with
 // exp; it returns the number of buckets.
-func checkPacked(t *testing.T, d *gpu.CUDADevice, src Tensors, exp map[string][]byte, pool *Pool) int {
+func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool) int {
 	t.Helper()
-	s := gpuStream(t, d)
 	got := map[string]int64{}
 	buckets := 0
-	p := pipeline.New("pack check")
-	out := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1})
-	pipeline.Sink(p, "check", out, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
-		host := make([]byte, pool.BufferSize())
-		for bk := range in.All() {
-			err := func() error {
-				defer bk.Release()
-				if ev := gpu.FenceOf(bk.Buf); ev == nil {
-					return fmt.Errorf("bucket %d carries no fence", bk.Meta.Seq)
-				} else if err := s.WaitEvent(ev); err != nil {
-					return err
-				}
-				if err := s.CopyDtoH(host[:bk.Meta.Length], gpu.Unfence(bk.Buf), 0); err != nil {
-					return err
-				}
-				if err := s.Sync(ctx); err != nil {
-					return err
-				}
-				for _, e := range bk.Meta.Entries {
-					want := exp[e.Name][e.Chunk : e.Chunk+e.Size]
-					if i := firstDiff(host[e.Offset:e.Offset+e.Size], want); i >= 0 {
-						return fmt.Errorf("bucket %d: %s bytes [%d, %d): byte %d differs", bk.Meta.Seq, e.Name, e.Chunk, e.Chunk+e.Size, e.Chunk+int64(i))
-					}
-					got[e.Name] += e.Size
-				}
-				buckets++
-				return nil
-			}()
-			if err != nil {
-				return err
-			}
+	err := packRound(src, PackConfig{Pool: pool, Version: 1}, func(ctx context.Context, st *hostStaging, bk *Bucket) error {
+		if gpu.FenceOf(bk.Buf) == nil {
+			return fmt.Errorf("bucket %d carries no fence", bk.Meta.Seq)
 		}
-		return in.Err()
+		host, err := st.fetch(ctx, bk) // after the fence
+		if err != nil {
+			return err
+		}
+		for _, e := range bk.Meta.Entries {
+			want := exp[e.Name][e.Chunk : e.Chunk+e.Size]
+			if i := firstDiff(host[e.Offset:e.Offset+e.Size], want); i >= 0 {
+				return fmt.Errorf("bucket %d: %s bytes [%d, %d): byte %d differs", bk.Meta.Seq, e.Name, e.Chunk, e.Chunk+e.Size, e.Chunk+int64(i))
+			}
+			got[e.Name] += e.Size
+		}
+		buckets++
+		return nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.Run(ctx); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	for name, data := range exp {
@@ -762,7 +692,7 @@ func TestGPUPackPlans(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			n := checkPacked(t, d, src, exp, pool)
+			n := checkPacked(t, src, exp, pool)
 			path, why := gpu.LastGatherPath()
 			if plan.gatherBelow > 0 && path != gpu.GatherKernel {
 				t.Fatalf("device copies queued with %v: %v", path, why)

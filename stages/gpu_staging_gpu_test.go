@@ -12,7 +12,6 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
-	"github.com/weightcast/weightcast/pipeline"
 )
 
 // These need a GPU; they skip without one.
@@ -106,7 +105,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 			defer pool.Close()
 			for round := range 2 {
 				pinned := stagingPinned.Load()
-				n := checkPacked(t, d, src, exp, pool)
+				n := checkPacked(t, src, exp, pool)
 				if pool.Held() != 0 {
 					t.Fatalf("round %d: %d buffers still held", round, pool.Held())
 				}
@@ -140,23 +139,7 @@ func TestGPUPackHostReadError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	p := pipeline.New("pack read error")
-	out := Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1})
-	pipeline.Sink(p, "drain", out, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
-		for bk := range in.All() {
-			if ev := gpu.FenceOf(bk.Buf); ev != nil {
-				if err := ev.Wait(ctx); err != nil {
-					bk.Release()
-					return err
-				}
-			}
-			bk.Release()
-		}
-		return in.Err()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err = p.Run(ctx)
+	err = packRound(src, PackConfig{Pool: pool, Version: 1}, waitFence)
 	if !errors.Is(err, errDiskOnFire) || !strings.Contains(err.Error(), `"bad.weight"`) {
 		t.Fatalf("round with a failing read: %v; want the read error naming bad.weight", err)
 	}
