@@ -234,14 +234,15 @@ func checkCommitted(t *testing.T, ps []*rankProc, victim int) {
 		if p.rank == victim {
 			continue
 		}
-		r := p.summary(t).PerRank[0]
+		sum := p.summary(t)
+		r := sum.PerRank[0]
 		if r.State != "intact" && r.State != "partial (resync needed)" {
 			t.Errorf("rank %d does not say what its model holds: state %q", p.rank, r.State)
 		}
 		if root != nil && (r.CommittedVersion < root.CommittedVersion || r.CommittedVersion > root.CommittedVersion+1) {
 			t.Errorf("rank %d reports version %d committed, the root %d", p.rank, r.CommittedVersion, root.CommittedVersion)
 		}
-		t.Logf("rank %d: committed version %d, model %s", p.rank, r.CommittedVersion, r.State)
+		t.Logf("rank %d (%s transport): committed version %d, model %s", p.rank, sum.Transport, r.CommittedVersion, r.State)
 	}
 }
 
