@@ -12,7 +12,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"time"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
@@ -35,9 +34,8 @@ const (
 	CastChunk = 1 << 16
 	// castThreads is the kernel's block size.
 	castThreads = 256
-	// castSlots descriptor slots are used in turn; castSlotDescs
-	// descriptors fit in one slot and are converted by one launch.
-	castSlots     = 4
+	// castSlotDescs descriptors fit in one of the descSlots descriptor
+	// slots and are converted by one launch.
 	castSlotDescs = 2048
 	// castWords is the size of one descriptor in uint64 words: src, dst,
 	// elems, kind, as the kernel reads them.
@@ -191,7 +189,7 @@ func (d *CUDADevice) checkCast(k *loadedKernel) (err error) {
 		s.Close()
 		return err
 	}
-	c := &Caster{s: s, k: k, slotDescs: castSlotDescs, chunk: castCheckChunk}
+	c := &Caster{s: s, k: k, chunk: castCheckChunk, ring: castDescs.ring()}
 	defer func() {
 		// Free nothing that a launch may still use.
 		if serr := s.Sync(ctx); serr != nil {
@@ -252,16 +250,13 @@ func (d *CUDADevice) checkCast(k *loadedKernel) (err error) {
 // allocations, which ends the CUDA context of the process: callers hand
 // Caster only ranges they have checked.
 type Caster struct {
-	s         *Stream
-	k         *loadedKernel // nil: Add fails with why
-	why       error
-	slotDescs int
-	chunk     int64 // CastChunk; tests try others
+	s     *Stream
+	k     *loadedKernel // nil: Add fails with why
+	why   error
+	chunk int64 // CastChunk; tests try others
 
 	ops  []castOp // added, not yet flushed
-	mem  *castMem // taken at first Flush, from the device's spare ones if it has one
-	done [castSlots]*Event
-	slot int
+	ring descRing // of castDescs; its memory taken at first Flush
 }
 
 // castOp is one conversion that Add accepted.
@@ -272,14 +267,15 @@ type castOp struct {
 	kind     uint64 // from | to << 8
 }
 
-// castMem is the descriptor memory of a Caster: castSlots slots of
-// slotDescs descriptors, in pinned host memory and in device memory.
-type castMem struct {
-	host, dev Buffer
-	words     []uint64
+// castDescs are the descriptors of the cast kernel: source, destination,
+// elements, kind.
+var castDescs = descKind{
+	name:      "cast",
+	words:     castWords,
+	slotDescs: castSlotDescs,
+	maxSpare:  maxSpareCast,
+	spares:    func(d *CUDADevice) *descSpares { return &d.kernels.castSpare },
 }
-
-func (m *castMem) free() error { return errors.Join(m.host.Free(), m.dev.Free()) }
 
 // NewCaster returns a Caster that queues conversions on s. The first
 // Caster of a device loads the kernel (the driver compiles its PTX) and
@@ -288,7 +284,7 @@ func (m *castMem) free() error { return errors.Join(m.host.Free(), m.dev.Free())
 // fails, the driver lacks a function, or CastEnv is "off", Kernel says why
 // and Add fails with an error matching ErrNoCastKernel.
 func (s *Stream) NewCaster() *Caster {
-	c := &Caster{s: s, slotDescs: castSlotDescs, chunk: CastChunk}
+	c := &Caster{s: s, chunk: CastChunk, ring: castDescs.ring()}
 	c.k, c.why = s.d.castKernel()
 	if c.k == nil && c.why == nil {
 		c.why = ErrNoCastKernel
@@ -365,79 +361,19 @@ func (c *Caster) Flush(ctx context.Context) error {
 		return nil
 	}
 	defer func() { c.ops = c.ops[:0] }()
-	if c.mem == nil {
-		if err := c.alloc(); err != nil {
-			return err
-		}
+	if err := c.ring.alloc(c.s); err != nil {
+		return err
 	}
-	var sp castSplitter
-	per := c.slotDescs * castWords
-	for !sp.done(c.ops) {
-		slot := c.slot
-		if ev := c.done[slot]; ev != nil {
-			if err := ev.Wait(ctx); err != nil {
-				return fmt.Errorf("gpu: cast on cuda:%d: waiting for descriptor slot %d: %w", c.s.d.ordinal, slot, err)
-			}
-		}
-		n := sp.fill(c.mem.words[slot*per:(slot+1)*per], c.ops, c.chunk)
-		if err := c.launch(slot, n); err != nil {
-			return err
-		}
-		ev, err := c.s.Record()
-		if err != nil {
-			return err
-		}
-		if old := c.done[slot]; old != nil {
-			old.Close()
-		}
-		c.done[slot] = ev
-		c.slot = (slot + 1) % castSlots
-	}
-	return nil
+	return c.ring.queue(ctx, c.s, &castSplitter{ops: c.ops, chunk: c.chunk}, c.launch)
 }
 
-// launch copies slot's n descriptors to the device and launches the
-// kernel over them.
-func (c *Caster) launch(slot, n int) error {
+// launch launches the kernel over the n cast descriptors at the device
+// address descs.
+func (c *Caster) launch(descs uint64, n int) error {
 	d := c.s.d
-	off := slot * c.slotDescs * castWords * 8
-	hostSlot := unsafe.Pointer(&c.mem.host.Host()[off])
-	devSlot := c.mem.dev.DevicePtr() + uint64(off)
-	size := n * castWords * 8
-	if r := CUDAResult(C.wc_cuMemcpyHtoDAsync(d.ctx, C.CUdeviceptr(devSlot), hostSlot, C.size_t(size), c.s.s)); r != 0 {
-		return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d cast descriptors", n), r)
-	}
-	if r := CUDAResult(C.wc_launch_cast(d.ctx, c.k.fn, C.CUdeviceptr(devSlot), C.uint(n), castThreads, c.s.s)); r != 0 {
+	if r := CUDAResult(C.wc_launch_cast(d.ctx, c.k.fn, C.CUdeviceptr(descs), C.uint(n), castThreads, c.s.s)); r != 0 {
 		return d.err("cuLaunchKernel", fmt.Sprintf("cast kernel over %d descriptors", n), r)
 	}
-	return nil
-}
-
-// alloc takes descriptor memory: a spare one of the device, or new memory.
-func (c *Caster) alloc() error {
-	d := c.s.d
-	size := castSlots * c.slotDescs * castWords * 8
-	k := &d.kernels
-	k.castMu.Lock()
-	if i := len(k.castSpare) - 1; i >= 0 && k.castSpare[i].host.Len() == size {
-		c.mem = k.castSpare[i]
-		k.castSpare = k.castSpare[:i]
-	}
-	k.castMu.Unlock()
-	if c.mem != nil {
-		return nil
-	}
-	host, err := d.AllocPinned(size)
-	if err != nil {
-		return fmt.Errorf("gpu: cast descriptors: %w", err)
-	}
-	dev, err := d.Alloc(size)
-	if err != nil {
-		host.Free()
-		return fmt.Errorf("gpu: cast descriptors: %w", err)
-	}
-	words := unsafe.Slice((*uint64)(unsafe.Pointer(&host.Host()[0])), size/8)
-	c.mem = &castMem{host: host, dev: dev, words: words}
 	return nil
 }
 
@@ -448,54 +384,31 @@ func (c *Caster) alloc() error {
 // running launch) and Close returns the error. Close is idempotent.
 func (c *Caster) Close(ctx context.Context) error {
 	c.ops = c.ops[:0]
-	for i, ev := range c.done {
-		if ev == nil {
-			continue
-		}
-		if err := ev.Wait(ctx); err != nil {
-			return fmt.Errorf("gpu: cast on cuda:%d: descriptors kept allocated: %w", c.s.d.ordinal, err)
-		}
-		ev.Close()
-		c.done[i] = nil
-	}
-	m := c.mem
-	if m == nil {
-		return nil
-	}
-	c.mem = nil
-	d := c.s.d
-	k := &d.kernels
-	k.castMu.Lock()
-	keep := c.slotDescs == castSlotDescs && len(k.castSpare) < maxSpareCast && !d.closed.Load()
-	if keep {
-		k.castSpare = append(k.castSpare, m)
-	}
-	k.castMu.Unlock()
-	if keep {
-		return nil
-	}
-	return m.free()
+	return c.ring.close(ctx, c.s)
 }
 
 // castSplitter walks the conversions of a Caster as kernel descriptors of
-// at most chunk elements each: it stands at element off of conversion i.
+// at most chunk elements each (a multiple of 4, so that every piece keeps
+// the alignment of its conversion's groups of four): it stands at element
+// off of conversion i.
 type castSplitter struct {
-	i   int
-	off int64
+	ops   []castOp
+	chunk int64
+	i     int
+	off   int64
 }
 
 // done reports whether every element of ops has been handed out.
-func (sp *castSplitter) done(ops []castOp) bool { return sp.i >= len(ops) }
+func (sp *castSplitter) done() bool { return sp.i >= len(sp.ops) }
 
 // fill writes the next descriptors of ops into out, castWords words each
 // (source, destination, elements, kind), until out is full or ops is
-// done, and returns how many it wrote. chunk must be a multiple of 4, so
-// that every piece keeps the alignment of its conversion's groups of four.
-func (sp *castSplitter) fill(out []uint64, ops []castOp, chunk int64) int {
+// done, and returns how many it wrote.
+func (sp *castSplitter) fill(out []uint64) int {
 	n := 0
-	for ; (n+1)*castWords <= len(out) && sp.i < len(ops); n++ {
-		op := ops[sp.i]
-		m := min(chunk, op.elems-sp.off)
+	for ; (n+1)*castWords <= len(out) && sp.i < len(sp.ops); n++ {
+		op := sp.ops[sp.i]
+		m := min(sp.chunk, op.elems-sp.off)
 		w := out[n*castWords : (n+1)*castWords]
 		w[0], w[1], w[2], w[3] = op.src+uint64(sp.off)*op.sb, op.dst+uint64(sp.off)*op.db, uint64(m), op.kind
 		sp.off += m

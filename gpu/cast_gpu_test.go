@@ -85,7 +85,7 @@ func TestCastGPU(t *testing.T) {
 		t.Run(fmt.Sprintf("slot=%d", slotDescs), func(t *testing.T) {
 			c := testCaster(t, s)
 			if slotDescs != castSlotDescs {
-				c.slotDescs, c.chunk = slotDescs, 4096
+				c.ring.slotDescs, c.chunk = slotDescs, 4096
 			}
 			if err := s.Memset(dst, 0, dstSize, 0xA5); err != nil {
 				t.Fatal(err)

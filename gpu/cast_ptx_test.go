@@ -54,15 +54,15 @@ func runCastPTX(t *testing.T, k *ptxKernel, c castPTXCase, chunk int64, slotDesc
 		t.Fatal(err)
 	}
 	dst := bytes.Repeat([]byte{0xA5}, len(want))
-	ca := &Caster{k: &loadedKernel{}, slotDescs: slotDescs, chunk: chunk}
+	ca := &Caster{k: &loadedKernel{}, chunk: chunk}
 	if err := ca.Add(ptxCastDst+c.dstOff, ptxCastSrc+c.srcOff, int64(n), c.from, c.to); err != nil {
 		t.Fatal(err)
 	}
 	words := make([]uint64, slotDescs*castWords)
 	desc := make([]byte, len(words)*8)
-	var sp castSplitter
-	for launch := 0; !sp.done(ca.ops); launch++ {
-		m := sp.fill(words, ca.ops, chunk)
+	sp := castSplitter{ops: ca.ops, chunk: chunk}
+	for launch := 0; !sp.done(); launch++ {
+		m := sp.fill(words)
 		for i, w := range words[:m*castWords] {
 			binary.LittleEndian.PutUint64(desc[8*i:], w)
 		}
@@ -198,7 +198,7 @@ func TestCastPTXPaths(t *testing.T) {
 // that start at multiples of it, with the right addresses and kind,
 // resumable across slots of any size.
 func TestCastSplitter(t *testing.T) {
-	c := &Caster{k: &loadedKernel{}, slotDescs: 3, chunk: 4}
+	c := &Caster{k: &loadedKernel{}, chunk: 4}
 	sizes := []int64{1, 3, 4, 5, 8, 9, CastChunk - 1, CastChunk, CastChunk + 1, 3*CastChunk + 5}
 	pairs := [][2]dtype.DType{{dtype.F32, dtype.BF16}, {dtype.BF16, dtype.F32}, {dtype.F16, dtype.F16}}
 	for i, n := range sizes {
@@ -208,11 +208,11 @@ func TestCastSplitter(t *testing.T) {
 		}
 	}
 	for _, slot := range []int{1, 2, 7, 1000} {
-		var sp castSplitter
+		sp := castSplitter{ops: c.ops, chunk: CastChunk}
 		out := make([]uint64, slot*castWords+3) // room to spare: must not be used
 		var got [][4]uint64
-		for !sp.done(c.ops) {
-			n := sp.fill(out, c.ops, CastChunk)
+		for !sp.done() {
+			n := sp.fill(out)
 			if n == 0 || n > slot {
 				t.Fatalf("slot of %d: filled %d descriptors", slot, n)
 			}
@@ -246,7 +246,7 @@ func TestCastSplitter(t *testing.T) {
 // or zero addresses, negative counts, overlapping ranges, a Caster
 // without its kernel.
 func TestCasterAddRefuses(t *testing.T) {
-	c := &Caster{s: &Stream{d: &CUDADevice{}}, k: &loadedKernel{}, slotDescs: castSlotDescs, chunk: CastChunk}
+	c := &Caster{s: &Stream{d: &CUDADevice{}}, k: &loadedKernel{}, chunk: CastChunk}
 	for name, err := range map[string]error{
 		"F32 to F64":        c.Add(1<<20, 2<<20, 10, dtype.F32, dtype.F64),
 		"I32 to F32":        c.Add(1<<20, 2<<20, 10, dtype.I32, dtype.F32),

@@ -26,10 +26,7 @@ type CUDADevice struct {
 	name    string
 	closed  atomic.Bool
 
-	gatherMu    sync.Mutex
-	gatherSpare []*gatherMem // descriptor memory of closed Gathers, for the next ones
-
-	kernels deviceKernels // the hand-written kernels, and the multiprocessor count
+	kernels deviceKernels // the hand-written kernels, their spare descriptor memory, and the multiprocessor count
 }
 
 var _ Device = (*CUDADevice)(nil)

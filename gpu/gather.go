@@ -1,6 +1,5 @@
 package gpu
 
-// #include <stdlib.h>
 // #include "cuda_shim.h"
 import "C"
 
@@ -13,7 +12,6 @@ import (
 	"os"
 	"sync"
 	"time"
-	"unsafe"
 )
 
 // gatherPTX is the gather kernel, hand-written PTX with its CUDA C in a
@@ -33,9 +31,8 @@ const (
 	GatherChunk = 256 << 10
 	// gatherThreads is the kernel's block size.
 	gatherThreads = 256
-	// gatherSlots descriptor slots are used in turn; gatherSlotRanges
-	// ranges fit in one slot and are copied by one launch.
-	gatherSlots      = 4
+	// gatherSlotRanges ranges fit in one of the descSlots descriptor
+	// slots and are copied by one launch.
 	gatherSlotRanges = 8192
 	// gatherWords is the size of one range descriptor in uint64 words:
 	// src, dst, len, as the kernel reads them.
@@ -113,7 +110,7 @@ func (d *CUDADevice) checkGather(k *loadedKernel) (err error) {
 		s.Close()
 		return err
 	}
-	g := &Gather{s: s, k: k, slotRanges: gatherSlotRanges, chunk: gatherCheckChunk}
+	g := &Gather{s: s, k: k, chunk: gatherCheckChunk, ring: gatherRanges.ring()}
 	defer func() {
 		// Free nothing that a copy may still use.
 		if serr := s.Sync(ctx); serr != nil {
@@ -165,19 +162,6 @@ func diffAt(a, b []byte) int {
 		}
 	}
 	return min(len(a), len(b))
-}
-
-// freeGatherSpare frees the spare gather descriptor memory.
-func (d *CUDADevice) freeGatherSpare() error {
-	d.gatherMu.Lock()
-	spare := d.gatherSpare
-	d.gatherSpare = nil
-	d.gatherMu.Unlock()
-	var errs []error
-	for _, m := range spare {
-		errs = append(errs, m.free())
-	}
-	return errors.Join(errs...)
 }
 
 // GatherPath says how a Gather queued its copies.
@@ -246,27 +230,26 @@ func noteGatherPath(p GatherPath, why error) {
 // the process: callers hand Gather only ranges they have checked to lie
 // inside allocations.
 type Gather struct {
-	s          *Stream
-	k          *loadedKernel // nil: copies go through CopyBatch
-	why        error         // why k is nil
-	slotRanges int
-	chunk      uint64 // GatherChunk; tests and benchmarks try others
-
-	mem  *gatherMem // taken at first use, from the device's spare ones if it has one
-	done [gatherSlots]*Event
-	slot int
-}
-
-// gatherMem is the descriptor memory of a Gather: gatherSlots slots of
-// slotRanges ranges, in pinned host memory and in device memory.
-type gatherMem struct {
-	host, dev Buffer
-	words     []uint64 // host viewed as descriptor words
+	s     *Stream
+	k     *loadedKernel // nil: copies go through CopyBatch
+	why   error         // why k is nil
+	chunk uint64        // GatherChunk; tests and benchmarks try others
+	ring  descRing      // of gatherRanges; its memory taken at first use
 }
 
 // maxSpareGather bounds the descriptor memories a device keeps for later
 // Gathers (one per concurrent Gather is enough; each is 1.5 MiB).
 const maxSpareGather = 4
+
+// gatherRanges are the descriptors of the gather kernel: source,
+// destination, length.
+var gatherRanges = descKind{
+	name:      "gather",
+	words:     gatherWords,
+	slotDescs: gatherSlotRanges,
+	maxSpare:  maxSpareGather,
+	spares:    func(d *CUDADevice) *descSpares { return &d.kernels.gatherSpare },
+}
 
 // NewGather returns a Gather that queues copies on s. The first Gather of
 // a device loads the kernel (the driver compiles its PTX, a few
@@ -275,7 +258,7 @@ const maxSpareGather = 4
 // every Gather of the device falls back to Stream.CopyBatch, and Kernel
 // returns the reason.
 func (s *Stream) NewGather() *Gather {
-	g := &Gather{s: s, slotRanges: gatherSlotRanges, chunk: GatherChunk}
+	g := &Gather{s: s, chunk: GatherChunk, ring: gatherRanges.ring()}
 	g.k, g.why = s.d.gatherKernel()
 	if g.k == nil && g.why == nil {
 		g.why = ErrNoGatherKernel
@@ -306,81 +289,20 @@ func (g *Gather) Copy(ctx context.Context, b *CopyBatch) error {
 	if b.Len() == 0 {
 		return nil
 	}
-	if g.mem == nil {
-		if err := g.alloc(); err != nil {
-			return err
-		}
+	if err := g.ring.alloc(g.s); err != nil {
+		return err
 	}
 	noteGatherPath(GatherKernel, nil)
-	var sp rangeSplitter
-	per := g.slotRanges * gatherWords
-	for !sp.done(b) {
-		slot := g.slot
-		if ev := g.done[slot]; ev != nil {
-			if err := ev.Wait(ctx); err != nil {
-				return fmt.Errorf("gpu: gather on cuda:%d: waiting for descriptor slot %d: %w", g.s.d.ordinal, slot, err)
-			}
-		}
-		n := sp.fill(g.mem.words[slot*per:(slot+1)*per], b, g.chunk)
-		if err := g.launch(slot, n); err != nil {
-			return err
-		}
-		ev, err := g.s.Record()
-		if err != nil {
-			return err
-		}
-		if old := g.done[slot]; old != nil {
-			old.Close()
-		}
-		g.done[slot] = ev
-		g.slot = (slot + 1) % gatherSlots
-	}
-	return nil
+	return g.ring.queue(ctx, g.s, &rangeSplitter{b: b, chunk: g.chunk}, g.launch)
 }
 
-// launch copies slot's n descriptors to the device and launches the
-// kernel over them.
-func (g *Gather) launch(slot, n int) error {
+// launch launches the kernel over the n range descriptors at the device
+// address descs.
+func (g *Gather) launch(descs uint64, n int) error {
 	d := g.s.d
-	off := slot * g.slotRanges * gatherWords * 8
-	hostSlot := unsafe.Pointer(&g.mem.host.Host()[off])
-	devSlot := g.mem.dev.DevicePtr() + uint64(off)
-	size := n * gatherWords * 8
-	if r := CUDAResult(C.wc_cuMemcpyHtoDAsync(d.ctx, C.CUdeviceptr(devSlot), hostSlot, C.size_t(size), g.s.s)); r != 0 {
-		return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d gather descriptors", n), r)
-	}
-	if r := CUDAResult(C.wc_launch_gather(d.ctx, g.k.fn, C.CUdeviceptr(devSlot), C.uint(n), gatherThreads, g.s.s)); r != 0 {
+	if r := CUDAResult(C.wc_launch_gather(d.ctx, g.k.fn, C.CUdeviceptr(descs), C.uint(n), gatherThreads, g.s.s)); r != 0 {
 		return d.err("cuLaunchKernel", fmt.Sprintf("gather kernel over %d ranges", n), r)
 	}
-	return nil
-}
-
-// alloc takes descriptor memory: a spare one of the device (pinned
-// allocations cost hundreds of microseconds, too much for every round of a
-// sync), or new memory.
-func (g *Gather) alloc() error {
-	d := g.s.d
-	size := gatherSlots * g.slotRanges * gatherWords * 8
-	d.gatherMu.Lock()
-	if k := len(d.gatherSpare) - 1; k >= 0 && d.gatherSpare[k].host.Len() == size {
-		g.mem = d.gatherSpare[k]
-		d.gatherSpare = d.gatherSpare[:k]
-	}
-	d.gatherMu.Unlock()
-	if g.mem != nil {
-		return nil
-	}
-	host, err := d.AllocPinned(size)
-	if err != nil {
-		return fmt.Errorf("gpu: gather descriptors: %w", err)
-	}
-	dev, err := d.Alloc(size)
-	if err != nil {
-		host.Free()
-		return fmt.Errorf("gpu: gather descriptors: %w", err)
-	}
-	words := unsafe.Slice((*uint64)(unsafe.Pointer(&host.Host()[0])), size/8)
-	g.mem = &gatherMem{host: host, dev: dev, words: words}
 	return nil
 }
 
@@ -389,56 +311,30 @@ func (g *Gather) alloc() error {
 // (the device frees it on Close) or frees it. If the wait fails the memory
 // stays allocated (rather than be reused under a running copy) and Close
 // returns the error. Close is idempotent.
-func (g *Gather) Close(ctx context.Context) error {
-	for i, ev := range g.done {
-		if ev == nil {
-			continue
-		}
-		if err := ev.Wait(ctx); err != nil {
-			return fmt.Errorf("gpu: gather on cuda:%d: descriptors kept allocated: %w", g.s.d.ordinal, err)
-		}
-		ev.Close()
-		g.done[i] = nil
-	}
-	m := g.mem
-	if m == nil {
-		return nil
-	}
-	g.mem = nil
-	d := g.s.d
-	d.gatherMu.Lock()
-	keep := g.slotRanges == gatherSlotRanges && len(d.gatherSpare) < maxSpareGather && !d.closed.Load()
-	if keep {
-		d.gatherSpare = append(d.gatherSpare, m)
-	}
-	d.gatherMu.Unlock()
-	if keep {
-		return nil
-	}
-	return m.free()
-}
-
-func (m *gatherMem) free() error { return errors.Join(m.host.Free(), m.dev.Free()) }
+func (g *Gather) Close(ctx context.Context) error { return g.ring.close(ctx, g.s) }
 
 // rangeSplitter walks the copies of a CopyBatch as kernel ranges of at
-// most chunk bytes each: it stands at byte off of copy i.
+// most chunk bytes each (a multiple of 16, so that every piece keeps the
+// alignment of its copy): it stands at byte off of copy i.
 type rangeSplitter struct {
-	i   int
-	off uint64
+	b     *CopyBatch
+	chunk uint64
+	i     int
+	off   uint64
 }
 
 // done reports whether every byte of b has been handed out.
-func (sp *rangeSplitter) done(b *CopyBatch) bool { return sp.i >= len(b.sizes) }
+func (sp *rangeSplitter) done() bool { return sp.i >= len(sp.b.sizes) }
 
 // fill writes the next ranges of b into out, gatherWords words each
 // (source, destination, length), until out is full or b is done, and
-// returns how many it wrote. chunk must be a multiple of 16, so that every
-// piece keeps the alignment of its copy.
-func (sp *rangeSplitter) fill(out []uint64, b *CopyBatch, chunk uint64) int {
+// returns how many it wrote.
+func (sp *rangeSplitter) fill(out []uint64) int {
+	b := sp.b
 	n := 0
 	for ; (n+1)*gatherWords <= len(out) && sp.i < len(b.sizes); n++ {
 		size := b.sizes[sp.i]
-		m := min(chunk, size-sp.off)
+		m := min(sp.chunk, size-sp.off)
 		w := out[n*gatherWords : (n+1)*gatherWords]
 		w[0], w[1], w[2] = b.srcs[sp.i]+sp.off, b.dsts[sp.i]+sp.off, m
 		sp.off += m

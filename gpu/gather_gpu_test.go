@@ -47,7 +47,7 @@ func TestGatherGPU(t *testing.T) {
 			if ok, why := g.Kernel(); !ok {
 				t.Fatalf("the gather kernel is unavailable on %s: %v", d.Name(), why)
 			}
-			g.slotRanges = slotRanges
+			g.ring.slotDescs = slotRanges
 			if err := s.Memset(dst, 0, dstSize, 0); err != nil {
 				t.Fatal(err)
 			}

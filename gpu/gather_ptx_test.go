@@ -54,10 +54,10 @@ func TestGatherPTX(t *testing.T) {
 	const slotRanges = 50
 	words := make([]uint64, slotRanges*gatherWords)
 	desc := make([]byte, len(words)*8)
-	var sp rangeSplitter
+	sp := rangeSplitter{b: &b, chunk: 16 << 10}
 	launches := 0
-	for !sp.done(&b) {
-		n := sp.fill(words, &b, 16<<10)
+	for !sp.done() {
+		n := sp.fill(words)
 		for i, w := range words[:n*gatherWords] {
 			binary.LittleEndian.PutUint64(desc[8*i:], w)
 		}
@@ -95,11 +95,11 @@ func TestRangeSplitter(t *testing.T) {
 		b.Add(uint64(1+i)<<40, uint64(1+i)<<32+uint64(i), n)
 	}
 	for _, slot := range []int{1, 2, 7, 1000} {
-		var sp rangeSplitter
+		sp := rangeSplitter{b: &b, chunk: GatherChunk}
 		out := make([]uint64, slot*gatherWords+2) // room to spare: must not be used
 		var got [][3]uint64
-		for !sp.done(&b) {
-			n := sp.fill(out, &b, GatherChunk)
+		for !sp.done() {
+			n := sp.fill(out)
 			if n == 0 || n > slot {
 				t.Fatalf("slot of %d: filled %d ranges", slot, n)
 			}

@@ -14,12 +14,10 @@ import (
 
 // deviceKernels holds, for one device, the hand-written kernels (each
 // loaded and self-tested once, at first use), the spare descriptor memory
-// of closed Casters, and the multiprocessor count.
+// of closed Gathers and Casters, and the multiprocessor count.
 type deviceKernels struct {
 	gather, checksum, cast onceKernel
-
-	castMu    sync.Mutex
-	castSpare []*castMem // descriptor memory of closed Casters, for the next ones
+	gatherSpare, castSpare descSpares
 
 	smOnce sync.Once
 	sms    int
@@ -121,22 +119,8 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 // checksum and cast modules, if loaded, before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
-	return errors.Join(d.freeGatherSpare(), k.gather.unload(d, "gather"),
-		d.freeCastSpare(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"))
-}
-
-// freeCastSpare frees the spare cast descriptor memory.
-func (d *CUDADevice) freeCastSpare() error {
-	k := &d.kernels
-	k.castMu.Lock()
-	spare := k.castSpare
-	k.castSpare = nil
-	k.castMu.Unlock()
-	var errs []error
-	for _, m := range spare {
-		errs = append(errs, m.free())
-	}
-	return errors.Join(errs...)
+	return errors.Join(k.gatherSpare.free(), k.gather.unload(d, "gather"),
+		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"))
 }
 
 // newEvent creates an event without recording it; recordOn records it.
