@@ -184,12 +184,10 @@ type Checksummer struct {
 	busy    map[*sumSlot]bool // held by a PendingSum
 	lost    int               // slots whose Queue failed before recording their event
 	slots   []*sumSlot        // every slot, for Close
-	chunks  []sumChunk
+	chunks  []*mirrorMem
 	closed  bool // Close began: Queue refuses
 	freed   bool // Close freed the memory
 }
-
-type sumChunk struct{ dev, host Buffer }
 
 type sumSlot struct {
 	dev  uint64   // checksumSlots uint64 in device memory
@@ -341,17 +339,10 @@ func (c *Checksummer) take() (*sumSlot, error) {
 // and an event per slot.
 func (c *Checksummer) grow() error {
 	d := c.s.d
-	size := checksumGrow * checksumSlotBytes
-	host, err := d.AllocPinned(size)
+	m, err := d.allocMirror(checksumGrow * checksumSlotBytes)
 	if err != nil {
 		return fmt.Errorf("gpu: checksum slots: %w", err)
 	}
-	dev, err := d.Alloc(size)
-	if err != nil {
-		host.Free()
-		return fmt.Errorf("gpu: checksum slots: %w", err)
-	}
-	words := unsafe.Slice((*uint64)(unsafe.Pointer(&host.Host()[0])), size/8)
 	slots := make([]*sumSlot, 0, checksumGrow)
 	for i := range checksumGrow {
 		ev, err := d.newEvent()
@@ -359,15 +350,15 @@ func (c *Checksummer) grow() error {
 			for _, s := range slots {
 				s.ev.Close()
 			}
-			return errors.Join(fmt.Errorf("gpu: checksum slots: %w", err), host.Free(), dev.Free())
+			return errors.Join(fmt.Errorf("gpu: checksum slots: %w", err), m.free())
 		}
 		slots = append(slots, &sumSlot{
-			dev:  dev.DevicePtr() + uint64(i*checksumSlotBytes),
-			host: words[i*checksumSlots : (i+1)*checksumSlots],
+			dev:  m.dev.DevicePtr() + uint64(i*checksumSlotBytes),
+			host: m.words[i*checksumSlots : (i+1)*checksumSlots],
 			ev:   ev,
 		})
 	}
-	c.chunks = append(c.chunks, sumChunk{dev: dev, host: host})
+	c.chunks = append(c.chunks, m)
 	c.slots = append(c.slots, slots...)
 	c.free = append(c.free, slots...)
 	return nil
@@ -476,8 +467,8 @@ func (c *Checksummer) Close(ctx context.Context) error {
 	for _, s := range c.slots {
 		errs = append(errs, s.ev.Close())
 	}
-	for _, ch := range c.chunks {
-		errs = append(errs, ch.host.Free(), ch.dev.Free())
+	for _, m := range c.chunks {
+		errs = append(errs, m.free())
 	}
 	c.slots, c.free, c.retired, c.busy, c.chunks = nil, nil, nil, nil, nil
 	c.freed = true
