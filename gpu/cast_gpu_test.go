@@ -13,18 +13,11 @@ import (
 
 func testCaster(tb testing.TB, s *Stream) *Caster {
 	tb.Helper()
-	c := s.NewCaster()
-	if ok, why := c.Kernel(); !ok {
-		tb.Fatalf("the cast kernel is unavailable on %s: %v", s.Device().Name(), why)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.Close(ctx); err != nil {
-			tb.Error(err)
-		}
+	return testKernel(tb, s, "cast", func() (*Caster, error) {
+		c := s.NewCaster()
+		_, why := c.Kernel()
+		return c, why
 	})
-	return c
 }
 
 // TestCastGPU converts on the GPU every 16-bit input of BF16→F16,
@@ -38,38 +31,27 @@ func TestCastGPU(t *testing.T) {
 	s := testStream(t, d)
 	every := all16()
 	random := f32Inputs(4<<20+3, 51)
-	type job struct {
-		from, to       dtype.DType
-		src            []byte
-		srcOff, dstOff int
-	}
-	jobs := []job{
-		{dtype.BF16, dtype.F16, every, 0, 0},
-		{dtype.F16, dtype.BF16, every, 0, 0},
-		{dtype.BF16, dtype.F32, every, 0, 0},
-		{dtype.F16, dtype.F32, every, 0, 0},
+	jobs := append(castCasesAligned(every, random), []castCase{
 		{dtype.BF16, dtype.F16, every, 2, 6},
 		{dtype.F16, dtype.BF16, every, 6, 2},
 		{dtype.BF16, dtype.F32, every, 2, 4},
 		{dtype.F16, dtype.F32, every, 8, 12},
-		{dtype.F32, dtype.BF16, random, 0, 0},
-		{dtype.F32, dtype.F16, random, 0, 0},
 		{dtype.F32, dtype.BF16, random[:4<<16], 4, 2},
 		{dtype.F32, dtype.F16, random[:4<<16], 12, 2},
 		{dtype.F32, dtype.F32, random[:4<<16], 0, 4},
 		{dtype.BF16, dtype.BF16, every, 0, 0},
 		{dtype.F16, dtype.F16, every, 2, 0},
-	}
+	}...)
 	// Inputs and outputs each in a buffer of their own, 256-byte aligned
 	// plus the job's offset.
 	var srcOffs, dstOffs []int
 	srcSize, dstSize := 0, 0
 	for _, j := range jobs {
 		n := len(j.src) / j.from.Size()
-		srcOffs = append(srcOffs, srcSize+j.srcOff)
-		dstOffs = append(dstOffs, dstSize+j.dstOff)
-		srcSize += (j.srcOff + len(j.src) + 255) &^ 255
-		dstSize += (j.dstOff + n*j.to.Size() + 255) &^ 255
+		srcOffs = append(srcOffs, srcSize+int(j.srcOff))
+		dstOffs = append(dstOffs, dstSize+int(j.dstOff))
+		srcSize += (int(j.srcOff) + len(j.src) + 255) &^ 255
+		dstSize += (int(j.dstOff) + n*j.to.Size() + 255) &^ 255
 	}
 	hostSrc := make([]byte, srcSize)
 	for i, j := range jobs {

@@ -34,19 +34,35 @@ func castPTXKernel(t *testing.T) *ptxKernel {
 	return k
 }
 
-// castPTXCase converts src (mapped at ptxCastSrc+srcOff) from one dtype
-// to another into a destination at ptxCastDst+dstOff.
-type castPTXCase struct {
+// castCase converts src from one dtype to another, from srcOff bytes
+// past an aligned address (ptxCastSrc in the interpreter) into a
+// destination dstOff bytes past one.
+type castCase struct {
 	from, to       dtype.DType
 	src            []byte
 	srcOff, dstOff uint64
+}
+
+// castCasesAligned returns the conversions at aligned addresses that the
+// interpreter and the GPU tests both run: every 16-bit input (every) of
+// BF16→F16, F16→BF16, BF16→F32 and F16→F32, and the float32 inputs random
+// to BF16 and to F16.
+func castCasesAligned(every, random []byte) []castCase {
+	return []castCase{
+		{dtype.BF16, dtype.F16, every, 0, 0},
+		{dtype.F16, dtype.BF16, every, 0, 0},
+		{dtype.BF16, dtype.F32, every, 0, 0},
+		{dtype.F16, dtype.F32, every, 0, 0},
+		{dtype.F32, dtype.BF16, random, 0, 0},
+		{dtype.F32, dtype.F16, random, 0, 0},
+	}
 }
 
 // runCastPTX runs one conversion through the kernel in pieces of chunk
 // elements, slots of slotDescs descriptors, threads threads per block, and
 // compares the output with cast.Convert. It returns the number of groups
 // of four and of single elements the pieces hold.
-func runCastPTX(t *testing.T, k *ptxKernel, c castPTXCase, chunk int64, slotDescs, threads int) (groups, singles int) {
+func runCastPTX(t *testing.T, k *ptxKernel, c castCase, chunk int64, slotDescs, threads int) (groups, singles int) {
 	t.Helper()
 	n := len(c.src) / c.from.Size()
 	want := make([]byte, n*c.to.Size())
@@ -126,13 +142,7 @@ func TestCastPTX(t *testing.T) {
 	k := castPTXKernel(t)
 	every := all16()
 	random := f32Inputs(200_002, 21)
-	cases := []castPTXCase{
-		{dtype.BF16, dtype.F16, every, 0, 0},
-		{dtype.F16, dtype.BF16, every, 0, 0},
-		{dtype.BF16, dtype.F32, every, 0, 0},
-		{dtype.F16, dtype.F32, every, 0, 0},
-		{dtype.F32, dtype.BF16, random, 0, 0},
-		{dtype.F32, dtype.F16, random, 0, 0},
+	cases := append(castCasesAligned(every, random), []castCase{
 		{dtype.F32, dtype.F16, random[:4*3001], 0, 2},
 		{dtype.F32, dtype.BF16, random[4*100 : 4*3101], 4, 0},
 		{dtype.F16, dtype.F32, every[2 : 2+2*3001], 2, 4},
@@ -143,7 +153,7 @@ func TestCastPTX(t *testing.T) {
 		{dtype.F32, dtype.F32, random[:4*999], 4, 8},
 		{dtype.BF16, dtype.BF16, every[0x7F00*2 : 0x8100*2], 0, 0},
 		{dtype.F16, dtype.F16, every[0xFC00*2:], 0, 2},
-	}
+	}...)
 	for i, c := range cases {
 		threads := []int{32, 64, 7}[i%3]
 		groups, singles := runCastPTX(t, k, c, 4096, 8, threads)
@@ -179,7 +189,7 @@ func TestCastPTXPaths(t *testing.T) {
 			in = src[:2*2006]
 		}
 		k.resetCounts()
-		runCastPTX(t, k, castPTXCase{c.from, c.to, in, c.srcOff, c.dstOff}, 1<<16, 4, 32)
+		runCastPTX(t, k, castCase{c.from, c.to, in, c.srcOff, c.dstOff}, 1<<16, 4, 32)
 		for op, want := range c.loads {
 			if got := k.executed(op); got != want {
 				t.Errorf("%s to %s at +%d/+%d: %d %s, want %d", c.from, c.to, c.srcOff, c.dstOff, got, op, want)
@@ -207,36 +217,16 @@ func TestCastSplitter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, slot := range []int{1, 2, 7, 1000} {
-		sp := castSplitter{ops: c.ops, chunk: CastChunk}
-		out := make([]uint64, slot*castWords+3) // room to spare: must not be used
-		var got [][4]uint64
-		for !sp.done() {
-			n := sp.fill(out)
-			if n == 0 || n > slot {
-				t.Fatalf("slot of %d: filled %d descriptors", slot, n)
-			}
-			for i := range n {
-				got = append(got, [4]uint64(out[i*castWords:(i+1)*castWords]))
-			}
-		}
-		k := 0
-		for i, n := range sizes {
-			p := pairs[i%len(pairs)]
-			dst, src := uint64(1+i)<<40, uint64(1+i)<<32
-			sb, db := uint64(p[0].Size()), uint64(p[1].Size())
-			for off := int64(0); off < n; off += CastChunk {
-				want := [4]uint64{src + uint64(off)*sb, dst + uint64(off)*db, uint64(min(CastChunk, n-off)), castCode(p[0]) | castCode(p[1])<<8}
-				if k >= len(got) || got[k] != want {
-					t.Fatalf("slot of %d: descriptor %d is %v, want %v", slot, k, got[k], want)
-				}
-				k++
-			}
-		}
-		if k != len(got) {
-			t.Fatalf("slot of %d: %d descriptors, want %d", slot, len(got), k)
+	var want [][]uint64
+	for i, n := range sizes {
+		p := pairs[i%len(pairs)]
+		dst, src := uint64(1+i)<<40, uint64(1+i)<<32
+		sb, db := uint64(p[0].Size()), uint64(p[1].Size())
+		for off := int64(0); off < n; off += CastChunk {
+			want = append(want, []uint64{src + uint64(off)*sb, dst + uint64(off)*db, uint64(min(CastChunk, n-off)), castCode(p[0]) | castCode(p[1])<<8})
 		}
 	}
+	checkSplitter(t, castWords, want, func() descSource { return &castSplitter{ops: c.ops, chunk: CastChunk} })
 	if CastChunk%4 != 0 || castCheckChunk%4 != 0 {
 		t.Fatal("cast pieces must be whole groups of four elements")
 	}

@@ -13,18 +13,7 @@ import (
 
 func testChecksummer(tb testing.TB, s *Stream) *Checksummer {
 	tb.Helper()
-	c, err := s.NewChecksummer()
-	if err != nil {
-		tb.Fatalf("the checksum kernel is unavailable on %s: %v", s.Device().Name(), err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.Close(ctx); err != nil {
-			tb.Error(err)
-		}
-	})
-	return c
+	return testKernel(tb, s, "checksum", s.NewChecksummer)
 }
 
 // TestChecksumGPU checksums random device memory of many sizes (0 to

@@ -56,6 +56,25 @@ func testStream(tb testing.TB, d *CUDADevice) *Stream {
 	return s
 }
 
+// testKernel returns what open makes on s (a Caster, Checksummer or
+// Gather), failing the test where open says that the named kernel is
+// unavailable, and closes it, bounded by 30 s, when the test ends.
+func testKernel[K interface{ Close(context.Context) error }](tb testing.TB, s *Stream, name string, open func() (K, error)) K {
+	tb.Helper()
+	k, err := open()
+	if err != nil {
+		tb.Fatalf("the %s kernel is unavailable on %s: %v", name, s.Device().Name(), err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := k.Close(ctx); err != nil {
+			tb.Error(err)
+		}
+	})
+	return k
+}
+
 func alloc(tb testing.TB, d Device, n int) Buffer {
 	tb.Helper()
 	b, err := d.Alloc(n)

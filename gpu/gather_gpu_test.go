@@ -9,17 +9,11 @@ import (
 	"time"
 )
 
+// testGather returns a Gather of s, with its kernel or without (the tests
+// check which).
 func testGather(tb testing.TB, s *Stream) *Gather {
 	tb.Helper()
-	g := s.NewGather()
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := g.Close(ctx); err != nil {
-			tb.Error(err)
-		}
-	})
-	return g
+	return testKernel(tb, s, "gather", func() (*Gather, error) { return s.NewGather(), nil })
 }
 
 // TestGatherGPU copies random ranges (1 byte to 1 MiB, random alignments

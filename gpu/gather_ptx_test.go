@@ -94,34 +94,14 @@ func TestRangeSplitter(t *testing.T) {
 	for i, n := range sizes {
 		b.Add(uint64(1+i)<<40, uint64(1+i)<<32+uint64(i), n)
 	}
-	for _, slot := range []int{1, 2, 7, 1000} {
-		sp := rangeSplitter{b: &b, chunk: GatherChunk}
-		out := make([]uint64, slot*gatherWords+2) // room to spare: must not be used
-		var got [][3]uint64
-		for !sp.done() {
-			n := sp.fill(out)
-			if n == 0 || n > slot {
-				t.Fatalf("slot of %d: filled %d ranges", slot, n)
-			}
-			for i := range n {
-				got = append(got, [3]uint64(out[i*gatherWords:(i+1)*gatherWords]))
-			}
-		}
-		k := 0
-		for i, n := range sizes {
-			dst, src := uint64(1+i)<<40, uint64(1+i)<<32+uint64(i)
-			for off := uint64(0); off < uint64(n); off += GatherChunk {
-				wantLen := min(GatherChunk, uint64(n)-off)
-				if k >= len(got) || got[k] != [3]uint64{src + off, dst + off, wantLen} {
-					t.Fatalf("slot of %d: range %d is %v, want src %#x dst %#x len %d", slot, k, got[k], src+off, dst+off, wantLen)
-				}
-				k++
-			}
-		}
-		if k != len(got) {
-			t.Fatalf("slot of %d: %d ranges, want %d", slot, len(got), k)
+	var want [][]uint64
+	for i, n := range sizes {
+		dst, src := uint64(1+i)<<40, uint64(1+i)<<32+uint64(i)
+		for off := uint64(0); off < uint64(n); off += GatherChunk {
+			want = append(want, []uint64{src + off, dst + off, min(GatherChunk, uint64(n)-off)})
 		}
 	}
+	checkSplitter(t, gatherWords, want, func() descSource { return &rangeSplitter{b: &b, chunk: GatherChunk} })
 	if GatherChunk%16 != 0 {
 		t.Fatal("GatherChunk must keep 16-byte alignment")
 	}

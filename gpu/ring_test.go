@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"slices"
 	"testing"
 )
 
@@ -104,5 +105,35 @@ func TestDescRingClose(t *testing.T) {
 	sp.free()
 	if err := other.close(ctx, s); err != nil || !freed(o) || len(sp.mems) != 0 {
 		t.Fatalf("close of a ring of another slot size: %v; the memory should be freed", err)
+	}
+}
+
+// checkSplitter has a new source from split hand out its descriptors,
+// words words each, through slots of 1, 2, 7 and 1000 descriptors, and
+// compares them with want. Each slot has room for all but one word of one
+// more descriptor to spare, which fill must leave unused.
+func checkSplitter(t *testing.T, words int, want [][]uint64, split func() descSource) {
+	t.Helper()
+	for _, slot := range []int{1, 2, 7, 1000} {
+		sp := split()
+		out := make([]uint64, slot*words+words-1)
+		var got [][]uint64
+		for !sp.done() {
+			n := sp.fill(out)
+			if n == 0 || n > slot {
+				t.Fatalf("slot of %d: filled %d descriptors", slot, n)
+			}
+			for i := range n {
+				got = append(got, slices.Clone(out[i*words:(i+1)*words]))
+			}
+		}
+		for i := range min(len(got), len(want)) {
+			if !slices.Equal(got[i], want[i]) {
+				t.Fatalf("slot of %d: descriptor %d is %v, want %v", slot, i, got[i], want[i])
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("slot of %d: %d descriptors, want %d", slot, len(got), len(want))
+		}
 	}
 }
