@@ -1,8 +1,5 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"context"
 	_ "embed"
@@ -271,7 +268,9 @@ type castOp struct {
 // elements, kind.
 var castDescs = descKind{
 	name:      "cast",
+	unit:      "descriptors",
 	words:     castWords,
+	threads:   castThreads,
 	slotDescs: castSlotDescs,
 	maxSpare:  maxSpareCast,
 	spares:    func(d *CUDADevice) *descSpares { return &d.kernels.castSpare },
@@ -364,17 +363,7 @@ func (c *Caster) Flush(ctx context.Context) error {
 	if err := c.ring.alloc(c.s); err != nil {
 		return err
 	}
-	return c.ring.queue(ctx, c.s, &castSplitter{ops: c.ops, chunk: c.chunk}, c.launch)
-}
-
-// launch launches the kernel over the n cast descriptors at the device
-// address descs.
-func (c *Caster) launch(descs uint64, n int) error {
-	d := c.s.d
-	if r := CUDAResult(C.wc_launch_cast(d.ctx, c.k.fn, C.CUdeviceptr(descs), C.uint(n), castThreads, c.s.s)); r != 0 {
-		return d.err("cuLaunchKernel", fmt.Sprintf("cast kernel over %d descriptors", n), r)
-	}
-	return nil
+	return c.ring.queue(ctx, c.s, c.k, &castSplitter{ops: c.ops, chunk: c.chunk})
 }
 
 // Close forgets conversions not flushed, waits, bounded by ctx, until no

@@ -329,14 +329,15 @@ static inline CUresult wc_cuModuleUnload(CUcontext ctx, CUmodule m) {
   return wc_cuda.cuModuleUnload(m);
 }
 
-// wc_launch_gather launches the gather kernel (gather.ptx: wc_gather(ranges,
-// count)) with one block of threads threads per range. The parameters are
+// wc_launch_descs launches a kernel that reads count descriptors at descs
+// (gather.ptx: wc_gather(ranges, count); cast.ptx: wc_cast(descs, count))
+// with one block of threads threads per descriptor. The parameters are
 // copied by the driver during the call.
-static inline CUresult wc_launch_gather(CUcontext ctx, CUfunction f, CUdeviceptr ranges, unsigned int count,
-                                        unsigned int threads, CUstream s) {
+static inline CUresult wc_launch_descs(CUcontext ctx, CUfunction f, CUdeviceptr descs, unsigned int count,
+                                       unsigned int threads, CUstream s) {
   WC_NEED(cuLaunchKernel);
   WC_SET(ctx);
-  void *params[2] = {&ranges, &count};
+  void *params[2] = {&descs, &count};
   return wc_cuda.cuLaunchKernel(f, count, 1, 1, threads, 1, 1, 0, s, params, NULL);
 }
 
@@ -348,16 +349,6 @@ static inline CUresult wc_launch_checksum(CUcontext ctx, CUfunction f, CUdevicep
   WC_SET(ctx);
   void *params[3] = {&buf, &n, &slots};
   return wc_cuda.cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, s, params, NULL);
-}
-
-// wc_launch_cast launches the cast kernel (cast.ptx: wc_cast(descs,
-// count)) with one block of threads threads per descriptor.
-static inline CUresult wc_launch_cast(CUcontext ctx, CUfunction f, CUdeviceptr descs, unsigned int count,
-                                      unsigned int threads, CUstream s) {
-  WC_NEED(cuLaunchKernel);
-  WC_SET(ctx);
-  void *params[2] = {&descs, &count};
-  return wc_cuda.cuLaunchKernel(f, count, 1, 1, threads, 1, 1, 0, s, params, NULL);
 }
 
 // wc_module_load loads a NUL-terminated PTX (or cubin) image into ctx:

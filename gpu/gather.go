@@ -1,8 +1,5 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"bytes"
 	"context"
@@ -245,7 +242,9 @@ const maxSpareGather = 4
 // destination, length.
 var gatherRanges = descKind{
 	name:      "gather",
+	unit:      "ranges",
 	words:     gatherWords,
+	threads:   gatherThreads,
 	slotDescs: gatherSlotRanges,
 	maxSpare:  maxSpareGather,
 	spares:    func(d *CUDADevice) *descSpares { return &d.kernels.gatherSpare },
@@ -293,17 +292,7 @@ func (g *Gather) Copy(ctx context.Context, b *CopyBatch) error {
 		return err
 	}
 	noteGatherPath(GatherKernel, nil)
-	return g.ring.queue(ctx, g.s, &rangeSplitter{b: b, chunk: g.chunk}, g.launch)
-}
-
-// launch launches the kernel over the n range descriptors at the device
-// address descs.
-func (g *Gather) launch(descs uint64, n int) error {
-	d := g.s.d
-	if r := CUDAResult(C.wc_launch_gather(d.ctx, g.k.fn, C.CUdeviceptr(descs), C.uint(n), gatherThreads, g.s.s)); r != 0 {
-		return d.err("cuLaunchKernel", fmt.Sprintf("gather kernel over %d ranges", n), r)
-	}
-	return nil
+	return g.ring.queue(ctx, g.s, g.k, &rangeSplitter{b: b, chunk: g.chunk})
 }
 
 // Close waits, bounded by ctx, until no launch reads the descriptor

@@ -15,11 +15,14 @@ import (
 // turn.
 const descSlots = 4
 
-// descKind describes the descriptors of one kernel that reads them from
-// a descRing (the ranges of Gather, the conversions of Caster).
+// descKind describes a kernel that reads descriptors from a descRing
+// (the ranges of Gather, the conversions of Caster), kernel(descs, count),
+// one block per descriptor.
 type descKind struct {
 	name      string // "gather", "cast": in errors
+	unit      string // the descriptors' name in errors: "ranges", "descriptors"
 	words     int    // uint64 words per descriptor
+	threads   int    // threads per block
 	slotDescs int    // descriptors per slot; rings of other sizes (tests) are not kept as spares
 	maxSpare  int    // the most rings' memory a device keeps for later rings
 	spares    func(d *CUDADevice) *descSpares
@@ -74,13 +77,13 @@ func (r *descRing) alloc(s *Stream) error {
 	return nil
 }
 
-// queue launches the kernel on s over src's descriptors, one slot per
-// launch, until src is done. For each slot it waits, bounded by ctx, until
-// the launch that last read the slot has finished; has src fill the
-// slot's host memory; copies the n descriptors written to the slot's
-// device memory; calls launch with their device address and n; and
-// records the event that the slot's next use waits for. Call alloc first.
-func (r *descRing) queue(ctx context.Context, s *Stream, src descSource, launch func(descs uint64, n int) error) error {
+// queue launches k on s over src's descriptors, one slot per launch,
+// until src is done. For each slot it waits, bounded by ctx, until the
+// launch that last read the slot has finished; has src fill the slot's
+// host memory; copies the n descriptors written to the slot's device
+// memory; launches k over them; and records the event that the slot's next
+// use waits for. Call alloc first.
+func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src descSource) error {
 	d := s.d
 	per := r.slotDescs * r.kind.words
 	for !src.done() {
@@ -97,8 +100,8 @@ func (r *descRing) queue(ctx context.Context, s *Stream, src descSource, launch 
 		if res := CUDAResult(C.wc_cuMemcpyHtoDAsync(d.ctx, C.CUdeviceptr(dev), host, C.size_t(n*r.kind.words*8), s.s)); res != 0 {
 			return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d %s descriptors", n, r.kind.name), res)
 		}
-		if err := launch(dev, n); err != nil {
-			return err
+		if res := CUDAResult(C.wc_launch_descs(d.ctx, k.fn, C.CUdeviceptr(dev), C.uint(n), C.uint(r.kind.threads), s.s)); res != 0 {
+			return d.err("cuLaunchKernel", fmt.Sprintf("%s kernel over %d %s", r.kind.name, n, r.kind.unit), res)
 		}
 		ev, err := s.Record()
 		if err != nil {
