@@ -335,6 +335,16 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		in.width, in.signed = w, kind == 's'
 		return nil
 	}
+	// typedOp sets in.code to code, checks that the opcode has n parts
+	// (hint shows their form in the error), and that part t is a type of
+	// kinds, which sets the instruction's width and signedness.
+	typedOp := func(code ptxCode, n int, hint string, t int, kinds string) error {
+		in.code = code
+		if len(parts) != n {
+			return fmt.Errorf("unknown %s%s", in.op, hint)
+		}
+		return typed(parts[t], kinds)
+	}
 	// operands checks args against roles and widths (0: the instruction's).
 	operands := func(roles []int, widths []uint) error {
 		if err := want(len(roles)); err != nil {
@@ -373,11 +383,7 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		}
 		return nil
 	case "mov":
-		in.code = cMov
-		if len(parts) != 2 {
-			return fmt.Errorf("unknown %s", in.op)
-		}
-		if err := typed(parts[1], "usb"); err != nil {
+		if err := typedOp(cMov, 2, "", 1, "usb"); err != nil {
 			return err
 		}
 		return operands([]int{roleDst, roleSrc}, []uint{0, 0})
@@ -389,11 +395,7 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		in.code, in.width = cMov, 64
 		return operands([]int{roleDst, roleReg}, []uint{64, 64})
 	case "cvt":
-		in.code = cCvt
-		if len(parts) != 3 {
-			return fmt.Errorf("unknown %s (cvt.dtype.stype)", in.op)
-		}
-		if err := typed(parts[2], "us"); err != nil {
+		if err := typedOp(cCvt, 3, " (cvt.dtype.stype)", 2, "us"); err != nil {
 			return err
 		}
 		in.srcW = in.width
@@ -409,25 +411,20 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 			return fmt.Errorf("unknown %s (setp.cmp.type)", in.op)
 		}
 		in.sub = parts[1]
+		kinds := "us"
 		switch in.sub {
 		case "eq", "ne":
-			if err := typed(parts[2], "usb"); err != nil {
-				return err
-			}
+			kinds = "usb"
 		case "lt", "le", "gt", "ge":
-			if err := typed(parts[2], "us"); err != nil {
-				return err
-			}
 		default:
 			return fmt.Errorf("%s: unknown comparison %s", in.op, in.sub)
 		}
+		if err := typed(parts[2], kinds); err != nil {
+			return err
+		}
 		return operands([]int{roleDstPred, roleReg, roleSrc}, []uint{1, 0, 0})
 	case "selp":
-		in.code = cSelp
-		if len(parts) != 2 {
-			return fmt.Errorf("unknown %s", in.op)
-		}
-		if err := typed(parts[1], "usb"); err != nil {
+		if err := typedOp(cSelp, 2, "", 1, "usb"); err != nil {
 			return err
 		}
 		if err := want(4); err != nil {
@@ -447,12 +444,9 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		return nil
 	case "add", "sub", "min", "max", "and", "or", "xor", "shl", "shr", "mul":
 		in.code, in.sub = cBin, parts[0]
-		typ := parts[len(parts)-1]
+		typ, kinds := parts[len(parts)-1], "us"
 		switch {
 		case parts[0] == "mul" && len(parts) == 3 && parts[1] == "lo":
-			if err := typed(typ, "us"); err != nil {
-				return err
-			}
 		case parts[0] == "mul" && len(parts) == 3 && parts[1] == "wide":
 			if typ != "u32" {
 				return fmt.Errorf("%s: the interpreter knows mul.wide.u32 only", in.op)
@@ -464,17 +458,12 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		case len(parts) != 2:
 			return fmt.Errorf("unknown %s", in.op)
 		case parts[0] == "and" || parts[0] == "or" || parts[0] == "xor" || parts[0] == "shl":
-			if err := typed(typ, "b"); err != nil {
-				return err
-			}
+			kinds = "b"
 		case parts[0] == "shr":
-			if err := typed(typ, "usb"); err != nil {
-				return err
-			}
-		default:
-			if err := typed(typ, "us"); err != nil {
-				return err
-			}
+			kinds = "usb"
+		}
+		if err := typed(typ, kinds); err != nil {
+			return err
 		}
 		if in.width < 16 {
 			return fmt.Errorf("%s: no 8-bit arithmetic in PTX", in.op)
@@ -820,6 +809,14 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 		}
 		return regs[a.reg], nil
 	}
+	// get2 returns the values of the instruction's operands 1 and 2.
+	get2 := func() (a, b uint64, err error) {
+		if a, err = get(&in.args[1]); err != nil {
+			return 0, 0, err
+		}
+		b, err = get(&in.args[2])
+		return a, b, err
+	}
 	put := func(a *ptxArg, v uint64) {
 		regs[a.reg] = mask(v, k.regWidth[a.reg])
 		set[a.reg] = true
@@ -873,11 +870,7 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 				}
 				put(&in.args[0], mask(v, in.width))
 			case cSetp:
-				a, err := get(&in.args[1])
-				if err != nil {
-					return err
-				}
-				b, err := get(&in.args[2])
+				a, b, err := get2()
 				if err != nil {
 					return err
 				}
@@ -921,11 +914,7 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 				}
 				put(&in.args[0], mask(v, in.width))
 			case cBin:
-				a, err := get(&in.args[1])
-				if err != nil {
-					return err
-				}
-				b, err := get(&in.args[2])
+				a, b, err := get2()
 				if err != nil {
 					return err
 				}
@@ -973,11 +962,7 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 				}
 				put(&in.args[0], mask(r, w))
 			case cMulWide:
-				a, err := get(&in.args[1])
-				if err != nil {
-					return err
-				}
-				b, err := get(&in.args[2])
+				a, b, err := get2()
 				if err != nil {
 					return err
 				}
@@ -1009,20 +994,13 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 				for i, r := range regsOf {
 					b := m[i*size : (i+1)*size]
 					if in.code == cLd {
-						var v uint64
-						for j := size - 1; j >= 0; j-- {
-							v = v<<8 | uint64(b[j])
-						}
-						regs[r], set[r] = v, true
+						regs[r], set[r] = loadLE(b), true
 						continue
 					}
 					if !set[r] {
 						return fmt.Errorf("stores %s before it is written", k.regName[r])
 					}
-					v := regs[r]
-					for j := range size {
-						b[j] = byte(v >> (8 * j))
-					}
+					storeLE(b, regs[r])
 				}
 			case cRed:
 				a, err := addr(&in.args[0])
@@ -1037,14 +1015,7 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 				if err != nil {
 					return err
 				}
-				var old uint64
-				for j := 7; j >= 0; j-- {
-					old = old<<8 | uint64(m[j])
-				}
-				old += v
-				for j := range 8 {
-					m[j] = byte(old >> (8 * j))
-				}
+				storeLE(m, loadLE(m)+v)
 			default:
 				return fmt.Errorf("unknown instruction")
 			}
@@ -1061,11 +1032,44 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 
 var errRet = fmt.Errorf("ret")
 
+// loadLE returns the little-endian value of b, zero-extended.
+func loadLE(b []byte) uint64 {
+	var v uint64
+	for j := len(b) - 1; j >= 0; j-- {
+		v = v<<8 | uint64(b[j])
+	}
+	return v
+}
+
+// storeLE writes the low len(b) bytes of v into b, little-endian.
+func storeLE(b []byte, v uint64) {
+	for j := range b {
+		b[j] = byte(v >> (8 * j))
+	}
+}
+
 // ptxSnippet wraps body (declarations and instructions) into a kernel of
 // one u64 parameter p.
 func ptxSnippet(body string) string {
 	return ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(\n.param .u64 p\n)\n{\n" +
 		".reg .pred %p<2>;\n.reg .b16 %h<2>;\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n" + body + "\nret;\n}\n"
+}
+
+// runSnippet compiles body (see ptxSnippet), failing the test if that
+// fails, and runs it as one thread with p = 0x1000, on 16 writable bytes
+// at p (returned) and 16 read-only ones at p+32.
+func runSnippet(t *testing.T, body string) ([]byte, error) {
+	t.Helper()
+	k, err := compilePTX("snippet.ptx", ptxSnippet(body))
+	if err != nil {
+		t.Fatalf("%q: %v", body, err)
+	}
+	const p = 0x1000
+	out := make([]byte, 16)
+	mem := &ptxMemory{}
+	mem.add(p, out)
+	mem.addRegion(p+32, make([]byte, 16), true, "input")
+	return out, k.run(mem, 1, 1, p)
 }
 
 // TestPTXInterpreterRefuses checks that the interpreter's checks fire:
@@ -1100,7 +1104,6 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 			t.Errorf("%q: got %v, want an error saying %q", body, err, want)
 		}
 	}
-	const base = 0x1000
 	running := map[string]string{
 		"add.u32 %r1, %r2, 1;":                                                   "reads %r2 before it is written",
 		"ld.param.u64 %rd1, [p];\nld.global.u32 %r1, [%rd1+2];":                  "misaligned 4-byte access",
@@ -1109,15 +1112,7 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 		"ld.param.u64 %rd1, [p];\nmov.u16 %h1, 7;\nst.global.u8 [%rd1+32], %h1;": "read-only",
 	}
 	for body, want := range running {
-		k, err := compilePTX("snippet.ptx", ptxSnippet(body))
-		if err != nil {
-			t.Errorf("%q: %v", body, err)
-			continue
-		}
-		mem := &ptxMemory{}
-		mem.add(base, make([]byte, 16))
-		mem.addRegion(base+32, make([]byte, 16), true, "input")
-		if err := k.run(mem, 1, 1, base); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := runSnippet(t, body); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: ran with %v, want an error saying %q", body, err, want)
 		}
 	}
@@ -1151,16 +1146,8 @@ func TestPTXInterpreterSemantics(t *testing.T) {
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, 40;\nst.global.u64 [%rd2], %rd1;\nmov.u64 %rd1, 2;\nred.global.add.u64 [%rd2], %rd1;\nld.global.u64 %rd1, [%rd2];", 42},
 	}
 	for _, c := range cases {
-		body := c.body + "\nld.param.u64 %rd3, [p];\nst.global.u64 [%rd3], %rd1;"
-		k, err := compilePTX("snippet.ptx", ptxSnippet(body))
+		out, err := runSnippet(t, c.body+"\nld.param.u64 %rd3, [p];\nst.global.u64 [%rd3], %rd1;")
 		if err != nil {
-			t.Errorf("%q: %v", c.body, err)
-			continue
-		}
-		out := make([]byte, 16)
-		mem := &ptxMemory{}
-		mem.add(0x1000, out)
-		if err := k.run(mem, 1, 1, 0x1000); err != nil {
 			t.Errorf("%q: %v", c.body, err)
 			continue
 		}
