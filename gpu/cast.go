@@ -166,68 +166,48 @@ func castCheckLayout(cases []castCheckCase) (offs []int, size int) {
 
 // checkCast runs the kernel on castCheckSource's conversions and compares
 // every output byte with cast.Convert.
-func (d *CUDADevice) checkCast(k *loadedKernel) (err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), castCheckWait)
-	defer cancel()
+func (d *CUDADevice) checkCast(k *loadedKernel) error {
 	host, cases := castCheckSource()
 	offs, size := castCheckLayout(cases)
-	s, err := d.NewStream()
-	if err != nil {
-		return err
-	}
-	src, err := d.Alloc(len(host))
-	if err != nil {
-		s.Close()
-		return err
-	}
-	dst, err := d.Alloc(size)
-	if err != nil {
-		src.Free()
-		s.Close()
-		return err
-	}
-	c := &Caster{s: s, k: k, chunk: castCheckChunk, ring: castDescs.ring()}
-	defer func() {
-		// Free nothing that a launch may still use.
-		if serr := s.Sync(ctx); serr != nil {
-			err = errors.Join(err, serr)
-			return
-		}
-		err = errors.Join(err, c.Close(ctx), src.Free(), dst.Free(), s.Close())
-	}()
-	if err := s.CopyHtoD(src, 0, host); err != nil {
-		return err
-	}
-	if err := s.Memset(dst, 0, size, 0xA5); err != nil {
-		return err
-	}
-	for i, cc := range cases {
-		if err := c.Add(dst.DevicePtr()+uint64(offs[i]), src.DevicePtr()+uint64(cc.srcOff), int64(cc.n), cc.from, cc.to); err != nil {
+	check := func(ctx context.Context, s *Stream, c *Caster, bufs []Buffer) error {
+		src, dst := bufs[0], bufs[1]
+		if err := s.CopyHtoD(src, 0, host); err != nil {
 			return err
 		}
-	}
-	if err := c.Flush(ctx); err != nil {
-		return err
-	}
-	got := make([]byte, size)
-	if err := s.CopyDtoH(got, dst, 0); err != nil {
-		return err
-	}
-	if err := s.Sync(ctx); err != nil {
-		return err
-	}
-	for i, cc := range cases {
-		want := make([]byte, cc.n*cc.to.Size())
-		if err := cast.Convert(want, cc.to, host[cc.srcOff:cc.srcOff+cc.n*cc.from.Size()], cc.from); err != nil {
+		if err := s.Memset(dst, 0, size, 0xA5); err != nil {
 			return err
 		}
-		if j := diffAt(got[offs[i]:offs[i]+len(want)], want); j >= 0 {
-			e := j / cc.to.Size()
-			return fmt.Errorf("%s to %s: element %d (byte %d of %d) differs: got % x, want % x", cc.from, cc.to, e, j, len(want),
-				got[offs[i]+e*cc.to.Size():offs[i]+(e+1)*cc.to.Size()], want[e*cc.to.Size():(e+1)*cc.to.Size()])
+		for i, cc := range cases {
+			if err := c.Add(dst.DevicePtr()+uint64(offs[i]), src.DevicePtr()+uint64(cc.srcOff), int64(cc.n), cc.from, cc.to); err != nil {
+				return err
+			}
 		}
+		if err := c.Flush(ctx); err != nil {
+			return err
+		}
+		got := make([]byte, size)
+		if err := s.CopyDtoH(got, dst, 0); err != nil {
+			return err
+		}
+		if err := s.Sync(ctx); err != nil {
+			return err
+		}
+		for i, cc := range cases {
+			want := make([]byte, cc.n*cc.to.Size())
+			if err := cast.Convert(want, cc.to, host[cc.srcOff:cc.srcOff+cc.n*cc.from.Size()], cc.from); err != nil {
+				return err
+			}
+			if j := diffAt(got[offs[i]:offs[i]+len(want)], want); j >= 0 {
+				e := j / cc.to.Size()
+				return fmt.Errorf("%s to %s: element %d (byte %d of %d) differs: got % x, want % x", cc.from, cc.to, e, j, len(want),
+					got[offs[i]+e*cc.to.Size():offs[i]+(e+1)*cc.to.Size()], want[e*cc.to.Size():(e+1)*cc.to.Size()])
+			}
+		}
+		return nil
 	}
-	return nil
+	return selfTest(d, castCheckWait, []int{len(host), size},
+		func(s *Stream) *Caster { return &Caster{s: s, k: k, chunk: castCheckChunk, ring: castDescs.ring()} },
+		check)
 }
 
 // Caster converts tensors between F32, BF16 and F16 in device memory with

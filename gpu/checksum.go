@@ -97,27 +97,16 @@ var checksumCheck = []struct{ off, n int }{
 
 // checkChecksum runs the kernel on checksumCheck, all sums outstanding at
 // once, and compares each with checksum.Sum.
-func (d *CUDADevice) checkChecksum(k *loadedKernel) (err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), checksumCheckWait)
-	defer cancel()
-	s, err := d.NewStream()
-	if err != nil {
-		return err
-	}
-	buf, err := d.Alloc(checksumCheckSize)
-	if err != nil {
-		s.Close()
-		return err
-	}
-	c := &Checksummer{s: s, k: k}
-	defer func() {
-		// Free nothing that a launch may still use.
-		if serr := s.Sync(ctx); serr != nil {
-			err = errors.Join(err, serr)
-			return
-		}
-		err = errors.Join(err, c.Close(ctx), buf.Free(), s.Close())
-	}()
+func (d *CUDADevice) checkChecksum(k *loadedKernel) error {
+	return selfTest(d, checksumCheckWait, []int{checksumCheckSize},
+		func(s *Stream) *Checksummer { return &Checksummer{s: s, k: k} },
+		runChecksumCheck)
+}
+
+// runChecksumCheck queues checksumCheck's sums of bufs[0], which it fills
+// with a pattern, on c, and compares each with checksum.Sum.
+func runChecksumCheck(ctx context.Context, s *Stream, c *Checksummer, bufs []Buffer) error {
+	d, buf := s.d, bufs[0]
 	pat := make([]byte, checksumCheckSize)
 	for i := range pat {
 		pat[i] = byte(i*151 + i>>9 + 11)

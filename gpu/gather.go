@@ -88,34 +88,22 @@ var gatherCheck = []struct{ dst, src, n int }{
 
 // checkGather runs the kernel on gatherCheck and compares every byte of
 // the destination buffer.
-func (d *CUDADevice) checkGather(k *loadedKernel) (err error) {
-	const n = 256 << 10
-	ctx, cancel := context.WithTimeout(context.Background(), gatherCheckWait)
-	defer cancel()
-	s, err := d.NewStream()
-	if err != nil {
-		return err
-	}
-	src, err := d.Alloc(n)
-	if err != nil {
-		s.Close()
-		return err
-	}
-	dst, err := d.Alloc(n)
-	if err != nil {
-		src.Free()
-		s.Close()
-		return err
-	}
-	g := &Gather{s: s, k: k, chunk: gatherCheckChunk, ring: gatherRanges.ring()}
-	defer func() {
-		// Free nothing that a copy may still use.
-		if serr := s.Sync(ctx); serr != nil {
-			err = errors.Join(err, serr)
-			return
-		}
-		err = errors.Join(err, g.Close(ctx), src.Free(), dst.Free(), s.Close())
-	}()
+func (d *CUDADevice) checkGather(k *loadedKernel) error {
+	return selfTest(d, gatherCheckWait, []int{gatherCheckSize, gatherCheckSize},
+		func(s *Stream) *Gather {
+			return &Gather{s: s, k: k, chunk: gatherCheckChunk, ring: gatherRanges.ring()}
+		},
+		runGatherCheck)
+}
+
+// gatherCheckSize is the size of the self-test's source and destination.
+const gatherCheckSize = 256 << 10
+
+// runGatherCheck copies gatherCheck from bufs[0] to bufs[1] with g, and
+// checks every byte of bufs[1].
+func runGatherCheck(ctx context.Context, s *Stream, g *Gather, bufs []Buffer) error {
+	const n = gatherCheckSize
+	src, dst := bufs[0], bufs[1]
 	pat := make([]byte, n)
 	for i := range pat {
 		pat[i] = byte(i*131 + i>>8 + 7)

@@ -110,7 +110,7 @@ func TestRangeSplitter(t *testing.T) {
 // TestGatherCheckCopies keeps the device self-test's copies apart and
 // inside its buffers.
 func TestGatherCheckCopies(t *testing.T) {
-	const n = 256 << 10
+	const n = gatherCheckSize
 	used := make([]bool, n)
 	for _, c := range gatherCheck {
 		if c.src+c.n > n || c.dst+c.n > n {

@@ -5,10 +5,12 @@ package gpu
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -98,6 +100,48 @@ func (d *CUDADevice) selfTested(k *loadedKernel, err error, unavailable error) (
 		C.wc_cuModuleUnload(d.ctx, k.mod)
 	}
 	return nil, fmt.Errorf("%w on %s: self-test failed: %w", unavailable, d.Name(), err)
+}
+
+// selfTest runs check, a kernel's self-test, bounded by wait, on a new
+// stream and new device buffers of the given sizes, with the Gather,
+// Caster or Checksummer that open makes on the stream. Then it waits for
+// the stream and, only once that has succeeded (so that no launch may
+// still use them), closes what open made, frees the buffers and closes
+// the stream.
+func selfTest[K interface{ Close(context.Context) error }](d *CUDADevice, wait time.Duration, sizes []int,
+	open func(s *Stream) K, check func(ctx context.Context, s *Stream, k K, bufs []Buffer) error) (err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	s, err := d.NewStream()
+	if err != nil {
+		return err
+	}
+	var bufs []Buffer
+	for _, n := range sizes {
+		b, err := d.Alloc(n)
+		if err != nil {
+			for _, b := range bufs {
+				b.Free()
+			}
+			s.Close()
+			return err
+		}
+		bufs = append(bufs, b)
+	}
+	k := open(s)
+	defer func() {
+		// Free nothing that a launch may still use.
+		if serr := s.Sync(ctx); serr != nil {
+			err = errors.Join(err, serr)
+			return
+		}
+		errs := []error{err, k.Close(ctx)}
+		for _, b := range bufs {
+			errs = append(errs, b.Free())
+		}
+		err = errors.Join(append(errs, s.Close())...)
+	}()
+	return check(ctx, s, k, bufs)
 }
 
 // Multiprocessors returns the device's number of streaming multiprocessors
