@@ -12,13 +12,15 @@ import (
 // Packing into device buckets.
 //
 // When a Pool's buffers are device memory (Host() == nil), Pack fills them
-// on the GPU instead of with host copies, through one copy stream per round:
+// on the GPU instead of with host copies, through a copy stream that the
+// pool keeps from round to round (with the kernels' memory):
 //
 //   - device tensors (Tensor.Device) are copied device to device: those
 //     on the bucket's GPU, in copies shorter than the plan's gatherBelow,
 //     by the gather kernel (gpu.Gather: one launch copies thousands of
 //     ranges, where the copy engine costs about 4.5 µs per copy), the
-//     others by the copy engine;
+//     others by the copy engine, the large ones spread over the plan's
+//     lanes (more streams, joined back before the bucket's event);
 //   - tensors that Cast wraps are converted into the bucket by the GPU cast
 //     kernel (gpu.Caster), on the copy stream: device tensors straight
 //     from their memory, host tensors from their source bytes, staged as
