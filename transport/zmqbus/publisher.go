@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -27,33 +26,22 @@ type peer struct {
 	gone     error         // why it is gone, once it is
 }
 
-// publisher is the root's side of the bus. Three goroutines, started by
-// OpenPublisher and joined by Close, own the socket: read (the only caller
-// of sock.Recv, which handles every incoming frame), the writer (the only
-// caller of sock.Send) and tick (heartbeats and liveness). API calls and
-// those goroutines share the state below under mu; every change closes
-// and replaces changed.
+// publisher is the root's side of the bus. The three goroutines of its
+// busSocket, started by OpenPublisher and joined by Close, own the ROUTER
+// socket: read hands every incoming message to handle, the writer sends
+// what the outbox holds, and tick runs tickLocked (heartbeats and
+// liveness). API calls and those goroutines share the state below under
+// mu; every change closes and replaces changed.
 type publisher struct {
-	cfg        transport.Config
-	opts       options
-	addr       string
-	sock       zmq4.Socket
-	cancelSock context.CancelFunc
-	out        *outbox
-	flush      chan struct{} // closed by Close: the writer sends what is left and returns
-	stop       chan struct{} // closed by Close: tick returns
-	writerDone chan struct{} // closed by the writer when it returns
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
+	busSocket
+	addr string
 
-	mu      sync.Mutex
-	changed chan struct{}
-	peers   []peer // by rank; peers[0] unused
-	byID    map[string]int
-	joined  int
-	next    uint64           // next sequence number to publish
-	fatal   *transport.Error // first failure that ends the bus
-	closing bool
+	// guarded by mu
+	peers  []peer // by rank; peers[0] unused
+	byID   map[string]int
+	joined int
+	next   uint64           // next sequence number to publish
+	fatal  *transport.Error // first failure that ends the bus
 }
 
 // OpenPublisher opens the root's side of the metadata bus of cfg.Group:
@@ -106,24 +94,21 @@ func OpenPublisher(ctx context.Context, cfg transport.Config) (transport.Publish
 		return fail(fmt.Errorf("metadata socket bound to %v, not a TCP address", sock.Addr()))
 	}
 	p := &publisher{
-		cfg: cfg, opts: opts, sock: sock, cancelSock: cancel,
-		addr:       "tcp://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)),
-		out:        newOutbox(),
-		flush:      make(chan struct{}),
-		stop:       make(chan struct{}),
-		writerDone: make(chan struct{}),
-		changed:    make(chan struct{}),
-		peers:      make([]peer, cfg.WorldSize),
-		byID:       map[string]int{},
+		addr:  "tcp://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)),
+		peers: make([]peer, cfg.WorldSize),
+		byID:  map[string]int{},
 	}
-	p.wg.Add(3)
-	go func() { defer p.wg.Done(); p.read() }()
-	go func() {
-		defer p.wg.Done()
-		defer close(p.writerDone)
-		runWriter(sock, p.out, p.flush, p.sendFailed)
-	}()
-	go func() { defer p.wg.Done(); p.tick() }()
+	p.adopt(cfg, opts, sock, cancel)
+	p.start(sideHooks{
+		handle: func(frames [][]byte) {
+			if len(frames) >= 1 {
+				p.handle(frames[0], frames[1:])
+			}
+		},
+		recvFailed: p.recvFailedLocked,
+		sendFailed: p.sendFailedLocked,
+		tick:       p.tickLocked,
+	})
 
 	pctx, pcancel := context.WithTimeout(ctx, cfg.WaitTimeout())
 	defer pcancel()
@@ -132,12 +117,6 @@ func OpenPublisher(ctx context.Context, cfg transport.Config) (transport.Publish
 		return fail(fmt.Errorf("publishing the metadata address %s: %w", p.addr, err))
 	}
 	return p, nil
-}
-
-// broadcastLocked wakes every waiter.
-func (p *publisher) broadcastLocked() {
-	close(p.changed)
-	p.changed = make(chan struct{})
 }
 
 // abortLocked records the failure that ends the bus and tells every live
@@ -157,29 +136,13 @@ func (p *publisher) abortLocked(err *transport.Error, code uint32) *transport.Er
 	return err
 }
 
-// read is the only caller of sock.Recv.
-func (p *publisher) read() {
-	for {
-		msg, err := p.sock.Recv()
-		if err != nil {
-			p.mu.Lock()
-			if !p.closing {
-				p.abortLocked(busError(p.cfg, "recv", 0, false, -1, fmt.Errorf("metadata socket failed: %w", err)), codeProtocol)
-			}
-			p.mu.Unlock()
-			return
-		}
-		if msg.Type == zmq4.CmdMsg || len(msg.Frames) < 1 {
-			continue // a ZMTP command (PING from a libzmq peer): not ours
-		}
-		p.handle(msg.Frames[0], msg.Frames[1:])
-	}
+// recvFailedLocked hears from read that the socket failed while open.
+func (p *publisher) recvFailedLocked(err error) {
+	p.abortLocked(busError(p.cfg, "recv", 0, false, -1, fmt.Errorf("metadata socket failed: %w", err)), codeProtocol)
 }
 
-// sendFailed hears from the writer that a message could not be sent.
-func (p *publisher) sendFailed(m zmq4.Msg, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// sendFailedLocked hears from the writer that a message could not be sent.
+func (p *publisher) sendFailedLocked(m zmq4.Msg, err error) {
 	if p.closing || len(m.Frames) == 0 {
 		return
 	}
@@ -301,38 +264,26 @@ func (p *publisher) rejectLocked(id []byte, rank int, err *codedError) {
 	p.abortLocked(busError(p.cfg, "handshake", 0, false, rank, err), err.code)
 }
 
-// tick sends heartbeats and declares silent receivers gone.
-func (p *publisher) tick() {
-	t := time.NewTicker(tickOf(p.opts))
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
+// tickLocked sends heartbeats and declares silent receivers gone.
+func (p *publisher) tickLocked(now time.Time) {
+	changed := false
+	for r := 1; r < len(p.peers) && !p.closing; r++ {
+		pr := &p.peers[r]
+		if !pr.joined || pr.gone != nil {
+			continue
 		}
-		now := time.Now()
-		p.mu.Lock()
-		changed := false
-		for r := 1; r < len(p.peers) && !p.closing; r++ {
-			pr := &p.peers[r]
-			if !pr.joined || pr.gone != nil {
-				continue
-			}
-			if silent := now.Sub(pr.lastSeen); silent > p.opts.liveness {
-				pr.gone = fmt.Errorf("%w: no message or heartbeat from rank %d for %v (liveness %v): it was killed, hung or lost its network", errPeerGone, r, silent.Round(time.Millisecond), p.opts.liveness)
-				changed = true
-				continue
-			}
-			if now.Sub(pr.lastSent) >= pr.interval {
-				p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeHeartbeat, 0, p.next)))
-				pr.lastSent = now
-			}
+		if silent := now.Sub(pr.lastSeen); silent > p.opts.liveness {
+			pr.gone = fmt.Errorf("%w: no message or heartbeat from rank %d for %v (liveness %v): it was killed, hung or lost its network", errPeerGone, r, silent.Round(time.Millisecond), p.opts.liveness)
+			changed = true
+			continue
 		}
-		if changed {
-			p.broadcastLocked()
+		if now.Sub(pr.lastSent) >= pr.interval {
+			p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeHeartbeat, 0, p.next)))
+			pr.lastSent = now
 		}
-		p.mu.Unlock()
+	}
+	if changed {
+		p.broadcastLocked()
 	}
 }
 
@@ -465,22 +416,15 @@ func (p *publisher) Abort(err error) {
 // Close says BYE to every receiver, closes the socket and joins the
 // goroutines. It is idempotent.
 func (p *publisher) Close() error {
-	p.closeOnce.Do(func() {
-		p.mu.Lock()
-		if p.fatal == nil {
-			for r := 1; r < len(p.peers); r++ {
-				if pr := &p.peers[r]; pr.joined && pr.gone == nil {
-					p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeBye, 0, p.next)))
-				}
+	p.shutdown(func() {
+		if p.fatal != nil {
+			return
+		}
+		for r := 1; r < len(p.peers); r++ {
+			if pr := &p.peers[r]; pr.joined && pr.gone == nil {
+				p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeBye, 0, p.next)))
 			}
 		}
-		p.closing = true
-		p.broadcastLocked()
-		p.mu.Unlock()
-		closeSocket(p.sock, p.flush, p.writerDone)
-		close(p.stop)
-		p.wg.Wait()
-		p.cancelSock()
 	})
 	return nil
 }

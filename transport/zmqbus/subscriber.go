@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -14,26 +13,16 @@ import (
 	"github.com/weightcast/weightcast/transport"
 )
 
-// subscriber is a receiver's side of the bus. Like the publisher, three
-// goroutines own its socket (read, the writer, tick); API calls share the
-// state below with them under mu, and every change closes and replaces
-// changed.
+// subscriber is a receiver's side of the bus. Like the publisher, it
+// embeds a busSocket whose three goroutines own its DEALER socket: read
+// hands every incoming message to handle, the writer sends what the outbox
+// holds, and tick runs tickLocked. API calls share the state below with
+// them under mu, and every change closes and replaces changed.
 type subscriber struct {
-	cfg        transport.Config
-	opts       options
-	sock       zmq4.Socket
-	cancelSock context.CancelFunc
-	out        *outbox
-	flush      chan struct{} // closed by Close: the writer sends what is left and returns
-	stop       chan struct{} // closed by Close: tick returns
-	writerDone chan struct{} // closed by the writer when it returns
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
+	busSocket
 
-	mu       sync.Mutex
-	changed  chan struct{}
+	// guarded by mu
 	err      *transport.Error // first failure; the bus is dead after it
-	closing  bool
 	welcomed bool
 	window   uint64
 	interval time.Duration // how often to heartbeat the root
@@ -111,24 +100,14 @@ func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscr
 	}
 
 	now := time.Now()
-	s := &subscriber{
-		cfg: cfg, opts: opts, sock: sock, cancelSock: cancel,
-		out:        newOutbox(),
-		flush:      make(chan struct{}),
-		stop:       make(chan struct{}),
-		writerDone: make(chan struct{}),
-		changed:    make(chan struct{}),
-		lastSeen:   now,
-		lastSent:   now,
-	}
-	s.wg.Add(3)
-	go func() { defer s.wg.Done(); s.read() }()
-	go func() {
-		defer s.wg.Done()
-		defer close(s.writerDone)
-		runWriter(sock, s.out, s.flush, s.sendFailed)
-	}()
-	go func() { defer s.wg.Done(); s.tick() }()
+	s := &subscriber{lastSeen: now, lastSent: now}
+	s.adopt(cfg, opts, sock, cancel)
+	s.start(sideHooks{
+		handle:     s.handle,
+		recvFailed: s.recvFailedLocked,
+		sendFailed: s.sendFailedLocked,
+		tick:       s.tickLocked,
+	})
 
 	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeHello, 0, 0), hello{
 		rank: uint32(cfg.Rank), world: uint32(cfg.WorldSize), maxMessage: opts.maxMessage,
@@ -156,11 +135,6 @@ func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscr
 			return fail(err)
 		}
 	}
-}
-
-func (s *subscriber) broadcastLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
 }
 
 // failLocked records the failure that ends the bus.
@@ -196,37 +170,23 @@ func (s *subscriber) violationLocked(err error) {
 	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeError, errCode(err, codeProtocol), s.expect), errorText(s.err.Error())))
 }
 
-// read is the only caller of sock.Recv.
-func (s *subscriber) read() {
-	for {
-		msg, err := s.sock.Recv()
-		if err != nil {
-			s.mu.Lock()
-			if !s.closing {
-				var le *limitError
-				if errors.As(err, &le) {
-					s.failLocked(fmt.Errorf("%w (option max_message is %d bytes here); the connection to the root is closed", le, s.opts.maxMessage))
-				} else {
-					s.failLocked(fmt.Errorf("%w: connection to the root lost: %v", errPeerGone, err))
-				}
-			}
-			s.mu.Unlock()
-			return
-		}
-		if msg.Type == zmq4.CmdMsg {
-			continue
-		}
-		s.handle(msg.Frames)
+// recvFailedLocked hears from read that the connection to the root broke
+// while open: an oversized frame the guard refused, or a lost connection.
+func (s *subscriber) recvFailedLocked(err error) {
+	var le *limitError
+	if errors.As(err, &le) {
+		s.failLocked(fmt.Errorf("%w (option max_message is %d bytes here); the connection to the root is closed", le, s.opts.maxMessage))
+	} else {
+		s.failLocked(fmt.Errorf("%w: connection to the root lost: %v", errPeerGone, err))
 	}
 }
 
-// sendFailed hears from the writer that a message could not be sent. The
-// connection is broken; the reader usually learns why (an oversized frame,
-// the root's BYE) at the same moment, so tick reports the send failure only
-// if the reader has not reported anything by its next round.
-func (s *subscriber) sendFailed(_ zmq4.Msg, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// sendFailedLocked hears from the writer that a message could not be
+// sent. The connection is broken; the reader usually learns why (an
+// oversized frame, the root's BYE) at the same moment, so tickLocked
+// reports the send failure only if the reader has not reported anything by
+// its next round.
+func (s *subscriber) sendFailedLocked(_ zmq4.Msg, err error) {
 	if s.sendErr == nil {
 		s.sendErr = err
 	}
@@ -292,30 +252,19 @@ func (s *subscriber) handle(frames [][]byte) {
 	}
 }
 
-// tick sends heartbeats and declares a silent root gone.
-func (s *subscriber) tick() {
-	t := time.NewTicker(tickOf(s.opts))
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
+// tickLocked reports a failed send, sends heartbeats and declares a silent
+// root gone.
+func (s *subscriber) tickLocked(now time.Time) {
+	if !s.closing && s.err == nil && s.sendErr != nil {
+		s.failLocked(fmt.Errorf("%w: sending to the root failed: %v", errPeerGone, s.sendErr))
+	}
+	if !s.closing && s.err == nil && s.welcomed {
+		if silent := now.Sub(s.lastSeen); silent > s.opts.liveness {
+			s.failLocked(fmt.Errorf("%w: no message or heartbeat from the root for %v (liveness %v): it was killed, hung or lost its network", errPeerGone, silent.Round(time.Millisecond), s.opts.liveness))
+		} else if now.Sub(s.lastSent) >= s.interval {
+			s.out.push(zmq4.NewMsgFrom(encodeHeader(typeHeartbeat, 0, s.acked)))
+			s.lastSent = now
 		}
-		now := time.Now()
-		s.mu.Lock()
-		if !s.closing && s.err == nil && s.sendErr != nil {
-			s.failLocked(fmt.Errorf("%w: sending to the root failed: %v", errPeerGone, s.sendErr))
-		}
-		if !s.closing && s.err == nil && s.welcomed {
-			if silent := now.Sub(s.lastSeen); silent > s.opts.liveness {
-				s.failLocked(fmt.Errorf("%w: no message or heartbeat from the root for %v (liveness %v): it was killed, hung or lost its network", errPeerGone, silent.Round(time.Millisecond), s.opts.liveness))
-			} else if now.Sub(s.lastSent) >= s.interval {
-				s.out.push(zmq4.NewMsgFrom(encodeHeader(typeHeartbeat, 0, s.acked)))
-				s.lastSent = now
-			}
-		}
-		s.mu.Unlock()
 	}
 }
 
@@ -379,18 +328,10 @@ func (s *subscriber) Ack(ctx context.Context, seq uint64) error {
 // Close says BYE to the root, closes the socket and joins the goroutines.
 // It is idempotent.
 func (s *subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
+	s.shutdown(func() {
 		if s.err == nil && s.welcomed {
 			s.out.push(zmq4.NewMsgFrom(encodeHeader(typeBye, 0, s.acked)))
 		}
-		s.closing = true
-		s.broadcastLocked()
-		s.mu.Unlock()
-		closeSocket(s.sock, s.flush, s.writerDone)
-		close(s.stop)
-		s.wg.Wait()
-		s.cancelSock()
 	})
 	return nil
 }

@@ -6,11 +6,9 @@ import (
 	"math"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/go-zeromq/zmq4"
 
 	"github.com/weightcast/weightcast/transport"
 )
@@ -126,73 +124,4 @@ func millis(d time.Duration) uint32 {
 // busError builds the *transport.Error every failure of this package is.
 func busError(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) *transport.Error {
 	return &transport.Error{Transport: Name, Group: cfg.Group, Rank: cfg.Rank, Op: op, Seq: seq, HasSeq: hasSeq, Peer: peer, Err: err}
-}
-
-// outbox is the queue of messages the writer goroutine sends. Producers
-// never block on it; its length is bounded by the protocol (a window of
-// DATA per receiver plus control messages).
-type outbox struct {
-	mu   sync.Mutex
-	q    []zmq4.Msg
-	wake chan struct{} // capacity 1; never closed
-}
-
-func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
-
-func (o *outbox) push(m zmq4.Msg) {
-	o.mu.Lock()
-	o.q = append(o.q, m)
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (o *outbox) take() []zmq4.Msg {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	q := o.q
-	o.q = nil
-	return q
-}
-
-// runWriter is the only goroutine that calls sock.Send. It sends what the
-// outbox holds until flush is closed, then sends what is left and returns.
-// onErr hears of every failed send.
-func runWriter(sock zmq4.Socket, o *outbox, flush <-chan struct{}, onErr func(zmq4.Msg, error)) {
-	send := func() {
-		for _, m := range o.take() {
-			if err := sock.SendMulti(m); err != nil {
-				onErr(m, err)
-			}
-		}
-	}
-	for {
-		select {
-		case <-o.wake:
-			send()
-		case <-flush:
-			send()
-			return
-		}
-	}
-}
-
-// flushBound is how long Close lets the writer send its last messages
-// (BYE) before closing the socket under it.
-const flushBound = time.Second
-
-// closeSocket stops a writer (flush), waits for it at most flushBound,
-// then closes the socket, which ends the reader's Recv and any send still
-// blocked on a stalled peer.
-func closeSocket(sock zmq4.Socket, flush chan struct{}, writerDone <-chan struct{}) {
-	close(flush)
-	t := time.NewTimer(flushBound)
-	select {
-	case <-writerDone:
-	case <-t.C:
-	}
-	t.Stop()
-	sock.Close()
 }
