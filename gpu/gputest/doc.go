@@ -1,0 +1,10 @@
+// Package gputest holds the setup that GPU tests share: opening a CUDA
+// device or skipping the test, saying why, where there is none; streams and
+// buffers that are closed and freed when the test ends; bounded stream
+// synchronization; uploads of random bytes; and the plumbing of tests whose
+// ranks run as child processes of the test binary.
+//
+// Every helper that touches the GPU skips or fails the test through its
+// testing.TB, so a test reads as its steps. Package gpu's own tests cannot
+// use it (gputest imports gpu); every other package's tests can.
+package gputest
