@@ -9,6 +9,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
@@ -89,7 +90,7 @@ func devicePool(b *testing.B, d *gpu.CUDADevice, bucket int) *Pool {
 // 1 GiB bucket instead of four, so no bucket waits for a free buffer;
 // round packs one 64-byte tensor, the fixed cost of a round.
 func BenchmarkGPUPackDevice(b *testing.B) {
-	d := gpuTestDevice(b)
+	d := gputest.Device(b)
 	const total, each = 1 << 30, 16 << 20
 	src := deviceTensors(b, d, total, each)
 	b.Run("plainD2D", func(b *testing.B) { benchPlainD2D(b, d, total) })
@@ -134,9 +135,9 @@ func logPaths(b *testing.B) {
 // kernel), and scattered-batch through the copy engine as before the
 // kernel.
 func BenchmarkGPUPackSmall(b *testing.B) {
-	d := gpuTestDevice(b)
+	d := gputest.Device(b)
 	const count, size = 100_000, 4 << 10
-	buf := gpuAlloc(b, d, count*2*size)
+	buf := gputest.Alloc(b, d, count*2*size)
 	for _, layout := range []struct {
 		name   string
 		stride int64
@@ -164,7 +165,7 @@ func BenchmarkGPUPackSmall(b *testing.B) {
 // BenchmarkGPUPackHost packs 1 GiB of host tensors (16 of 64 MiB in Go
 // memory) into 256 MiB device buckets through the pinned staging ring.
 func BenchmarkGPUPackHost(b *testing.B) {
-	d := gpuTestDevice(b)
+	d := gputest.Device(b)
 	const total, each = 1 << 30, 64 << 20
 	var src Tensors
 	for i := range total / each {
@@ -188,7 +189,7 @@ func BenchmarkGPUPackHost(b *testing.B) {
 // round's fixed cost (tens of µs) no longer weighs on a 0.6 ms round; with
 // the default plan and with the large copies on one to three streams.
 func BenchmarkGPUPackDevice16GiB(b *testing.B) {
-	d := gpuTestDevice(b)
+	d := gputest.Device(b)
 	const total, each = 16 << 30, 256 << 20
 	src := deviceTensors(b, d, total, each)
 	b.Run("plainD2D", func(b *testing.B) { benchPlainD2D(b, d, total) })
@@ -211,7 +212,7 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 func deviceTensors(b *testing.B, d *gpu.CUDADevice, total, each int) Tensors {
 	var src Tensors
 	for i := range total / each {
-		buf := gpuAlloc(b, d, each)
+		buf := gputest.Alloc(b, d, each)
 		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{int64(each / 2)}, Device: buf})
 	}
 	return src
@@ -220,14 +221,14 @@ func deviceTensors(b *testing.B, d *gpu.CUDADevice, total, each int) Tensors {
 // benchPlainD2D is the baseline of the pack benchmarks: one plain
 // device-to-device copy of total bytes per iteration.
 func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
-	s := gpuStream(b, d)
-	from, to := gpuAlloc(b, d, total), gpuAlloc(b, d, total)
+	s := gputest.Stream(b, d)
+	from, to := gputest.Alloc(b, d, total), gputest.Alloc(b, d, total)
 	b.SetBytes(int64(total))
 	for b.Loop() {
 		if err := s.CopyDtoD(to, 0, from, 0, total); err != nil {
 			b.Fatal(err)
 		}
-		gpuSync(b, s)
+		gputest.Sync(b, s)
 	}
 	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
@@ -247,7 +248,7 @@ func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
 //
 //	stages.test -test.run '^$' -test.bench 'GPUCheckpoint' -test.benchtime 3x
 func BenchmarkGPUCheckpoint(b *testing.B) {
-	d := gpuTestDevice(b)
+	d := gputest.Device(b)
 	const total = 4 << 30
 	dir := benchCheckpoint(b, total, 8)
 	warmFiles(b, dir)
@@ -258,9 +259,9 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 	b.Cleanup(func() { ckpt.Close() })
 	var pinned float64 // GB/s of pinnedH2D
 	b.Run("pinnedH2D", func(b *testing.B) {
-		s := gpuStream(b, d)
-		host := gpuAlloc(b, d.PinnedHost(), 1<<30)
-		dev := gpuAlloc(b, d, 1<<30)
+		s := gputest.Stream(b, d)
+		host := gputest.Alloc(b, d.PinnedHost(), 1<<30)
+		dev := gputest.Alloc(b, d, 1<<30)
 		b.SetBytes(total)
 		for b.Loop() {
 			for range total / (1 << 30) {
@@ -268,7 +269,7 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			gpuSync(b, s)
+			gputest.Sync(b, s)
 		}
 		pinned = float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 		b.ReportMetric(pinned, "GB/s")

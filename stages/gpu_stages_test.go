@@ -14,57 +14,13 @@ import (
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
 )
 
-// The tests below need a GPU; they skip, saying why, where CUDA is absent.
-
-func gpuTestDevice(tb testing.TB) *gpu.CUDADevice {
-	tb.Helper()
-	err := gpu.OpenCUDA()
-	if errors.Is(err, gpu.ErrNoDriver) || errors.Is(err, gpu.ErrNoDevice) {
-		tb.Skipf("skipping: needs a CUDA GPU: %v", err)
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-	d, err := gpu.NewCUDADevice(0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { d.Close() })
-	return d
-}
-
-func gpuStream(tb testing.TB, d *gpu.CUDADevice) *gpu.Stream {
-	tb.Helper()
-	s, err := d.NewStream()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Close() })
-	return s
-}
-
-func gpuAlloc(tb testing.TB, d gpu.Device, n int) gpu.Buffer {
-	tb.Helper()
-	b, err := d.Alloc(n)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { b.Free() })
-	return b
-}
-
-func gpuSync(tb testing.TB, s *gpu.Stream) {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.Sync(ctx); err != nil {
-		tb.Fatal(err)
-	}
-}
+// The tests below need a GPU; gputest.Device skips them, saying why, where
+// CUDA is absent.
 
 // devLoop is a test-only device transport between goroutines of one
 // process: the root waits for its bucket's fence and hands the buffer to
@@ -92,7 +48,7 @@ func newDevLoop(t testing.TB, d *gpu.CUDADevice, world int) []transport.Endpoint
 	eps := make([]transport.Endpoint, world)
 	for r := range world {
 		h.inbox[r] = make(chan devDelivery)
-		eps[r] = &devLoopEP{h: h, rank: r, stream: gpuStream(t, d)}
+		eps[r] = &devLoopEP{h: h, rank: r, stream: gputest.Stream(t, d)}
 	}
 	return eps
 }
@@ -232,56 +188,69 @@ func (h hostLookup) List() []*Tensor {
 	return out
 }
 
+// placeOnDevice gives ts a place on d, as device tensors named "dev."+name
+// of the same dtypes and shapes (their bytes not uploaded): the first
+// shared of them in one buffer, each i%gaps bytes after the one before
+// (odd offsets included), the others in allocations of their own, and
+// zero-byte ones anywhere in the shared buffer.
+func placeOnDevice(t *testing.T, d *gpu.CUDADevice, ts Tensors, shared, gaps int) Tensors {
+	t.Helper()
+	var size int64
+	offs := make([]int64, shared)
+	for i, tn := range ts[:shared] {
+		offs[i] = size + int64(i%gaps)
+		size = offs[i] + int64(len(tn.Data))
+	}
+	flat := gputest.Alloc(t, d, int(size)+1)
+	out := make(Tensors, len(ts))
+	for i, tn := range ts {
+		dev := &Tensor{Name: "dev." + tn.Name, DType: tn.DType, Shape: tn.Shape}
+		switch {
+		case i < shared:
+			dev.Device, dev.DeviceOffset = flat, offs[i]
+		case len(tn.Data) > 0:
+			dev.Device = gputest.Alloc(t, d, len(tn.Data))
+		default:
+			dev.Device = flat
+		}
+		out[i] = dev
+	}
+	return out
+}
+
 // TestGPURoundTrip sends host tensors and device tensors (some sharing one
 // buffer, some on their own) of random dtypes and sizes, some split across
 // buckets, from device buckets to a DeviceModel, a HostModel and a Verify
 // sink; the second round changes every tensor's bytes, which the models
 // must take in place.
 func TestGPURoundTrip(t *testing.T) {
-	d := gpuTestDevice(t)
-	s := gpuStream(t, d)
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
 	const bucket = 1 << 20
 	rng := rand.New(rand.NewPCG(5, 6))
 	hostTs := randomTensors(rng, 300, 3*bucket)
 	devTs := randomTensors(rng, 200, 3*bucket)
 	// The first half of the device tensors share one buffer (odd offsets
 	// included), the rest have their own.
-	var flatSize int64
-	offs := make([]int64, len(devTs))
-	for i, dt := range devTs[:100] {
-		offs[i] = flatSize + int64(i%3)
-		flatSize = offs[i] + int64(len(dt.Data))
-	}
-	flat := gpuAlloc(t, d, int(flatSize)+1)
+	devs := placeOnDevice(t, d, devTs, 100, 3)
 	exp := hostLookup{}
 	var src Tensors
 	for i := range 300 {
 		src = append(src, hostTs[i])
 		exp[hostTs[i].Name] = hostTs[i]
-		if i < len(devTs) {
-			dt := devTs[i]
-			dt.Name = "dev." + dt.Name
-			exp[dt.Name] = &Tensor{Name: dt.Name, DType: dt.DType, Shape: dt.Shape, Data: dt.Data}
-			dev := &Tensor{Name: dt.Name, DType: dt.DType, Shape: dt.Shape}
-			if i < 100 {
-				dev.Device, dev.DeviceOffset = flat, offs[i]
-			} else if len(dt.Data) > 0 {
-				dev.Device = gpuAlloc(t, d, len(dt.Data))
-			} else {
-				dev.Device = flat // a zero-byte tensor anywhere in a buffer
-			}
+		if i < len(devs) {
+			dev, dt := devs[i], devTs[i]
+			exp[dev.Name] = &Tensor{Name: dev.Name, DType: dt.DType, Shape: dt.Shape, Data: dt.Data}
 			src = append(src, dev)
 		}
 	}
 	upload := func() {
 		for _, tn := range src {
 			if tn.Device != nil {
-				if err := s.CopyHtoD(tn.Device, int(tn.DeviceOffset), exp[tn.Name].Data); err != nil {
-					t.Fatal(err)
-				}
+				gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), exp[tn.Name].Data)
 			}
 		}
-		gpuSync(t, s)
+		gputest.Sync(t, s)
 	}
 	upload()
 	g := newGPUGroup(t, d, 4, bucket, false, true, nil)
@@ -345,7 +314,7 @@ func TestGPURoundTrip(t *testing.T) {
 // tensors larger than a bucket and than the staging buffers) to a
 // DeviceModel and a Verify sink fed through host staging.
 func TestGPUSynthetic(t *testing.T) {
-	d := gpuTestDevice(t)
+	d := gputest.Device(t)
 	m, err := Synthetic{Size: 96 << 20, Tensors: 50, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 3}.Model()
 	if err != nil {
 		t.Fatal(err)
@@ -383,8 +352,8 @@ func TestGPUSynthetic(t *testing.T) {
 // naming the checksum, whether the receiver checks it on the GPU (a device
 // sink) or on the host (a host sink).
 func TestGPUChecksum(t *testing.T) {
-	d := gpuTestDevice(t)
-	s := gpuStream(t, d)
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
 	for _, rootHost := range []bool{true, false} {
 		t.Run(map[bool]string{true: "host root", false: "device root"}[rootHost], func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(8, 9))
@@ -503,8 +472,8 @@ func bytesContain(s, sub string) bool { return bytes.Contains([]byte(s), []byte(
 // queries the model's fence, and the bucket is overwritten right after
 // release without touching the model's bytes.
 func TestGPUReleaseAfterCopy(t *testing.T) {
-	d := gpuTestDevice(t)
-	s := gpuStream(t, d)
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
 	const n = 256 << 20 // a copy long enough to be caught in flight
 	pool, err := NewPool(d, 1, n)
 	if err != nil {
@@ -525,10 +494,8 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CopyHtoD(buf, 0, want); err != nil {
-			t.Fatal(err)
-		}
-		gpuSync(t, s)
+		gputest.Upload(t, s, buf, 0, want)
+		gputest.Sync(t, s)
 		meta := BucketMeta{Seq: uint64(round), Version: uint64(round + 1), Length: n, IsLast: true,
 			Entries: []Entry{{Name: "w", DType: dtype.U8, Shape: []int64{n}, Offset: 0, Size: n, Total: n}}}
 		b := pool.Bucket(buf, meta)
@@ -559,7 +526,7 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 			t.Fatal(err)
 		}
 		u.Release()
-		gpuSync(t, s)
+		gputest.Sync(t, s)
 		if !released || queryErr != nil || !copyDone {
 			t.Fatalf("round %d: released %v with the model's copy done=%v (%v)", round, released, copyDone, queryErr)
 		}
@@ -601,7 +568,7 @@ func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool) i
 		}
 		for _, e := range bk.Meta.Entries {
 			want := exp[e.Name][e.Chunk : e.Chunk+e.Size]
-			if i := firstDiff(host[e.Offset:e.Offset+e.Size], want); i >= 0 {
+			if i := gputest.FirstDiff(host[e.Offset:e.Offset+e.Size], want); i >= 0 {
 				return fmt.Errorf("bucket %d: %s bytes [%d, %d): byte %d differs", bk.Meta.Seq, e.Name, e.Chunk, e.Chunk+e.Size, e.Chunk+int64(i))
 			}
 			got[e.Name] += e.Size
@@ -620,18 +587,6 @@ func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool) i
 	return buckets
 }
 
-func firstDiff(a, b []byte) int {
-	if bytes.Equal(a, b) {
-		return -1
-	}
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
-}
-
 // TestGPUPackPlans packs device tensors (tiny to 3 MiB, split across 1 MiB
 // buckets; some sharing one buffer at odd offsets, some in their own
 // allocations) and host tensors through every device copy plan: all
@@ -639,34 +594,17 @@ func firstDiff(a, b []byte) int {
 // (cuMemcpyBatchAsync, the path before the kernel), and per-copy
 // cuMemcpyAsync. Every bucket is read back and compared byte for byte.
 func TestGPUPackPlans(t *testing.T) {
-	d := gpuTestDevice(t)
-	s := gpuStream(t, d)
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
 	rng := rand.New(rand.NewPCG(7, 8))
 	devTs := randomTensors(rng, 240, 3<<20)
 	hostTs := randomTensors(rng, 40, 64<<10)
-	var flatSize int64
-	offs := make([]int64, len(devTs))
-	for i, dt := range devTs[:80] {
-		offs[i] = flatSize + int64(i%5)
-		flatSize = offs[i] + int64(len(dt.Data))
-	}
-	flat := gpuAlloc(t, d, int(flatSize)+1)
 	exp := map[string][]byte{}
 	var src Tensors
-	for i, dt := range devTs {
-		tn := &Tensor{Name: "dev." + dt.Name, DType: dt.DType, Shape: dt.Shape}
-		switch {
-		case i < 80:
-			tn.Device, tn.DeviceOffset = flat, offs[i]
-		case len(dt.Data) > 0:
-			tn.Device = gpuAlloc(t, d, len(dt.Data))
-		default:
-			tn.Device = flat
-		}
-		if err := s.CopyHtoD(tn.Device, int(tn.DeviceOffset), dt.Data); err != nil {
-			t.Fatal(err)
-		}
-		exp[tn.Name] = dt.Data
+	for i, tn := range placeOnDevice(t, d, devTs, 80, 5) {
+		data := devTs[i].Data
+		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), data)
+		exp[tn.Name] = data
 		src = append(src, tn)
 		if i%6 == 0 {
 			h := hostTs[i/6]
@@ -675,7 +613,7 @@ func TestGPUPackPlans(t *testing.T) {
 			src = append(src, h)
 		}
 	}
-	gpuSync(t, s)
+	gputest.Sync(t, s)
 	for _, plan := range []devicePlan{
 		{gatherBelow: math.MaxInt64},
 		{gatherBelow: 256 << 10},
@@ -708,8 +646,8 @@ func TestGPUPackPlans(t *testing.T) {
 // converts them while packing, tensors larger than a bucket included, and
 // every receiver holds exactly what cast.Convert gives on the host.
 func TestGPUCastDevice(t *testing.T) {
-	d := gpuTestDevice(t)
-	s := gpuStream(t, d)
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
 	rng := rand.New(rand.NewPCG(12, 13))
 	const bucket = 1 << 20
 	for _, to := range []dtype.DType{dtype.BF16, dtype.F16, dtype.F32} {
@@ -718,16 +656,11 @@ func TestGPUCastDevice(t *testing.T) {
 			var want []*Tensor
 			for i, from := range []dtype.DType{dtype.F32, dtype.BF16, dtype.F16, dtype.F32, dtype.I32} {
 				elems := []int64{1, 7, 1000, 300_001, 0}[i]
-				data := make([]byte, elems*int64(from.Size()))
-				for j := range data {
-					data[j] = byte(rng.Uint32())
-				}
-				buf := gpuAlloc(t, d, max(len(data), 1)+2*from.Size())
+				data := gputest.RandomBytes(rng, int(elems)*from.Size())
+				buf := gputest.Alloc(t, d, max(len(data), 1)+2*from.Size())
 				off := int64(from.Size()) // not at the allocation's start
 				if len(data) > 0 {
-					if err := s.CopyHtoD(buf, int(off), data); err != nil {
-						t.Fatal(err)
-					}
+					gputest.Upload(t, s, buf, int(off), data)
 				}
 				name := fmt.Sprintf("t%d.%s", i, from)
 				src = append(src, &Tensor{Name: name, DType: from, Shape: []int64{elems}, Device: buf, DeviceOffset: off})
@@ -743,7 +676,7 @@ func TestGPUCastDevice(t *testing.T) {
 				}
 				want = append(want, &Tensor{Name: name, DType: ct.DType, Shape: ct.Shape, Data: out})
 			}
-			gpuSync(t, s)
+			gputest.Sync(t, s)
 			g := newGPUGroup(t, d, 3, bucket, false, true, nil)
 			hm := NewHostModel()
 			dm, err := NewDeviceModel(d)

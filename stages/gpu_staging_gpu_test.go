@@ -12,6 +12,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
 )
 
 // These need a GPU; they skip without one.
@@ -51,7 +52,7 @@ func stagingCheckpoint(t *testing.T, dir string) map[string][]byte {
 // compares every bucket byte for byte after copying it back. The second
 // round of each reuses the pinned slots of the first.
 func TestGPUPackCheckpoint(t *testing.T) {
-	d := gpuTestDevice(t)
+	d := gputest.Device(t)
 	dir := t.TempDir()
 	data := stagingCheckpoint(t, dir)
 	ckpt, err := OpenCheckpoint(dir)
@@ -123,7 +124,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 // fails it with the tensor named, gives every buffer back, and stops the
 // readers (goleak checks at the end of the package's tests).
 func TestGPUPackHostReadError(t *testing.T) {
-	d := gpuTestDevice(t)
+	d := gputest.Device(t)
 	withStaging(t, stagingConfig{slots: 3, slotSize: 1 << 20, piece: 128 << 10, readers: 4})
 	var src Tensors
 	for i := range 40 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu/gputest"
 )
 
 // These test the staging ring without a GPU: fakeStaging stands in for the
@@ -286,7 +287,7 @@ func (r *fakeRound) check(t *testing.T) {
 	for k, b := range r.buckets {
 		mem := r.fk.regions[b.addr]
 		for _, e := range b.entries {
-			if i := firstDiff(mem[e.off:e.off+int64(len(e.data))], e.data); i >= 0 {
+			if i := gputest.FirstDiff(mem[e.off:e.off+int64(len(e.data))], e.data); i >= 0 {
 				t.Fatalf("bucket %d, entry at %d (%d bytes): byte %d differs", k, e.off, len(e.data), i)
 			}
 		}
