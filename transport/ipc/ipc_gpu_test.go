@@ -14,6 +14,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
@@ -22,53 +23,11 @@ import (
 
 // The tests below need a GPU; they skip, saying why, where CUDA is absent.
 
-func skipWithoutCUDA(tb testing.TB) {
-	tb.Helper()
-	err := gpu.OpenCUDA()
-	if errors.Is(err, gpu.ErrNoDriver) || errors.Is(err, gpu.ErrNoDevice) {
-		tb.Skipf("skipping: needs a CUDA GPU: %v", err)
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-}
-
-func openDevice(tb testing.TB, ordinal int) *gpu.CUDADevice {
-	tb.Helper()
-	d, err := gpu.NewCUDADevice(ordinal)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { d.Close() })
-	return d
-}
-
-func mustAlloc(tb testing.TB, d gpu.Device, n int) gpu.Buffer {
-	tb.Helper()
-	b, err := d.Alloc(n)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { b.Free() })
-	return b
-}
-
-func mustStream(tb testing.TB, d *gpu.CUDADevice) *gpu.Stream {
-	tb.Helper()
-	s, err := d.NewStream()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Close() })
-	return s
-}
-
 // TestIPCInProcess runs a world of 4 in this process (receivers copy from
 // the root's address: a process cannot open its own handles): random
 // sizes, each root bucket fenced behind its own upload, byte-identical.
 func TestIPCInProcess(t *testing.T) {
-	skipWithoutCUDA(t)
-	d := openDevice(t, 0)
+	d := gputest.Device(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const world, size = 4, 4 << 20
@@ -79,22 +38,17 @@ func TestIPCInProcess(t *testing.T) {
 	eps := transporttest.OpenAll(t, ctx, Open, cfgs)
 	bufs := make([]gpu.Buffer, world)
 	for r := range bufs {
-		bufs[r] = mustAlloc(t, d, size)
+		bufs[r] = gputest.Alloc(t, d, size)
 	}
-	s := mustStream(t, d)
+	s := gputest.Stream(t, d)
 	rng := rand.New(rand.NewPCG(1, 2))
 	sizes := []int{0, 1, 7, 4096, 1 << 20, size}
 	for range 10 {
 		sizes = append(sizes, rng.IntN(size))
 	}
 	for seq, n := range sizes {
-		want := make([]byte, n)
-		for i := range want {
-			want[i] = byte(rng.Uint32())
-		}
-		if err := s.CopyHtoD(bufs[0], 0, want); err != nil {
-			t.Fatal(err)
-		}
+		want := gputest.RandomBytes(rng, n)
+		gputest.Upload(t, s, bufs[0], 0, want)
 		ev, err := s.Record()
 		if err != nil {
 			t.Fatal(err)
@@ -114,14 +68,7 @@ func TestIPCInProcess(t *testing.T) {
 			t.Fatalf("bucket %d (%d bytes): %v", seq, n, err)
 		}
 		for r := 1; r < world; r++ {
-			got := make([]byte, n)
-			if err := s.CopyDtoH(got, bufs[r], 0); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Sync(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, want) {
+			if got := gputest.Download(t, s, bufs[r], 0, n); !bytes.Equal(got, want) {
 				t.Fatalf("bucket %d: rank %d received different bytes", seq, r)
 			}
 		}
@@ -135,8 +82,7 @@ func TestIPCInProcess(t *testing.T) {
 // childConfig tells a child process which rank to play.
 type childConfig struct {
 	Mode   string // "stages" or "raw"
-	Dir    string // the file exchange
-	Group  string
+	Group  gputest.Group
 	Rank   int
 	World  int
 	Device int
@@ -168,20 +114,18 @@ type memReport struct {
 // exists) must grow by its two buckets and the model it holds, plus at
 // most a small allowance for the transport and streams.
 func TestIPCProcesses(t *testing.T) {
-	skipWithoutCUDA(t)
-	dir := t.TempDir()
-	group := fmt.Sprintf("ipc-proc-%d", os.Getpid())
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
 	const world = 4
-	kids := make([]*transporttest.Child, world)
-	for r := 1; r < world; r++ {
-		kids[r] = startChild(t, r, childConfig{Mode: "stages", Dir: dir, Group: group, Rank: r, World: world, Bucket: procBucket})
-	}
-	d := openDevice(t, 0)
-	x := fileExchange{Dir: dir, Rank: 0}
+	g, kids := startReceivers(t, "ipc-proc", world, childConfig{Mode: "stages", Bucket: procBucket})
+	d := gputest.Open(t, 0)
+	x := g.Exchange(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	free0 := memBarrier(t, ctx, x, d, "setup", world)
-	cfg := transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: x, Timeout: 30 * time.Second}
+	free0, err := memBarrier(ctx, x, d, "setup", world)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := g.Config(0, world, d, 30*time.Second)
 	pool, err := stages.NewPool(d, stages.DefaultBuffers, procBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -251,19 +195,71 @@ func TestIPCProcesses(t *testing.T) {
 
 // memBarrier waits until every rank has its CUDA context, reads the free
 // memory, and waits until every rank has read it.
-func memBarrier(t *testing.T, ctx context.Context, x fileExchange, d *gpu.CUDADevice, name string, world int) uint64 {
-	t.Helper()
+func memBarrier(ctx context.Context, x transporttest.FileExchange, d *gpu.CUDADevice, name string, world int) (uint64, error) {
 	if err := x.Barrier(ctx, name+".contexts", world); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	free, _, err := d.MemInfo()
 	if err != nil {
+		return 0, err
+	}
+	return free, x.Barrier(ctx, name+".measured", world)
+}
+
+// startReceivers starts ranks 1 to world-1 of a new group (prefix-<pid>)
+// in child processes, each with cfg but for its group, rank and world;
+// kids[r] is rank r's process.
+func startReceivers(t *testing.T, prefix string, world int, cfg childConfig) (g gputest.Group, kids []*transporttest.Child) {
+	t.Helper()
+	g = gputest.NewGroup(t, prefix)
+	kids = make([]*transporttest.Child, world)
+	for r := 1; r < world; r++ {
+		cfg.Group, cfg.Rank, cfg.World = g, r, world
+		kids[r] = procs.Start(t, r, cfg)
+	}
+	return g, kids
+}
+
+// rootBuffers allocates the root's two buffers of size bytes on d, every
+// byte of buffer i set to fill[i]: a raw-mode receiver checks which one
+// each bucket came from.
+func rootBuffers(t *testing.T, d *gpu.CUDADevice, size int, fill [2]byte) []gpu.Buffer {
+	t.Helper()
+	s := gputest.Stream(t, d)
+	bufs := make([]gpu.Buffer, len(fill))
+	for i, v := range fill {
+		bufs[i] = gputest.Alloc(t, d, size)
+		gputest.Fill(t, s, bufs[i], v)
+	}
+	return bufs
+}
+
+// rootEndpoint opens rank 0 of g (world ranks) on d, each wait bounded by
+// timeout, and closes it when t ends.
+func rootEndpoint(t *testing.T, ctx context.Context, g gputest.Group, world int, d *gpu.CUDADevice, timeout time.Duration) transport.Endpoint {
+	t.Helper()
+	ep, err := Open(ctx, g.Config(0, world, d, timeout))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := x.Barrier(ctx, name+".measured", world); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { ep.Close() })
+	return ep
+}
+
+// sendBuckets broadcasts count buckets of size bytes from bufs in turn and
+// returns how long those after the first warm took.
+func sendBuckets(t *testing.T, ctx context.Context, ep transport.Endpoint, bufs []gpu.Buffer, size, warm, count int) time.Duration {
+	t.Helper()
+	var start time.Time
+	for seq := range count {
+		if seq == warm {
+			start = time.Now()
+		}
+		if err := ep.Broadcast(ctx, uint64(seq), bufs[seq%len(bufs)], size); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return free
+	return time.Since(start)
 }
 
 func mustJSON(v any) []byte {
@@ -275,37 +271,22 @@ func mustJSON(v any) []byte {
 // buckets: the root's next broadcast must fail with ErrPeerGone naming it,
 // well within the wait bound.
 func TestIPCReceiverKilled(t *testing.T) {
-	skipWithoutCUDA(t)
-	dir := t.TempDir()
-	group := fmt.Sprintf("ipc-kill-%d", os.Getpid())
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
 	const world, size = 3, 1 << 20
-	kids := make([]*transporttest.Child, world)
-	for r := 1; r < world; r++ {
-		kids[r] = startChild(t, r, childConfig{Mode: "raw", Dir: dir, Group: group, Rank: r, World: world, Count: -1, Size: size, Fill: [2]byte{0xA1, 0xB2}})
-	}
-	d := openDevice(t, 0)
+	fill := [2]byte{0xA1, 0xB2}
+	g, kids := startReceivers(t, "ipc-kill", world, childConfig{Mode: "raw", Count: -1, Size: size, Fill: fill})
+	d := gputest.Open(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const bound = 10 * time.Second
-	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: fileExchange{Dir: dir}, Timeout: bound})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
-	bufs := []gpu.Buffer{mustAlloc(t, d, size), mustAlloc(t, d, size)}
-	s := mustStream(t, d)
-	for i, v := range []byte{0xA1, 0xB2} {
-		s.Memset(bufs[i], 0, size, v)
-	}
-	if err := s.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	bufs := rootBuffers(t, d, size, fill)
+	ep := rootEndpoint(t, ctx, g, world, d, bound)
 	if err := ep.Broadcast(ctx, 0, bufs[0], size); err != nil {
 		t.Fatal(err)
 	}
 	kids[1].Kill()
 	start := time.Now()
-	err = ep.Broadcast(ctx, 1, bufs[1], size)
+	err := ep.Broadcast(ctx, 1, bufs[1], size)
 	took := time.Since(start)
 	var te *transport.Error
 	if err == nil || !errors.As(err, &te) || !errors.Is(err, transport.ErrPeerGone) || te.Peer != 1 {
@@ -323,41 +304,19 @@ func TestIPCReceiverKilled(t *testing.T) {
 // process on cuda:1, which maps the root's buffers from its own context
 // (peer access) and checks each bucket's source; it reports GB/s.
 func TestIPCCrossGPU(t *testing.T) {
-	skipWithoutCUDA(t)
-	if n, _ := gpu.DeviceCount(); n < 2 {
-		t.Skipf("skipping: needs 2 GPUs on the host, found %d", n)
-	}
-	dir := t.TempDir()
-	group := fmt.Sprintf("ipc-peer-%d", os.Getpid())
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
+	gputest.SkipWithoutDevices(t, 2, " on the host")
 	const size, count = 256 << 20, 12
-	kid := startChild(t, 1, childConfig{Mode: "raw", Dir: dir, Group: group, Rank: 1, World: 2, Device: 1, Count: count, Size: size, Fill: [2]byte{0x5C, 0xC5}})
-	d := openDevice(t, 0)
+	fill := [2]byte{0x5C, 0xC5}
+	g, kids := startReceivers(t, "ipc-peer", 2, childConfig{Mode: "raw", Device: 1, Count: count, Size: size, Fill: fill})
+	d := gputest.Open(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: 2, Device: d, Exchange: fileExchange{Dir: dir}, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
-	bufs := []gpu.Buffer{mustAlloc(t, d, size), mustAlloc(t, d, size)}
-	s := mustStream(t, d)
-	s.Memset(bufs[0], 0, size, 0x5C)
-	s.Memset(bufs[1], 0, size, 0xC5)
-	if err := s.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var start time.Time
-	for seq := range count {
-		if seq == 2 {
-			start = time.Now()
-		}
-		if err := ep.Broadcast(ctx, uint64(seq), bufs[seq%2], size); err != nil {
-			t.Fatal(err)
-		}
-	}
-	el := time.Since(start)
+	bufs := rootBuffers(t, d, size, fill)
+	ep := rootEndpoint(t, ctx, g, 2, d, 30*time.Second)
+	el := sendBuckets(t, ctx, ep, bufs, size, 2, count)
 	t.Logf("ipc cuda:0 → cuda:1, %d MiB buckets: %.1f GB/s", size>>20, float64(count-2)*size/el.Seconds()/1e9)
-	kid.Wait(t, time.Minute)
+	kids[1].Wait(t, time.Minute)
 }
 
 // TestIPCThroughput moves 256 MiB buckets from the root to 3 receiver
@@ -365,39 +324,16 @@ func TestIPCCrossGPU(t *testing.T) {
 // each receiver's buffer per second) and in all. Receivers check that each
 // bucket came from the right one of the root's two buffers.
 func TestIPCThroughput(t *testing.T) {
-	skipWithoutCUDA(t)
-	dir := t.TempDir()
-	group := fmt.Sprintf("ipc-bw-%d", os.Getpid())
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
 	const world, size, warm, timed = 4, 256 << 20, 4, 32
-	kids := make([]*transporttest.Child, world)
-	for r := 1; r < world; r++ {
-		kids[r] = startChild(t, r, childConfig{Mode: "raw", Dir: dir, Group: group, Rank: r, World: world, Count: warm + timed, Size: size, Fill: [2]byte{0x11, 0x22}})
-	}
-	d := openDevice(t, 0)
+	fill := [2]byte{0x11, 0x22}
+	g, kids := startReceivers(t, "ipc-bw", world, childConfig{Mode: "raw", Count: warm + timed, Size: size, Fill: fill})
+	d := gputest.Open(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ep, err := Open(ctx, transport.Config{Group: group, Rank: 0, WorldSize: world, Device: d, Exchange: fileExchange{Dir: dir}, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
-	bufs := []gpu.Buffer{mustAlloc(t, d, size), mustAlloc(t, d, size)}
-	s := mustStream(t, d)
-	s.Memset(bufs[0], 0, size, 0x11)
-	s.Memset(bufs[1], 0, size, 0x22)
-	if err := s.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var start time.Time
-	for seq := range warm + timed {
-		if seq == warm {
-			start = time.Now()
-		}
-		if err := ep.Broadcast(ctx, uint64(seq), bufs[seq%2], size); err != nil {
-			t.Fatal(err)
-		}
-	}
-	el := time.Since(start)
+	bufs := rootBuffers(t, d, size, fill)
+	ep := rootEndpoint(t, ctx, g, world, d, 30*time.Second)
+	el := sendBuckets(t, ctx, ep, bufs, size, warm, warm+timed)
 	per := float64(timed) * size / el.Seconds() / 1e9
 	t.Logf("ipc 1 root → %d receivers on one GPU, %d MiB buckets: %.1f GB/s per receiver, %.1f GB/s in all (%d buckets in %v, %.0f µs per bucket)",
 		world-1, size>>20, per, per*float64(world-1), timed, el.Round(time.Microsecond), float64(el.Microseconds())/timed)
@@ -438,18 +374,12 @@ func childStages(cfg childConfig) (err error) {
 		return err
 	}
 	defer d.Close()
-	x := fileExchange{Dir: cfg.Dir, Rank: cfg.Rank}
-	if err := x.Barrier(ctx, "setup.contexts", cfg.World); err != nil {
-		return err
-	}
-	free0, _, err := d.MemInfo()
+	x := cfg.Group.Exchange(cfg.Rank)
+	free0, err := memBarrier(ctx, x, d, "setup", cfg.World)
 	if err != nil {
 		return err
 	}
-	if err := x.Barrier(ctx, "setup.measured", cfg.World); err != nil {
-		return err
-	}
-	tc := transport.Config{Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.World, Device: d, Exchange: x, Timeout: 30 * time.Second}
+	tc := cfg.Group.Config(cfg.Rank, cfg.World, d, 30*time.Second)
 	pool, err := stages.NewPool(d, stages.DefaultBuffers, cfg.Bucket)
 	if err != nil {
 		return err
@@ -507,7 +437,7 @@ func childRaw(cfg childConfig) error {
 		return err
 	}
 	defer d.Close()
-	tc := transport.Config{Group: cfg.Group, Rank: cfg.Rank, WorldSize: cfg.World, Device: d, Exchange: fileExchange{Dir: cfg.Dir, Rank: cfg.Rank}, Timeout: time.Minute}
+	tc := cfg.Group.Config(cfg.Rank, cfg.World, d, time.Minute)
 	ep, err := Open(ctx, tc)
 	if err != nil {
 		return err

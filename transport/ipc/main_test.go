@@ -1,15 +1,14 @@
 package ipc
 
 import (
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/weightcast/weightcast/gpu/gputest"
 )
 
-func TestMain(m *testing.M) {
-	if cfg := os.Getenv(childEnv); cfg != "" {
-		os.Exit(runChild(cfg))
-	}
-	goleak.VerifyTestMain(m)
-}
+// Tests that run ranks as child processes (ipc_gpu_test.go) run this test
+// binary again with procs.Env set to a rank's configuration; TestMain hands
+// such a process to runChild instead of the tests.
+var procs = gputest.Procs{Env: "WEIGHTCAST_IPC_TEST_CHILD", Run: runChild}
+
+func TestMain(m *testing.M) { procs.Main(m) }
