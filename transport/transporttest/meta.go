@@ -18,7 +18,11 @@ type MetaOpeners struct {
 	Subscriber func(ctx context.Context, cfg transport.Config) (transport.Subscriber, error)
 }
 
-func openBus(t *testing.T, ctx context.Context, o MetaOpeners, cfgs []transport.Config) (transport.Publisher, []transport.Subscriber) {
+// OpenBus opens the publisher (cfgs[0]) and every subscriber (cfgs[1:])
+// concurrently, since one side's Open may wait for the other, and
+// closes them when the test or benchmark ends. It returns the publisher and
+// the subscribers of ranks 1, 2, ... in that order.
+func OpenBus(t testing.TB, ctx context.Context, o MetaOpeners, cfgs []transport.Config) (transport.Publisher, []transport.Subscriber) {
 	t.Helper()
 	var (
 		pub  transport.Publisher
@@ -64,7 +68,7 @@ func TestMetaBus(t *testing.T, prefix string, o MetaOpeners) {
 func testInOrder(t *testing.T, group string, o MetaOpeners) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pub, subs := openBus(t, ctx, o, Configs(group, 4, 20*time.Second))
+	pub, subs := OpenBus(t, ctx, o, Configs(group, 4, 20*time.Second))
 	const n = 200
 	msg := func(i int) []byte { return bytes.Repeat([]byte(fmt.Sprintf("m%03d|", i)), 1+i%50) }
 	var wg sync.WaitGroup
@@ -108,7 +112,7 @@ func testInOrder(t *testing.T, group string, o MetaOpeners) {
 func testWindow(t *testing.T, group string, o MetaOpeners) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pub, subs := openBus(t, ctx, o, Configs(group, 2, 20*time.Second))
+	pub, subs := OpenBus(t, ctx, o, Configs(group, 2, 20*time.Second))
 	for k := range transport.DefaultWindow {
 		if err := pub.Publish(ctx, uint64(k), []byte{byte(k)}); err != nil {
 			t.Fatal(err)
@@ -146,7 +150,7 @@ func testWindow(t *testing.T, group string, o MetaOpeners) {
 func testSubscriberGone(t *testing.T, group string, o MetaOpeners) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pub, subs := openBus(t, ctx, o, Configs(group, 3, 2*time.Second))
+	pub, subs := OpenBus(t, ctx, o, Configs(group, 3, 2*time.Second))
 	subs[1].Close()
 	var err error
 	for k := range transport.DefaultWindow + 1 {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
 
@@ -20,49 +19,22 @@ func BenchmarkPublish(b *testing.B) {
 		b.Run(fmt.Sprintf("%dKiB-3subs", size>>10), func(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			cfgs := transporttest.Configs(fmt.Sprintf("bench-%d", size), 4, time.Minute)
-			var (
-				pub  transport.Publisher
-				subs = make([]transport.Subscriber, len(cfgs))
-				errs = make([]error, len(cfgs))
-				wg   sync.WaitGroup
-			)
-			for r := range cfgs {
-				wg.Go(func() {
-					if r == 0 {
-						pub, errs[0] = OpenPublisher(ctx, cfgs[0])
-					} else {
-						subs[r], errs[r] = OpenSubscriber(ctx, cfgs[r])
-					}
-				})
-			}
-			wg.Wait()
-			defer func() {
-				for _, s := range subs[1:] {
-					if s != nil {
-						s.Close()
-					}
-				}
-				if pub != nil {
-					pub.Close()
-				}
-			}()
-			if err := errors.Join(errs...); err != nil {
-				b.Fatal(err)
-			}
+			pub, subs := openAll(b, ctx, transporttest.Configs(fmt.Sprintf("bench-%d", size), 4, time.Minute))
 			msg := make([]byte, size)
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			start := time.Now()
-			for r := 1; r < len(cfgs); r++ {
+			errs := make([]error, len(subs))
+			var wg sync.WaitGroup
+			for i, s := range subs {
 				wg.Go(func() {
 					for range b.N {
-						m, err := subs[r].Recv(ctx)
+						m, err := s.Recv(ctx)
 						if err == nil {
-							err = subs[r].Ack(ctx, m.Seq)
+							err = s.Ack(ctx, m.Seq)
 						}
 						if err != nil {
-							errs[r] = err
+							errs[i] = err
 							return
 						}
 					}

@@ -44,39 +44,10 @@ func configs(t *testing.T, n int, timeout time.Duration, opts map[string]string)
 }
 
 // openAll opens the publisher and every subscriber concurrently and closes
-// them at the end of the test.
-func openAll(t *testing.T, ctx context.Context, cfgs []transport.Config) (transport.Publisher, []transport.Subscriber) {
+// them when the test or benchmark ends.
+func openAll(t testing.TB, ctx context.Context, cfgs []transport.Config) (transport.Publisher, []transport.Subscriber) {
 	t.Helper()
-	var (
-		pub  transport.Publisher
-		subs = make([]transport.Subscriber, len(cfgs))
-		errs = make([]error, len(cfgs))
-		wg   sync.WaitGroup
-	)
-	for r := range cfgs {
-		wg.Go(func() {
-			if r == 0 {
-				pub, errs[0] = OpenPublisher(ctx, cfgs[0])
-			} else {
-				subs[r], errs[r] = OpenSubscriber(ctx, cfgs[r])
-			}
-		})
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		if pub != nil {
-			pub.Close()
-		}
-		for _, s := range subs {
-			if s != nil {
-				s.Close()
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	return pub, subs[1:]
+	return transporttest.OpenBus(t, ctx, openers, cfgs)
 }
 
 // payload is message k's deterministic content, 0..4 KiB long.
