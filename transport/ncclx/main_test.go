@@ -1,15 +1,14 @@
 package ncclx
 
 import (
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/weightcast/weightcast/gpu/gputest"
 )
 
-func TestMain(m *testing.M) {
-	if cfg := os.Getenv(childEnv); cfg != "" {
-		os.Exit(runChild(cfg))
-	}
-	goleak.VerifyTestMain(m)
-}
+// Tests that run rank 1 as a child process (ncclx_gpu_test.go) run this
+// test binary again with procs.Env set to its configuration; TestMain hands
+// such a process to runChild instead of the tests.
+var procs = gputest.Procs{Env: "WEIGHTCAST_NCCLX_TEST_CHILD", Run: runChild}
+
+func TestMain(m *testing.M) { procs.Main(m) }

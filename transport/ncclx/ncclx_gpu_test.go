@@ -13,9 +13,11 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/transporttest"
 	"github.com/weightcast/weightcast/transport/zmqbus"
 )
 
@@ -25,16 +27,8 @@ import (
 
 func needTwoGPUs(t *testing.T) {
 	t.Helper()
-	err := gpu.OpenCUDA()
-	if errors.Is(err, gpu.ErrNoDriver) || errors.Is(err, gpu.ErrNoDevice) {
-		t.Skipf("skipping: needs 2 CUDA GPUs: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, _ := gpu.DeviceCount(); n < 2 {
-		t.Skipf("skipping: needs 2 GPUs (NCCL refuses two ranks on one GPU), found %d", n)
-	}
+	gputest.SkipWithoutCUDA(t, "2 CUDA GPUs")
+	gputest.SkipWithoutDevices(t, 2, " (NCCL refuses two ranks on one GPU)")
 	if err := nccl.Load(nccl.Options{}); errors.Is(err, nccl.ErrNoLibrary) {
 		t.Skipf("skipping: needs NCCL: %v", err)
 	} else if err != nil {
@@ -42,31 +36,25 @@ func needTwoGPUs(t *testing.T) {
 	}
 }
 
-func openDevice(tb testing.TB, ordinal int) *gpu.CUDADevice {
-	tb.Helper()
-	d, err := gpu.NewCUDADevice(ordinal)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { d.Close() })
-	return d
-}
-
-func mustAlloc(tb testing.TB, d gpu.Device, n int) gpu.Buffer {
-	tb.Helper()
-	b, err := d.Alloc(n)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { b.Free() })
-	return b
+// startPair starts rank 1 of a new group (prefix-<pid>) in a child process
+// with cfg, after skipping where the test cannot run, and sets rank 0 up
+// here: cuda:0, its transport configuration with each wait bounded by
+// timeout, and a context that ends after limit or with the test.
+func startPair(t *testing.T, prefix string, cfg childConfig, limit, timeout time.Duration) (context.Context, *gpu.CUDADevice, transport.Config, *transporttest.Child) {
+	t.Helper()
+	needTwoGPUs(t)
+	cfg.Group = gputest.NewGroup(t, prefix)
+	kid := procs.Start(t, 1, cfg)
+	d := gputest.Open(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	return ctx, d, cfg.Group.Config(0, 2, d, timeout), kid
 }
 
 // childConfig tells the child process what rank 1 does.
 type childConfig struct {
 	Mode  string // "stages", "raw" or "throughput"
-	Dir   string
-	Group string
+	Group gputest.Group
 	// raw: broadcasts of Size bytes until one fails.
 	Size int
 }
@@ -81,23 +69,12 @@ const (
 
 var stagesModel = stages.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21}
 
-func config(group string, rank int, d *gpu.CUDADevice, dir string, timeout time.Duration) transport.Config {
-	return transport.Config{Group: group, Rank: rank, WorldSize: 2, Device: d, Exchange: fileExchange{Dir: dir, Rank: rank}, Timeout: timeout}
-}
-
 // TestNCCLProcesses runs the pipeline over NCCL between two processes: a
 // synthetic model packed into device buckets on cuda:0, received into a
 // DeviceModel on cuda:1 and verified byte for byte; the communicator is
 // rebuilt between the two rounds.
 func TestNCCLProcesses(t *testing.T) {
-	needTwoGPUs(t)
-	dir := t.TempDir()
-	group := fmt.Sprintf("nccl-proc-%d", os.Getpid())
-	kid := startChild(t, 1, childConfig{Mode: "stages", Dir: dir, Group: group})
-	d := openDevice(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg := config(group, 0, d, dir, 60*time.Second)
+	ctx, d, cfg, kid := startPair(t, "nccl-proc", childConfig{Mode: "stages"}, 2*time.Minute, 60*time.Second)
 	pool, err := stages.NewPool(d, stages.DefaultBuffers, stagesBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -150,15 +127,8 @@ func TestNCCLProcesses(t *testing.T) {
 // warm-up). Then it runs the whole pipeline on 16 GiB of bf16 device
 // tensors of 1 GiB, received into a DeviceModel and verified.
 func TestNCCLThroughput(t *testing.T) {
-	needTwoGPUs(t)
-	dir := t.TempDir()
-	group := fmt.Sprintf("nccl-bw-%d", os.Getpid())
-	kid := startChild(t, 1, childConfig{Mode: "throughput", Dir: dir, Group: group})
-	d := openDevice(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cfg := config(group, 0, d, dir, 60*time.Second)
-	bufs := []gpu.Buffer{mustAlloc(t, d, bwBucket), mustAlloc(t, d, bwBucket)}
+	ctx, d, cfg, kid := startPair(t, "nccl-bw", childConfig{Mode: "throughput"}, 3*time.Minute, 60*time.Second)
+	bufs := []gpu.Buffer{gputest.Alloc(t, d, bwBucket), gputest.Alloc(t, d, bwBucket)}
 	ep, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -186,18 +156,11 @@ func TestNCCLThroughput(t *testing.T) {
 
 	// The whole pipeline on 16 GiB of device tensors.
 	var src stages.Tensors
-	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := gputest.Stream(t, d)
 	for i := range bwBuckets {
-		b := mustAlloc(t, d, bwBucket)
-		s.Memset(b, 0, bwBucket, byte(i+1))
+		b := gputest.Alloc(t, d, bwBucket)
+		gputest.Fill(t, s, b, byte(i+1))
 		src = append(src, &stages.Tensor{Name: fmt.Sprintf("layers.%d.weight", i), DType: dtype.BF16, Shape: []int64{bwBucket / 2}, Device: b})
-	}
-	if err := s.Sync(ctx); err != nil {
-		t.Fatal(err)
 	}
 	pool, err := stages.NewPool(d, stages.DefaultBuffers, bwBucket)
 	if err != nil {
@@ -297,21 +260,14 @@ func rawComm(ctx context.Context, cfg transport.Config, d *gpu.CUDADevice) (func
 // this file: a peer that vanishes mid-broadcast may leave this process's
 // CUDA context unusable.
 func TestNCCLReceiverKilled(t *testing.T) {
-	needTwoGPUs(t)
-	dir := t.TempDir()
-	group := fmt.Sprintf("nccl-kill-%d", os.Getpid())
-	const size = 64 << 20
-	kid := startChild(t, 1, childConfig{Mode: "raw", Dir: dir, Group: group, Size: size})
-	d := openDevice(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	const bound = 10 * time.Second
-	ep, err := Open(ctx, config(group, 0, d, dir, bound))
+	const size, bound = 64 << 20, 10 * time.Second
+	ctx, d, cfg, kid := startPair(t, "nccl-kill", childConfig{Mode: "raw", Size: size}, time.Minute, bound)
+	ep, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ep.Close()
-	buf := mustAlloc(t, d, size)
+	buf := gputest.Alloc(t, d, size)
 	if err := ep.Broadcast(ctx, 0, buf, size); err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +303,7 @@ func runChild(js string) int {
 		defer d.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		tc := config(cfg.Group, 1, d, cfg.Dir, 60*time.Second)
+		tc := cfg.Group.Config(1, 2, d, 60*time.Second)
 		switch cfg.Mode {
 		case "stages":
 			return childStages(ctx, tc, d)
