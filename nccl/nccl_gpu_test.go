@@ -12,30 +12,20 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
 )
 
 // The tests below need a GPU and NCCL; they skip, saying why, elsewhere.
 
 func testDevice(t *testing.T) *gpu.CUDADevice {
 	t.Helper()
-	err := gpu.OpenCUDA()
-	if errors.Is(err, gpu.ErrNoDriver) || errors.Is(err, gpu.ErrNoDevice) {
-		t.Skipf("skipping: needs a CUDA GPU: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
 	if err := Load(Options{}); errors.Is(err, ErrNoLibrary) {
 		t.Skipf("skipping: needs NCCL: %v", err)
 	} else if err != nil {
 		t.Fatal(err)
 	}
-	d, err := gpu.NewCUDADevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	return d
+	return gputest.Open(t, 0)
 }
 
 func TestVersion(t *testing.T) {
@@ -65,11 +55,7 @@ func otherLibraryPath(t *testing.T) string { return t.TempDir() + "/libnccl.so.2
 
 func TestBroadcastSingleRank(t *testing.T) {
 	d := testDevice(t)
-	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := gputest.Stream(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	id, err := NewUniqueID()
@@ -88,19 +74,8 @@ func TestBroadcastSingleRank(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i*131 + i>>11)
 	}
-	send, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer send.Free()
-	recv, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer recv.Free()
-	if err := s.CopyHtoD(send, 0, src); err != nil {
-		t.Fatal(err)
-	}
+	send, recv := gputest.Alloc(t, d, n), gputest.Alloc(t, d, n)
+	gputest.Upload(t, s, send, 0, src)
 	if err := s.Memset(recv, 0, n, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -109,14 +84,7 @@ func TestBroadcastSingleRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("broadcast of %d bytes took %v", n, time.Since(start))
-	got := make([]byte, n)
-	if err := s.CopyDtoH(got, recv, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, src) {
+	if got := gputest.Download(t, s, recv, 0, n); !bytes.Equal(got, src) {
 		t.Fatal("broadcast result differs from the source")
 	}
 
