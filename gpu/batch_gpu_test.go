@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
-	"time"
 )
 
 // TestCopyBatchGPU queues a batch mixing pinned-host-to-device and
@@ -55,7 +54,7 @@ func TestCopyBatchGPU(t *testing.T) {
 			}
 			syncStream(t, s)
 			if !bytes.Equal(got, want) {
-				t.Fatalf("byte %d differs", firstDiff(got, want))
+				t.Fatalf("byte %d differs", diffAt(got, want))
 			}
 			path, failure := LastBatchPath()
 			t.Logf("queued with %v (batch failure so far: %v)", path, failure)
@@ -80,25 +79,7 @@ func BenchmarkCopyBatch4KiB(b *testing.B) {
 	dst := alloc(b, d, count*2*size)
 	for _, perCopy := range []bool{false, true} {
 		b.Run(fmt.Sprintf("perCopy=%v", perCopy), func(b *testing.B) {
-			cb := CopyBatch{PerCopy: perCopy}
-			run := func() {
-				for i := range count {
-					off := uint64(i) * 2 * size
-					cb.Add(dst.DevicePtr()+off, src.DevicePtr()+off, size)
-				}
-				if err := s.CopyBatch(&cb); err != nil {
-					b.Fatal(err)
-				}
-				syncStream(b, s)
-			}
-			run()
-			b.SetBytes(count * size)
-			b.ResetTimer()
-			for range b.N {
-				run()
-			}
-			per := b.Elapsed() / time.Duration(b.N*count)
-			b.ReportMetric(float64(per.Nanoseconds())/1000, "µs/copy")
+			benchScattered(b, s, src, dst, count, size, &CopyBatch{PerCopy: perCopy}, s.CopyBatch)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"testing"
+	"time"
 )
 
 // The copy benchmarks move 1 GiB per operation and report GB/s (10^9 bytes
@@ -24,6 +25,32 @@ func benchCopy(b *testing.B, d *CUDADevice, run func(s *Stream) error) {
 		syncStream(b, s)
 	}
 	b.ReportMetric(float64(benchBytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}
+
+// benchScattered is the benchmark of many small copies: each operation
+// adds count copies of size bytes between every other size-byte range of
+// src and dst (so that no two merge) to cb, hands cb to queue and waits for
+// s; after one such operation to warm up it reports the cost per copy,
+// queueing plus execution.
+func benchScattered(b *testing.B, s *Stream, src, dst Buffer, count, size int, cb *CopyBatch, queue func(*CopyBatch) error) {
+	run := func() {
+		for i := range count {
+			off := uint64(i) * 2 * uint64(size)
+			cb.Add(dst.DevicePtr()+off, src.DevicePtr()+off, int64(size))
+		}
+		if err := queue(cb); err != nil {
+			b.Fatal(err)
+		}
+		syncStream(b, s)
+	}
+	run()
+	b.SetBytes(int64(count * size))
+	b.ResetTimer()
+	for range b.N {
+		run()
+	}
+	per := b.Elapsed() / time.Duration(b.N*count)
+	b.ReportMetric(float64(per.Nanoseconds())/1000, "µs/copy")
 }
 
 func BenchmarkCopyHtoDPinned(b *testing.B) {

@@ -34,11 +34,7 @@ func testDevice(tb testing.TB) *CUDADevice {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			tb.Error(err)
-		}
-	})
+	closeAtEnd(tb, d.Close)
 	return d
 }
 
@@ -48,11 +44,7 @@ func testStream(tb testing.TB, d *CUDADevice) *Stream {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			tb.Error(err)
-		}
-	})
+	closeAtEnd(tb, s.Close)
 	return s
 }
 
@@ -81,12 +73,17 @@ func alloc(tb testing.TB, d Device, n int) Buffer {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	closeAtEnd(tb, b.Free)
+	return b
+}
+
+// closeAtEnd runs close when tb ends and fails tb where it fails.
+func closeAtEnd(tb testing.TB, close func() error) {
 	tb.Cleanup(func() {
-		if err := b.Free(); err != nil {
+		if err := close(); err != nil {
 			tb.Error(err)
 		}
 	})
-	return b
 }
 
 func pattern(n int, seed uint64) []byte {
@@ -181,7 +178,7 @@ func TestCUDACopyRoundTrip(t *testing.T) {
 	want := append([]byte(nil), src...)
 	copy(want[100:1100], src[5000:6000])
 	if !bytes.Equal(got, want) {
-		t.Fatalf("round trip differs at byte %d", firstDiff(got, want))
+		t.Fatalf("round trip differs at byte %d", diffAt(got, want))
 	}
 	// Partial reads at an offset.
 	part := make([]byte, 4096)
@@ -216,7 +213,7 @@ func TestCUDAPinned(t *testing.T) {
 	}
 	syncStream(t, s)
 	if !bytes.Equal(in.Host(), out.Host()) {
-		t.Fatalf("pinned round trip differs at byte %d", firstDiff(in.Host(), out.Host()))
+		t.Fatalf("pinned round trip differs at byte %d", diffAt(in.Host(), out.Host()))
 	}
 	if err := out.Free(); err != nil {
 		t.Fatal(err)
@@ -301,7 +298,7 @@ func TestCUDAEventOrdering(t *testing.T) {
 		t.Fatalf("stream 2 busy after its last event: %v, %v", done, err)
 	}
 	if !bytes.Equal(out.Host(), src.Host()) {
-		t.Fatalf("stream 2 read stale data at byte %d", firstDiff(out.Host(), src.Host()))
+		t.Fatalf("stream 2 read stale data at byte %d", diffAt(out.Host(), src.Host()))
 	}
 }
 
@@ -449,7 +446,7 @@ func TestCUDAIPCChild(t *testing.T) {
 	}
 	syncStream(t, s)
 	if want := pattern(n, 4); !bytes.Equal(got, want) {
-		t.Fatalf("child read differs at byte %d", firstDiff(got, want))
+		t.Fatalf("child read differs at byte %d", diffAt(got, want))
 	}
 	if err := s.Memset(b, 0, n/2, 0x5A); err != nil {
 		t.Fatal(err)
@@ -458,13 +455,4 @@ func TestCUDAIPCChild(t *testing.T) {
 	if err := b.Free(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }

@@ -205,24 +205,6 @@ func BenchmarkGather4KiB(b *testing.B) {
 	const count, size = 100_000, 4 << 10
 	src := alloc(b, d, count*2*size)
 	dst := alloc(b, d, count*2*size)
-	var cb CopyBatch
 	ctx := context.Background()
-	run := func() {
-		for i := range count {
-			off := uint64(i) * 2 * size
-			cb.Add(dst.DevicePtr()+off, src.DevicePtr()+off, size)
-		}
-		if err := g.Copy(ctx, &cb); err != nil {
-			b.Fatal(err)
-		}
-		syncStream(b, s)
-	}
-	run()
-	b.SetBytes(count * size)
-	b.ResetTimer()
-	for range b.N {
-		run()
-	}
-	per := b.Elapsed() / time.Duration(b.N*count)
-	b.ReportMetric(float64(per.Nanoseconds())/1000, "µs/copy")
+	benchScattered(b, s, src, dst, count, size, &CopyBatch{}, func(cb *CopyBatch) error { return g.Copy(ctx, cb) })
 }
