@@ -242,15 +242,8 @@ func (r *root) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int)
 		r.broken = e
 		return e
 	}
-	switch {
-	case r.closed:
-		return terr(r.cfg, "broadcast", seq, true, -1, transport.ErrClosed)
-	case r.broken != nil:
-		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("endpoint unusable after an earlier failure: %w", r.broken))
-	case n < 0 || n > buf.Len():
-		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("length %d outside the %d-byte buffer", n, buf.Len()))
-	case !onDevice(buf):
-		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("buffer on %s is not device memory; the ipc transport moves device buckets", buf.Device().Name()))
+	if err := refuse(r.cfg, seq, r.closed, r.broken, buf, n); err != nil {
+		return err
 	}
 	wctx, cancel, explain := bounded(ctx, r.cfg, fmt.Sprintf("bucket %d", seq))
 	defer cancel()
@@ -324,6 +317,23 @@ func (r *root) Close() error {
 		r.closeConns()
 		r.wg.Wait()
 	})
+	return nil
+}
+
+// refuse returns why a Broadcast of n bytes of buf as bucket seq cannot
+// start on an endpoint that is closed, or broken by an earlier failure, or
+// nil where it can.
+func refuse(cfg transport.Config, seq uint64, closed bool, broken error, buf gpu.Buffer, n int) error {
+	switch {
+	case closed:
+		return terr(cfg, "broadcast", seq, true, -1, transport.ErrClosed)
+	case broken != nil:
+		return terr(cfg, "broadcast", seq, true, -1, fmt.Errorf("endpoint unusable after an earlier failure: %w", broken))
+	case n < 0 || n > buf.Len():
+		return terr(cfg, "broadcast", seq, true, -1, fmt.Errorf("length %d outside the %d-byte buffer", n, buf.Len()))
+	case !onDevice(buf):
+		return terr(cfg, "broadcast", seq, true, -1, fmt.Errorf("buffer on %s is not device memory; the ipc transport moves device buckets", buf.Device().Name()))
+	}
 	return nil
 }
 
@@ -467,15 +477,8 @@ func (r *receiver) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 		r.broken = e
 		return e
 	}
-	switch {
-	case r.closed:
-		return terr(r.cfg, "broadcast", seq, true, -1, transport.ErrClosed)
-	case r.broken != nil:
-		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("endpoint unusable after an earlier failure: %w", r.broken))
-	case n < 0 || n > buf.Len():
-		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("length %d outside the %d-byte buffer", n, buf.Len()))
-	case !onDevice(buf):
-		return terr(r.cfg, "broadcast", seq, true, -1, fmt.Errorf("buffer on %s is not device memory; the ipc transport moves device buckets", buf.Device().Name()))
+	if err := refuse(r.cfg, seq, r.closed, r.broken, buf, n); err != nil {
+		return err
 	}
 	wctx, cancel, explain := bounded(ctx, r.cfg, fmt.Sprintf("bucket %d", seq))
 	defer cancel()

@@ -118,3 +118,49 @@ func TestRootRefusesStrangers(t *testing.T) {
 		sv.Close()
 	}
 }
+
+// TestRefuse checks the checks that both ends run before a broadcast: each
+// refusal is a *transport.Error naming the group, rank and bucket, with no
+// peer at fault, and says what is wrong.
+func TestRefuse(t *testing.T) {
+	cfg := transport.Config{Group: "g", Rank: 2, WorldSize: 3}
+	host, _ := gpu.Host{}.Alloc(64)
+	earlier := errors.New("the root went away")
+	for _, c := range []struct {
+		name   string
+		closed bool
+		broken error
+		buf    gpu.Buffer
+		n      int
+		want   string
+		is     error
+	}{
+		{"ok", false, nil, fakeDeviceBuf{64}, 64, "", nil},
+		{"empty", false, nil, fakeDeviceBuf{64}, 0, "", nil},
+		{"closed", true, earlier, fakeDeviceBuf{64}, 64, "closed", transport.ErrClosed},
+		{"broken", false, earlier, fakeDeviceBuf{64}, 64, "unusable after an earlier failure", earlier},
+		{"negative", false, nil, fakeDeviceBuf{64}, -1, "length -1 outside the 64-byte buffer", nil},
+		{"too long", false, nil, fakeDeviceBuf{64}, 65, "length 65 outside the 64-byte buffer", nil},
+		{"host", false, nil, host, 64, "not device memory", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := refuse(cfg, 7, c.closed, c.broken, c.buf, c.n)
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var te *transport.Error
+			if !errors.As(err, &te) || te.Group != "g" || te.Rank != 2 || !te.HasSeq || te.Seq != 7 || te.Peer != -1 || te.Op != "broadcast" {
+				t.Fatalf("refuse = %#v; want a *transport.Error for group g, rank 2, bucket 7, no peer", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("refuse = %v; want it to say %q", err, c.want)
+			}
+			if c.is != nil && !errors.Is(err, c.is) {
+				t.Errorf("refuse = %v; want it to wrap %v", err, c.is)
+			}
+		})
+	}
+}
