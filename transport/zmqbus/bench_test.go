@@ -1,7 +1,6 @@
 package zmqbus
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -17,8 +16,7 @@ import (
 func BenchmarkPublish(b *testing.B) {
 	for _, size := range []int{1 << 10, 1 << 20} {
 		b.Run(fmt.Sprintf("%dKiB-3subs", size>>10), func(b *testing.B) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-			defer cancel()
+			ctx := testContext(b, 10*time.Minute)
 			pub, subs := openAll(b, ctx, transporttest.Configs(fmt.Sprintf("bench-%d", size), 4, time.Minute))
 			msg := make([]byte, size)
 			b.SetBytes(int64(size))

@@ -7,7 +7,6 @@ package zmqbus
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -107,37 +106,19 @@ func (p *pyProc) wait(t *testing.T) int {
 // TestInteropPythonReceiver: a libzmq receiver joins a Go root next to a
 // Go receiver and gets every message intact and in order, then BYE.
 func TestInteropPythonReceiver(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	const world, n = 3, 60
 	cfgs := configs(t, world, 20*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
-	py := startPython(t, "pyreceiver.py", string(addr), "2", strconv.Itoa(world), cfgs[0].Group)
-	sub, err := OpenSubscriber(ctx, cfgs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	pub := openPublisher(t, ctx, cfgs[0])
+	py := startPython(t, "pyreceiver.py", rootAddr(t, ctx, cfgs[1]), "2", strconv.Itoa(world), cfgs[0].Group)
+	sub := openSubscriber(t, ctx, cfgs[1])
 	if l := py.line(t); l != "welcome 2 1000 3000" {
 		t.Fatalf("python receiver said %q", l)
 	}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs[0] = consume(ctx, sub, 1, n) })
-	wg.Go(func() {
-		for k := range n {
-			if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
-				errs[1] = err
-				return
-			}
-		}
-		errs[1] = pub.Sync(ctx)
-	})
+	wg.Go(func() { errs[1] = produce(ctx, pub, n) })
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
@@ -161,16 +142,10 @@ func TestInteropPythonReceiver(t *testing.T) {
 // TestInteropPythonRejected: a libzmq receiver with another world size is
 // refused with error code 4, and the Go root fails with the same reason.
 func TestInteropPythonRejected(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 20*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
-	py := startPython(t, "pyreceiver.py", string(addr), "1", "5", cfgs[0].Group)
+	pub := openPublisher(t, ctx, cfgs[0])
+	py := startPython(t, "pyreceiver.py", rootAddr(t, ctx, cfgs[1]), "1", "5", cfgs[0].Group)
 	if l := py.line(t); !strings.HasPrefix(l, "error 4 world size mismatch: rank 1 says 5, the root was opened with 2") {
 		t.Fatalf("python receiver said %q", l)
 	}
@@ -180,8 +155,7 @@ func TestInteropPythonRejected(t *testing.T) {
 // TestInteropPythonRoot: Go receivers take every message from a libzmq
 // root, in order, then fail with ErrPeerGone when it says BYE.
 func TestInteropPythonRoot(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	const world, n = 3, 60
 	py := startPython(t, "pyroot.py", strconv.Itoa(world), t.Name(), strconv.Itoa(n))
 	addr, ok := strings.CutPrefix(py.line(t), "addr ")

@@ -175,26 +175,15 @@ func TestSubscriberKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	const world, victim = 4, 3
 	cfgs := configs(t, world, 30*time.Second, childOptions())
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
-	c := startChild(t, "subscriber", victim, world, string(addr))
+	pub := openPublisher(t, ctx, cfgs[0])
+	c := startChild(t, "subscriber", victim, world, rootAddr(t, ctx, cfgs[1]))
 
 	var subs []transport.Subscriber
 	for r := 1; r < victim; r++ {
-		s, err := OpenSubscriber(ctx, cfgs[r])
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		subs = append(subs, s)
+		subs = append(subs, openSubscriber(t, ctx, cfgs[r]))
 	}
 	if l := c.line(t); l != "joined" {
 		t.Fatalf("child said %q", l)
@@ -246,8 +235,7 @@ func TestPublisherKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	const world = 3
 	c := startChild(t, "publisher", 0, world, "")
 	l := c.line(t)
@@ -261,13 +249,8 @@ func TestPublisherKilled(t *testing.T) {
 	}
 	var subs []transport.Subscriber
 	for r := 1; r < world; r++ {
-		s, err := OpenSubscriber(ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: gpu.Host{},
-			Exchange: ex.For(r), Timeout: 30 * time.Second, Options: childOptions()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		subs = append(subs, s)
+		subs = append(subs, openSubscriber(t, ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: gpu.Host{},
+			Exchange: ex.For(r), Timeout: 30 * time.Second, Options: childOptions()}))
 	}
 	var (
 		wg       sync.WaitGroup

@@ -96,12 +96,8 @@ func recvRaw(t *testing.T, s zmq4.Socket, skipHeartbeats bool) (id []byte, m raw
 
 func rawDealer(t *testing.T, ctx context.Context, cfg transport.Config, identity string) zmq4.Socket {
 	t.Helper()
-	addr, err := cfg.Exchange.Get(ctx, 0, AddrKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	d := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity(identity)))
-	if err := d.Dial(string(addr)); err != nil {
+	if err := d.Dial(rootAddr(t, ctx, cfg)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
@@ -115,17 +111,34 @@ func send(t *testing.T, s zmq4.Socket, frames ...[]byte) {
 	}
 }
 
-// TestWireReceiver: a hand-made receiver joins, gets DATA and heartbeats,
-// acks, and says BYE.
-func TestWireReceiver(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cfgs := configs(t, 2, 20*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
+// dialRoot opens a plain TCP connection to the root of cfg's group and
+// closes it when the test ends.
+func dialRoot(t *testing.T, ctx context.Context, cfg transport.Config) net.Conn {
+	t.Helper()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(rootAddr(t, ctx, cfg), "tcp://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pub.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rawWelcome is a WELCOME body.
+func rawWelcome(window, heartbeatMS, livenessMS uint32) []byte {
+	b := make([]byte, 12)
+	binary.LittleEndian.PutUint32(b[0:], window)
+	binary.LittleEndian.PutUint32(b[4:], heartbeatMS)
+	binary.LittleEndian.PutUint32(b[8:], livenessMS)
+	return b
+}
+
+// TestWireReceiver: a hand-made receiver joins, gets DATA and heartbeats,
+// acks, and says BYE.
+func TestWireReceiver(t *testing.T) {
+	ctx := testContext(t, time.Minute)
+	cfgs := configs(t, 2, 20*time.Second, nil)
+	pub := openPublisher(t, ctx, cfgs[0])
 	d := rawDealer(t, ctx, cfgs[1], "r1.handmade")
 	send(t, d, rawHeader(1, wHello, 0, 0), rawHello(1, 2, 1<<20, 1000, 600, cfgs[0].Group))
 
@@ -157,7 +170,7 @@ func TestWireReceiver(t *testing.T) {
 		t.Fatalf("want HEARTBEAT seq 1 within 1s, got %+v after %v", m, time.Since(start))
 	}
 	send(t, d, rawHeader(1, wBye, 0, 1))
-	err = pub.Publish(ctx, 1, nil) // may go out before the root reads BYE
+	err := pub.Publish(ctx, 1, nil) // may go out before the root reads BYE
 	if err == nil {
 		err = pub.Sync(ctx)
 	}
@@ -182,14 +195,9 @@ func TestWireRejections(t *testing.T) {
 		{"ShortHello", "r1.x", rawHeader(1, wHello, 0, 0), func(g string) []byte { return []byte{1, 0, 0, 0} }, 1, "HELLO body of 4 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			ctx := testContext(t, time.Minute)
 			cfgs := configs(t, 2, 10*time.Second, nil)
-			pub, err := OpenPublisher(ctx, cfgs[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pub.Close()
+			pub := openPublisher(t, ctx, cfgs[0])
 			d := rawDealer(t, ctx, cfgs[1], tc.identity)
 			send(t, d, tc.header, tc.hello(cfgs[0].Group))
 			_, m := recvRaw(t, d, true)
@@ -204,14 +212,9 @@ func TestWireRejections(t *testing.T) {
 // TestWireAckOutOfOrder: an ACK for a message never sent fails the root
 // with ErrProtocol, and the receiver hears why.
 func TestWireAckOutOfOrder(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 10*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := openPublisher(t, ctx, cfgs[0])
 	d := rawDealer(t, ctx, cfgs[1], "r1.x")
 	send(t, d, rawHeader(1, wHello, 0, 0), rawHello(1, 2, 1<<20, 1000, 3000, cfgs[0].Group))
 	if _, m := recvRaw(t, d, true); m.typ != wWelcome {
@@ -260,11 +263,7 @@ func openWithFakeRoot(t *testing.T, ctx context.Context, cfgs []transport.Config
 	if rank != 1 || int(world) != len(cfgs) || group != cfgs[1].Group || int(binary.LittleEndian.Uint16(b[24:])) != len(group) {
 		t.Fatalf("HELLO rank %d world %d group %q", rank, world, group)
 	}
-	welcome := make([]byte, 12)
-	binary.LittleEndian.PutUint32(welcome[0:], 2)
-	binary.LittleEndian.PutUint32(welcome[4:], 1000)
-	binary.LittleEndian.PutUint32(welcome[8:], 3000)
-	send(t, root, id, rawHeader(1, wWelcome, 0, 0), welcome)
+	send(t, root, id, rawHeader(1, wWelcome, 0, 0), rawWelcome(2, 1000, 3000))
 	o := <-ch
 	if o.err != nil {
 		t.Fatal(o.err)
@@ -276,8 +275,7 @@ func openWithFakeRoot(t *testing.T, ctx context.Context, cfgs []transport.Config
 // TestWireFakeRoot: a receiver checks what a root sends.
 func TestWireFakeRoot(t *testing.T) {
 	t.Run("Gap", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, nil))
 		send(t, root, id, rawHeader(1, wData, 0, 1), []byte("one"))
 		_, err := s.Recv(ctx)
@@ -288,8 +286,7 @@ func TestWireFakeRoot(t *testing.T) {
 		}
 	})
 	t.Run("Duplicate", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, nil))
 		send(t, root, id, rawHeader(1, wData, 0, 0), []byte("zero"))
 		send(t, root, id, rawHeader(1, wData, 0, 0), []byte("zero"))
@@ -300,8 +297,7 @@ func TestWireFakeRoot(t *testing.T) {
 		wantBusError(t, err, ErrProtocol, 0, "expected message 1, got 0")
 	})
 	t.Run("PastWindow", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, nil))
 		for k := range uint64(3) {
 			send(t, root, id, rawHeader(1, wData, 0, k), nil)
@@ -315,8 +311,7 @@ func TestWireFakeRoot(t *testing.T) {
 		wantBusError(t, err, ErrProtocol, 0, "past the window of 2")
 	})
 	t.Run("TooLarge", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, map[string]string{"max_message": "1KiB"}))
 		send(t, root, id, rawHeader(1, wData, 0, 0), make([]byte, 2048))
 		_, err := s.Recv(ctx)
@@ -327,8 +322,7 @@ func TestWireFakeRoot(t *testing.T) {
 		}
 	})
 	t.Run("FrameOverGuard", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, map[string]string{"max_message": "1KiB"}))
 		// The receiver hangs up in the middle of the frame, so this send may fail.
 		root.SendMulti(zmq4.NewMsgFrom(id, rawHeader(1, wData, 0, 0), make([]byte, 100<<10)))
@@ -336,8 +330,7 @@ func TestWireFakeRoot(t *testing.T) {
 		wantBusError(t, err, ErrTooLarge, 0, "frame of 102400 bytes", "limit of 65536 bytes")
 	})
 	t.Run("SilentRoot", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		_, _, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, map[string]string{"heartbeat": "100ms", "liveness": "400ms"}))
 		start := time.Now()
 		_, err := s.Recv(ctx)
@@ -347,8 +340,7 @@ func TestWireFakeRoot(t *testing.T) {
 		}
 	})
 	t.Run("RootError", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, nil))
 		send(t, root, id, rawHeader(1, wError, 8, 0), []byte("rank 2 died"))
 		_, err := s.Recv(ctx)
@@ -356,10 +348,10 @@ func TestWireFakeRoot(t *testing.T) {
 	})
 }
 
-// zmtpPeer is a hand-written ZMTP 3.0 peer (NULL security) that greets,
-// announces itself as sockType, and discards what it reads.
-func zmtpPeer(t *testing.T, c net.Conn, sockType, identity string) {
-	t.Helper()
+// zmtpReady is what a ZMTP 3.0 peer (NULL security) sends first: its
+// greeting and a READY command announcing it as sockType, with identity
+// unless it is empty.
+func zmtpReady(sockType, identity string) []byte {
 	greeting := make([]byte, 64)
 	greeting[0], greeting[9], greeting[10] = 0xFF, 0x7F, 3
 	copy(greeting[12:], "NULL")
@@ -374,8 +366,14 @@ func zmtpPeer(t *testing.T, c net.Conn, sockType, identity string) {
 		ready = append(ready, prop("Identity", identity)...)
 	}
 	out := append(greeting, 0x04, byte(len(ready)))
-	out = append(out, ready...)
-	if _, err := c.Write(out); err != nil {
+	return append(out, ready...)
+}
+
+// zmtpPeer is a hand-written ZMTP 3.0 peer (NULL security) that greets,
+// announces itself as sockType, and discards what it reads.
+func zmtpPeer(t *testing.T, c net.Conn, sockType, identity string) {
+	t.Helper()
+	if _, err := c.Write(zmtpReady(sockType, identity)); err != nil {
 		t.Fatal(err)
 	}
 	go io.Copy(io.Discard, c)
@@ -397,8 +395,7 @@ func zmtpFrame(more bool, body []byte) []byte {
 // fails Recv with ErrTooLarge. Without the guard zmq4 would try to
 // allocate the terabyte.
 func TestGuardRefusesBeforeAllocating(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 10*time.Second, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -414,11 +411,7 @@ func TestGuardRefusesBeforeAllocating(t *testing.T) {
 			return
 		}
 		zmtpPeer(t, c, "ROUTER", "")
-		welcome := make([]byte, 12)
-		binary.LittleEndian.PutUint32(welcome[0:], 2)
-		binary.LittleEndian.PutUint32(welcome[4:], 1000)
-		binary.LittleEndian.PutUint32(welcome[8:], 3000)
-		msg := append(zmtpFrame(true, rawHeader(1, wWelcome, 0, 0)), zmtpFrame(false, welcome)...)
+		msg := append(zmtpFrame(true, rawHeader(1, wWelcome, 0, 0)), zmtpFrame(false, rawWelcome(2, 1000, 3000))...)
 		msg = append(msg, zmtpFrame(true, rawHeader(1, wData, 0, 0))...)
 		msg = append(msg, 0x2) // LONG frame of 1 TiB, no body follows
 		msg = binary.BigEndian.AppendUint64(msg, 1<<40)
@@ -440,31 +433,11 @@ func TestGuardRefusesBeforeAllocating(t *testing.T) {
 // TestGuardProtectsRoot: a client that sends the root a 1 TiB frame header
 // loses its connection; the bus goes on.
 func TestGuardProtectsRoot(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 10*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
-	c, err := net.Dial("tcp", strings.TrimPrefix(string(addr), "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	greeting := make([]byte, 64)
-	greeting[0], greeting[9], greeting[10] = 0xFF, 0x7F, 3
-	copy(greeting[12:], "NULL")
-	ready := append([]byte{5}, "READY"...)
-	ready = append(ready, 11)
-	ready = append(ready, "Socket-Type"...)
-	ready = binary.BigEndian.AppendUint32(ready, 6)
-	ready = append(ready, "DEALER"...)
-	out := append(greeting, 0x04, byte(len(ready)))
-	out = append(out, ready...)
-	out = append(out, 0x2)
+	pub := openPublisher(t, ctx, cfgs[0])
+	c := dialRoot(t, ctx, cfgs[1])
+	out := append(zmtpReady("DEALER", ""), 0x2) // LONG frame of 1 TiB
 	out = binary.BigEndian.AppendUint64(out, 1<<40)
 	if _, err := c.Write(out); err != nil {
 		t.Fatal(err)
@@ -473,11 +446,7 @@ func TestGuardProtectsRoot(t *testing.T) {
 	if _, err := io.Copy(io.Discard, c); err != nil {
 		t.Fatalf("the root did not close the connection: %v", err)
 	}
-	s, err := OpenSubscriber(ctx, cfgs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openSubscriber(t, ctx, cfgs[1])
 	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
 		t.Fatal(err)
 	}
@@ -492,14 +461,9 @@ func TestGuardProtectsRoot(t *testing.T) {
 // TestWireStranger: a connection that never said HELLO is told so and
 // otherwise ignored; the group carries on.
 func TestWireStranger(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 10*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := openPublisher(t, ctx, cfgs[0])
 	d := rawDealer(t, ctx, cfgs[1], "r1.stranger")
 	send(t, d, rawHeader(1, wAck, 0, 0))
 	_, m := recvRaw(t, d, true)
@@ -508,11 +472,7 @@ func TestWireStranger(t *testing.T) {
 	}
 	send(t, d, rawHeader(1, wError, 1, 0), []byte("no"))
 	send(t, d, rawHeader(1, wBye, 0, 0))
-	s, err := OpenSubscriber(ctx, cfgs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openSubscriber(t, ctx, cfgs[1])
 	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -43,6 +42,47 @@ func configs(t *testing.T, n int, timeout time.Duration, opts map[string]string)
 	return cfgs
 }
 
+// testContext returns a context that ends after d or when the test ends.
+func testContext(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// openPublisher opens the root of cfg and closes it when the test ends.
+func openPublisher(t *testing.T, ctx context.Context, cfg transport.Config) transport.Publisher {
+	t.Helper()
+	pub, err := OpenPublisher(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	return pub
+}
+
+// openSubscriber opens the receiver of cfg and closes it when the test
+// ends.
+func openSubscriber(t *testing.T, ctx context.Context, cfg transport.Config) transport.Subscriber {
+	t.Helper()
+	s, err := OpenSubscriber(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// rootAddr is the address ("tcp://host:port") the root of cfg's group
+// published.
+func rootAddr(t *testing.T, ctx context.Context, cfg transport.Config) string {
+	t.Helper()
+	addr, err := cfg.Exchange.Get(ctx, 0, AddrKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(addr)
+}
+
 // openAll opens the publisher and every subscriber concurrently and closes
 // them when the test or benchmark ends.
 func openAll(t testing.TB, ctx context.Context, cfgs []transport.Config) (transport.Publisher, []transport.Subscriber) {
@@ -77,6 +117,17 @@ func consume(ctx context.Context, s transport.Subscriber, rank, n int) error {
 	return nil
 }
 
+// produce publishes messages 0..n-1 (see payload) and waits until every
+// receiver has acknowledged them.
+func produce(ctx context.Context, pub transport.Publisher, n int) error {
+	for k := range n {
+		if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
+			return err
+		}
+	}
+	return pub.Sync(ctx)
+}
+
 // wantBusError checks that err is a *transport.Error of this transport
 // that wraps target, names peer, and mentions every word of want.
 func wantBusError(t *testing.T, err, target error, peer int, want ...string) *transport.Error {
@@ -106,8 +157,7 @@ func wantBusError(t *testing.T, err, target error, peer int, want ...string) *tr
 // TestLossless sends 2,000 messages to 4 receivers: every receiver gets
 // every message once, in order, intact.
 func TestLossless(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	const world, n = 5, 2000
 	pub, subs := openAll(t, ctx, configs(t, world, 20*time.Second, nil))
 	errs := make([]error, world)
@@ -115,15 +165,7 @@ func TestLossless(t *testing.T) {
 	for i, s := range subs {
 		wg.Go(func() { errs[i+1] = consume(ctx, s, i+1, n) })
 	}
-	wg.Go(func() {
-		for k := range n {
-			if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
-				errs[0] = err
-				return
-			}
-		}
-		errs[0] = pub.Sync(ctx)
-	})
+	wg.Go(func() { errs[0] = produce(ctx, pub, n) })
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
@@ -139,22 +181,13 @@ func TestLossless(t *testing.T) {
 // TestSlowJoiner: a receiver that connects 2 s after the root started
 // publishing still gets message 0, because the first Publish waits for it.
 func TestSlowJoiner(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	const n = 10
 	cfgs := configs(t, 3, 20*time.Second, nil)
 	pub, subs := openAll(t, ctx, cfgs[:2]) // rank 2 is late
 	published := make(chan error, 1)
 	start := time.Now()
-	go func() {
-		for k := range n {
-			if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
-				published <- err
-				return
-			}
-		}
-		published <- pub.Sync(ctx)
-	}()
+	go func() { published <- produce(ctx, pub, n) }()
 	early := make(chan error, 1)
 	go func() { early <- consume(ctx, subs[0], 1, n) }()
 
@@ -164,11 +197,7 @@ func TestSlowJoiner(t *testing.T) {
 		t.Fatalf("the root finished publishing before rank 2 joined: %v", err)
 	default:
 	}
-	late, err := OpenSubscriber(ctx, cfgs[2])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer late.Close()
+	late := openSubscriber(t, ctx, cfgs[2])
 	if err := consume(ctx, late, 2, n); err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +210,7 @@ func TestSlowJoiner(t *testing.T) {
 // TestRootOwnLimit: Publish refuses a message over the root's max_message,
 // names the size and the limit, and the bus stays usable.
 func TestRootOwnLimit(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 20*time.Second, nil)
 	cfgs[0].Options["max_message"] = "1KiB"
 	pub, subs := openAll(t, ctx, cfgs)
@@ -199,8 +227,7 @@ func TestRootOwnLimit(t *testing.T) {
 // TestReceiverLimit: a receiver's max_message travels in HELLO, and the
 // root refuses a message over it before sending anything.
 func TestReceiverLimit(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 3, 20*time.Second, nil)
 	cfgs[2].Options["max_message"] = "1000"
 	pub, subs := openAll(t, ctx, cfgs)
@@ -218,8 +245,7 @@ func TestReceiverLimit(t *testing.T) {
 
 // TestWorldSizeMismatch: both sides fail with the same clear reason.
 func TestWorldSizeMismatch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 3, 10*time.Second, nil)
 	pub, subs := openAll(t, ctx, cfgs[:2])
 	bad := cfgs[2]
@@ -236,8 +262,7 @@ func TestWorldSizeMismatch(t *testing.T) {
 
 // TestDuplicateRank: a second rank 1 is refused on both sides.
 func TestDuplicateRank(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 3, 10*time.Second, nil)
 	pub, _ := openAll(t, ctx, cfgs[:2])
 	dup := cfgs[1]
@@ -250,17 +275,12 @@ func TestDuplicateRank(t *testing.T) {
 // TestWrongGroup: a receiver of another group that found this root's
 // address is refused with both group names.
 func TestWrongGroup(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 10*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := openPublisher(t, ctx, cfgs[0])
 	other := cfgs[1]
 	other.Group = "someone-else"
-	_, err = OpenSubscriber(ctx, other)
+	_, err := OpenSubscriber(ctx, other)
 	wantBusError(t, err, ErrHandshake, 0, `group "someone-else"`, `group "`+cfgs[0].Group+`"`)
 	wantBusError(t, pub.Publish(ctx, 0, nil), ErrHandshake, 1, "someone-else")
 }
@@ -268,8 +288,7 @@ func TestWrongGroup(t *testing.T) {
 // TestRootClosedMidStream: messages published before the root closed are
 // delivered, then Recv fails with ErrPeerGone.
 func TestRootClosedMidStream(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	pub, subs := openAll(t, ctx, configs(t, 3, 10*time.Second, nil))
 	for k := range transport.DefaultWindow {
 		if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
@@ -293,29 +312,14 @@ func TestRootClosedMidStream(t *testing.T) {
 // TestSilentClientDoesNotBlock: a TCP client that connects to the root
 // and never speaks does not keep receivers out.
 func TestSilentClientDoesNotBlock(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 3, 20*time.Second, nil)
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
-	silent, err := net.Dial("tcp", strings.TrimPrefix(string(addr), "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
+	pub := openPublisher(t, ctx, cfgs[0])
+	dialRoot(t, ctx, cfgs[1]) // and never speak
 	start := time.Now()
 	var subs []transport.Subscriber
 	for _, c := range cfgs[1:] {
-		s, err := OpenSubscriber(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		subs = append(subs, s)
+		subs = append(subs, openSubscriber(t, ctx, c))
 	}
 	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
 		t.Fatal(err)
@@ -333,8 +337,7 @@ func TestSilentClientDoesNotBlock(t *testing.T) {
 // TestCancel: a Publish stuck on the window and a Recv with nothing to
 // receive both honour their context; neither poisons the bus.
 func TestCancel(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	pub, subs := openAll(t, ctx, configs(t, 2, time.Minute, nil))
 	for k := range transport.DefaultWindow {
 		if err := pub.Publish(ctx, uint64(k), payload(k)); err != nil {
@@ -362,21 +365,12 @@ func TestCancel(t *testing.T) {
 
 // TestTimeouts: waits end at Config.Timeout with ErrTimeout.
 func TestTimeouts(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 3, 300*time.Millisecond, map[string]string{"heartbeat": "50ms"})
-	pub, err := OpenPublisher(ctx, cfgs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	err = pub.Publish(ctx, 0, nil)
+	pub := openPublisher(t, ctx, cfgs[0])
+	err := pub.Publish(ctx, 0, nil)
 	wantBusError(t, err, transport.ErrTimeout, -1, "HELLO from receiver rank(s) 1, 2")
-	s, err := OpenSubscriber(ctx, cfgs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openSubscriber(t, ctx, cfgs[1])
 	_, err = s.Recv(ctx)
 	wantBusError(t, err, transport.ErrTimeout, 0, "no metadata message")
 }
@@ -415,12 +409,11 @@ func TestOptions(t *testing.T) {
 // TestAdvertise: binding every interface publishes the advertised host
 // with the port the system chose.
 func TestAdvertise(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	cfgs := configs(t, 2, 10*time.Second, map[string]string{"bind": "0.0.0.0", "advertise": "localhost"})
 	pub, subs := openAll(t, ctx, cfgs)
-	addr, _ := cfgs[1].Exchange.Get(ctx, 0, AddrKey)
-	if !strings.HasPrefix(string(addr), "tcp://localhost:") || strings.HasSuffix(string(addr), ":0") {
+	addr := rootAddr(t, ctx, cfgs[1])
+	if !strings.HasPrefix(addr, "tcp://localhost:") || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("published address %q", addr)
 	}
 	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
@@ -434,8 +427,7 @@ func TestAdvertise(t *testing.T) {
 // TestCloseIdempotent: Close twice, and calls after Close fail with
 // ErrClosed.
 func TestCloseIdempotent(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := testContext(t, time.Minute)
 	pub, subs := openAll(t, ctx, configs(t, 2, 10*time.Second, nil))
 	for range 2 {
 		if err := subs[0].Close(); err != nil {
