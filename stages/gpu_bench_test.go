@@ -57,7 +57,7 @@ func packOnly(b *testing.B, src Source, pool *Pool) {
 // kernels and settle the clocks).
 func benchPack(b *testing.B, d *gpu.CUDADevice, src Source, total int64, plan devicePlan, bucket int) {
 	withPlan(b, plan)
-	pool := devicePool(b, d, bucket)
+	pool := devicePool(b, d, DefaultBuffers, bucket)
 	for range 3 {
 		packOnly(b, src, pool)
 	}
@@ -68,15 +68,6 @@ func benchPack(b *testing.B, d *gpu.CUDADevice, src Source, total int64, plan de
 	}
 	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	logPaths(b)
-}
-
-func devicePool(b *testing.B, d *gpu.CUDADevice, bucket int) *Pool {
-	pool, err := NewPool(d, DefaultBuffers, bucket)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { pool.Close() })
-	return pool
 }
 
 // BenchmarkGPUPackDevice packs 1 GiB of device tensors (64 separate
@@ -110,7 +101,7 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) { benchPack(b, d, src, total, c.plan, c.bucket) })
 	}
 	b.Run("round", func(b *testing.B) {
-		pool := devicePool(b, d, 256<<20)
+		pool := devicePool(b, d, DefaultBuffers, 256<<20)
 		one := Tensors{{Name: "w", DType: dtype.U8, Shape: []int64{64}, Device: src[0].Device}}
 		packOnly(b, one, pool)
 		b.ResetTimer()
@@ -149,7 +140,7 @@ func BenchmarkGPUPackSmall(b *testing.B) {
 			for i := range src {
 				src[i] = &Tensor{Name: fmt.Sprintf("t%d", i), DType: dtype.U8, Shape: []int64{size}, Device: buf, DeviceOffset: int64(i) * layout.stride}
 			}
-			pool := devicePool(b, d, 64<<20)
+			pool := devicePool(b, d, DefaultBuffers, 64<<20)
 			packOnly(b, src[:10], pool) // warm up: loads the kernel
 			b.SetBytes(count * size)
 			for b.Loop() {
@@ -175,7 +166,7 @@ func BenchmarkGPUPackHost(b *testing.B) {
 		}
 		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{each / 2}, Data: data})
 	}
-	pool := devicePool(b, d, 256<<20)
+	pool := devicePool(b, d, DefaultBuffers, 256<<20)
 	b.SetBytes(total)
 	for b.Loop() {
 		packOnly(b, src, pool)
@@ -286,7 +277,7 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 		{"pack-piece=1MiB", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: 1 << 20, readers: def.readers}},
 	}
 	pack := func(b *testing.B, src Source) {
-		pool := devicePool(b, d, 1<<30)
+		pool := devicePool(b, d, DefaultBuffers, 1<<30)
 		packOnly(b, src, pool) // warm up: loads the kernels, first use of the pool
 		b.SetBytes(total)
 		b.ResetTimer()

@@ -218,6 +218,29 @@ func placeOnDevice(t *testing.T, d *gpu.CUDADevice, ts Tensors, shared, gaps int
 	return out
 }
 
+// devicePool makes a pool of buffers device buckets of bucket bytes on d,
+// closed when tb ends.
+func devicePool(tb testing.TB, d *gpu.CUDADevice, buffers, bucket int) *Pool {
+	tb.Helper()
+	pool, err := NewPool(d, buffers, bucket)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { pool.Close() })
+	return pool
+}
+
+// newDeviceModel makes a DeviceModel on d, closed when tb ends.
+func newDeviceModel(tb testing.TB, d *gpu.CUDADevice) *DeviceModel {
+	tb.Helper()
+	dm, err := NewDeviceModel(d)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { dm.Close() })
+	return dm
+}
+
 // TestGPURoundTrip sends host tensors and device tensors (some sharing one
 // buffer, some on their own) of random dtypes and sizes, some split across
 // buckets, from device buckets to a DeviceModel, a HostModel and a Verify
@@ -254,11 +277,7 @@ func TestGPURoundTrip(t *testing.T) {
 	}
 	upload()
 	g := newGPUGroup(t, d, 4, bucket, false, true, nil)
-	dm, err := NewDeviceModel(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dm.Close()
+	dm := newDeviceModel(t, d)
 	hm := NewHostModel()
 	vs := Verify(exp)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -320,11 +339,7 @@ func TestGPUSynthetic(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := newGPUGroup(t, d, 3, 8<<20, false, false, nil)
-	dm, err := NewDeviceModel(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dm.Close()
+	dm := newDeviceModel(t, d)
 	vs := Verify(m)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -365,11 +380,7 @@ func TestGPUChecksum(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			g := newGPUGroup(t, d, 3, 1<<20, rootHost, true, nil)
-			dm, err := NewDeviceModel(d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dm.Close()
+			dm := newDeviceModel(t, d)
 			if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
 				t.Fatal(err)
 			}
@@ -389,11 +400,7 @@ func TestGPUChecksum(t *testing.T) {
 				g2 := newGPUGroup(t, d, 2, 1<<20, rootHost, true, corrupt)
 				var sk Sink = NewHostModel()
 				if sink == "device" {
-					dm2, err := NewDeviceModel(d)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer dm2.Close()
+					dm2 := newDeviceModel(t, d)
 					sk = dm2
 				}
 				err := roundCancel(ctx, g2, src, 1, []Sink{sk})
@@ -475,18 +482,10 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 	d := gputest.Device(t)
 	s := gputest.Stream(t, d)
 	const n = 256 << 20 // a copy long enough to be caught in flight
-	pool, err := NewPool(d, 1, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := devicePool(t, d, 1, n)
 	want := make([]byte, n)
 	rand.NewChaCha8([32]byte{1}).Read(want)
-	dm, err := NewDeviceModel(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dm.Close()
+	dm := newDeviceModel(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for round := range 3 {
@@ -625,11 +624,7 @@ func TestGPUPackPlans(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v,lanes=%d", plan.gatherBelow, plan.perCopy, plan.lanes), func(t *testing.T) {
 			withPlan(t, plan)
-			pool, err := NewPool(d, DefaultBuffers, 1<<20)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := devicePool(t, d, DefaultBuffers, 1<<20)
 			n := checkPacked(t, src, exp, pool)
 			path, why := gpu.LastGatherPath()
 			if plan.gatherBelow > 0 && path != gpu.GatherKernel {
@@ -679,11 +674,7 @@ func TestGPUCastDevice(t *testing.T) {
 			gputest.Sync(t, s)
 			g := newGPUGroup(t, d, 3, bucket, false, true, nil)
 			hm := NewHostModel()
-			dm, err := NewDeviceModel(d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dm.Close()
+			dm := newDeviceModel(t, d)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := roundCancel(ctx, g, Cast(src, to), 1, []Sink{hm, dm}); err != nil {

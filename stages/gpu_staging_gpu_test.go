@@ -99,11 +99,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 			if c.castTo != dtype.Invalid {
 				exp = cast
 			}
-			pool, err := NewPool(d, DefaultBuffers, 32<<20)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := devicePool(t, d, DefaultBuffers, 32<<20)
 			for round := range 2 {
 				pinned := stagingPinned.Load()
 				n := checkPacked(t, src, exp, pool)
@@ -135,12 +131,8 @@ func TestGPUPackHostReadError(t *testing.T) {
 		}
 		src = append(src, tn)
 	}
-	pool, err := NewPool(d, DefaultBuffers, 2<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	err = packRound(src, PackConfig{Pool: pool, Version: 1}, waitFence)
+	pool := devicePool(t, d, DefaultBuffers, 2<<20)
+	err := packRound(src, PackConfig{Pool: pool, Version: 1}, waitFence)
 	if !errors.Is(err, errDiskOnFire) || !strings.Contains(err.Error(), `"bad.weight"`) {
 		t.Fatalf("round with a failing read: %v; want the read error naming bad.weight", err)
 	}
