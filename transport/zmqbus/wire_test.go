@@ -446,16 +446,7 @@ func TestGuardProtectsRoot(t *testing.T) {
 	if _, err := io.Copy(io.Discard, c); err != nil {
 		t.Fatalf("the root did not close the connection: %v", err)
 	}
-	s := openSubscriber(t, ctx, cfgs[1])
-	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
-		t.Fatal(err)
-	}
-	if err := consume(ctx, s, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	roundTrip(t, ctx, pub, openSubscriber(t, ctx, cfgs[1]))
 }
 
 // TestWireStranger: a connection that never said HELLO is told so and
@@ -472,14 +463,5 @@ func TestWireStranger(t *testing.T) {
 	}
 	send(t, d, rawHeader(1, wError, 1, 0), []byte("no"))
 	send(t, d, rawHeader(1, wBye, 0, 0))
-	s := openSubscriber(t, ctx, cfgs[1])
-	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
-		t.Fatal(err)
-	}
-	if err := consume(ctx, s, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := pub.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	roundTrip(t, ctx, pub, openSubscriber(t, ctx, cfgs[1]))
 }

@@ -128,6 +128,23 @@ func produce(ctx context.Context, pub transport.Publisher, n int) error {
 	return pub.Sync(ctx)
 }
 
+// roundTrip publishes message 0, which every subscriber of subs (ranks 1,
+// 2, ...) receives intact and acknowledges, and waits for pub's Sync.
+func roundTrip(t *testing.T, ctx context.Context, pub transport.Publisher, subs ...transport.Subscriber) {
+	t.Helper()
+	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range subs {
+		if err := consume(ctx, s, i+1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // wantBusError checks that err is a *transport.Error of this transport
 // that wraps target, names peer, and mentions every word of want.
 func wantBusError(t *testing.T, err, target error, peer int, want ...string) *transport.Error {
@@ -416,12 +433,7 @@ func TestAdvertise(t *testing.T) {
 	if !strings.HasPrefix(addr, "tcp://localhost:") || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("published address %q", addr)
 	}
-	if err := pub.Publish(ctx, 0, payload(0)); err != nil {
-		t.Fatal(err)
-	}
-	if err := consume(ctx, subs[0], 1, 1); err != nil {
-		t.Fatal(err)
-	}
+	roundTrip(t, ctx, pub, subs...)
 }
 
 // TestCloseIdempotent: Close twice, and calls after Close fail with
