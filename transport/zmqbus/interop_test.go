@@ -5,13 +5,11 @@ package zmqbus
 // installed (Debian: apt-get install python3-zmq).
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -36,71 +34,20 @@ func pythonWithZMQ(t *testing.T) string {
 	return ""
 }
 
-// pyProc is a running Python peer whose stdout lines arrive on lines.
-type pyProc struct {
-	cmd   *exec.Cmd
-	lines chan string // closed by the scanning goroutine at EOF
-	done  chan struct{}
-}
-
-func startPython(t *testing.T, script string, args ...string) *pyProc {
+// startPython runs testdata/script with args as a Python peer. If the
+// test fails, its stderr is logged.
+func startPython(t *testing.T, script string, args ...string) *lineProc {
 	t.Helper()
 	cmd := exec.Command(pythonWithZMQ(t), append([]string{script}, args...)...)
 	cmd.Dir = "testdata"
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &pyProc{cmd: cmd, lines: make(chan string, 1024), done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-		io.Copy(io.Discard, out)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-p.done
-		cmd.Wait()
+	t.Cleanup(func() { // runs after startLines's cleanup has reaped the process
 		if t.Failed() && stderr.Len() > 0 {
 			t.Logf("%s stderr:\n%s", script, stderr.String())
 		}
 	})
-	return p
-}
-
-func (p *pyProc) line(t *testing.T) string {
-	t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			t.Fatal("python peer exited early")
-		}
-		return l
-	case <-time.After(20 * time.Second):
-		t.Fatal("python peer said nothing within 20s")
-	}
-	return ""
-}
-
-// wait waits for the Python peer to exit and returns its exit code.
-func (p *pyProc) wait(t *testing.T) int {
-	t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("python peer did not exit within 20s")
-	}
-	p.cmd.Wait()
-	return p.cmd.ProcessState.ExitCode()
+	return startLines(t, "python peer", cmd)
 }
 
 // TestInteropPythonReceiver: a libzmq receiver joins a Go root next to a

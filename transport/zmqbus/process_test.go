@@ -98,14 +98,47 @@ func runChild(role string) int {
 	return 2
 }
 
-// child is a running child process.
-type child struct {
+// lineProc is a running process whose stdout lines arrive on lines: a
+// child of this test binary or a Python peer.
+type lineProc struct {
+	name  string // "child", "python peer": for failure messages
 	cmd   *exec.Cmd
-	lines chan string // stdout lines; closed by the scanning goroutine at EOF
-	done  chan struct{}
+	lines chan string   // stdout lines; closed by the scanning goroutine at EOF
+	done  chan struct{} // closed by the scanning goroutine when stdout is drained
 }
 
-func startChild(t *testing.T, role string, rank, world int, addr string) *child {
+// startLines starts cmd and reads its stdout line by line. The test's
+// cleanup kills the process if it still runs and reaps it.
+func startLines(t *testing.T, name string, cmd *exec.Cmd) *lineProc {
+	t.Helper()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &lineProc{name: name, cmd: cmd, lines: make(chan string, 1024), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		io.Copy(io.Discard, out)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+		cmd.Wait()
+	})
+	return p
+}
+
+// startChild runs this test binary again as rank of world playing role,
+// with addr as the root's address.
+func startChild(t *testing.T, role string, rank, world int, addr string) *lineProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
@@ -116,55 +149,46 @@ func startChild(t *testing.T, role string, rank, world int, addr string) *child 
 		"CHILD_ADDR="+addr,
 	)
 	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, lines: make(chan string, 16), done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-		close(c.lines)
-		io.Copy(io.Discard, out)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-c.done
-		cmd.Wait()
-	})
-	return c
+	return startLines(t, "child", cmd)
 }
 
-// line waits for the child's next stdout line.
-func (c *child) line(t *testing.T) string {
+// line waits for the process's next stdout line.
+func (p *lineProc) line(t *testing.T) string {
 	t.Helper()
 	select {
-	case l, ok := <-c.lines:
+	case l, ok := <-p.lines:
 		if !ok {
-			t.Fatal("child exited early")
+			t.Fatalf("%s exited early", p.name)
 		}
 		return l
 	case <-time.After(20 * time.Second):
-		t.Fatal("child said nothing within 20s")
+		t.Fatalf("%s said nothing within 20s", p.name)
 	}
 	return ""
 }
 
-// kill sends SIGKILL, reaps the child and returns when the signal was sent.
-func (c *child) kill(t *testing.T) time.Time {
+// wait waits for the process to exit and returns its exit code.
+func (p *lineProc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s did not exit within 20s", p.name)
+	}
+	p.cmd.Wait()
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// kill sends SIGKILL, reaps the process and returns when the signal was
+// sent.
+func (p *lineProc) kill(t *testing.T) time.Time {
 	t.Helper()
 	at := time.Now()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-c.done
-	c.cmd.Wait()
+	<-p.done
+	p.cmd.Wait()
 	return at
 }
 
