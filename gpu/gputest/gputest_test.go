@@ -3,47 +3,39 @@ package gputest
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
+	"errors"
 	"math/rand/v2"
-	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
 )
 
-var procs = Procs{Env: "WEIGHTCAST_GPUTEST_TEST_CHILD", Run: runChild}
+var procs = Procs[childConfig]{Env: "WEIGHTCAST_GPUTEST_TEST_CHILD", Run: runChild}
 
 func TestMain(m *testing.M) { procs.Main(m) }
 
-// childConfig is what TestProcs hands its child.
+// childConfig is what TestProcs hands its children.
 type childConfig struct {
 	Group Group
 	Rank  int
-	Word  string
+	Word  string // "fail": the child fails
 }
 
 // runChild publishes the word it was given under "word" and waits for
-// rank 0 at a barrier.
-func runChild(js string) int {
-	var cfg childConfig
-	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "bad child config:", err)
-		return 2
+// rank 0 at a barrier, or fails at once.
+func runChild(cfg childConfig) error {
+	if cfg.Word == "fail" {
+		return errors.New("failing as told")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	x := cfg.Group.Exchange(cfg.Rank)
 	if err := x.Put(ctx, "word", []byte(cfg.Word)); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	if err := x.Barrier(ctx, "done", 2); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
+	return x.Barrier(ctx, "done", 2)
 }
 
 // TestProcs runs rank 1 in a child process through Procs and Group: the
@@ -69,6 +61,20 @@ func TestProcs(t *testing.T) {
 		t.Fatal(err)
 	}
 	kid.Wait(t, 30*time.Second)
+	if out := kid.Output(); !strings.Contains(out, "rank 1: ok") {
+		t.Errorf("child printed %q; want it to say rank 1: ok", out)
+	}
+}
+
+// TestProcsChildFails checks what a failing child says and how it exits,
+// running the child's side in this process.
+func TestProcsChildFails(t *testing.T) {
+	if code := procs.child(`{"Word":"fail"}`, "3"); code != 1 {
+		t.Errorf("a failing child exits with %d, want 1", code)
+	}
+	if code := procs.child(`{"Word":`, "3"); code != 2 {
+		t.Errorf("a child with a bad configuration exits with %d, want 2", code)
+	}
 }
 
 func TestFirstDiff(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -342,38 +341,20 @@ func TestIPCThroughput(t *testing.T) {
 	}
 }
 
-// runChild plays one receiver rank and returns the process's exit code.
-func runChild(js string) int {
-	var cfg childConfig
-	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "bad child config:", err)
-		return 2
-	}
-	var err error
-	switch cfg.Mode {
-	case "stages":
-		err = childStages(cfg)
-	case "raw":
-		err = childRaw(cfg)
-	default:
-		err = fmt.Errorf("unknown mode %q", cfg.Mode)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rank %d: %v\n", cfg.Rank, err)
-		return 1
-	}
-	fmt.Printf("rank %d: ok\n", cfg.Rank)
-	return 0
+// runChild plays one receiver rank on cuda:cfg.Device.
+func runChild(cfg childConfig) error {
+	return gputest.OnDevice(cfg.Device, 2*time.Minute, func(ctx context.Context, d *gpu.CUDADevice) error {
+		switch cfg.Mode {
+		case "stages":
+			return childStages(ctx, cfg, d)
+		case "raw":
+			return childRaw(ctx, cfg, d)
+		}
+		return fmt.Errorf("unknown mode %q", cfg.Mode)
+	})
 }
 
-func childStages(cfg childConfig) (err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	d, err := gpu.NewCUDADevice(cfg.Device)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
+func childStages(ctx context.Context, cfg childConfig, d *gpu.CUDADevice) (err error) {
 	x := cfg.Group.Exchange(cfg.Rank)
 	free0, err := memBarrier(ctx, x, d, "setup", cfg.World)
 	if err != nil {
@@ -429,14 +410,7 @@ func childStages(cfg childConfig) (err error) {
 	return x.Barrier(ctx, "measured", cfg.World)
 }
 
-func childRaw(cfg childConfig) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	d, err := gpu.NewCUDADevice(cfg.Device)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
+func childRaw(ctx context.Context, cfg childConfig, d *gpu.CUDADevice) error {
 	tc := cfg.Group.Config(cfg.Rank, cfg.World, d, time.Minute)
 	ep, err := Open(ctx, tc)
 	if err != nil {

@@ -2,11 +2,9 @@ package ncclx
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -288,21 +286,9 @@ func TestNCCLReceiverKilled(t *testing.T) {
 	}
 }
 
-// runChild plays rank 1 and returns the process's exit code.
-func runChild(js string) int {
-	var cfg childConfig
-	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "bad child config:", err)
-		return 2
-	}
-	err := func() error {
-		d, err := gpu.NewCUDADevice(1)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
+// runChild plays rank 1 on cuda:1.
+func runChild(cfg childConfig) error {
+	return gputest.OnDevice(1, 3*time.Minute, func(ctx context.Context, d *gpu.CUDADevice) error {
 		tc := cfg.Group.Config(1, 2, d, 60*time.Second)
 		switch cfg.Mode {
 		case "stages":
@@ -313,13 +299,7 @@ func runChild(js string) int {
 			return childRaw(ctx, tc, d, cfg.Size)
 		}
 		return fmt.Errorf("unknown mode %q", cfg.Mode)
-	}()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rank 1: %v\n", err)
-		return 1
-	}
-	fmt.Println("rank 1: ok")
-	return 0
+	})
 }
 
 // receiver opens rank 1's endpoint, metadata subscriber and pool.
