@@ -6,5 +6,7 @@
 //
 // Every helper that touches the GPU skips or fails the test through its
 // testing.TB, so a test reads as its steps. Package gpu's own tests cannot
-// use it (gputest imports gpu); every other package's tests can.
+// use it (gputest imports gpu); every other package's tests can, as long as
+// gputest imports nothing above gpu and transport (stages' own tests use
+// it, so it must never import stages).
 package gputest
