@@ -98,8 +98,9 @@ func (h *hostStaging) start(b *Bucket) error {
 	return nil
 }
 
-// checksummer returns the GPU checksum of the staging stream, started
-// for b (see start), or nil when the kernel is unavailable.
+// checksummer returns the staging stream's Checksummer, the stream
+// started for b (see start), or nil when the GPU checksum kernel is
+// unavailable (the caller then sums on the host).
 func (h *hostStaging) checksummer(b *Bucket) (*gpu.Checksummer, error) {
 	if err := h.start(b); err != nil {
 		return nil, err
