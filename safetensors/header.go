@@ -280,6 +280,47 @@ func (p *parser) expect(c byte) error {
 	return nil
 }
 
+// object parses the JSON object that comes next, calling member for each
+// key with the parser at the key's value, which member must consume. where
+// names the object in errors.
+func (p *parser) object(where string, member func(key string) error) error {
+	if err := p.expect('{'); err != nil {
+		return err
+	}
+	p.ws()
+	if p.peek() == '}' {
+		p.i++
+		return nil
+	}
+	for {
+		p.ws()
+		key, err := p.str()
+		if err != nil {
+			return err
+		}
+		if err := p.expect(':'); err != nil {
+			return err
+		}
+		p.ws()
+		if err := member(key); err != nil {
+			return err
+		}
+		p.ws()
+		if p.i >= len(p.b) {
+			return p.syntax("unexpected end of header inside %s", where)
+		}
+		c := p.b[p.i]
+		p.i++
+		if c == '}' {
+			return nil
+		}
+		if c != ',' {
+			p.i--
+			return p.syntax("unexpected %q in %s, want ',' or '}'", c, where)
+		}
+	}
+}
+
 // parseTop parses the top-level object.
 func (p *parser) parseTop() ([]rawTensor, map[string]string, []string, error) {
 	var (
@@ -289,66 +330,39 @@ func (p *parser) parseTop() ([]rawTensor, map[string]string, []string, error) {
 		seenMeta bool
 		names    = map[string]struct{}{}
 	)
-	if err := p.expect('{'); err != nil {
-		return nil, nil, nil, err
-	}
-	p.ws()
-	if p.peek() == '}' {
-		p.i++
-	} else {
-		for {
-			p.ws()
-			key, err := p.str()
-			if err != nil {
-				return nil, nil, nil, err
+	err := p.object("the top-level object", func(key string) error {
+		if key == MetadataKey {
+			if seenMeta {
+				return p.syntax("%q appears twice", MetadataKey)
 			}
-			if err := p.expect(':'); err != nil {
-				return nil, nil, nil, err
-			}
-			p.ws()
-			if key == MetadataKey {
-				if seenMeta {
-					return nil, nil, nil, p.syntax("%q appears twice", MetadataKey)
-				}
-				seenMeta = true
-				if meta, keys, err = p.metadata(); err != nil {
-					return nil, nil, nil, err
-				}
-			} else {
-				if key == "" {
-					return nil, nil, nil, errorf("", "", ErrName, "a tensor has an empty name")
-				}
-				if len(key) > p.lim.MaxNameBytes {
-					return nil, nil, nil, errorf("", key, ErrLimit, "name is %d bytes, more than the limit of %d", len(key), p.lim.MaxNameBytes)
-				}
-				if _, dup := names[key]; dup {
-					return nil, nil, nil, errorf("", key, ErrDuplicate, "the header lists this tensor twice")
-				}
-				if len(raws) >= p.lim.MaxTensors {
-					return nil, nil, nil, errorf("", key, ErrLimit, "more than the limit of %d tensors", p.lim.MaxTensors)
-				}
-				names[key] = struct{}{}
-				r, err := p.tensor(key)
-				if err != nil {
-					return nil, nil, nil, err
-				}
-				r.order = len(raws)
-				raws = append(raws, r)
-			}
-			p.ws()
-			if p.i >= len(p.b) {
-				return nil, nil, nil, p.syntax("unexpected end of header inside the top-level object")
-			}
-			c := p.b[p.i]
-			p.i++
-			if c == '}' {
-				break
-			}
-			if c != ',' {
-				p.i--
-				return nil, nil, nil, p.syntax("unexpected %q after a value, want ',' or '}'", c)
-			}
+			seenMeta = true
+			var err error
+			meta, keys, err = p.metadata()
+			return err
 		}
+		if key == "" {
+			return errorf("", "", ErrName, "a tensor has an empty name")
+		}
+		if len(key) > p.lim.MaxNameBytes {
+			return errorf("", key, ErrLimit, "name is %d bytes, more than the limit of %d", len(key), p.lim.MaxNameBytes)
+		}
+		if _, dup := names[key]; dup {
+			return errorf("", key, ErrDuplicate, "the header lists this tensor twice")
+		}
+		if len(raws) >= p.lim.MaxTensors {
+			return errorf("", key, ErrLimit, "more than the limit of %d tensors", p.lim.MaxTensors)
+		}
+		names[key] = struct{}{}
+		r, err := p.tensor(key)
+		if err != nil {
+			return err
+		}
+		r.order = len(raws)
+		raws = append(raws, r)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	p.ws()
 	if p.i != len(p.b) {
@@ -361,52 +375,27 @@ func (p *parser) metadata() (map[string]string, []string, error) {
 	if p.lit("null") {
 		return nil, nil, nil
 	}
-	if err := p.expect('{'); err != nil {
-		return nil, nil, err
-	}
 	meta := map[string]string{}
 	keys := []string{}
-	p.ws()
-	if p.peek() == '}' {
-		p.i++
-		return meta, keys, nil
-	}
-	for {
-		p.ws()
-		k, err := p.str()
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := p.expect(':'); err != nil {
-			return nil, nil, err
-		}
-		p.ws()
+	err := p.object(MetadataKey, func(k string) error {
 		if p.peek() != '"' {
-			return nil, nil, p.syntax("%s value of key %q is not a string; metadata maps strings to strings", MetadataKey, shorten(k))
+			return p.syntax("%s value of key %q is not a string; metadata maps strings to strings", MetadataKey, shorten(k))
 		}
 		v, err := p.str()
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		if _, dup := meta[k]; dup {
-			return nil, nil, p.syntax("%s key %q appears twice", MetadataKey, shorten(k))
+			return p.syntax("%s key %q appears twice", MetadataKey, shorten(k))
 		}
 		meta[k] = v
 		keys = append(keys, k)
-		p.ws()
-		if p.i >= len(p.b) {
-			return nil, nil, p.syntax("unexpected end of header inside %s", MetadataKey)
-		}
-		c := p.b[p.i]
-		p.i++
-		if c == '}' {
-			return meta, keys, nil
-		}
-		if c != ',' {
-			p.i--
-			return nil, nil, p.syntax("unexpected %q in %s, want ',' or '}'", c, MetadataKey)
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
+	return meta, keys, nil
 }
 
 func (p *parser) tensor(name string) (rawTensor, error) {
@@ -417,74 +406,42 @@ func (p *parser) tensor(name string) (rawTensor, error) {
 		}
 		return err
 	}
-	if err := p.expect('{'); err != nil {
-		return r, tagged(err)
-	}
-	p.ws()
-	if p.peek() == '}' {
-		p.i++
-	} else {
-		for {
-			p.ws()
-			k, err := p.str()
-			if err != nil {
-				return r, tagged(err)
-			}
-			if err := p.expect(':'); err != nil {
-				return r, tagged(err)
-			}
-			p.ws()
-			dup := false
-			switch k {
-			case "dtype":
-				dup, r.hasD = r.hasD, true
-				if !dup {
-					if p.peek() != '"' {
-						return r, tagged(p.syntax("dtype is not a string"))
-					}
-					if r.dtype, err = p.str(); err != nil {
-						return r, tagged(err)
-					}
+	err := p.object("a tensor entry", func(k string) error {
+		var err error
+		dup := false
+		switch k {
+		case "dtype":
+			dup, r.hasD = r.hasD, true
+			if !dup {
+				if p.peek() != '"' {
+					return p.syntax("dtype is not a string")
 				}
-			case "shape":
-				dup, r.hasS = r.hasS, true
-				if !dup {
-					if r.shape, err = p.uints(name, "shape", -1); err != nil {
-						return r, tagged(err)
-					}
-				}
-			case "data_offsets":
-				dup, r.hasO = r.hasO, true
-				if !dup {
-					var off []int64
-					if off, err = p.uints(name, "data_offsets", 2); err != nil {
-						return r, tagged(err)
-					}
+				r.dtype, err = p.str()
+			}
+		case "shape":
+			dup, r.hasS = r.hasS, true
+			if !dup {
+				r.shape, err = p.uints(name, "shape", -1)
+			}
+		case "data_offsets":
+			dup, r.hasO = r.hasO, true
+			if !dup {
+				var off []int64
+				if off, err = p.uints(name, "data_offsets", 2); err == nil {
 					r.begin, r.end = off[0], off[1]
 				}
-			default:
-				// The reference reader ignores fields it does not know.
-				if err := p.skip(0); err != nil {
-					return r, tagged(err)
-				}
 			}
-			if dup {
-				return r, tagged(p.syntax("field %q appears twice", k))
-			}
-			p.ws()
-			if p.i >= len(p.b) {
-				return r, tagged(p.syntax("unexpected end of header inside a tensor entry"))
-			}
-			c := p.b[p.i]
-			p.i++
-			if c == '}' {
-				break
-			}
-			if c != ',' {
-				p.i--
-				return r, tagged(p.syntax("unexpected %q in a tensor entry, want ',' or '}'", c))
-			}
+		default:
+			// The reference reader ignores fields it does not know.
+			err = p.skip(0)
 		}
+		if err == nil && dup {
+			err = p.syntax("field %q appears twice", k)
+		}
+		return err
+	})
+	if err != nil {
+		return r, tagged(err)
 	}
 	switch {
 	case !r.hasD:
