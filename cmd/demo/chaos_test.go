@@ -22,41 +22,7 @@ import (
 // TestSIGSTOP freezes one rank with SIGSTOP (a hung process, a debugger, a
 // swapped-out host): it neither acknowledges nor heartbeats nor closes its
 // connections. Every other rank fails within 30 s naming it.
-func TestSIGSTOP(t *testing.T) {
-	for _, victim := range []int{2, 0} {
-		t.Run(fmt.Sprintf("rank%d", victim), func(t *testing.T) {
-			etcd := startEtcd(t)
-			ps := startAll(t, etcd, "stop", "r1", 4, "--size", "64MiB", "--tensors", "30", "--bucket", "4MiB", "--rounds", "1000", "--timeout", "60s")
-			time.Sleep(3 * time.Second) // joined and streaming
-			for _, p := range ps {
-				select {
-				case <-p.done:
-					t.Fatalf("rank %d ended before the stop: %v\n%s", p.rank, p.exit, p.err.String())
-				default:
-				}
-			}
-			stopped := time.Now()
-			if err := ps[victim].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			// The cleanup's SIGKILL ends a stopped process too.
-			for _, p := range ps {
-				if p.rank == victim {
-					continue
-				}
-				if err := p.wait(t, 30*time.Second); err == nil {
-					t.Fatalf("rank %d exited 0 while rank %d was stopped", p.rank, victim)
-				}
-				msg := p.err.String() + p.out.String()
-				if !strings.Contains(msg, fmt.Sprintf("rank %d", victim)) {
-					t.Errorf("rank %d's error does not name rank %d:\n%s", p.rank, victim, msg)
-				}
-				t.Logf("rank %d exited %.1fs after the stop: %s", p.rank, p.exited.Sub(stopped).Seconds(), p.summary(t).PerRank[0].Error)
-			}
-			checkCommitted(t, ps, victim)
-		})
-	}
-}
+func TestSIGSTOP(t *testing.T) { signalRank(t, "stop", syscall.SIGSTOP, "SIGSTOP") }
 
 // TestEtcdKilled kills the rendezvous server (an etcd in a process of its
 // own) with SIGKILL in the middle of the rounds. The ranks cannot tell a

@@ -187,34 +187,42 @@ func TestManyRounds(t *testing.T) {
 
 // TestKill9 kills one rank with SIGKILL in the middle of the rounds: every
 // other rank exits non-zero within 30 s with an error naming the lost rank.
-func TestKill9(t *testing.T) {
+func TestKill9(t *testing.T) { signalRank(t, "kill", syscall.SIGKILL, "SIGKILL") }
+
+// signalRank sends sig (called name) to rank 2, then to rank 0, of a group of 4 streaming
+// rounds, each in a run of its own: every other rank must exit non-zero
+// within 30 s with an error naming the signalled rank, and say what its
+// model holds (checkCommitted). The test's cleanup kills every process,
+// stopped ones included.
+func signalRank(t *testing.T, group string, sig syscall.Signal, name string) {
 	for _, victim := range []int{2, 0} {
 		t.Run(fmt.Sprintf("rank%d", victim), func(t *testing.T) {
 			etcd := startEtcd(t)
-			ps := startAll(t, etcd, "kill", "r1", 4, "--size", "64MiB", "--tensors", "30", "--bucket", "4MiB", "--rounds", "1000", "--timeout", "60s")
+			ps := startAll(t, etcd, group, "r1", 4, "--size", "64MiB", "--tensors", "30", "--bucket", "4MiB", "--rounds", "1000", "--timeout", "60s")
 			time.Sleep(3 * time.Second) // joined and streaming
 			for _, p := range ps {
 				select {
 				case <-p.done:
-					t.Fatalf("rank %d ended before the kill: %v\n%s", p.rank, p.exit, p.err.String())
+					t.Fatalf("rank %d ended before the %s: %v\n%s", p.rank, name, p.exit, p.err.String())
 				default:
 				}
 			}
-			killed := time.Now()
-			ps[victim].cmd.Process.Signal(syscall.SIGKILL)
+			sent := time.Now()
+			if err := ps[victim].cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
 			for _, p := range ps {
 				if p.rank == victim {
 					continue
 				}
-				err := p.wait(t, 30*time.Second)
-				if err == nil {
-					t.Fatalf("rank %d exited 0 after rank %d was killed", p.rank, victim)
+				if err := p.wait(t, 30*time.Second); err == nil {
+					t.Fatalf("rank %d exited 0 after rank %d got %s", p.rank, victim, name)
 				}
 				msg := p.err.String() + p.out.String()
 				if !strings.Contains(msg, fmt.Sprintf("rank %d", victim)) {
 					t.Errorf("rank %d's error does not name rank %d:\n%s", p.rank, victim, msg)
 				}
-				t.Logf("rank %d exited %.1fs after the kill", p.rank, p.exited.Sub(killed).Seconds())
+				t.Logf("rank %d exited %.1fs after the %s: %s", p.rank, p.exited.Sub(sent).Seconds(), name, p.summary(t).PerRank[0].Error)
 			}
 			checkCommitted(t, ps, victim)
 		})
