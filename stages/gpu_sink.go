@@ -149,16 +149,33 @@ func (h *hostStaging) fetch(ctx context.Context, b *Bucket) ([]byte, error) {
 	return host, nil
 }
 
+// settle waits, bounded by ctx or, once ctx is done, by finalWait, until
+// no copy or checksum queued on the staging stream is running.
+func (h *hostStaging) settle(ctx context.Context) error {
+	if h.stream == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), finalWait)
+		defer cancel()
+	}
+	if err := h.stream.Sync(ctx); err != nil {
+		return fmt.Errorf("staging copy still running; leaving its pinned memory allocated: %w", err)
+	}
+	return nil
+}
+
 // close frees the staging memory after any copy into it has finished.
 func (h *hostStaging) close(ctx context.Context) error {
 	if h.stream == nil {
 		return nil
 	}
+	if err := h.settle(ctx); err != nil {
+		return err
+	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWait)
 	defer cancel()
-	if err := h.stream.Sync(wctx); err != nil {
-		return fmt.Errorf("staging copy still running; leaving its pinned memory allocated: %w", err)
-	}
 	var errs []error
 	if h.sums != nil {
 		errs = append(errs, h.sums.Close(wctx))

@@ -28,6 +28,9 @@ type Pool struct {
 	// fill is a device pool's pack state kept between rounds (see
 	// deviceFill.endRound); nil while a Pack holds it, and for host pools.
 	fill *deviceFill
+	// staging is a receiving pool's Load staging kept between rounds
+	// (see loadFrom); nil while a Load holds it.
+	staging *hostStaging
 }
 
 // NewPool allocates n buffers of size bytes each on dev.
@@ -120,9 +123,48 @@ func (p *Pool) keepFill(f *deviceFill) bool {
 	return true
 }
 
-// Close frees every buffer, and the pack state kept between rounds of a
-// device pool (waiting, at most a minute, for work still queued on its
-// streams). It fails if some buffers are still out, naming how many, since
+// takeStaging hands Load the staging an earlier round of this pool left,
+// or a new one; so does a nil pool.
+func (p *Pool) takeStaging() *hostStaging {
+	if p == nil {
+		return &hostStaging{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.staging
+	p.staging = nil
+	if st == nil {
+		st = &hostStaging{}
+	}
+	return st
+}
+
+// keepStaging keeps st for the pool's next round once nothing queued on it
+// is running (bounded by ctx, or finalWait once ctx is done); it closes st
+// instead when that wait fails, the pool is nil or closed, or keeps one
+// already.
+func (p *Pool) keepStaging(ctx context.Context, st *hostStaging) error {
+	if p == nil || st.stream == nil {
+		return st.close(ctx)
+	}
+	if err := st.settle(ctx); err != nil {
+		return err // the memory stays allocated rather than be freed under a copy
+	}
+	p.mu.Lock()
+	keep := !p.closed && p.staging == nil
+	if keep {
+		p.staging = st
+	}
+	p.mu.Unlock()
+	if keep {
+		return nil
+	}
+	return st.close(ctx)
+}
+
+// Close frees every buffer, and the pack and load state kept between
+// rounds of a device pool (waiting, at most a minute, for work still
+// queued on its streams). It fails if some buffers are still out, naming how many, since
 // freeing memory still in use would corrupt it.
 func (p *Pool) Close() error {
 	p.mu.Lock()
@@ -134,14 +176,18 @@ func (p *Pool) Close() error {
 		return fmt.Errorf("bucket pool closed with %d of %d buffers still in use", p.held, len(p.all))
 	}
 	p.closed = true
-	var err error
+	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
+	defer cancel()
+	var errs []error
 	if f := p.fill; f != nil {
 		p.fill = nil
-		ctx, cancel := context.WithTimeout(context.Background(), finalWait)
-		err = f.close(ctx)
-		cancel()
+		errs = append(errs, f.close(ctx))
 	}
-	return errors.Join(err, p.freeAll())
+	if st := p.staging; st != nil {
+		p.staging = nil
+		errs = append(errs, st.close(ctx))
+	}
+	return errors.Join(append(errs, p.freeAll())...)
 }
 
 func (p *Pool) freeAll() error {

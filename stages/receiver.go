@@ -212,9 +212,17 @@ type Sink interface {
 // the round after its last bucket, then acknowledges and releases each
 // bucket.
 func Load(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink) {
+	loadFrom(p, in, sink, nil)
+}
+
+// loadFrom is Load taking the staging memory that device buckets need (a
+// pinned bucket for host sinks, the GPU checksum's) from pool, and giving
+// it back after the round, so that a Receiver's rounds allocate it once.
+// With a nil pool each call has its own.
+func loadFrom(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, pool *Pool) {
 	pipeline.Sink(p, "load", in, func(ctx context.Context, in *pipeline.Input[*Unpacked]) (err error) {
-		st := &hostStaging{} // for device buckets and host sinks
-		defer func() { err = errors.Join(err, st.close(ctx)) }()
+		st := pool.takeStaging()
+		defer func() { err = errors.Join(err, pool.keepStaging(ctx, st)) }()
 		for u := range in.All() {
 			if err := loadVia(ctx, u, sink, st); err != nil {
 				u.Release()
@@ -433,7 +441,7 @@ func (r *Receiver) pipeline(sink Sink) *pipeline.Pipeline {
 		opts = append(opts, pipeline.WithTracer(r.cfg.Tracer, r.cfg.Rank))
 	}
 	p := pipeline.New(fmt.Sprintf("receive rank %d", r.cfg.Rank), opts...)
-	Load(p, Unpack(p, Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint)), sink)
+	loadFrom(p, Unpack(p, Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint)), sink, r.cfg.Pool)
 	return p
 }
 
