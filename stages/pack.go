@@ -197,7 +197,7 @@ func (pk *packer) add(t *Tensor) error {
 			// A large read runs on several goroutines, in pieces that
 			// start on Align boundaries of the tensor (whole elements for
 			// a cast reader).
-			err = parallel.Pieces(n, func(o, k int64) error {
+			err = parallel.Pieces(pk.ctx, n, func(o, k int64) error {
 				return t.ReadAt(pk.buf[off+o:off+o+k], chunk+o)
 			})
 		}

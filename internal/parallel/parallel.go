@@ -1,6 +1,7 @@
 package parallel
 
 import (
+	"context"
 	"runtime"
 	"sync"
 )
@@ -16,15 +17,19 @@ const Piece = 2 << 20
 // at most Piece bytes and starting at a multiple of Piece (so pieces keep
 // any alignment up to Piece), on up to GOMAXPROCS goroutines (the calling
 // one alone when total is below MinBytes). It returns when every call has
-// returned, with the error of the lowest failed piece; once a piece has
-// failed, pieces not yet started are skipped.
-func Pieces(total int64, fn func(off, n int64) error) error {
+// returned, with the error of the lowest failed piece, or ctx's error;
+// once a piece has failed or ctx is done, pieces not yet started are
+// skipped.
+func Pieces(ctx context.Context, total int64, fn func(off, n int64) error) error {
 	if total <= 0 {
 		return nil
 	}
 	workers := int64(runtime.GOMAXPROCS(0))
 	if total < MinBytes || workers < 2 {
 		for off := int64(0); off < total; off += Piece {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			if err := fn(off, min(Piece, total-off)); err != nil {
 				return err
 			}
@@ -46,6 +51,11 @@ func Pieces(total int64, fn func(off, n int64) error) error {
 				mu.Lock()
 				i := next
 				if i >= count || failed >= 0 {
+					mu.Unlock()
+					return
+				}
+				if err := ctx.Err(); err != nil {
+					failed, failure = i, err
 					mu.Unlock()
 					return
 				}
@@ -71,7 +81,7 @@ func Pieces(total int64, fn func(off, n int64) error) error {
 // copy is large, and returns the number of bytes copied.
 func Copy(dst, src []byte) int {
 	n := min(len(dst), len(src))
-	Pieces(int64(n), func(off, k int64) error {
+	Pieces(context.Background(), int64(n), func(off, k int64) error {
 		copy(dst[off:off+k], src[off:off+k])
 		return nil
 	})

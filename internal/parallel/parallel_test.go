@@ -2,9 +2,11 @@ package parallel
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -20,7 +22,7 @@ func TestPieces(t *testing.T) {
 	for _, total := range []int64{0, 1, Piece - 1, Piece, Piece + 1, MinBytes - 1, MinBytes, MinBytes + 7, 10*Piece + 3} {
 		var mu sync.Mutex
 		seen := map[int64]int64{}
-		err := Pieces(total, func(off, n int64) error {
+		err := Pieces(context.Background(), total, func(off, n int64) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if _, dup := seen[off]; dup {
@@ -54,7 +56,7 @@ func TestPiecesError(t *testing.T) {
 	const total = 64 * Piece
 	var mu sync.Mutex
 	calls := 0
-	err := Pieces(total, func(off, n int64) error {
+	err := Pieces(context.Background(), total, func(off, n int64) error {
 		mu.Lock()
 		calls++
 		mu.Unlock()
@@ -75,8 +77,31 @@ func TestPiecesError(t *testing.T) {
 	}
 	// A single goroutine's failure stops the loop at once.
 	want := errors.New("boom")
-	if err := Pieces(3*Piece, func(off, n int64) error { return want }); !errors.Is(err, want) {
+	if err := Pieces(context.Background(), 3*Piece, func(off, n int64) error { return want }); !errors.Is(err, want) {
 		t.Fatalf("small total: %v", err)
+	}
+}
+
+// TestPiecesCancel: pieces not yet started when ctx ends are skipped, and
+// the error is ctx's.
+func TestPiecesCancel(t *testing.T) {
+	for _, total := range []int64{3 * Piece, 64 * Piece} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var mu sync.Mutex
+		calls := 0
+		err := Pieces(ctx, total, func(off, n int64) error {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			cancel()
+			return nil
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("total %d: %v, want context.Canceled", total, err)
+		}
+		if max := int64(runtime.GOMAXPROCS(0)); int64(calls) > max || calls == int(total/Piece) {
+			t.Fatalf("total %d: %d pieces ran after the cancel", total, calls)
+		}
 	}
 }
 
