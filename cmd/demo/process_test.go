@@ -189,11 +189,11 @@ func TestManyRounds(t *testing.T) {
 // other rank exits non-zero within 30 s with an error naming the lost rank.
 func TestKill9(t *testing.T) { signalRank(t, "kill", syscall.SIGKILL, "SIGKILL") }
 
-// signalRank sends sig (called name) to rank 2, then to rank 0, of a group of 4 streaming
-// rounds, each in a run of its own: every other rank must exit non-zero
-// within 30 s with an error naming the signalled rank, and say what its
-// model holds (checkCommitted). The test's cleanup kills every process,
-// stopped ones included.
+// signalRank sends sig (called name) to rank 2, then to rank 0, of a
+// group of 4 streaming rounds, each in a run of its own: every other rank
+// must exit non-zero within 30 s with an error naming the signalled rank,
+// and say what its model holds (checkCommitted). The test's cleanup kills
+// every process, stopped ones included.
 func signalRank(t *testing.T, group string, sig syscall.Signal, name string) {
 	for _, victim := range []int{2, 0} {
 		t.Run(fmt.Sprintf("rank%d", victim), func(t *testing.T) {
