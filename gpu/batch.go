@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // CopyBatch collects pointer-to-pointer copies that Stream.CopyBatch queues
@@ -162,7 +164,7 @@ func boolInt(v bool) C.int {
 // device memory, the address of its bytes for pinned host memory
 // (AllocPinned). ok is false for ordinary Go memory, which the GPU cannot
 // address, and for freed buffers.
-func Address(b Buffer) (addr uint64, ok bool) {
+func Address(b mem.Buffer) (addr uint64, ok bool) {
 	switch v := Unfence(b).(type) {
 	case *pinnedBuffer:
 		if v.p == nil {
@@ -188,7 +190,7 @@ func Address(b Buffer) (addr uint64, ok bool) {
 // PyTorch tensor's data_ptr()). The memory stays its owner's: the view's
 // Free does nothing, and the owner must keep it allocated while copies use
 // it.
-func (d *CUDADevice) View(ptr uint64, n int) (Buffer, error) {
+func (d *CUDADevice) View(ptr uint64, n int) (mem.Buffer, error) {
 	if ptr == 0 || n < 0 {
 		return nil, fmt.Errorf("gpu: view of %d bytes at %#x on cuda:%d: need a non-zero address and a size of 0 or more", n, ptr, d.ordinal)
 	}
@@ -201,11 +203,11 @@ type viewBuffer struct {
 	n   int
 }
 
-func (v *viewBuffer) Len() int          { return v.n }
-func (v *viewBuffer) Host() []byte      { return nil }
-func (v *viewBuffer) DevicePtr() uint64 { return v.ptr }
-func (v *viewBuffer) Device() Device    { return v.dev }
-func (v *viewBuffer) Free() error       { return nil }
+func (v *viewBuffer) Len() int           { return v.n }
+func (v *viewBuffer) Host() []byte       { return nil }
+func (v *viewBuffer) DevicePtr() uint64  { return v.ptr }
+func (v *viewBuffer) Device() mem.Device { return v.dev }
+func (v *viewBuffer) Free() error        { return nil }
 
 // Fenced is a Buffer whose contents are still being written by queued GPU
 // work: Fence is the event that completes when the writes are done. Code
@@ -214,12 +216,12 @@ func (v *viewBuffer) Free() error       { return nil }
 // for it on the host (Event.Wait). Every transport that takes device
 // buffers honours fences.
 type Fenced interface {
-	Buffer
+	mem.Buffer
 	Fence() *Event
 }
 
 type fenced struct {
-	Buffer
+	mem.Buffer
 	ev *Event
 }
 
@@ -228,12 +230,12 @@ func (f *fenced) Fence() *Event { return f.ev }
 // WithFence returns b marked as written by the work before e. The result
 // forwards every Buffer method to b; Unfence returns b again. The caller
 // keeps owning e and closes it once no one waits on it.
-func WithFence(b Buffer, e *Event) Buffer {
+func WithFence(b mem.Buffer, e *Event) mem.Buffer {
 	return &fenced{Buffer: Unfence(b), ev: e}
 }
 
 // FenceOf returns b's fence, or nil when b carries none.
-func FenceOf(b Buffer) *Event {
+func FenceOf(b mem.Buffer) *Event {
 	if f, ok := b.(Fenced); ok {
 		return f.Fence()
 	}
@@ -241,7 +243,7 @@ func FenceOf(b Buffer) *Event {
 }
 
 // Unfence returns the buffer that WithFence wrapped, or b itself.
-func Unfence(b Buffer) Buffer {
+func Unfence(b mem.Buffer) mem.Buffer {
 	for {
 		f, ok := b.(*fenced)
 		if !ok {

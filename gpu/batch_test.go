@@ -1,6 +1,10 @@
 package gpu
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/weightcast/weightcast/mem"
+)
 
 // These tests need no GPU.
 
@@ -32,7 +36,7 @@ func TestCopyBatchMerge(t *testing.T) {
 }
 
 func TestFenceWrapping(t *testing.T) {
-	h, _ := Host{}.Alloc(64)
+	h, _ := mem.Host{}.Alloc(64)
 	if FenceOf(h) != nil || Unfence(h) != h {
 		t.Fatal("a plain buffer has a fence")
 	}

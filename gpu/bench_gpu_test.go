@@ -3,6 +3,8 @@ package gpu
 import (
 	"testing"
 	"time"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // The copy benchmarks move 1 GiB per operation and report GB/s (10^9 bytes
@@ -32,7 +34,7 @@ func benchCopy(b *testing.B, d *CUDADevice, run func(s *Stream) error) {
 // src and dst (so that no two merge) to cb, hands cb to queue and waits for
 // s; after one such operation to warm up it reports the cost per copy,
 // queueing plus execution.
-func benchScattered(b *testing.B, s *Stream, src, dst Buffer, count, size int, cb *CopyBatch, queue func(*CopyBatch) error) {
+func benchScattered(b *testing.B, s *Stream, src, dst mem.Buffer, count, size int, cb *CopyBatch, queue func(*CopyBatch) error) {
 	run := func() {
 		for i := range count {
 			off := uint64(i) * 2 * uint64(size)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // castPTX is the cast kernel, hand-written PTX with its CUDA C in a
@@ -169,7 +170,7 @@ func castCheckLayout(cases []castCheckCase) (offs []int, size int) {
 func (d *CUDADevice) checkCast(k *loadedKernel) error {
 	host, cases := castCheckSource()
 	offs, size := castCheckLayout(cases)
-	check := func(ctx context.Context, s *Stream, c *Caster, bufs []Buffer) error {
+	check := func(ctx context.Context, s *Stream, c *Caster, bufs []mem.Buffer) error {
 		src, dst := bufs[0], bufs[1]
 		if err := s.CopyHtoD(src, 0, host); err != nil {
 			return err

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // checksumPTX is the checksum kernel, hand-written PTX with its CUDA C in
@@ -105,7 +106,7 @@ func (d *CUDADevice) checkChecksum(k *loadedKernel) error {
 
 // runChecksumCheck queues checksumCheck's sums of bufs[0], which it fills
 // with a pattern, on c, and compares each with checksum.Sum.
-func runChecksumCheck(ctx context.Context, s *Stream, c *Checksummer, bufs []Buffer) error {
+func runChecksumCheck(ctx context.Context, s *Stream, c *Checksummer, bufs []mem.Buffer) error {
 	d, buf := s.d, bufs[0]
 	pat := make([]byte, checksumCheckSize)
 	for i := range pat {
@@ -218,7 +219,7 @@ type PendingSum struct {
 // blocks. buf must be device memory of the stream's device (an
 // allocation, a View, an IPC mapping) and n at most buf.Len(). The bytes
 // must stay unchanged until the PendingSum's Wait has returned.
-func (c *Checksummer) Queue(buf Buffer, n int64) (*PendingSum, error) {
+func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
 	d := c.s.d
 	if err := c.s.check(); err != nil {
 		return nil, err
@@ -227,7 +228,7 @@ func (c *Checksummer) Queue(buf Buffer, n int64) (*PendingSum, error) {
 		return nil, fmt.Errorf("%w: Queue on cuda:%d", ErrChecksummerClosed, d.ordinal)
 	}
 	if db, ok := Unfence(buf).(*deviceBuffer); ok && db.freed {
-		return nil, fmt.Errorf("gpu: checksum on cuda:%d: %w", d.ordinal, ErrFreed)
+		return nil, fmt.Errorf("gpu: checksum on cuda:%d: %w", d.ordinal, mem.ErrFreed)
 	}
 	p := buf.DevicePtr()
 	if p == 0 {

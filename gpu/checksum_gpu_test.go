@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/mem"
 )
 
 func testChecksummer(tb testing.TB, s *Stream) *Checksummer {
@@ -171,7 +172,7 @@ func TestChecksumGPURefuses(t *testing.T) {
 	c := testChecksummer(t, s)
 	buf := alloc(t, d, 64)
 	pinned := alloc(t, d.PinnedHost(), 64)
-	hostBuf := alloc(t, Host{}, 64)
+	hostBuf := alloc(t, mem.Host{}, 64)
 	freed, err := d.Alloc(64)
 	if err != nil {
 		t.Fatal(err)

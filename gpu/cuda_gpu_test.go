@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // The tests below need a GPU; they skip, saying why, where CUDA is absent.
@@ -67,7 +69,7 @@ func testKernel[K interface{ Close(context.Context) error }](tb testing.TB, s *S
 	return k
 }
 
-func alloc(tb testing.TB, d Device, n int) Buffer {
+func alloc(tb testing.TB, d mem.Device, n int) mem.Buffer {
 	tb.Helper()
 	b, err := d.Alloc(n)
 	if err != nil {
@@ -114,7 +116,7 @@ func TestCUDADeviceInfo(t *testing.T) {
 	if err != nil || v < 11000 {
 		t.Fatalf("DriverVersion = %d, %v", v, err)
 	}
-	if d.Kind() != KindCUDA || !strings.Contains(d.Name(), "cuda:0") {
+	if d.Kind() != mem.KindCUDA || !strings.Contains(d.Name(), "cuda:0") {
 		t.Fatalf("Kind %q Name %q", d.Kind(), d.Name())
 	}
 	free, total, err := d.MemInfo()
@@ -157,7 +159,7 @@ func TestCUDACopyRoundTrip(t *testing.T) {
 	const n = 8<<20 + 13
 	src := pattern(n, 1)
 	a, b := alloc(t, d, n), alloc(t, d, n)
-	if a.Host() != nil || a.DevicePtr() == 0 || a.Len() != n || a.Device() != Device(d) {
+	if a.Host() != nil || a.DevicePtr() == 0 || a.Len() != n || a.Device() != mem.Device(d) {
 		t.Fatalf("device buffer: host %v ptr %#x len %d", a.Host() != nil, a.DevicePtr(), a.Len())
 	}
 	if err := s.CopyHtoD(a, 0, src); err != nil {
@@ -200,7 +202,7 @@ func TestCUDAPinned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !IsPinned(in) || !IsPinned(out) || len(in.Host()) != n || in.DevicePtr() != 0 || in.Device().Kind() != KindHost {
+	if !IsPinned(in) || !IsPinned(out) || len(in.Host()) != n || in.DevicePtr() != 0 || in.Device().Kind() != mem.KindHost {
 		t.Fatalf("pinned buffer: pinned %v host %d ptr %#x kind %s", IsPinned(in), len(in.Host()), in.DevicePtr(), in.Device().Kind())
 	}
 	copy(in.Host(), pattern(n, 2))
@@ -336,7 +338,7 @@ func TestCUDAMisuse(t *testing.T) {
 	if err := s.CopyDtoH(make([]byte, 10), b, -1); err == nil {
 		t.Error("copy at a negative offset succeeded")
 	}
-	h, _ := Host{}.Alloc(16)
+	h, _ := mem.Host{}.Alloc(16)
 	if err := s.CopyHtoD(h, 0, make([]byte, 16)); err == nil {
 		t.Error("device copy into a Go host buffer succeeded")
 	}
@@ -350,7 +352,7 @@ func TestCUDAMisuse(t *testing.T) {
 	if err := c.Free(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Memset(c, 0, 64, 1); !errors.Is(err, ErrFreed) {
+	if err := s.Memset(c, 0, 64, 1); !errors.Is(err, mem.ErrFreed) {
 		t.Errorf("memset of a freed buffer: %v, want ErrFreed", err)
 	}
 	unlock, err := d.LockContext()

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // These tests need no GPU: they run everywhere.
@@ -186,7 +188,7 @@ func TestIPCHandleString(t *testing.T) {
 }
 
 func TestIsPinnedHost(t *testing.T) {
-	b, _ := Host{}.Alloc(8)
+	b, _ := mem.Host{}.Alloc(8)
 	if IsPinned(b) {
 		t.Fatal("a Go host buffer reports pinned")
 	}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // CUDADevice is one GPU, used through its primary context. Every method may
@@ -29,7 +31,7 @@ type CUDADevice struct {
 	kernels deviceKernels // the hand-written kernels, their spare descriptor memory, and the multiprocessor count
 }
 
-var _ Device = (*CUDADevice)(nil)
+var _ mem.Device = (*CUDADevice)(nil)
 
 // NewCUDADevice opens device ordinal (0-based, as in cuda:0) and retains its
 // primary context. The error wraps ErrNoDriver where no driver is installed.
@@ -76,7 +78,7 @@ func (d *CUDADevice) checkOpen() error {
 func (d *CUDADevice) Name() string { return fmt.Sprintf("%s (cuda:%d)", d.name, d.ordinal) }
 
 // Kind returns KindCUDA.
-func (d *CUDADevice) Kind() Kind { return KindCUDA }
+func (d *CUDADevice) Kind() mem.Kind { return mem.KindCUDA }
 
 // Ordinal returns the device's index as the driver counts them.
 func (d *CUDADevice) Ordinal() int { return d.ordinal }
@@ -84,7 +86,7 @@ func (d *CUDADevice) Ordinal() int { return d.ordinal }
 // Alloc returns n bytes of device memory (cuMemAlloc). The buffer's
 // DevicePtr is its address and Host is nil; its contents are unspecified.
 // Free it with Free.
-func (d *CUDADevice) Alloc(n int) (Buffer, error) {
+func (d *CUDADevice) Alloc(n int) (mem.Buffer, error) {
 	if err := d.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -151,9 +153,9 @@ type deviceBuffer struct {
 	freed  bool
 }
 
-func (b *deviceBuffer) Len() int       { return b.n }
-func (b *deviceBuffer) Host() []byte   { return nil }
-func (b *deviceBuffer) Device() Device { return b.dev }
+func (b *deviceBuffer) Len() int           { return b.n }
+func (b *deviceBuffer) Host() []byte       { return nil }
+func (b *deviceBuffer) Device() mem.Device { return b.dev }
 
 // DevicePtr returns the buffer's device address, or 0 once freed.
 func (b *deviceBuffer) DevicePtr() uint64 {
@@ -192,7 +194,7 @@ func (b *deviceBuffer) Free() error {
 // them from ordinary host buffers.
 type PinnedHost struct{ d *CUDADevice }
 
-var _ Device = PinnedHost{}
+var _ mem.Device = PinnedHost{}
 
 // PinnedHost returns the Device that allocates pinned host memory through d.
 func (d *CUDADevice) PinnedHost() PinnedHost { return PinnedHost{d} }
@@ -201,17 +203,17 @@ func (d *CUDADevice) PinnedHost() PinnedHost { return PinnedHost{d} }
 func (p PinnedHost) Name() string { return fmt.Sprintf("pinned host (cuda:%d)", p.d.ordinal) }
 
 // Kind returns KindHost: pinned memory is host memory that Go addresses.
-func (p PinnedHost) Kind() Kind { return KindHost }
+func (p PinnedHost) Kind() mem.Kind { return mem.KindHost }
 
 // Alloc is (*CUDADevice).AllocPinned.
-func (p PinnedHost) Alloc(n int) (Buffer, error) { return p.d.AllocPinned(n) }
+func (p PinnedHost) Alloc(n int) (mem.Buffer, error) { return p.d.AllocPinned(n) }
 
 // AllocPinned returns n bytes of page-locked host memory allocated by the
 // driver. Host() views that C memory as a Go slice (unsafe.Slice): the
 // caller owns the buffer and must Free it, after every copy that uses it has
 // finished, and must not touch the slice after Free. The garbage collector
 // neither sees nor frees this memory.
-func (d *CUDADevice) AllocPinned(n int) (Buffer, error) {
+func (d *CUDADevice) AllocPinned(n int) (mem.Buffer, error) {
 	if err := d.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -231,10 +233,10 @@ type pinnedBuffer struct {
 	b   []byte
 }
 
-func (b *pinnedBuffer) Len() int          { return len(b.b) }
-func (b *pinnedBuffer) Host() []byte      { return b.b }
-func (b *pinnedBuffer) DevicePtr() uint64 { return 0 }
-func (b *pinnedBuffer) Device() Device    { return PinnedHost{b.dev} }
+func (b *pinnedBuffer) Len() int           { return len(b.b) }
+func (b *pinnedBuffer) Host() []byte       { return b.b }
+func (b *pinnedBuffer) DevicePtr() uint64  { return 0 }
+func (b *pinnedBuffer) Device() mem.Device { return PinnedHost{b.dev} }
 
 // Free returns the memory with cuMemFreeHost.
 func (b *pinnedBuffer) Free() error {
@@ -250,7 +252,7 @@ func (b *pinnedBuffer) Free() error {
 }
 
 // IsPinned reports whether b is page-locked host memory from AllocPinned.
-func IsPinned(b Buffer) bool {
+func IsPinned(b mem.Buffer) bool {
 	_, ok := b.(*pinnedBuffer)
 	return ok
 }

@@ -1,12 +1,12 @@
-// Package gpu owns memory that bucket buffers live in and the copies between
-// it: device memory through the CUDA driver API (loaded at run time, so the
-// package builds and runs where no driver is installed) and plain host memory
-// behind the same Device and Buffer interfaces, so that every pipeline also
-// runs on machines without a GPU.
+// Package gpu owns GPU memory and the copies to, from and within it: device
+// memory through the CUDA driver API (loaded at run time, so the package
+// builds and runs where no driver is installed), pinned host memory, streams,
+// events and the hand-written kernels. Its buffers and devices implement the
+// interfaces of package mem, whose Host device serves machines without a GPU.
 //
 // # Devices and buffers
 //
-// Host is ordinary Go memory. NewCUDADevice opens a GPU through its primary
+// mem.Host is ordinary Go memory. NewCUDADevice opens a GPU through its primary
 // context; its Alloc returns device memory (DevicePtr set, Host nil).
 // (*CUDADevice).AllocPinned, or the PinnedHost device, returns page-locked
 // host memory from cuMemHostAlloc: Kind is KindHost and Host returns the

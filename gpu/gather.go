@@ -9,6 +9,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // gatherPTX is the gather kernel, hand-written PTX with its CUDA C in a
@@ -101,7 +103,7 @@ const gatherCheckSize = 256 << 10
 
 // runGatherCheck copies gatherCheck from bufs[0] to bufs[1] with g, and
 // checks every byte of bufs[1].
-func runGatherCheck(ctx context.Context, s *Stream, g *Gather, bufs []Buffer) error {
+func runGatherCheck(ctx context.Context, s *Stream, g *Gather, bufs []mem.Buffer) error {
 	const n = gatherCheckSize
 	src, dst := bufs[0], bufs[1]
 	pat := make([]byte, n)

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // testGather returns a Gather of s, with its kernel or without (the tests
@@ -25,7 +27,7 @@ func TestGatherGPU(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
 	const srcSize, dstSize = 16 << 20, 64 << 20
-	srcs := make([]Buffer, 4)
+	srcs := make([]mem.Buffer, 4)
 	host := make([][]byte, len(srcs))
 	for i := range srcs {
 		srcs[i] = alloc(t, d, srcSize)
@@ -151,7 +153,7 @@ func TestGatherFallbackGPU(t *testing.T) {
 func BenchmarkGather64x16MiB(b *testing.B) {
 	d := testDevice(b)
 	const each, count = 16 << 20, 64
-	srcs := make([]Buffer, count)
+	srcs := make([]mem.Buffer, count)
 	for i := range srcs {
 		srcs[i] = alloc(b, d, each)
 	}

@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // IPCHandle names a device allocation so that another process on the same
@@ -32,7 +34,7 @@ func ParseIPCHandle(s string) (IPCHandle, error) {
 // Alloc of this GPU returned (a whole allocation, not one opened from a
 // handle; a fenced one is unwrapped). The memory stays owned by this
 // process: importers must close their mappings before b is freed.
-func (d *CUDADevice) ExportIPC(b Buffer) (IPCHandle, error) {
+func (d *CUDADevice) ExportIPC(b mem.Buffer) (IPCHandle, error) {
 	var h IPCHandle
 	db, ok := Unfence(b).(*deviceBuffer)
 	switch {
@@ -41,7 +43,7 @@ func (d *CUDADevice) ExportIPC(b Buffer) (IPCHandle, error) {
 	case db.opened:
 		return h, fmt.Errorf("gpu: cannot re-export a buffer opened from an IPC handle; export the original allocation")
 	case db.freed:
-		return h, ErrFreed
+		return h, mem.ErrFreed
 	}
 	if err := d.checkOpen(); err != nil {
 		return h, err
@@ -56,7 +58,7 @@ func (d *CUDADevice) ExportIPC(b Buffer) (IPCHandle, error) {
 // (the handle does not carry the size). The returned buffer's Free unmaps it
 // (cuIpcCloseMemHandle); the memory itself stays the exporter's. A process
 // cannot open a handle it exported itself.
-func (d *CUDADevice) OpenIPC(h IPCHandle, n int) (Buffer, error) {
+func (d *CUDADevice) OpenIPC(h IPCHandle, n int) (mem.Buffer, error) {
 	if err := d.checkOpen(); err != nil {
 		return nil, err
 	}

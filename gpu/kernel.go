@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // deviceKernels holds, for one device, the hand-written kernels (each
@@ -109,14 +111,14 @@ func (d *CUDADevice) selfTested(k *loadedKernel, err error, unavailable error) (
 // still use them), closes what open made, frees the buffers and closes
 // the stream.
 func selfTest[K interface{ Close(context.Context) error }](d *CUDADevice, wait time.Duration, sizes []int,
-	open func(s *Stream) K, check func(ctx context.Context, s *Stream, k K, bufs []Buffer) error) (err error) {
+	open func(s *Stream) K, check func(ctx context.Context, s *Stream, k K, bufs []mem.Buffer) error) (err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	s, err := d.NewStream()
 	if err != nil {
 		return err
 	}
-	var bufs []Buffer
+	var bufs []mem.Buffer
 	for _, n := range sizes {
 		b, err := d.Alloc(n)
 		if err != nil {

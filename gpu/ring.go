@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // descSlots is the number of descriptor slots of a descRing, used in
@@ -194,7 +196,7 @@ func (sp *descSpares) free() error {
 // mirrorMem is pinned host memory and device memory of one size, the host
 // side viewed as uint64 words, that streams copy between.
 type mirrorMem struct {
-	host, dev Buffer
+	host, dev mem.Buffer
 	words     []uint64 // host
 }
 

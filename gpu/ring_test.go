@@ -4,14 +4,16 @@ import (
 	"context"
 	"slices"
 	"testing"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // testMirror returns a mirrorMem of size bytes of plain host memory on
 // both sides, which needs no GPU; a freed side has length 0.
 func testMirror(t *testing.T, size int) *mirrorMem {
 	t.Helper()
-	host, _ := Host{}.Alloc(size)
-	dev, _ := Host{}.Alloc(size)
+	host, _ := mem.Host{}.Alloc(size)
+	dev, _ := mem.Host{}.Alloc(size)
 	return &mirrorMem{host: host, dev: dev}
 }
 

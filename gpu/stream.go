@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"time"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Stream is a CUDA stream of one device: work queued on it runs in order,
@@ -57,9 +59,9 @@ func (s *Stream) check() error {
 
 // devRange returns the device address of b[off:off+n] after checking that b
 // is live device memory and the range lies inside it.
-func devRange(b Buffer, off, n int) (uint64, error) {
+func devRange(b mem.Buffer, off, n int) (uint64, error) {
 	if db, ok := b.(*deviceBuffer); ok && db.freed {
-		return 0, ErrFreed
+		return 0, mem.ErrFreed
 	}
 	p := b.DevicePtr()
 	if p == 0 {
@@ -72,7 +74,7 @@ func devRange(b Buffer, off, n int) (uint64, error) {
 }
 
 // CopyHtoD queues a copy of src into dst[dstOff:dstOff+len(src)].
-func (s *Stream) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
+func (s *Stream) CopyHtoD(dst mem.Buffer, dstOff int, src []byte) error {
 	p, err := devRange(dst, dstOff, len(src))
 	if err != nil {
 		return err
@@ -81,7 +83,7 @@ func (s *Stream) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
 }
 
 // CopyDtoH queues a copy of src[srcOff:srcOff+len(dst)] into dst.
-func (s *Stream) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
+func (s *Stream) CopyDtoH(dst []byte, src mem.Buffer, srcOff int) error {
 	p, err := devRange(src, srcOff, len(dst))
 	if err != nil {
 		return err
@@ -90,7 +92,7 @@ func (s *Stream) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
 }
 
 // CopyDtoD queues a copy of n bytes from src[srcOff:] to dst[dstOff:].
-func (s *Stream) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff, n int) error {
+func (s *Stream) CopyDtoD(dst mem.Buffer, dstOff int, src mem.Buffer, srcOff, n int) error {
 	dp, err := devRange(dst, dstOff, n)
 	if err != nil {
 		return err
@@ -103,7 +105,7 @@ func (s *Stream) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff, n int) err
 }
 
 // Memset queues setting dst[off:off+n] to value.
-func (s *Stream) Memset(dst Buffer, off, n int, value byte) error {
+func (s *Stream) Memset(dst mem.Buffer, off, n int, value byte) error {
 	p, err := devRange(dst, off, n)
 	if err != nil {
 		return err

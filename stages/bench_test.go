@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
@@ -23,7 +23,7 @@ func loopback(b *testing.B, src Source, pool *Pool, sum bool) {
 }
 
 func benchPool(b *testing.B, bucket int) *Pool {
-	pool, err := NewPool(gpu.Host{}, DefaultBuffers, bucket)
+	pool, err := NewPool(mem.Host{}, DefaultBuffers, bucket)
 	if err != nil {
 		b.Fatal(err)
 	}

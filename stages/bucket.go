@@ -9,6 +9,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Limits on what a receiver accepts; a message or tensor past one is
@@ -223,12 +224,12 @@ func (m *BucketMeta) Check() error {
 // failure.
 type Bucket struct {
 	Meta BucketMeta
-	Buf  gpu.Buffer
+	Buf  mem.Buffer
 	// Ack, when set, tells the root that this receiver has loaded the
 	// bucket (the metadata bus acknowledgement).
 	Ack  func() error
 	once sync.Once
-	put  func(gpu.Buffer)
+	put  func(mem.Buffer)
 	// sum is the checksum of a device bucket being computed on the GPU
 	// (see gpu_checksum.go); nil otherwise.
 	sum *gpu.PendingSum

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -458,7 +458,7 @@ func TestAwaitCommitRejects(t *testing.T) {
 	}
 
 	// A commit message where the metadata of a bucket was expected.
-	pool, err := NewPool(gpu.Host{}, 2, 4096)
+	pool, err := NewPool(mem.Host{}, 2, 4096)
 	if err != nil {
 		t.Fatal(err)
 	}

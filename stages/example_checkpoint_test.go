@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/safetensors"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
@@ -56,10 +56,10 @@ func Example_checkpoint() {
 	var wg sync.WaitGroup
 	for rank := range world {
 		wg.Go(func() {
-			cfg := transport.Config{Group: "example-checkpoint", Rank: rank, WorldSize: world, Device: gpu.Host{}}
+			cfg := transport.Config{Group: "example-checkpoint", Rank: rank, WorldSize: world, Device: mem.Host{}}
 			ep, _ := transport.Open(ctx, inproc.Name, cfg)
 			defer ep.Close()
-			pool, _ := stages.NewPool(gpu.Host{}, stages.DefaultBuffers, 64<<10)
+			pool, _ := stages.NewPool(mem.Host{}, stages.DefaultBuffers, 64<<10)
 			defer pool.Close()
 			if rank == 0 {
 				pub, _ := inproc.OpenPublisher(ctx, cfg)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
@@ -23,10 +23,10 @@ func Example() {
 	var wg sync.WaitGroup
 	for rank := range world {
 		wg.Go(func() {
-			cfg := transport.Config{Group: "example", Rank: rank, WorldSize: world, Device: gpu.Host{}}
+			cfg := transport.Config{Group: "example", Rank: rank, WorldSize: world, Device: mem.Host{}}
 			ep, _ := transport.Open(ctx, inproc.Name, cfg)
 			defer ep.Close()
-			pool, _ := stages.NewPool(gpu.Host{}, stages.DefaultBuffers, 1<<20)
+			pool, _ := stages.NewPool(mem.Host{}, stages.DefaultBuffers, 1<<20)
 			defer pool.Close()
 			if rank == 0 {
 				pub, _ := inproc.OpenPublisher(ctx, cfg)
@@ -58,10 +58,10 @@ func Example_customPipeline() {
 	var wg sync.WaitGroup
 	for rank := range world {
 		wg.Go(func() {
-			cfg := transport.Config{Group: "example-custom", Rank: rank, WorldSize: world, Device: gpu.Host{}}
+			cfg := transport.Config{Group: "example-custom", Rank: rank, WorldSize: world, Device: mem.Host{}}
 			ep, _ := transport.Open(ctx, inproc.Name, cfg)
 			defer ep.Close()
-			pool, _ := stages.NewPool(gpu.Host{}, stages.DefaultBuffers, 256<<10)
+			pool, _ := stages.NewPool(mem.Host{}, stages.DefaultBuffers, 256<<10)
 			defer pool.Close()
 			if rank == 1 {
 				sub, _ := inproc.OpenSubscriber(ctx, cfg)

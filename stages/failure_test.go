@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -42,7 +42,7 @@ type faultyEndpoint struct {
 	corrupt bool
 }
 
-func (f *faultyEndpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (f *faultyEndpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	if seq == f.seq && !f.corrupt {
 		return errInjected
 	}
@@ -270,7 +270,7 @@ type slowEndpoint struct {
 	d time.Duration
 }
 
-func (s *slowEndpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (s *slowEndpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	select {
 	case <-time.After(s.d):
 	case <-ctx.Done():
@@ -334,11 +334,11 @@ func TestDoubleBuffering(t *testing.T) {
 
 func TestBadBucketSizes(t *testing.T) {
 	for _, size := range []int{-1, 0, 1, MinBucketSize - 1} {
-		if _, err := NewPool(gpu.Host{}, 2, size); err == nil || !strings.Contains(err.Error(), "below the minimum") {
+		if _, err := NewPool(mem.Host{}, 2, size); err == nil || !strings.Contains(err.Error(), "below the minimum") {
 			t.Errorf("NewPool(size %d) = %v", size, err)
 		}
 	}
-	if _, err := NewPool(gpu.Host{}, 0, 4096); err == nil {
+	if _, err := NewPool(mem.Host{}, 0, 4096); err == nil {
 		t.Error("a pool of zero buffers was accepted")
 	}
 }
@@ -388,7 +388,7 @@ func TestDecodeMetaRejects(t *testing.T) {
 // bucket is marked, and an empty model still sends one (empty) last bucket.
 func TestPackSplitsAndMarksLast(t *testing.T) {
 	pack := func(src Tensors, bucket int) []BucketMeta {
-		pool, _ := NewPool(gpu.Host{}, 2, bucket)
+		pool, _ := NewPool(mem.Host{}, 2, bucket)
 		defer pool.Close()
 		p := pipeline.New("pack")
 		var metas []BucketMeta
@@ -464,7 +464,7 @@ func TestTensorCountLimit(t *testing.T) {
 		got[string(rune('a'+i))] = progress{4, 4}
 	}
 	b := &Bucket{Meta: BucketMeta{Seq: 1, Length: 4, Entries: []Entry{{Name: "new", DType: dtype.U8, Shape: []int64{4}, Size: 4, Total: 4}}}}
-	b.Buf, _ = gpu.Host{}.Alloc(4096)
+	b.Buf, _ = mem.Host{}.Alloc(4096)
 	if _, err := unpack(context.Background(), b, got); err == nil || !strings.Contains(err.Error(), "more than 10 tensors") {
 		t.Fatalf("receiver's unpack: %v", err)
 	}

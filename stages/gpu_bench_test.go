@@ -10,6 +10,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
@@ -332,7 +333,7 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 	b.Run("allocRing", func(b *testing.B) {
 		cfg := stagingDefaults()
 		for b.Loop() {
-			var bufs []gpu.Buffer
+			var bufs []mem.Buffer
 			for range cfg.slots {
 				bufs = append(bufs, gpuAllocNoCleanup(b, d, int(cfg.slotSize)))
 			}

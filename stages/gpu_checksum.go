@@ -7,6 +7,7 @@ import (
 
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Checksums of device buckets.
@@ -48,7 +49,7 @@ func (f *deviceFill) queueSum(b *Bucket) error {
 	}
 	b.sum = ps
 	put := b.put
-	b.put = func(buf gpu.Buffer) {
+	b.put = func(buf mem.Buffer) {
 		ps.Close()
 		if put != nil {
 			put(buf)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Packing into device buckets.
@@ -120,7 +121,7 @@ type deviceFill struct {
 	gather   *gpu.Gather
 	kbatch   gpu.CopyBatch
 	klastSrc uint64
-	onGPU    func(gpu.Buffer) bool
+	onGPU    func(mem.Buffer) bool
 
 	// caster converts tensors that Cast wraps into the bucket (the GPU
 	// cast kernel), created at the first such tensor; scratch holds the
@@ -169,7 +170,7 @@ func newDeviceFill(pool *Pool) (*deviceFill, error) {
 	f.laneUsed = make([]bool, len(f.lanes))
 	if f.plan.gatherBelow > 0 {
 		f.kernel, f.gather = true, s.NewGather()
-		f.onGPU = func(b gpu.Buffer) bool {
+		f.onGPU = func(b mem.Buffer) bool {
 			d, ok := gpu.Unfence(b).Device().(*gpu.CUDADevice)
 			return ok && d.Ordinal() == dev.Ordinal()
 		}
@@ -296,7 +297,7 @@ func (f *deviceFill) flushKernel(ctx context.Context) error {
 }
 
 // copyIn queues the copy of t's bytes [chunk, chunk+n) to bucket[off:].
-func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket gpu.Buffer, off, n, chunk int64) error {
+func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, off, n, chunk int64) error {
 	dst := bucket.DevicePtr() + uint64(off)
 	cr, cast := t.Reader.(*castReader)
 	if cast && cr.src.Device != nil {
@@ -375,7 +376,7 @@ func (f *deviceFill) finish(ctx context.Context, b *Bucket) error {
 	}
 	b.Buf = gpu.WithFence(b.Buf, ev)
 	put := b.put
-	b.put = func(buf gpu.Buffer) {
+	b.put = func(buf mem.Buffer) {
 		ev.Close()
 		if put != nil {
 			put(gpu.Unfence(buf))

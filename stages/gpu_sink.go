@@ -12,6 +12,7 @@ import (
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Receiving into device buckets.
@@ -37,7 +38,7 @@ type DeviceSink interface {
 	// LoadDevice queues the copy of entry e's bytes, which lie at
 	// src[off:off+e.Size] in device memory; chunks come in order. It may
 	// return before the copy has run.
-	LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, off int64) error
+	LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error
 	// Flush returns once every copy queued so far, by LoadDevice or by
 	// Load, has finished reading its source, so that the bucket can be
 	// reused.
@@ -58,7 +59,7 @@ func asDeviceSink(s Sink) (DeviceSink, bool) {
 }
 
 // LoadDevice counts the tensor and forwards to the wrapped DeviceSink.
-func (v *versionSink) LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, off int64) error {
+func (v *versionSink) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error {
 	if e.Chunk == 0 {
 		v.tensors++
 	}
@@ -74,7 +75,7 @@ func (v *versionSink) Flush(ctx context.Context) error { return v.Sink.(DeviceSi
 type hostStaging struct {
 	dev     *gpu.CUDADevice
 	stream  *gpu.Stream
-	buf     gpu.Buffer
+	buf     mem.Buffer
 	sums    *gpu.Checksummer // nil until first used, or when unavailable
 	sumsWhy error            // why the checksum kernel is unavailable
 }
@@ -237,7 +238,7 @@ type DeviceTensor struct {
 	DType dtype.DType
 	Shape []int64
 	// Buf holds the tensor's bytes; nil for a tensor of zero bytes.
-	Buf gpu.Buffer
+	Buf mem.Buffer
 }
 
 // DeviceModel is a Sink that keeps the received model in device memory,
@@ -257,7 +258,7 @@ type DeviceModel struct {
 	batch  gpu.CopyBatch
 
 	tensors map[string]*DeviceTensor
-	retired []gpu.Buffer // replaced tensors, freed after the next Flush
+	retired []mem.Buffer // replaced tensors, freed after the next Flush
 	version uint64
 	allocs  int
 	fence   *gpu.Event // recorded by the last Flush after its copies
@@ -302,7 +303,7 @@ func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
 }
 
 // LoadDevice queues the copy of the entry from src[off:] into its tensor.
-func (m *DeviceModel) LoadDevice(ctx context.Context, e *Entry, src gpu.Buffer, off int64) error {
+func (m *DeviceModel) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, err := m.place(e)

@@ -15,6 +15,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
 )
@@ -32,7 +33,7 @@ type devLoop struct {
 
 type devDelivery struct {
 	seq  uint64
-	buf  gpu.Buffer
+	buf  mem.Buffer
 	n    int
 	done chan error
 }
@@ -53,7 +54,7 @@ func newDevLoop(t testing.TB, d *gpu.CUDADevice, world int) []transport.Endpoint
 	return eps
 }
 
-func (e *devLoopEP) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (e *devLoopEP) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	if e.rank != 0 {
 		select {
 		case d := <-e.h.inbox[e.rank]:
@@ -84,7 +85,7 @@ func (e *devLoopEP) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n
 	return errors.Join(errs...)
 }
 
-func (e *devLoopEP) copyIn(ctx context.Context, d devDelivery, seq uint64, buf gpu.Buffer, n int) error {
+func (e *devLoopEP) copyIn(ctx context.Context, d devDelivery, seq uint64, buf mem.Buffer, n int) error {
 	if d.seq != seq || d.n != n {
 		return fmt.Errorf("root sent bucket %d of %d bytes, receiver %d expected %d of %d", d.seq, d.n, e.rank, seq, n)
 	}
@@ -112,10 +113,10 @@ func newGPUGroup(t testing.TB, d *gpu.CUDADevice, world, bucket int, rootHost, s
 	eps := newDevLoop(t, d, world)
 	g := &group{}
 	for r := range world {
-		cfg := transport.Config{Group: name, Rank: r, WorldSize: world, Device: gpu.Host{}, Timeout: 20 * time.Second}
-		var dev gpu.Device = d
+		cfg := transport.Config{Group: name, Rank: r, WorldSize: world, Device: mem.Host{}, Timeout: 20 * time.Second}
+		var dev mem.Device = d
 		if r == 0 && rootHost {
-			dev = gpu.Host{}
+			dev = mem.Host{}
 		}
 		pool, err := NewPool(dev, DefaultBuffers, bucket)
 		if err != nil {
@@ -454,7 +455,7 @@ type flipEndpoint struct {
 	s   *gpu.Stream
 }
 
-func (f *flipEndpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (f *flipEndpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	err := f.Endpoint.Broadcast(ctx, seq, buf, n)
 	if err != nil || seq != f.seq || n == 0 {
 		return err
@@ -505,7 +506,7 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 			releaseMu sync.Mutex
 		)
 		put := b.put
-		b.put = func(buf gpu.Buffer) {
+		b.put = func(buf mem.Buffer) {
 			releaseMu.Lock()
 			released = true
 			copyDone, queryErr = dm.fence.Query()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Staging host tensors into device buckets.
@@ -152,7 +153,7 @@ type streamStaging struct {
 // from the host: one region per staging slot, allocated at the first
 // conversion.
 type deviceScratch struct {
-	buf    gpu.Buffer
+	buf    mem.Buffer
 	region int64
 }
 
@@ -225,11 +226,11 @@ var stagingPinned atomic.Int64
 // closed CUDADevice's entry keeps its slots, and they stay pinned).
 var stagingSpares = struct {
 	sync.Mutex
-	m map[*gpu.CUDADevice][]gpu.Buffer
-}{m: map[*gpu.CUDADevice][]gpu.Buffer{}}
+	m map[*gpu.CUDADevice][]mem.Buffer
+}{m: map[*gpu.CUDADevice][]mem.Buffer{}}
 
 // takeSpare returns a kept slot of n bytes of dev, or nil.
-func takeSpare(dev *gpu.CUDADevice, n int) gpu.Buffer {
+func takeSpare(dev *gpu.CUDADevice, n int) mem.Buffer {
 	stagingSpares.Lock()
 	defer stagingSpares.Unlock()
 	list := stagingSpares.m[dev]
@@ -244,10 +245,10 @@ func takeSpare(dev *gpu.CUDADevice, n int) gpu.Buffer {
 
 // giveSpare keeps b, a slot of dev whose copies have all finished, for a
 // later round, or frees it.
-func giveSpare(dev *gpu.CUDADevice, b gpu.Buffer) error {
+func giveSpare(dev *gpu.CUDADevice, b mem.Buffer) error {
 	stagingSpares.Lock()
 	list := stagingSpares.m[dev]
-	var drop gpu.Buffer
+	var drop mem.Buffer
 	switch {
 	case len(list) < StagingBuffers:
 		stagingSpares.m[dev] = append(list, b)

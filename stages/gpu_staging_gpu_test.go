@@ -13,6 +13,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // These need a GPU; they skip without one.
@@ -158,7 +159,7 @@ func warmFiles(b *testing.B, dir string) {
 	}
 }
 
-func gpuAllocNoCleanup(b *testing.B, d *gpu.CUDADevice, n int) gpu.Buffer {
+func gpuAllocNoCleanup(b *testing.B, d *gpu.CUDADevice, n int) mem.Buffer {
 	buf, err := d.AllocPinned(n)
 	if err != nil {
 		b.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // validateDevice checks a device tensor: its bytes only in Device, which
@@ -23,10 +24,10 @@ func (t *Tensor) validateDevice(size int64) error {
 
 // onDevice reports whether b is memory that only the GPU reads (device
 // memory rather than host bytes).
-func onDevice(b gpu.Buffer) bool { return b.Host() == nil && b.DevicePtr() != 0 }
+func onDevice(b mem.Buffer) bool { return b.Host() == nil && b.DevicePtr() != 0 }
 
 // cudaDeviceOf returns the CUDA device that owns b.
-func cudaDeviceOf(b gpu.Buffer) (*gpu.CUDADevice, error) {
+func cudaDeviceOf(b mem.Buffer) (*gpu.CUDADevice, error) {
 	d, ok := gpu.Unfence(b).Device().(*gpu.CUDADevice)
 	if !ok {
 		return nil, fmt.Errorf("buffer on %s is not CUDA device memory", b.Device().Name())

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
@@ -17,7 +17,7 @@ type fakeDevice struct{ n int }
 func (f fakeDevice) Len() int           { return f.n }
 func (f fakeDevice) Host() []byte       { return nil }
 func (f fakeDevice) DevicePtr() uint64  { return 0x7f0000000000 }
-func (f fakeDevice) Device() gpu.Device { return gpu.Host{} }
+func (f fakeDevice) Device() mem.Device { return mem.Host{} }
 func (f fakeDevice) Free() error        { return nil }
 
 // These need no GPU.
@@ -50,7 +50,7 @@ func TestDeviceTensorValidate(t *testing.T) {
 // TestDeviceTensorIntoHostBuckets: host buckets cannot take device
 // tensors, and say what to do.
 func TestDeviceTensorIntoHostBuckets(t *testing.T) {
-	pool, err := NewPool(gpu.Host{}, 2, 4096)
+	pool, err := NewPool(mem.Host{}, 2, 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,8 +67,8 @@ func TestDeviceTensorIntoHostBuckets(t *testing.T) {
 	}
 }
 
-func hostBuf(n int) gpu.Buffer {
-	b, _ := gpu.Host{}.Alloc(n)
+func hostBuf(n int) mem.Buffer {
+	b, _ := mem.Host{}.Alloc(n)
 	return b
 }
 
@@ -84,7 +84,7 @@ func TestDeviceFillMerges(t *testing.T) {
 	bucketBase := bucket.DevicePtr()
 	f := &deviceFill{}
 	ctx := context.Background()
-	add := func(buf gpu.Buffer, srcOff, dstOff, n int64) {
+	add := func(buf mem.Buffer, srcOff, dstOff, n int64) {
 		t.Helper()
 		tn := &Tensor{Name: "x", DType: dtype.U8, Shape: []int64{n}, Device: buf, DeviceOffset: srcOff}
 		if err := f.copyIn(ctx, tn, bucket, dstOff, n, 0); err != nil {
@@ -140,10 +140,10 @@ func TestDeviceFillRoutes(t *testing.T) {
 	f := &deviceFill{
 		plan:   devicePlan{gatherBelow: 1 << 20},
 		kernel: true,
-		onGPU:  func(b gpu.Buffer) bool { return b == gpu.Buffer(src) },
+		onGPU:  func(b mem.Buffer) bool { return b == mem.Buffer(src) },
 	}
 	ctx := context.Background()
-	add := func(buf gpu.Buffer, srcOff, dstOff, n int64) {
+	add := func(buf mem.Buffer, srcOff, dstOff, n int64) {
 		t.Helper()
 		tn := &Tensor{Name: "x", DType: dtype.U8, Shape: []int64{n}, Device: buf, DeviceOffset: srcOff}
 		if err := f.copyIn(ctx, tn, bucket, dstOff, n, 0); err != nil {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
@@ -45,7 +45,7 @@ func newGroup(t testing.TB, o groupOpts) *group {
 	var wg sync.WaitGroup
 	for r := range o.world {
 		wg.Go(func() {
-			eps[r], errs[r] = transport.Open(ctx, inproc.Name, transport.Config{Group: name, Rank: r, WorldSize: o.world, Device: gpu.Host{}, Timeout: 20 * time.Second})
+			eps[r], errs[r] = transport.Open(ctx, inproc.Name, transport.Config{Group: name, Rank: r, WorldSize: o.world, Device: mem.Host{}, Timeout: 20 * time.Second})
 		})
 	}
 	wg.Wait()
@@ -53,8 +53,8 @@ func newGroup(t testing.TB, o groupOpts) *group {
 		t.Fatal(err)
 	}
 	for r := range o.world {
-		cfg := transport.Config{Group: name, Rank: r, WorldSize: o.world, Device: gpu.Host{}, Timeout: 20 * time.Second}
-		pool, err := NewPool(gpu.Host{}, DefaultBuffers, o.bucket)
+		cfg := transport.Config{Group: name, Rank: r, WorldSize: o.world, Device: mem.Host{}, Timeout: 20 * time.Second}
+		pool, err := NewPool(mem.Host{}, DefaultBuffers, o.bucket)
 		if err != nil {
 			t.Fatal(err)
 		}

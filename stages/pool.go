@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // DefaultBuffers is the number of bucket buffers in a pool: two, so that
@@ -17,8 +17,8 @@ const DefaultBuffers = 2
 // channel whose capacity is the number of buffers, so taking a buffer blocks
 // while all are in use: with two buffers this is the double buffering.
 type Pool struct {
-	free chan gpu.Buffer
-	all  []gpu.Buffer
+	free chan mem.Buffer
+	all  []mem.Buffer
 	size int
 
 	mu      sync.Mutex
@@ -34,14 +34,14 @@ type Pool struct {
 }
 
 // NewPool allocates n buffers of size bytes each on dev.
-func NewPool(dev gpu.Device, n, size int) (*Pool, error) {
+func NewPool(dev mem.Device, n, size int) (*Pool, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("bucket pool needs at least one buffer, got %d", n)
 	}
 	if size < MinBucketSize {
 		return nil, fmt.Errorf("bucket size %d bytes is below the minimum of %d; use --bucket 1KiB or more", size, MinBucketSize)
 	}
-	p := &Pool{free: make(chan gpu.Buffer, n), size: size}
+	p := &Pool{free: make(chan mem.Buffer, n), size: size}
 	for range n {
 		b, err := dev.Alloc(size)
 		if err != nil {
@@ -59,10 +59,10 @@ func (p *Pool) BufferSize() int { return p.size }
 
 // Buffers returns every buffer of the pool, for transports that register
 // or export them once (CUDA IPC).
-func (p *Pool) Buffers() []gpu.Buffer { return append([]gpu.Buffer(nil), p.all...) }
+func (p *Pool) Buffers() []mem.Buffer { return append([]mem.Buffer(nil), p.all...) }
 
 // Get takes a free buffer, waiting while all are in use.
-func (p *Pool) Get(ctx context.Context) (gpu.Buffer, error) {
+func (p *Pool) Get(ctx context.Context) (mem.Buffer, error) {
 	select {
 	case b := <-p.free:
 		p.mu.Lock()
@@ -76,7 +76,7 @@ func (p *Pool) Get(ctx context.Context) (gpu.Buffer, error) {
 }
 
 // Put returns a buffer taken with Get.
-func (p *Pool) Put(b gpu.Buffer) {
+func (p *Pool) Put(b mem.Buffer) {
 	p.mu.Lock()
 	p.held--
 	p.mu.Unlock()
@@ -98,7 +98,7 @@ func (p *Pool) MaxHeld() int {
 }
 
 // Bucket wraps buf in a Bucket whose Release returns buf to this pool.
-func (p *Pool) Bucket(buf gpu.Buffer, meta BucketMeta) *Bucket {
+func (p *Pool) Bucket(buf mem.Buffer, meta BucketMeta) *Bucket {
 	return &Bucket{Meta: meta, Buf: buf, put: p.Put}
 }
 

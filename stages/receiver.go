@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/checksum"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -91,7 +91,7 @@ type View struct {
 	Data []byte
 	// Device and Offset place the entry's bytes in a device bucket
 	// (Device[Offset:Offset+Entry.Size]); Device is nil for host buckets.
-	Device gpu.Buffer
+	Device mem.Buffer
 	Offset int64
 }
 

@@ -6,7 +6,7 @@ import (
 	"io"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Tensor is one named array of weights as a Source yields it. Its bytes are
@@ -29,7 +29,7 @@ type Tensor struct {
 	// device buckets on the GPU; the memory must stay allocated and
 	// unchanged until the round that packs it has broadcast it. Wrap
 	// memory allocated elsewhere with (*gpu.CUDADevice).View.
-	Device       gpu.Buffer
+	Device       mem.Buffer
 	DeviceOffset int64
 }
 

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // Config places one rank in a sync group. Rank 0 is the root (the sender);
@@ -22,7 +22,7 @@ type Config struct {
 	// WorldSize counts the root and every receiver.
 	WorldSize int
 	// Device is where this rank's bucket buffers live.
-	Device gpu.Device
+	Device mem.Device
 	// Exchange shares endpoints between the ranks while the transport
 	// opens. In-process transports may leave it unused.
 	Exchange Exchange
@@ -76,7 +76,7 @@ type Endpoint interface {
 	// calls Broadcast with the same seq and n, in the same order. It
 	// returns when this rank's part is done: on the root buf may then be
 	// reused, on a receiver buf[:n] holds the root's bytes.
-	Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error
+	Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error
 	// Close releases the endpoint's connections. It is idempotent.
 	Close() error
 }

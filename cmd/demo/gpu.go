@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/stages"
 	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
 	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
@@ -15,10 +16,10 @@ import (
 // len(devices)] (all visible GPUs when --devices is empty), where i is the
 // rank for ranks launched together here and LOCAL_RANK for ranks started
 // across hosts.
-func rankDevice(c *config, transportName string, rank int) (gpu.Device, error) {
+func rankDevice(c *config, transportName string, rank int) (mem.Device, error) {
 	switch transportName {
 	case "tcp", "inproc":
-		return gpu.Host{}, nil
+		return mem.Host{}, nil
 	}
 	devices, err := c.gpuList()
 	if err != nil {
@@ -74,7 +75,7 @@ func (c *config) gpuList() ([]int, error) {
 // the timed sync.
 type deviceModel struct {
 	dev     *gpu.CUDADevice
-	buf     gpu.Buffer
+	buf     mem.Buffer
 	tensors stages.Tensors
 }
 

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
@@ -38,7 +38,7 @@ func runInProcess(ctx context.Context, c *config, tracer *pipeline.Tracer, repor
 }
 
 func inProcessRank(ctx context.Context, c *config, group string, rank int, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
-	cfg := transport.Config{Group: group, Rank: rank, WorldSize: c.ranks, Device: gpu.Host{}, Timeout: c.timeout}
+	cfg := transport.Config{Group: group, Rank: rank, WorldSize: c.ranks, Device: mem.Host{}, Timeout: c.timeout}
 	l := &links{}
 	defer l.close()
 	var err error
@@ -53,5 +53,5 @@ func inProcessRank(ctx context.Context, c *config, group string, rank int, trace
 	if err != nil {
 		return nil, err
 	}
-	return runRank(ctx, c, rank, l, gpu.Host{}, tracer, report)
+	return runRank(ctx, c, rank, l, mem.Host{}, tracer, report)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
@@ -108,7 +109,7 @@ func stageResults(ms []pipeline.Metrics) []stageResult {
 // cancellation (a lost peer cancels it with the cause). Each round carries a
 // new model version: the same layout with new bytes (seed + round), as a
 // training step changes every weight.
-func runRank(ctx context.Context, c *config, rank int, l *links, dev gpu.Device, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
+func runRank(ctx context.Context, c *config, rank int, l *links, dev mem.Device, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
 	host, _ := os.Hostname()
 	res := &rankResult{Rank: rank, Role: "receiver", Host: host, PID: os.Getpid(), Device: dev.Name()}
 	if rank == 0 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 // SyncTimeout bounds Sync and Download.
@@ -73,7 +74,7 @@ func Stream(tb testing.TB, d *gpu.CUDADevice) *gpu.Stream {
 
 // Alloc allocates n bytes on d (a CUDA device, its pinned host memory, or
 // the host), freed when tb ends.
-func Alloc(tb testing.TB, d gpu.Device, n int) gpu.Buffer {
+func Alloc(tb testing.TB, d mem.Device, n int) mem.Buffer {
 	tb.Helper()
 	b, err := d.Alloc(n)
 	if err != nil {
@@ -103,7 +104,7 @@ func Sync(tb testing.TB, s *gpu.Stream) {
 }
 
 // Fill sets every byte of b to v on s and waits for it.
-func Fill(tb testing.TB, s *gpu.Stream, b gpu.Buffer, v byte) {
+func Fill(tb testing.TB, s *gpu.Stream, b mem.Buffer, v byte) {
 	tb.Helper()
 	if err := s.Memset(b, 0, b.Len(), v); err != nil {
 		tb.Fatal(err)
@@ -112,7 +113,7 @@ func Fill(tb testing.TB, s *gpu.Stream, b gpu.Buffer, v byte) {
 }
 
 // Upload queues a copy of data into b at off on s; it does not wait.
-func Upload(tb testing.TB, s *gpu.Stream, b gpu.Buffer, off int, data []byte) {
+func Upload(tb testing.TB, s *gpu.Stream, b mem.Buffer, off int, data []byte) {
 	tb.Helper()
 	if err := s.CopyHtoD(b, off, data); err != nil {
 		tb.Fatal(err)
@@ -121,7 +122,7 @@ func Upload(tb testing.TB, s *gpu.Stream, b gpu.Buffer, off int, data []byte) {
 
 // Download copies n bytes of b from off to the host on s, after what s
 // has queued before, and returns them once they have landed.
-func Download(tb testing.TB, s *gpu.Stream, b gpu.Buffer, off, n int) []byte {
+func Download(tb testing.TB, s *gpu.Stream, b mem.Buffer, off, n int) []byte {
 	tb.Helper()
 	out := make([]byte, n)
 	if err := s.CopyDtoH(out, b, off); err != nil {

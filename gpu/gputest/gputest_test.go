@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 )
 
 var procs = Procs[childConfig]{Env: "WEIGHTCAST_GPUTEST_TEST_CHILD", Run: runChild}
@@ -46,7 +46,7 @@ func TestProcs(t *testing.T) {
 	kid := procs.Start(t, 1, childConfig{Group: g, Rank: 1, Word: "hello"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := g.Config(0, 2, gpu.Host{}, time.Second)
+	cfg := g.Config(0, 2, mem.Host{}, time.Second)
 	if cfg.Group != g.Name || cfg.Rank != 0 || cfg.WorldSize != 2 || cfg.Timeout != time.Second {
 		t.Fatalf("Config = %+v", cfg)
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -93,6 +94,6 @@ func (g Group) Exchange(rank int) transporttest.FileExchange {
 
 // Config is rank's transport configuration in a world of world ranks, its
 // buffers on d, each wait bounded by timeout.
-func (g Group) Config(rank, world int, d gpu.Device, timeout time.Duration) transport.Config {
+func (g Group) Config(rank, world int, d mem.Device, timeout time.Duration) transport.Config {
 	return transport.Config{Group: g.Name, Rank: rank, WorldSize: world, Device: d, Exchange: g.Exchange(rank), Timeout: timeout}
 }

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/parallel"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -124,7 +124,7 @@ func (e *endpoint) err(op string, seq uint64, peer int, err error) error {
 
 // Broadcast copies the root's buf[:n] into every receiver's buf (a large
 // bucket on several goroutines: one core's memcpy would limit a host sync).
-func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	if buf.Host() == nil {
 		return e.err("broadcast", seq, -1, errors.New("inproc needs host buffers; use the ipc or nccl transport for device memory"))
 	}

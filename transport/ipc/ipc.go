@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -218,7 +219,7 @@ func (r *root) read(p *peer) {
 
 // handle returns the IPC handle of the allocation at base, exporting it
 // the first time.
-func (r *root) handle(buf gpu.Buffer) (gpu.IPCHandle, error) {
+func (r *root) handle(buf mem.Buffer) (gpu.IPCHandle, error) {
 	base := gpu.Unfence(buf)
 	if h, ok := r.handles[base.DevicePtr()]; ok {
 		return h, nil
@@ -234,7 +235,7 @@ func (r *root) handle(buf gpu.Buffer) (gpu.IPCHandle, error) {
 // Broadcast waits until the bucket's bytes are written (its fence), tells
 // every receiver where they are, and returns when every receiver has
 // copied them and acknowledged, after which buf may be reused.
-func (r *root) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (r *root) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fail := func(peer int, err error) error {
@@ -323,7 +324,7 @@ func (r *root) Close() error {
 // refuse returns why a Broadcast of n bytes of buf as bucket seq cannot
 // start on an endpoint that is closed, or broken by an earlier failure, or
 // nil where it can.
-func refuse(cfg transport.Config, seq uint64, closed bool, broken error, buf gpu.Buffer, n int) error {
+func refuse(cfg transport.Config, seq uint64, closed bool, broken error, buf mem.Buffer, n int) error {
 	switch {
 	case closed:
 		return terr(cfg, "broadcast", seq, true, -1, transport.ErrClosed)
@@ -337,7 +338,7 @@ func refuse(cfg transport.Config, seq uint64, closed bool, broken error, buf gpu
 	return nil
 }
 
-func onDevice(b gpu.Buffer) bool { return b.Host() == nil && b.DevicePtr() != 0 }
+func onDevice(b mem.Buffer) bool { return b.Host() == nil && b.DevicePtr() != 0 }
 
 // ---- receiver ----
 
@@ -347,7 +348,7 @@ type receiver struct {
 	conn    net.Conn
 	rootPID int
 	stream  *gpu.Stream
-	opened  map[gpu.IPCHandle]gpu.Buffer
+	opened  map[gpu.IPCHandle]mem.Buffer
 	frames  chan bucketMsg
 	gone    chan struct{} // closed by the reader when the connection ends
 	goneErr error
@@ -410,7 +411,7 @@ func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice
 		return fail(err)
 	}
 	r := &receiver{cfg: cfg, dev: dev, conn: c, rootPID: w.rootPID, stream: s,
-		opened: map[gpu.IPCHandle]gpu.Buffer{}, frames: make(chan bucketMsg, 4), gone: make(chan struct{}), done: make(chan struct{})}
+		opened: map[gpu.IPCHandle]mem.Buffer{}, frames: make(chan bucketMsg, 4), gone: make(chan struct{}), done: make(chan struct{})}
 	r.wg.Go(r.read)
 	return r, nil
 }
@@ -466,7 +467,7 @@ func (r *receiver) source(m bucketMsg) (uint64, error) {
 // Broadcast waits for the root's word on bucket seq, copies its n bytes
 // from the root's buffer into buf on the GPU, waits for the copy and
 // acknowledges.
-func (r *receiver) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (r *receiver) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fail := func(err error, tell bool) error {

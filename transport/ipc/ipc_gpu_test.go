@@ -14,6 +14,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
@@ -35,7 +36,7 @@ func TestIPCInProcess(t *testing.T) {
 		cfgs[r].Device = d
 	}
 	eps := transporttest.OpenAll(t, ctx, Open, cfgs)
-	bufs := make([]gpu.Buffer, world)
+	bufs := make([]mem.Buffer, world)
 	for r := range bufs {
 		bufs[r] = gputest.Alloc(t, d, size)
 	}
@@ -72,7 +73,7 @@ func TestIPCInProcess(t *testing.T) {
 			}
 		}
 	}
-	host, _ := gpu.Host{}.Alloc(16)
+	host, _ := mem.Host{}.Alloc(16)
 	if err := eps[0].Broadcast(ctx, 99, host, 16); err == nil {
 		t.Fatal("broadcast of a host buffer succeeded")
 	}
@@ -222,10 +223,10 @@ func startReceivers(t *testing.T, prefix string, world int, cfg childConfig) (g 
 // rootBuffers allocates the root's two buffers of size bytes on d, every
 // byte of buffer i set to fill[i]: a raw-mode receiver checks which one
 // each bucket came from.
-func rootBuffers(t *testing.T, d *gpu.CUDADevice, size int, fill [2]byte) []gpu.Buffer {
+func rootBuffers(t *testing.T, d *gpu.CUDADevice, size int, fill [2]byte) []mem.Buffer {
 	t.Helper()
 	s := gputest.Stream(t, d)
-	bufs := make([]gpu.Buffer, len(fill))
+	bufs := make([]mem.Buffer, len(fill))
 	for i, v := range fill {
 		bufs[i] = gputest.Alloc(t, d, size)
 		gputest.Fill(t, s, bufs[i], v)
@@ -247,7 +248,7 @@ func rootEndpoint(t *testing.T, ctx context.Context, g gputest.Group, world int,
 
 // sendBuckets broadcasts count buckets of size bytes from bufs in turn and
 // returns how long those after the first warm took.
-func sendBuckets(t *testing.T, ctx context.Context, ep transport.Endpoint, bufs []gpu.Buffer, size, warm, count int) time.Duration {
+func sendBuckets(t *testing.T, ctx context.Context, ep transport.Endpoint, bufs []mem.Buffer, size, warm, count int) time.Duration {
 	t.Helper()
 	var start time.Time
 	for seq := range count {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -67,7 +67,7 @@ func TestOpenNeedsCUDA(t *testing.T) {
 	if !errors.As(err, &te) || !strings.Contains(err.Error(), "not a CUDA GPU") {
 		t.Fatalf("Open on host memory: %v", err)
 	}
-	if _, err := transport.Open(context.Background(), Name, transport.Config{Group: "g", Rank: 0, WorldSize: 1, Device: gpu.Host{}}); err == nil {
+	if _, err := transport.Open(context.Background(), Name, transport.Config{Group: "g", Rank: 0, WorldSize: 1, Device: mem.Host{}}); err == nil {
 		t.Fatal("a world of one opened")
 	}
 }
@@ -124,13 +124,13 @@ func TestRootRefusesStrangers(t *testing.T) {
 // peer at fault, and says what is wrong.
 func TestRefuse(t *testing.T) {
 	cfg := transport.Config{Group: "g", Rank: 2, WorldSize: 3}
-	host, _ := gpu.Host{}.Alloc(64)
+	host, _ := mem.Host{}.Alloc(64)
 	earlier := errors.New("the root went away")
 	for _, c := range []struct {
 		name   string
 		closed bool
 		broken error
-		buf    gpu.Buffer
+		buf    mem.Buffer
 		n      int
 		want   string
 		is     error

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -26,7 +27,7 @@ type fakeDeviceBuf struct{ n int }
 func (f fakeDeviceBuf) Len() int           { return f.n }
 func (f fakeDeviceBuf) Host() []byte       { return nil }
 func (f fakeDeviceBuf) DevicePtr() uint64  { return 0x7f0000000000 }
-func (f fakeDeviceBuf) Device() gpu.Device { return gpu.Host{} }
+func (f fakeDeviceBuf) Device() mem.Device { return mem.Host{} }
 func (f fakeDeviceBuf) Free() error        { return nil }
 
 // fakeReceiver joins the root as rank and answers each bucket with

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -154,7 +155,7 @@ func classify(err error) error {
 // reports an error, the communicator is aborted and the endpoint refuses
 // further broadcasts; the error wraps transport.ErrTimeout, the context's
 // error, or transport.ErrPeerGone for NCCL's remote and system errors.
-func (e *Endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (e *Endpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {

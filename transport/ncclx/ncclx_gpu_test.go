@@ -12,6 +12,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
@@ -126,7 +127,7 @@ func TestNCCLProcesses(t *testing.T) {
 // tensors of 1 GiB, received into a DeviceModel and verified.
 func TestNCCLThroughput(t *testing.T) {
 	ctx, d, cfg, kid := startPair(t, "nccl-bw", childConfig{Mode: "throughput"}, 3*time.Minute, 60*time.Second)
-	bufs := []gpu.Buffer{gputest.Alloc(t, d, bwBucket), gputest.Alloc(t, d, bwBucket)}
+	bufs := []mem.Buffer{gputest.Alloc(t, d, bwBucket), gputest.Alloc(t, d, bwBucket)}
 	ep, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +209,7 @@ func timePasses(bcast func(i int) error) (float64, error) {
 
 // rawComm makes a second communicator of the same two ranks (unique id
 // under "raw.uid") and returns a broadcast of bucket i through it alone.
-func rawComm(ctx context.Context, cfg transport.Config, d *gpu.CUDADevice) (func([]gpu.Buffer) func(int) error, func(), error) {
+func rawComm(ctx context.Context, cfg transport.Config, d *gpu.CUDADevice) (func([]mem.Buffer) func(int) error, func(), error) {
 	var id nccl.UniqueID
 	if cfg.Rank == 0 {
 		var err error
@@ -234,7 +235,7 @@ func rawComm(ctx context.Context, cfg transport.Config, d *gpu.CUDADevice) (func
 		c.Abort()
 		return nil, nil, err
 	}
-	loop := func(bufs []gpu.Buffer) func(int) error {
+	loop := func(bufs []mem.Buffer) func(int) error {
 		return func(i int) error {
 			p := bufs[i%2].DevicePtr()
 			return c.Broadcast(ctx, p, p, bwBucket, 0, s)
@@ -383,7 +384,7 @@ func (c constReader) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func childThroughput(ctx context.Context, tc transport.Config, d *gpu.CUDADevice) (err error) {
-	bufs := make([]gpu.Buffer, 2)
+	bufs := make([]mem.Buffer, 2)
 	for i := range bufs {
 		if bufs[i], err = d.Alloc(bwBucket); err != nil {
 			return err

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
 
@@ -114,10 +114,10 @@ func benchBroadcast(b *testing.B, world, bucket int, opts map[string]string) {
 		cfgs[r].Options = opts
 	}
 	eps := transporttest.OpenAll(b, ctx, Open, cfgs)
-	bufs := make([][2]gpu.Buffer, world)
+	bufs := make([][2]mem.Buffer, world)
 	for r := range bufs {
 		for i := range 2 {
-			buf, err := gpu.Host{}.Alloc(bucket)
+			buf, err := mem.Host{}.Alloc(bucket)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -141,7 +141,7 @@ func (o *op) ioFault(err error, peer, from int, doing string) *fault {
 // bytes, it has passed them on, and the acknowledgement from its successors
 // has come back. After an error the endpoint is broken: the neighbours are
 // told (when the stream allows) and every later call returns the same error.
-func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n int) error {
+func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed.Load() {
@@ -170,7 +170,7 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf gpu.Buffer, n 
 	return err
 }
 
-func deviceName(b gpu.Buffer) string {
+func deviceName(b mem.Buffer) string {
 	if d := b.Device(); d != nil {
 		return d.Name()
 	}

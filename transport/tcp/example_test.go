@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	_ "github.com/weightcast/weightcast/transport/tcp"
 	"github.com/weightcast/weightcast/transport/transporttest"
@@ -32,9 +32,9 @@ func Example() {
 		})
 	}
 	wg.Wait()
-	bufs := make([]gpu.Buffer, len(eps))
+	bufs := make([]mem.Buffer, len(eps))
 	for r := range bufs {
-		bufs[r], _ = gpu.Host{}.Alloc(64)
+		bufs[r], _ = mem.Host{}.Alloc(64)
 	}
 	n := copy(bufs[0].Host(), "weights")
 	for r, ep := range eps {

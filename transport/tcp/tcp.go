@@ -18,7 +18,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -121,7 +121,7 @@ type endpoint struct {
 // successor's address, the predecessor's connection, the handshake) is
 // bounded by cfg.WaitTimeout() and by ctx.
 //
-// Buffers must be host memory (cfg.Device of kind gpu.KindHost).
+// Buffers must be host memory (cfg.Device of kind mem.KindHost).
 func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error) {
 	fail := func(peer int, err error) error {
 		return &transport.Error{Transport: Name, Group: cfg.Group, Rank: cfg.Rank, Op: "open", Peer: peer, Err: err}
@@ -129,7 +129,7 @@ func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, fail(-1, err)
 	}
-	if cfg.Device.Kind() != gpu.KindHost {
+	if cfg.Device.Kind() != mem.KindHost {
 		return nil, fail(-1, fmt.Errorf("device %s holds %s memory, the tcp transport moves host memory only; use the nccl or ipc transport for GPU buffers", cfg.Device.Name(), cfg.Device.Kind()))
 	}
 	if cfg.Exchange == nil {

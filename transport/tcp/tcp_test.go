@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -30,7 +30,7 @@ func TestRegistered(t *testing.T) {
 }
 
 // broadcastAll runs one bucket on every rank and returns each rank's error.
-func broadcastAll(ctx context.Context, eps []transport.Endpoint, seq uint64, bufs []gpu.Buffer, n int) []error {
+func broadcastAll(ctx context.Context, eps []transport.Endpoint, seq uint64, bufs []mem.Buffer, n int) []error {
 	errs := make([]error, len(eps))
 	var wg sync.WaitGroup
 	for r := range eps {
@@ -40,11 +40,11 @@ func broadcastAll(ctx context.Context, eps []transport.Endpoint, seq uint64, buf
 	return errs
 }
 
-func hostBufs(t testing.TB, n, size int) []gpu.Buffer {
+func hostBufs(t testing.TB, n, size int) []mem.Buffer {
 	t.Helper()
-	bufs := make([]gpu.Buffer, n)
+	bufs := make([]mem.Buffer, n)
 	for i := range bufs {
-		b, err := gpu.Host{}.Alloc(size)
+		b, err := mem.Host{}.Alloc(size)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,7 +78,7 @@ func TestChainChunkSizes(t *testing.T) {
 			}
 			eps := transporttest.OpenAll(t, ctx, Open, cfgs)
 			maxN := slices.Max(c.sizes)
-			bufs := [2][]gpu.Buffer{hostBufs(t, world, maxN), hostBufs(t, world, maxN)}
+			bufs := [2][]mem.Buffer{hostBufs(t, world, maxN), hostBufs(t, world, maxN)}
 			var seq uint64
 			for round := range 2 {
 				for _, n := range c.sizes {
@@ -370,11 +370,11 @@ type deviceBuffer struct{}
 func (deviceBuffer) Len() int                 { return 1 << 20 }
 func (deviceBuffer) Host() []byte             { return nil }
 func (deviceBuffer) DevicePtr() uint64        { return 0xd000 }
-func (deviceBuffer) Device() gpu.Device       { return fakeGPU{} }
+func (deviceBuffer) Device() mem.Device       { return fakeGPU{} }
 func (deviceBuffer) Free() error              { return nil }
 func (fakeGPU) Name() string                  { return "fake GPU" }
-func (fakeGPU) Kind() gpu.Kind                { return gpu.KindCUDA }
-func (fakeGPU) Alloc(int) (gpu.Buffer, error) { return deviceBuffer{}, nil }
+func (fakeGPU) Kind() mem.Kind                { return mem.KindCUDA }
+func (fakeGPU) Alloc(int) (mem.Buffer, error) { return deviceBuffer{}, nil }
 
 type fakeGPU struct{}
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -72,7 +72,7 @@ func Configs(group string, n int, timeout time.Duration) []transport.Config {
 	ex := NewMemExchange()
 	cfgs := make([]transport.Config, n)
 	for r := range cfgs {
-		cfgs[r] = transport.Config{Group: group, Rank: r, WorldSize: n, Device: gpu.Host{}, Exchange: ex.For(r), Timeout: timeout}
+		cfgs[r] = transport.Config{Group: group, Rank: r, WorldSize: n, Device: mem.Host{}, Exchange: ex.For(r), Timeout: timeout}
 	}
 	return cfgs
 }
@@ -119,9 +119,9 @@ func testRoundTrip(t *testing.T, group string, open transport.Opener) {
 	for range 10 {
 		sizes = append(sizes, rng.IntN(2<<20))
 	}
-	bufs := make([]gpu.Buffer, world)
+	bufs := make([]mem.Buffer, world)
 	for r := range bufs {
-		bufs[r], _ = gpu.Host{}.Alloc(4 << 20)
+		bufs[r], _ = mem.Host{}.Alloc(4 << 20)
 	}
 	for seq, n := range sizes {
 		want := bufs[0].Host()[:n]
@@ -155,12 +155,12 @@ func testReceiverGone(t *testing.T, group string, open transport.Opener) {
 	defer cancel()
 	const world = 3
 	eps := OpenAll(t, ctx, open, Configs(group, world, 3*time.Second))
-	buf, _ := gpu.Host{}.Alloc(1 << 20)
+	buf, _ := mem.Host{}.Alloc(1 << 20)
 	eps[2].Close()
 	done := make(chan error, 2)
 	go func() { done <- eps[0].Broadcast(ctx, 0, buf, 1<<20) }()
 	go func() {
-		b, _ := gpu.Host{}.Alloc(1 << 20)
+		b, _ := mem.Host{}.Alloc(1 << 20)
 		done <- eps[1].Broadcast(ctx, 0, b, 1<<20)
 	}()
 	var rootErr error
@@ -189,7 +189,7 @@ func testCancel(t *testing.T, group string, open transport.Opener) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	eps := OpenAll(t, ctx, open, Configs(group, 2, time.Minute))
-	buf, _ := gpu.Host{}.Alloc(1 << 20)
+	buf, _ := mem.Host{}.Alloc(1 << 20)
 	cctx, ccancel := context.WithCancel(ctx)
 	go func() { time.Sleep(50 * time.Millisecond); ccancel() }()
 	done := make(chan error, 1)

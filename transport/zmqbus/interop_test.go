@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -115,7 +115,7 @@ func TestInteropPythonRoot(t *testing.T) {
 	var wg sync.WaitGroup
 	for r := 1; r < world; r++ {
 		wg.Go(func() {
-			s, err := OpenSubscriber(ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: gpu.Host{}, Exchange: ex.For(r), Timeout: 20 * time.Second})
+			s, err := OpenSubscriber(ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: mem.Host{}, Exchange: ex.For(r), Timeout: 20 * time.Second})
 			if err != nil {
 				errs[r] = err
 				return

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -59,7 +59,7 @@ func runChild(role string) int {
 	rank, _ := strconv.Atoi(os.Getenv("CHILD_RANK"))
 	world, _ := strconv.Atoi(os.Getenv("CHILD_WORLD"))
 	cfg := transport.Config{
-		Group: os.Getenv("CHILD_GROUP"), Rank: rank, WorldSize: world, Device: gpu.Host{},
+		Group: os.Getenv("CHILD_GROUP"), Rank: rank, WorldSize: world, Device: mem.Host{},
 		Exchange: lineExchange{addr: os.Getenv("CHILD_ADDR")}, Timeout: time.Minute, Options: childOptions(),
 	}
 	ctx := context.Background()
@@ -273,7 +273,7 @@ func TestPublisherKilled(t *testing.T) {
 	}
 	var subs []transport.Subscriber
 	for r := 1; r < world; r++ {
-		subs = append(subs, openSubscriber(t, ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: gpu.Host{},
+		subs = append(subs, openSubscriber(t, ctx, transport.Config{Group: t.Name(), Rank: r, WorldSize: world, Device: mem.Host{},
 			Exchange: ex.For(r), Timeout: 30 * time.Second, Options: childOptions()}))
 	}
 	var (

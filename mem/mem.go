@@ -1,4 +1,4 @@
-package gpu
+package mem
 
 import (
 	"errors"
@@ -45,7 +45,7 @@ const (
 )
 
 // ErrFreed is returned when a freed buffer is used.
-var ErrFreed = errors.New("gpu: buffer already freed")
+var ErrFreed = errors.New("mem: buffer already freed")
 
 // Host is the Device for ordinary Go-managed host memory. Its zero value is
 // ready to use.
@@ -60,7 +60,7 @@ func (Host) Kind() Kind { return KindHost }
 // Alloc returns a zeroed host buffer of n bytes.
 func (Host) Alloc(n int) (Buffer, error) {
 	if n < 0 {
-		return nil, fmt.Errorf("gpu: cannot allocate %d bytes", n)
+		return nil, fmt.Errorf("mem: cannot allocate %d bytes", n)
 	}
 	return &hostBuffer{b: make([]byte, n)}, nil
 }
