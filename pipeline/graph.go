@@ -30,7 +30,7 @@ type Graph struct {
 func (p *Pipeline) Graph() Graph {
 	g := Graph{Name: p.name, Edges: append([]Edge(nil), p.edges...)}
 	for _, s := range p.stages {
-		g.Nodes = append(g.Nodes, Node{Name: s.name, Kind: s.kind})
+		g.Nodes = append(g.Nodes, Node{Name: s.name, Kind: s.kind()})
 	}
 	return g
 }

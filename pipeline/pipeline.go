@@ -53,13 +53,23 @@ func (p *Pipeline) Name() string { return p.name }
 
 type stage struct {
 	name    string
-	kind    string // "source", "stage", "sink"
 	tid     int
 	run     func(ctx context.Context) error
 	drain   func() // drains the input after run returns; nil for sources
 	closeFn func() // closes the output; nil for sinks
-	hasOut  bool
 	c       counters
+}
+
+// kind is "source" for a stage with no input, "sink" for one with no
+// output, and "stage" for the others.
+func (s *stage) kind() string {
+	switch {
+	case s.drain == nil:
+		return "source"
+	case s.closeFn == nil:
+		return "sink"
+	}
+	return "stage"
 }
 
 // Stream is the typed, bounded channel between two stages. It is created by
@@ -68,14 +78,13 @@ type Stream[T any] struct {
 	p        *Pipeline
 	ch       chan T
 	from     *stage
-	capacity int
 	consumed bool
 }
 
 // Capacity is the stream's channel capacity.
-func (s *Stream[T]) Capacity() int { return s.capacity }
+func (s *Stream[T]) Capacity() int { return cap(s.ch) }
 
-func (p *Pipeline) addStage(name, kind string) *stage {
+func (p *Pipeline) addStage(name string) *stage {
 	if p.ran {
 		panic("pipeline: " + p.name + ": stage " + name + " added after Run")
 	}
@@ -84,7 +93,7 @@ func (p *Pipeline) addStage(name, kind string) *stage {
 			panic("pipeline: " + p.name + ": two stages named " + name)
 		}
 	}
-	s := &stage{name: name, kind: kind, tid: len(p.stages)}
+	s := &stage{name: name, tid: len(p.stages)}
 	p.stages = append(p.stages, s)
 	return s
 }
@@ -93,10 +102,9 @@ func newStream[T any](p *Pipeline, from *stage, capacity int) *Stream[T] {
 	if capacity < 0 {
 		panic(fmt.Sprintf("pipeline: %s: stage %s: negative channel capacity %d", p.name, from.name, capacity))
 	}
-	from.hasOut = true
 	ch := make(chan T, capacity)
 	from.closeFn = func() { close(ch) }
-	return &Stream[T]{p: p, ch: ch, from: from, capacity: capacity}
+	return &Stream[T]{p: p, ch: ch, from: from}
 }
 
 func consume[T any](p *Pipeline, in *Stream[T], to *stage) {
@@ -107,7 +115,7 @@ func consume[T any](p *Pipeline, in *Stream[T], to *stage) {
 		panic("pipeline: " + p.name + ": stream from " + in.from.name + " read by two stages")
 	}
 	in.consumed = true
-	p.edges = append(p.edges, Edge{From: in.from.name, To: to.name, Capacity: in.capacity, Type: typeName[T]()})
+	p.edges = append(p.edges, Edge{From: in.from.name, To: to.name, Capacity: in.Capacity(), Type: typeName[T]()})
 	to.drain = func() {
 		for item := range in.ch {
 			release(item)
@@ -127,7 +135,7 @@ func release[T any](item T) {
 // closes out when fn returns. capacity is the channel capacity of the
 // returned stream.
 func Source[T any](p *Pipeline, name string, capacity int, fn func(ctx context.Context, out *Output[T]) error) *Stream[T] {
-	s := p.addStage(name, "source")
+	s := p.addStage(name)
 	st := newStream[T](p, s, capacity)
 	out := newOutput(st.ch, s)
 	s.run = func(ctx context.Context) error { out.bind(ctx); return fn(ctx, out) }
@@ -138,7 +146,7 @@ func Source[T any](p *Pipeline, name string, capacity int, fn func(ctx context.C
 // runner closes the returned stream when fn returns, then drains whatever
 // fn left in in.
 func Stage[I, O any](p *Pipeline, name string, in *Stream[I], capacity int, fn func(ctx context.Context, in *Input[I], out *Output[O]) error) *Stream[O] {
-	s := p.addStage(name, "stage")
+	s := p.addStage(name)
 	consume(p, in, s)
 	st := newStream[O](p, s, capacity)
 	inp, out := newInput(in.ch, s), newOutput(st.ch, s)
@@ -148,18 +156,19 @@ func Stage[I, O any](p *Pipeline, name string, in *Stream[I], capacity int, fn f
 
 // Sink adds the last stage of a chain: it reads in and writes nothing.
 func Sink[T any](p *Pipeline, name string, in *Stream[T], fn func(ctx context.Context, in *Input[T]) error) {
-	s := p.addStage(name, "sink")
+	s := p.addStage(name)
 	consume(p, in, s)
 	inp := newInput(in.ch, s)
 	s.run = func(ctx context.Context) error { inp.bind(ctx); return fn(ctx, inp) }
 }
 
-// Map adds a stage that applies fn to every item. If fn fails, the item
-// (when it is a Releaser) is released and the pipeline stops with the error.
+// Map adds a stage that applies fn to every item. If fn fails (returns an
+// error or panics), the pipeline stops with the error and the item (when it
+// is a Releaser) is released; what fn returned with the error is ignored.
 func Map[I, O any](p *Pipeline, name string, in *Stream[I], capacity int, fn func(ctx context.Context, item I) (O, error)) *Stream[O] {
 	return Stage(p, name, in, capacity, func(ctx context.Context, in *Input[I], out *Output[O]) error {
 		for item := range in.All() {
-			o, err := fn(ctx, item)
+			o, err := releaseOnFailure(item, func() (O, error) { return fn(ctx, item) })
 			if err != nil {
 				return err
 			}
@@ -172,11 +181,12 @@ func Map[I, O any](p *Pipeline, name string, in *Stream[I], capacity int, fn fun
 }
 
 // Filter adds a stage that passes on the items for which keep returns true
-// and releases the others.
+// and releases the others, and the item on which keep panics.
 func Filter[T any](p *Pipeline, name string, in *Stream[T], capacity int, keep func(item T) bool) *Stream[T] {
 	return Stage(p, name, in, capacity, func(ctx context.Context, in *Input[T], out *Output[T]) error {
 		for item := range in.All() {
-			if !keep(item) {
+			kept, _ := releaseOnFailure(item, func() (bool, error) { return keep(item), nil })
+			if !kept {
 				release(item)
 				continue
 			}
@@ -186,6 +196,21 @@ func Filter[T any](p *Pipeline, name string, in *Stream[T], capacity int, keep f
 		}
 		return nil
 	})
+}
+
+// releaseOnFailure returns f's results, and releases item (when it is a
+// Releaser) where f returns an error or panics; the panic goes on to the
+// runner, which reports it as the stage's error.
+func releaseOnFailure[T, R any](item T, f func() (R, error)) (r R, err error) {
+	ok := false
+	defer func() {
+		if !ok {
+			release(item)
+		}
+	}()
+	r, err = f()
+	ok = err == nil
+	return r, err
 }
 
 // StageError is the error Run returns: the first stage that failed and why.
@@ -242,7 +267,7 @@ func (p *Pipeline) check() error {
 		read[e.From] = true
 	}
 	for _, s := range p.stages {
-		if s.hasOut && !read[s.name] {
+		if s.closeFn != nil && !read[s.name] {
 			return fmt.Errorf("pipeline: %s: the output of stage %s is read by no stage; end the chain with Sink", p.name, s.name)
 		}
 	}

@@ -286,3 +286,70 @@ func TestStartSpanWithoutTracerIsNil(t *testing.T) {
 	}
 	sp.End()
 }
+
+// TestHelpersReleaseFailedItems holds Map and Filter to their contract: an
+// item whose function fails (an error, or a panic, which Run reports as the
+// stage's error) is released, so every item created is released once,
+// whichever item fails and whatever the stages downstream hold.
+func TestHelpersReleaseFailedItems(t *testing.T) {
+	boom := errors.New("boom")
+	cases := []struct {
+		name  string
+		build func(p *Pipeline, in *Stream[counted]) *Stream[counted]
+		want  string
+	}{
+		{"Map error", func(p *Pipeline, in *Stream[counted]) *Stream[counted] {
+			return Map(p, "helper", in, 1, func(ctx context.Context, c counted) (counted, error) {
+				if c.n == 7 {
+					return counted{}, boom
+				}
+				return c, nil
+			})
+		}, "boom"},
+		{"Map panic", func(p *Pipeline, in *Stream[counted]) *Stream[counted] {
+			return Map(p, "helper", in, 1, func(ctx context.Context, c counted) (counted, error) {
+				if c.n == 7 {
+					panic("boom")
+				}
+				return c, nil
+			})
+		}, "boom"},
+		{"Filter panic", func(p *Pipeline, in *Stream[counted]) *Stream[counted] {
+			return Filter(p, "helper", in, 1, func(c counted) bool {
+				if c.n == 7 {
+					panic("boom")
+				}
+				return c.n%2 == 0
+			})
+		}, "boom"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var rel, sent atomic.Int64
+			p := New("t")
+			src := Source(p, "gen", 4, func(ctx context.Context, out *Output[counted]) error {
+				for i := range 100 {
+					sent.Add(1) // created: Send releases it if it cannot deliver
+					if err := out.Send(counted{i, &rel}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			Sink(p, "sink", c.build(p, src), func(ctx context.Context, in *Input[counted]) error {
+				for c := range in.All() {
+					c.Release()
+				}
+				return in.Err()
+			})
+			err := p.Run(context.Background())
+			var se *StageError
+			if !errors.As(err, &se) || se.Stage != "helper" || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Run = %v; want %q from stage helper", err, c.want)
+			}
+			if rel.Load() != sent.Load() {
+				t.Fatalf("created %d items, released %d: the failed item was lost", sent.Load(), rel.Load())
+			}
+		})
+	}
+}
