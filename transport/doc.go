@@ -8,10 +8,14 @@
 // receiver, losslessly and in order, with at most a window of unacknowledged
 // messages in flight.
 //
-// Implementations live in sub-packages (inproc, tcp, ...) and register
-// themselves in init; import them for their side effect:
+// Implementations live in sub-packages (inproc, tcp, ipc, and ncclx, which
+// registers "nccl") and register themselves in init; import them for their
+// side effect:
 //
-//	import _ "github.com/weightcast/weightcast/transport/inproc"
+//	import _ "github.com/weightcast/weightcast/transport/tcp"
+//
+// Open of a built-in transport whose package is not imported fails with an
+// error that names that import line (BuiltinPackage).
 //
 // The package transporttest holds the conformance suites that every
 // implementation runs.

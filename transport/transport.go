@@ -115,13 +115,52 @@ func Names() []string {
 	return out
 }
 
+// builtin maps each transport that ships with weightcast to the package
+// whose import registers it. The registry cannot import them itself: they
+// import this package, and ipc and nccl need cgo, which a program that moves
+// host memory only does not.
+var builtin = map[string]string{
+	"inproc": "github.com/weightcast/weightcast/transport/inproc",
+	"ipc":    "github.com/weightcast/weightcast/transport/ipc",
+	"nccl":   "github.com/weightcast/weightcast/transport/ncclx",
+	"tcp":    "github.com/weightcast/weightcast/transport/tcp",
+}
+
+// BuiltinPackage returns the import path of the package that registers the
+// built-in transport called name, or "" when no built-in has that name.
+func BuiltinPackage(name string) string { return builtin[name] }
+
+// ErrUnknownTransport is wrapped by Open's error for a name no package
+// registered.
+var ErrUnknownTransport = errors.New("unknown transport")
+
+// unknown explains a name that is not registered: for a built-in, the import
+// that registers it; otherwise the built-in names.
+func unknown(name string) error {
+	registered := strings.Join(Names(), ", ")
+	if registered == "" {
+		registered = "none"
+	}
+	if pkg := BuiltinPackage(name); pkg != "" {
+		return fmt.Errorf("transport: %w %q: it is built in but its package is not linked into this program; add `import _ %q` to it (registered: %s)", ErrUnknownTransport, name, pkg, registered)
+	}
+	names := make([]string, 0, len(builtin))
+	for n := range builtin {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return fmt.Errorf("transport: %w %q (registered: %s; built in: %s, each registered by importing its package)", ErrUnknownTransport, name, registered, strings.Join(names, ", "))
+}
+
 // Open validates cfg and opens this rank's Endpoint of the named transport.
+// A name that no imported package registered fails with an error wrapping
+// ErrUnknownTransport that, for a built-in transport, names the import to add.
 func Open(ctx context.Context, name string, cfg Config) (Endpoint, error) {
 	mu.RLock()
 	open, ok := openers[name]
 	mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("transport: unknown transport %q (registered: %s)", name, strings.Join(Names(), ", "))
+		return nil, unknown(name)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
