@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 )
 
 // BenchmarkJoin8 measures forming a group of 8 local ranks from nothing:
@@ -20,7 +21,7 @@ func BenchmarkJoin8(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		t0 := time.Now()
-		e, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+		e, err := embedetcd.Start(ctx, embedetcd.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,7 +1,7 @@
 // Package rendezvous lets the ranks of a named sync group find each other:
 // they share the run's unique id (the NCCL unique id, later) and their
 // endpoints, and wait for one another. It is built on a small key-value
-// Store; the real one is etcd v3 (DialEtcd), and StartEmbedded runs a
+// Store; the real one is etcd v3 (DialEtcd), and package embedetcd runs a
 // single-member etcd inside the process for demos and tests.
 //
 // # Joining

@@ -35,7 +35,7 @@ type etcdOptions struct {
 
 // WithLeaseTTL sets the TTL of the store's lease, rounded up to whole
 // seconds. etcd raises TTLs below its minimum, 1.5 election timeouts
-// rounded up: 2 s at etcd's defaults, 1 s on StartEmbedded's server.
+// rounded up: 2 s at etcd's defaults, 1 s on an embedetcd server.
 func WithLeaseTTL(d time.Duration) EtcdOption {
 	return func(o *etcdOptions) { o.ttl = d }
 }
@@ -80,7 +80,7 @@ func DialEtcd(ctx context.Context, endpoints []string, opts ...EtcdOption) (*Etc
 		opt(&o)
 	}
 	if len(endpoints) == 0 {
-		return nil, errors.New("rendezvous: no etcd endpoints given; give the address of an etcd server (the demo: --rendezvous etcd://HOST:PORT) or start an embedded one with StartEmbedded")
+		return nil, errors.New("rendezvous: no etcd endpoints given; give the address of an etcd server (the demo: --rendezvous etcd://HOST:PORT) or start one in this process with package embedetcd")
 	}
 	if o.ttl <= 0 {
 		return nil, fmt.Errorf("rendezvous: lease TTL %v must be positive", o.ttl)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -67,7 +68,7 @@ func world(group, run string, n int, timeout time.Duration) []rankSpec {
 	return specs
 }
 
-func etcdOpener(t *testing.T, e *rendezvous.Embedded, ttl time.Duration) func() rendezvous.Store {
+func etcdOpener(t *testing.T, e *embedetcd.Server, ttl time.Duration) func() rendezvous.Store {
 	return func() rendezvous.Store { return dial(t, []string{e.ClientURL()}, ttl) }
 }
 

@@ -8,17 +8,18 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // startEmbedded starts an embedded etcd for one test and stops it at the
 // test's end.
-func startEmbedded(t testing.TB) *rendezvous.Embedded {
+func startEmbedded(t testing.TB) *embedetcd.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	e, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+	e, err := embedetcd.Start(ctx, embedetcd.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

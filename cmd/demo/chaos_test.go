@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 )
 
 // Chaos tests: ranks (and the rendezvous server) stopped or killed in the
@@ -64,7 +64,7 @@ const serveEtcdEnv = "WEIGHTCAST_TEST_SERVE_ETCD"
 // closes its standard input.
 func serveEtcd() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+	emb, err := embedetcd.Start(ctx, embedetcd.Options{})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/pipeline"
-	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 )
 
 // graceAfterFailure is how long the launcher lets the other ranks notice a
@@ -27,7 +27,7 @@ const graceAfterFailure = 45 * time.Second
 // their progress, and collects their results. Trace events of every rank
 // are merged into tracer.
 func launchLocal(ctx context.Context, c *config, transportName string, tracer *pipeline.Tracer, u *ui) ([]*rankResult, error) {
-	emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+	emb, err := embedetcd.Start(ctx, embedetcd.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("starting the embedded etcd: %w", err)
 	}

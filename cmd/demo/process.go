@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/transport"
 	_ "github.com/weightcast/weightcast/transport/tcp" // registers "tcp"
 	"github.com/weightcast/weightcast/transport/zmqbus"
@@ -29,7 +30,7 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 		return nil, err
 	}
 	if c.hostEtcd != "" {
-		emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{Addr: c.hostEtcd})
+		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: c.hostEtcd})
 		if err != nil {
 			return nil, fmt.Errorf("serving the rendezvous on %s: %w", c.hostEtcd, err)
 		}

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
 	"github.com/weightcast/weightcast/safetensors"
 	"github.com/weightcast/weightcast/timeline"
@@ -65,7 +65,7 @@ func startEtcd(t *testing.T) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	emb, err := rendezvous.StartEmbedded(ctx, rendezvous.EmbeddedOptions{})
+	emb, err := embedetcd.Start(ctx, embedetcd.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package rendezvous
+package embedetcd
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// EmbeddedOptions configures StartEmbedded.
-type EmbeddedOptions struct {
+// Options configures Start.
+type Options struct {
 	// Addr is the client address to listen on, "host:port". Empty means
 	// "127.0.0.1:0": loopback only, on a port the OS picks.
 	Addr string
@@ -32,10 +32,10 @@ type EmbeddedOptions struct {
 	Logger *zap.Logger
 }
 
-// Embedded is a single-member etcd server running inside this process,
-// for a demo or tests that need no separate etcd. Its peer listener is on
+// Server is a single-member etcd server running inside this process, for
+// a demo or tests that need no separate etcd. Its peer listener is on
 // 127.0.0.1 with an OS-picked port; with one member nobody dials it.
-type Embedded struct {
+type Server struct {
 	etcd      *embed.Etcd
 	clientURL string
 	dataDir   string
@@ -45,23 +45,23 @@ type Embedded struct {
 	closeErr  error
 }
 
-// StartEmbedded starts an etcd server in this process and returns once it
-// serves clients, or when ctx ends.
-func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error) {
+// Start starts an etcd server in this process and returns once it serves
+// clients, or when ctx ends.
+func Start(ctx context.Context, opts Options) (*Server, error) {
 	addr := opts.Addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return nil, fmt.Errorf("rendezvous: embedded etcd address %q: %w; give host:port, e.g. 127.0.0.1:2379 or 0.0.0.0:0", addr, err)
+		return nil, fmt.Errorf("embedetcd: address %q: %w; give host:port, e.g. 127.0.0.1:2379 or 0.0.0.0:0", addr, err)
 	}
-	e := &Embedded{}
+	e := &Server{}
 	cfg := embed.NewConfig()
 	cfg.Dir = opts.DataDir
 	if cfg.Dir == "" {
 		dir, err := os.MkdirTemp("", "weightcast-etcd-")
 		if err != nil {
-			return nil, fmt.Errorf("rendezvous: embedded etcd data dir: %w", err)
+			return nil, fmt.Errorf("embedetcd: data dir: %w", err)
 		}
 		e.tmpDir, cfg.Dir = dir, dir
 		cfg.UnsafeNoFsync = true
@@ -92,7 +92,7 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 	etcd, err := embed.StartEtcd(cfg)
 	if err != nil {
 		e.removeTmp()
-		return nil, fmt.Errorf("rendezvous: starting embedded etcd on %s: %w", addr, err)
+		return nil, fmt.Errorf("embedetcd: starting etcd on %s: %w", addr, err)
 	}
 	e.etcd = etcd
 	// The bound address, which differs from addr when its port is 0.
@@ -108,24 +108,24 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*Embedded, error)
 		return e, nil
 	case err := <-etcd.Err():
 		e.Close()
-		return nil, fmt.Errorf("rendezvous: embedded etcd on %s failed while starting: %w", addr, err)
+		return nil, fmt.Errorf("embedetcd: etcd on %s failed while starting: %w", addr, err)
 	case <-ctx.Done():
 		e.Close()
-		return nil, fmt.Errorf("rendezvous: embedded etcd on %s not ready: %w", addr, ctx.Err())
+		return nil, fmt.Errorf("embedetcd: etcd on %s not ready: %w", addr, ctx.Err())
 	}
 }
 
 // ClientURL is the URL clients on this host dial ("http://127.0.0.1:port").
 // When Addr was a wildcard, other hosts use this host's name with the same
 // port.
-func (e *Embedded) ClientURL() string { return e.clientURL }
+func (e *Server) ClientURL() string { return e.clientURL }
 
 // DataDir is the directory holding the server's data.
-func (e *Embedded) DataDir() string { return e.dataDir }
+func (e *Server) DataDir() string { return e.dataDir }
 
 // Close stops the server and removes its temporary data directory. It is
 // idempotent.
-func (e *Embedded) Close() error {
+func (e *Server) Close() error {
 	e.closeOnce.Do(func() {
 		e.closing.Store(true)
 		if e.etcd != nil {
@@ -137,12 +137,12 @@ func (e *Embedded) Close() error {
 	return e.closeErr
 }
 
-func (e *Embedded) removeTmp() error {
+func (e *Server) removeTmp() error {
 	if e.tmpDir == "" {
 		return nil
 	}
 	if err := os.RemoveAll(e.tmpDir); err != nil {
-		return fmt.Errorf("rendezvous: removing embedded etcd data dir: %w", err)
+		return fmt.Errorf("embedetcd: removing the data dir: %w", err)
 	}
 	return nil
 }
