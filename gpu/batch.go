@@ -1,12 +1,8 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/mem"
 )
@@ -83,10 +79,10 @@ type BatchPath int
 
 // The ways CopyBatch queues copies.
 const (
-	BatchNone    BatchPath = 0                   // nothing queued yet
-	BatchV2      BatchPath = C.WC_BATCH_V2       // cuMemcpyBatchAsync_v2 (CUDA 13 ABI)
-	BatchV1      BatchPath = C.WC_BATCH_V1       // cuMemcpyBatchAsync (CUDA 12.8 ABI)
-	BatchPerCopy BatchPath = C.WC_BATCH_PER_COPY // one cuMemcpyAsync per copy
+	BatchNone    BatchPath = 0 // nothing queued yet
+	BatchV2      BatchPath = 1 // cuMemcpyBatchAsync_v2 (CUDA 13 ABI)
+	BatchV1      BatchPath = 2 // cuMemcpyBatchAsync (CUDA 12.8 ABI)
+	BatchPerCopy BatchPath = 3 // one cuMemcpyAsync per copy
 )
 
 // String names the path for people.
@@ -133,31 +129,18 @@ func (s *Stream) CopyBatch(b *CopyBatch) error {
 	defer b.Reset()
 	for start := 0; start < len(b.sizes); start += maxBatch {
 		end := min(start+maxBatch, len(b.sizes))
-		var how C.int
-		var batchErr C.CUresult
-		r := CUDAResult(C.wc_copy_batch(s.d.ctx,
-			(*C.CUdeviceptr)(unsafe.Pointer(&b.dsts[start])),
-			(*C.CUdeviceptr)(unsafe.Pointer(&b.srcs[start])),
-			(*C.size_t)(unsafe.Pointer(&b.sizes[start])),
-			C.size_t(end-start), s.s, boolInt(b.PerCopy), &how, &batchErr))
+		how, batchErr, r := copyBatch(s.d.ctx, b.dsts[start:end], b.srcs[start:end], b.sizes[start:end], s.s, b.PerCopy)
 		batchMu.Lock()
-		lastBatchPath = BatchPath(how)
+		lastBatchPath = how
 		if batchErr != 0 && batchFailure == nil {
-			batchFailure = s.d.err("cuMemcpyBatchAsync", fmt.Sprintf("%d copies", end-start), CUDAResult(batchErr))
+			batchFailure = s.d.err("cuMemcpyBatchAsync", fmt.Sprintf("%d copies", end-start), batchErr)
 		}
 		batchMu.Unlock()
 		if r != 0 {
-			return s.d.err(BatchPath(how).String(), fmt.Sprintf("batch of %d copies, %d bytes", end-start, b.bytes), r)
+			return s.d.err(how.String(), fmt.Sprintf("batch of %d copies, %d bytes", end-start, b.bytes), r)
 		}
 	}
 	return nil
-}
-
-func boolInt(v bool) C.int {
-	if v {
-		return 1
-	}
-	return 0
 }
 
 // Address returns the address that copies use for b: its DevicePtr for

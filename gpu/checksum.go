@@ -1,8 +1,5 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"context"
 	_ "embed"
@@ -11,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/mem"
@@ -182,6 +178,7 @@ type Checksummer struct {
 type sumSlot struct {
 	dev  uint64   // checksumSlots uint64 in device memory
 	host []uint64 // their copy, in pinned host memory
+	raw  []byte   // host's bytes, which the copy writes
 	ev   *Event   // recorded after the copy
 }
 
@@ -282,15 +279,15 @@ func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
 // launch queues the zeroing, the kernel, the copy and the event of one sum.
 func (c *Checksummer) launch(slot *sumSlot, buf uint64, n int64) error {
 	d, st := c.s.d, c.s.s
-	if r := CUDAResult(C.wc_cuMemsetD8Async(d.ctx, C.CUdeviceptr(slot.dev), 0, checksumSlotBytes, st)); r != 0 {
+	if r := cuMemsetD8Async(d.ctx, slot.dev, 0, checksumSlotBytes, st); r != 0 {
 		return d.err("cuMemsetD8Async", "checksum slots", r)
 	}
 	blocks := checksumBlocks(n, c.blocks)
-	if r := CUDAResult(C.wc_launch_checksum(d.ctx, c.k.fn, C.CUdeviceptr(buf), C.ulonglong(n), C.CUdeviceptr(slot.dev),
-		C.uint(blocks), checksumThreads, st)); r != 0 {
+	// wc_checksum(buf, n, slots) on a grid of blocks × checksumThreads.
+	if r := cuLaunchKernel(d.ctx, c.k.fn, uint32(blocks), checksumThreads, st, buf, uint64(n), slot.dev); r != 0 {
 		return d.err("cuLaunchKernel", fmt.Sprintf("checksum kernel over %d bytes, %d blocks", n, blocks), r)
 	}
-	if r := CUDAResult(C.wc_cuMemcpyDtoHAsync(d.ctx, unsafe.Pointer(&slot.host[0]), C.CUdeviceptr(slot.dev), checksumSlotBytes, st)); r != 0 {
+	if r := cuMemcpyDtoHAsync(d.ctx, slot.raw, slot.dev, st); r != 0 {
 		return d.err("cuMemcpyDtoHAsync_v2", "checksum slots", r)
 	}
 	return slot.ev.recordOn(c.s)
@@ -345,6 +342,7 @@ func (c *Checksummer) grow() error {
 		slots = append(slots, &sumSlot{
 			dev:  m.dev.DevicePtr() + uint64(i*checksumSlotBytes),
 			host: m.words[i*checksumSlots : (i+1)*checksumSlots],
+			raw:  m.host.Host()[i*checksumSlotBytes : (i+1)*checksumSlotBytes],
 			ev:   ev,
 		})
 	}

@@ -1,17 +1,9 @@
 package gpu
 
-/*
-#cgo LDFLAGS: -ldl
-#include <stdlib.h>
-#include "cuda_shim.h"
-*/
-import "C"
-
 import (
 	"errors"
 	"fmt"
 	"sync"
-	"unsafe"
 )
 
 // DriverLibrary is the file name OpenCUDA passes to the dynamic loader.
@@ -38,21 +30,22 @@ var (
 // process; later calls return the first call's result. Every other CUDA
 // function of this package calls it, so calling it first is only needed to
 // ask whether CUDA is usable here. The error wraps ErrNoDriver when the
-// library is absent, and ErrNoDevice when the driver sees no GPU.
+// library is absent (and also ErrNoCgo in a program built without cgo), and
+// ErrNoDevice when the driver sees no GPU.
 func OpenCUDA() error {
 	openOnce.Do(func() { openErr = openCUDA() })
 	return openErr
 }
 
 func openCUDA() error {
-	path := C.CString(DriverLibrary)
-	defer C.free(unsafe.Pointer(path))
-	var buf [512]C.char
-	if C.wc_cuda_load(path, &buf[0], C.size_t(len(buf))) != 0 {
-		return fmt.Errorf("%w: cannot load %s (%s); install the NVIDIA driver or run on a machine with a GPU",
-			ErrNoDriver, DriverLibrary, C.GoString(&buf[0]))
+	if err := loadDriver(DriverLibrary); err != nil {
+		if errors.Is(err, ErrNoCgo) {
+			return fmt.Errorf("%w: cannot load %s: %w", ErrNoDriver, DriverLibrary, err)
+		}
+		return fmt.Errorf("%w: cannot load %s (%v); install the NVIDIA driver or run on a machine with a GPU",
+			ErrNoDriver, DriverLibrary, err)
 	}
-	if r := CUDAResult(C.wc_cuInit()); r != 0 {
+	if r := cuInit(); r != 0 {
 		if r == resultFunctionNotFound {
 			return fmt.Errorf("%w: %s has no cuInit; it is not a CUDA driver library", ErrNoDriver, DriverLibrary)
 		}
@@ -72,11 +65,11 @@ func DriverVersion() (int, error) {
 
 // driverVersion asks the dispatch table without loading the driver first.
 func driverVersion() (int, error) {
-	var v C.int
-	if r := CUDAResult(C.wc_cuDriverGetVersion(&v)); r != 0 {
+	v, r := cuDriverGetVersion()
+	if r != 0 {
 		return 0, &Error{Op: "cuDriverGetVersion", Device: -1, Result: r}
 	}
-	return int(v), nil
+	return v, nil
 }
 
 // DeviceCount returns how many CUDA devices the driver sees.
@@ -84,11 +77,11 @@ func DeviceCount() (int, error) {
 	if err := OpenCUDA(); err != nil {
 		return 0, err
 	}
-	var n C.int
-	if r := CUDAResult(C.wc_cuDeviceGetCount(&n)); r != 0 {
+	n, r := cuDeviceGetCount()
+	if r != 0 {
 		return 0, &Error{Op: "cuDeviceGetCount", Device: -1, Result: r}
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // CUDAResult is a CUresult, the CUDA driver API's status code. Its Error
@@ -97,8 +90,9 @@ func DeviceCount() (int, error) {
 type CUDAResult int
 
 // resultFunctionNotFound is the shim's code for a symbol that the loaded
-// driver lacks (or a driver that was never loaded); it is no CUDA code.
-const resultFunctionNotFound CUDAResult = C.WC_CUDA_FUNCTION_NOT_FOUND
+// driver lacks (or a driver that was never loaded); it is no CUDA code
+// (WC_CUDA_FUNCTION_NOT_FOUND of cuda_shim.h).
+const resultFunctionNotFound CUDAResult = 0x7fff0001
 
 // The CUresult values this package looks at.
 const (
@@ -129,9 +123,8 @@ func (r CUDAResult) Error() string {
 		return "function not found in the loaded CUDA driver (or no driver loaded)"
 	}
 	s := fmt.Sprintf("%s (%d)", r.Name(), int(r))
-	var desc *C.char
-	if C.wc_cuGetErrorString(C.CUresult(r), &desc) == 0 && desc != nil {
-		s += ": " + C.GoString(desc)
+	if desc, ok := cuGetErrorString(r); ok {
+		s += ": " + desc
 	}
 	return s
 }

@@ -1,5 +1,8 @@
+//go:build cgo
+
 // cuda_shim.c opens the CUDA driver and fills the dispatch table declared in
-// cuda_shim.h.
+// cuda_shim.h. It is compiled only with cgo (the build constraint above):
+// without it the package's Go twin, driver_nocgo.go, stands in.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,14 +65,15 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   return 0;
 }
 
-CUresult wc_copy_batch(CUcontext ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
-                       CUstream s, int per_copy, int *how, CUresult *batch_err) {
+CUresult wc_copy_batch(uintptr_t ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                       uintptr_t stream, int per_copy, int *how, CUresult *batch_err) {
+  CUstream s = WC_STREAM(stream);
   *batch_err = WC_CUDA_SUCCESS;
   if (count == 0) {
     *how = 0;
     return WC_CUDA_SUCCESS;
   }
-  CUresult r = wc_set(ctx);
+  CUresult r = wc_set(WC_CTX(ctx));
   if (r != WC_CUDA_SUCCESS)
     return r;
   if (!per_copy && (wc_cuda.cuMemcpyBatchAsync_v2 != NULL || wc_cuda.cuMemcpyBatchAsync != NULL)) {
@@ -99,20 +103,24 @@ CUresult wc_copy_batch(CUcontext ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size
   return WC_CUDA_SUCCESS;
 }
 
-CUresult wc_module_load(CUcontext ctx, const char *image, CUmodule *m, char *log, size_t loglen) {
+CUresult wc_module_load(uintptr_t ctx, const char *image, uintptr_t *m, char *log, size_t loglen) {
   if (loglen > 0)
     log[0] = 0;
-  CUresult r = wc_set(ctx);
+  *m = 0;
+  CUresult r = wc_set(WC_CTX(ctx));
   if (r != WC_CUDA_SUCCESS)
     return r;
+  CUmodule mod = NULL;
   if (wc_cuda.cuModuleLoadDataEx != NULL && loglen > 0) {
     int opts[2] = {WC_CU_JIT_ERROR_LOG_BUFFER, WC_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void *vals[2] = {log, (void *)(uintptr_t)loglen};
-    r = wc_cuda.cuModuleLoadDataEx(m, image, 2, opts, vals);
+    r = wc_cuda.cuModuleLoadDataEx(&mod, image, 2, opts, vals);
     log[loglen - 1] = 0;
-    return r;
-  }
-  if (wc_cuda.cuModuleLoadData == NULL)
+  } else if (wc_cuda.cuModuleLoadData == NULL) {
     return WC_CUDA_FUNCTION_NOT_FOUND;
-  return wc_cuda.cuModuleLoadData(m, image);
+  } else {
+    r = wc_cuda.cuModuleLoadData(&mod, image);
+  }
+  *m = (uintptr_t)mod;
+  return r;
 }

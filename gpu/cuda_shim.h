@@ -6,6 +6,8 @@
 // WC_CUDA_FUNCTION_NOT_FOUND when the function is missing (or the library
 // was never loaded), and that first makes the given context current on the
 // calling OS thread, so that any goroutine, on any thread, may call.
+// driver_cgo.go, the package's only cgo file, is the only one that includes
+// this header: it wraps each shim in a Go function of Go types.
 //
 // The driver's versioned entry points are used (cuMemAlloc_v2, ...): the
 // unversioned names are older ABIs kept for old binaries.
@@ -13,6 +15,7 @@
 #define WEIGHTCAST_CUDA_SHIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef int CUresult; // an enum in cuda.h; every value fits an int
 typedef int CUdevice;
@@ -43,6 +46,7 @@ typedef struct {
 
 enum {
   WC_CUDA_SUCCESS = 0,
+  WC_CUDA_ERROR_INVALID_VALUE = 1,
   WC_CUDA_ERROR_NOT_READY = 600,
   // Not a CUDA code: the shim's answer when a function pointer is NULL.
   WC_CUDA_FUNCTION_NOT_FOUND = 0x7fff0001,
@@ -129,6 +133,15 @@ int wc_cuda_load(const char *path, char *err, size_t errlen);
   if (wc_cuda.fn == NULL)  \
   return WC_CUDA_FUNCTION_NOT_FOUND
 
+// Handles (contexts, streams, events, modules, functions) cross into Go as
+// integers: Go keeps them in uintptr fields, never as pointers, and the
+// shims cast them back here.
+#define WC_CTX(h) ((CUcontext)(h))
+#define WC_STREAM(h) ((CUstream)(h))
+#define WC_EVENT(h) ((CUevent)(h))
+#define WC_MODULE(h) ((CUmodule)(h))
+#define WC_FUNC(h) ((CUfunction)(h))
+
 // wc_set makes ctx current on this OS thread (the CUDA current context is
 // per thread, and a goroutine may move between threads between cgo calls).
 static inline CUresult wc_set(CUcontext ctx) {
@@ -136,11 +149,11 @@ static inline CUresult wc_set(CUcontext ctx) {
   return wc_cuda.cuCtxSetCurrent(ctx);
 }
 
-#define WC_SET(ctx)              \
-  do {                           \
-    CUresult r_ = wc_set(ctx);   \
-    if (r_ != WC_CUDA_SUCCESS)   \
-      return r_;                 \
+#define WC_SET(ctx)                 \
+  do {                              \
+    CUresult r_ = wc_set(WC_CTX(ctx)); \
+    if (r_ != WC_CUDA_SUCCESS)      \
+      return r_;                    \
   } while (0)
 
 static inline CUresult wc_cuInit(void) {
@@ -156,11 +169,6 @@ static inline CUresult wc_cuDriverGetVersion(int *v) {
 static inline CUresult wc_cuGetErrorString(CUresult err, const char **s) {
   WC_NEED(cuGetErrorString);
   return wc_cuda.cuGetErrorString(err, s);
-}
-
-static inline CUresult wc_cuGetErrorName(CUresult err, const char **s) {
-  WC_NEED(cuGetErrorName);
-  return wc_cuda.cuGetErrorName(err, s);
 }
 
 static inline CUresult wc_cuDeviceGetCount(int *n) {
@@ -183,9 +191,12 @@ static inline CUresult wc_cuDeviceGetAttribute(int *v, int attrib, CUdevice dev)
   return wc_cuda.cuDeviceGetAttribute(v, attrib, dev);
 }
 
-static inline CUresult wc_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+static inline CUresult wc_cuDevicePrimaryCtxRetain(uintptr_t *ctx, CUdevice dev) {
   WC_NEED(cuDevicePrimaryCtxRetain);
-  return wc_cuda.cuDevicePrimaryCtxRetain(ctx, dev);
+  CUcontext c = NULL;
+  CUresult r = wc_cuda.cuDevicePrimaryCtxRetain(&c, dev);
+  *ctx = (uintptr_t)c;
+  return r;
 }
 
 static inline CUresult wc_cuDevicePrimaryCtxRelease(CUdevice dev) {
@@ -193,111 +204,117 @@ static inline CUresult wc_cuDevicePrimaryCtxRelease(CUdevice dev) {
   return wc_cuda.cuDevicePrimaryCtxRelease_v2(dev);
 }
 
-static inline CUresult wc_cuCtxSetCurrent(CUcontext ctx) { return wc_set(ctx); }
+static inline CUresult wc_cuCtxSetCurrent(uintptr_t ctx) { return wc_set(WC_CTX(ctx)); }
 
-static inline CUresult wc_cuMemGetInfo(CUcontext ctx, size_t *free, size_t *total) {
+static inline CUresult wc_cuMemGetInfo(uintptr_t ctx, size_t *free, size_t *total) {
   WC_NEED(cuMemGetInfo_v2);
   WC_SET(ctx);
   return wc_cuda.cuMemGetInfo_v2(free, total);
 }
 
-static inline CUresult wc_cuMemAlloc(CUcontext ctx, CUdeviceptr *p, size_t n) {
+static inline CUresult wc_cuMemAlloc(uintptr_t ctx, CUdeviceptr *p, size_t n) {
   WC_NEED(cuMemAlloc_v2);
   WC_SET(ctx);
   return wc_cuda.cuMemAlloc_v2(p, n);
 }
 
-static inline CUresult wc_cuMemFree(CUcontext ctx, CUdeviceptr p) {
+static inline CUresult wc_cuMemFree(uintptr_t ctx, CUdeviceptr p) {
   WC_NEED(cuMemFree_v2);
   WC_SET(ctx);
   return wc_cuda.cuMemFree_v2(p);
 }
 
-static inline CUresult wc_cuMemHostAlloc(CUcontext ctx, void **pp, size_t n) {
+static inline CUresult wc_cuMemHostAlloc(uintptr_t ctx, void **pp, size_t n) {
   WC_NEED(cuMemHostAlloc);
   WC_SET(ctx);
   return wc_cuda.cuMemHostAlloc(pp, n, WC_CU_MEMHOSTALLOC_PORTABLE | WC_CU_MEMHOSTALLOC_DEVICEMAP);
 }
 
-static inline CUresult wc_cuMemFreeHost(CUcontext ctx, void *p) {
+static inline CUresult wc_cuMemFreeHost(uintptr_t ctx, void *p) {
   WC_NEED(cuMemFreeHost);
   WC_SET(ctx);
   return wc_cuda.cuMemFreeHost(p);
 }
 
-static inline CUresult wc_cuMemcpyHtoDAsync(CUcontext ctx, CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+static inline CUresult wc_cuMemcpyHtoDAsync(uintptr_t ctx, CUdeviceptr dst, const void *src, size_t n, uintptr_t s) {
   WC_NEED(cuMemcpyHtoDAsync_v2);
   WC_SET(ctx);
-  return wc_cuda.cuMemcpyHtoDAsync_v2(dst, src, n, s);
+  return wc_cuda.cuMemcpyHtoDAsync_v2(dst, src, n, WC_STREAM(s));
 }
 
-static inline CUresult wc_cuMemcpyDtoHAsync(CUcontext ctx, void *dst, CUdeviceptr src, size_t n, CUstream s) {
+static inline CUresult wc_cuMemcpyDtoHAsync(uintptr_t ctx, void *dst, CUdeviceptr src, size_t n, uintptr_t s) {
   WC_NEED(cuMemcpyDtoHAsync_v2);
   WC_SET(ctx);
-  return wc_cuda.cuMemcpyDtoHAsync_v2(dst, src, n, s);
+  return wc_cuda.cuMemcpyDtoHAsync_v2(dst, src, n, WC_STREAM(s));
 }
 
-static inline CUresult wc_cuMemcpyDtoDAsync(CUcontext ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+static inline CUresult wc_cuMemcpyDtoDAsync(uintptr_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, uintptr_t s) {
   WC_NEED(cuMemcpyDtoDAsync_v2);
   WC_SET(ctx);
-  return wc_cuda.cuMemcpyDtoDAsync_v2(dst, src, n, s);
+  return wc_cuda.cuMemcpyDtoDAsync_v2(dst, src, n, WC_STREAM(s));
 }
 
-static inline CUresult wc_cuMemsetD8Async(CUcontext ctx, CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+static inline CUresult wc_cuMemsetD8Async(uintptr_t ctx, CUdeviceptr dst, unsigned char v, size_t n, uintptr_t s) {
   WC_NEED(cuMemsetD8Async);
   WC_SET(ctx);
-  return wc_cuda.cuMemsetD8Async(dst, v, n, s);
+  return wc_cuda.cuMemsetD8Async(dst, v, n, WC_STREAM(s));
 }
 
-static inline CUresult wc_cuStreamCreate(CUcontext ctx, CUstream *s) {
+static inline CUresult wc_cuStreamCreate(uintptr_t ctx, uintptr_t *s) {
   WC_NEED(cuStreamCreate);
   WC_SET(ctx);
-  return wc_cuda.cuStreamCreate(s, WC_CU_STREAM_NON_BLOCKING);
+  CUstream st = NULL;
+  CUresult r = wc_cuda.cuStreamCreate(&st, WC_CU_STREAM_NON_BLOCKING);
+  *s = (uintptr_t)st;
+  return r;
 }
 
-static inline CUresult wc_cuStreamDestroy(CUcontext ctx, CUstream s) {
+static inline CUresult wc_cuStreamDestroy(uintptr_t ctx, uintptr_t s) {
   WC_NEED(cuStreamDestroy_v2);
   WC_SET(ctx);
-  return wc_cuda.cuStreamDestroy_v2(s);
+  return wc_cuda.cuStreamDestroy_v2(WC_STREAM(s));
 }
 
-static inline CUresult wc_cuStreamQuery(CUcontext ctx, CUstream s) {
+static inline CUresult wc_cuStreamQuery(uintptr_t ctx, uintptr_t s) {
   WC_NEED(cuStreamQuery);
   WC_SET(ctx);
-  return wc_cuda.cuStreamQuery(s);
+  return wc_cuda.cuStreamQuery(WC_STREAM(s));
 }
 
-static inline CUresult wc_cuStreamWaitEvent(CUcontext ctx, CUstream s, CUevent e) {
+static inline CUresult wc_cuStreamWaitEvent(uintptr_t ctx, uintptr_t s, uintptr_t e) {
   WC_NEED(cuStreamWaitEvent);
   WC_SET(ctx);
-  return wc_cuda.cuStreamWaitEvent(s, e, 0);
+  return wc_cuda.cuStreamWaitEvent(WC_STREAM(s), WC_EVENT(e), 0);
 }
 
-static inline CUresult wc_cuEventCreate(CUcontext ctx, CUevent *e) {
+static inline CUresult wc_cuEventCreate(uintptr_t ctx, uintptr_t *e) {
   WC_NEED(cuEventCreate);
   WC_SET(ctx);
-  return wc_cuda.cuEventCreate(e, WC_CU_EVENT_DISABLE_TIMING);
+  CUevent ev = NULL;
+  CUresult r = wc_cuda.cuEventCreate(&ev, WC_CU_EVENT_DISABLE_TIMING);
+  *e = (uintptr_t)ev;
+  return r;
 }
 
-static inline CUresult wc_cuEventRecord(CUcontext ctx, CUevent e, CUstream s) {
+static inline CUresult wc_cuEventRecord(uintptr_t ctx, uintptr_t e, uintptr_t s) {
   WC_NEED(cuEventRecord);
   WC_SET(ctx);
-  return wc_cuda.cuEventRecord(e, s);
+  return wc_cuda.cuEventRecord(WC_EVENT(e), WC_STREAM(s));
 }
 
-static inline CUresult wc_cuEventQuery(CUcontext ctx, CUevent e) {
+static inline CUresult wc_cuEventQuery(uintptr_t ctx, uintptr_t e) {
   WC_NEED(cuEventQuery);
   WC_SET(ctx);
-  return wc_cuda.cuEventQuery(e);
+  return wc_cuda.cuEventQuery(WC_EVENT(e));
 }
 
-static inline CUresult wc_cuEventDestroy(CUcontext ctx, CUevent e) {
+static inline CUresult wc_cuEventDestroy(uintptr_t ctx, uintptr_t e) {
   WC_NEED(cuEventDestroy_v2);
   WC_SET(ctx);
-  return wc_cuda.cuEventDestroy_v2(e);
+  return wc_cuda.cuEventDestroy_v2(WC_EVENT(e));
 }
 
-static inline CUresult wc_cuIpcGetMemHandle(CUcontext ctx, CUipcMemHandle *h, CUdeviceptr p) {
+static inline CUresult wc_cuIpcGetMemHandle(uintptr_t ctx, CUipcMemHandle *h, CUdeviceptr p) {
   WC_NEED(cuIpcGetMemHandle);
   WC_SET(ctx);
   return wc_cuda.cuIpcGetMemHandle(h, p);
@@ -305,57 +322,59 @@ static inline CUresult wc_cuIpcGetMemHandle(CUcontext ctx, CUipcMemHandle *h, CU
 
 // wc_cuIpcOpenMemHandle takes the 64-byte handle by pointer and passes it
 // by value, so that the C compiler applies the calling convention.
-static inline CUresult wc_cuIpcOpenMemHandle(CUcontext ctx, CUdeviceptr *p, const CUipcMemHandle *h) {
+static inline CUresult wc_cuIpcOpenMemHandle(uintptr_t ctx, CUdeviceptr *p, const CUipcMemHandle *h) {
   WC_NEED(cuIpcOpenMemHandle_v2);
   WC_SET(ctx);
   return wc_cuda.cuIpcOpenMemHandle_v2(p, *h, WC_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 }
 
-static inline CUresult wc_cuIpcCloseMemHandle(CUcontext ctx, CUdeviceptr p) {
+static inline CUresult wc_cuIpcCloseMemHandle(uintptr_t ctx, CUdeviceptr p) {
   WC_NEED(cuIpcCloseMemHandle);
   WC_SET(ctx);
   return wc_cuda.cuIpcCloseMemHandle(p);
 }
 
-static inline CUresult wc_cuModuleGetFunction(CUcontext ctx, CUfunction *f, CUmodule m, const char *name) {
+static inline CUresult wc_cuModuleGetFunction(uintptr_t ctx, uintptr_t *f, uintptr_t m, const char *name) {
   WC_NEED(cuModuleGetFunction);
   WC_SET(ctx);
-  return wc_cuda.cuModuleGetFunction(f, m, name);
+  CUfunction fn = NULL;
+  CUresult r = wc_cuda.cuModuleGetFunction(&fn, WC_MODULE(m), name);
+  *f = (uintptr_t)fn;
+  return r;
 }
 
-static inline CUresult wc_cuModuleUnload(CUcontext ctx, CUmodule m) {
+static inline CUresult wc_cuModuleUnload(uintptr_t ctx, uintptr_t m) {
   WC_NEED(cuModuleUnload);
   WC_SET(ctx);
-  return wc_cuda.cuModuleUnload(m);
+  return wc_cuda.cuModuleUnload(WC_MODULE(m));
 }
 
-// wc_launch_descs launches a kernel that reads count descriptors at descs
-// (gather.ptx: wc_gather(ranges, count); cast.ptx: wc_cast(descs, count))
-// with one block of threads threads per descriptor. The parameters are
-// copied by the driver during the call.
-static inline CUresult wc_launch_descs(CUcontext ctx, CUfunction f, CUdeviceptr descs, unsigned int count,
-                                       unsigned int threads, CUstream s) {
-  WC_NEED(cuLaunchKernel);
-  WC_SET(ctx);
-  void *params[2] = {&descs, &count};
-  return wc_cuda.cuLaunchKernel(f, count, 1, 1, threads, 1, 1, 0, s, params, NULL);
-}
+// WC_MAX_KERNEL_ARGS bounds the arguments wc_launch passes to a kernel.
+#define WC_MAX_KERNEL_ARGS 8
 
-// wc_launch_checksum launches the checksum kernel (checksum.ptx:
-// wc_checksum(buf, n, slots)) on a grid of blocks×threads.
-static inline CUresult wc_launch_checksum(CUcontext ctx, CUfunction f, CUdeviceptr buf, unsigned long long n,
-                                          CUdeviceptr slots, unsigned int blocks, unsigned int threads, CUstream s) {
+// wc_launch launches f on a grid of blocks×1×1 blocks of threads×1×1
+// threads, no dynamic shared memory, on s, with nargs arguments: kernel
+// argument i is read from args[i], the driver taking as many bytes as the
+// kernel's parameter i has (8 for a .u64, 4 for a .u32: the low half of
+// the 64-bit word on these little-endian machines). The driver copies the
+// arguments during the call.
+static inline CUresult wc_launch(uintptr_t ctx, uintptr_t f, unsigned int blocks, unsigned int threads, uintptr_t s,
+                                 uint64_t *args, unsigned int nargs) {
   WC_NEED(cuLaunchKernel);
+  if (nargs > WC_MAX_KERNEL_ARGS)
+    return WC_CUDA_ERROR_INVALID_VALUE;
   WC_SET(ctx);
-  void *params[3] = {&buf, &n, &slots};
-  return wc_cuda.cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, s, params, NULL);
+  void *params[WC_MAX_KERNEL_ARGS];
+  for (unsigned int i = 0; i < nargs; i++)
+    params[i] = &args[i];
+  return wc_cuda.cuLaunchKernel(WC_FUNC(f), blocks, 1, 1, threads, 1, 1, 0, WC_STREAM(s), params, NULL);
 }
 
 // wc_module_load loads a NUL-terminated PTX (or cubin) image into ctx:
 // cuModuleLoadDataEx, which writes the JIT compiler's error log (at most
 // loglen bytes, NUL-terminated) into log, where the driver has it, else
 // cuModuleLoadData. Defined in cuda_shim.c.
-CUresult wc_module_load(CUcontext ctx, const char *image, CUmodule *m, char *log, size_t loglen);
+CUresult wc_module_load(uintptr_t ctx, const char *image, uintptr_t *m, char *log, size_t loglen);
 
 // wc_copy_batch queues count pointer-to-pointer copies (device or pinned
 // host addresses, told apart by unified addressing) on s in one call:
@@ -365,7 +384,7 @@ CUresult wc_module_load(CUcontext ctx, const char *image, CUmodule *m, char *log
 // batch that fails to parse queues nothing, and repeating a copy is
 // harmless); *batch_err then holds the batch call's result. *how says which
 // path queued them. Defined in cuda_shim.c.
-CUresult wc_copy_batch(CUcontext ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
-                       CUstream s, int per_copy, int *how, CUresult *batch_err);
+CUresult wc_copy_batch(uintptr_t ctx, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                       uintptr_t s, int per_copy, int *how, CUresult *batch_err);
 
 #endif

@@ -196,3 +196,13 @@ func TestIsPinnedHost(t *testing.T) {
 		t.Fatal("a host buffer passed as device memory")
 	}
 }
+
+// BenchmarkDriverCall measures a call into the driver layer that returns at
+// once (cuDriverGetVersion; where no driver is loaded the C shim's NULL
+// check answers): the cost of crossing into C and back that every driver
+// call pays, and what a cgo-free loader would have to match.
+func BenchmarkDriverCall(b *testing.B) {
+	for b.Loop() {
+		_, _ = cuDriverGetVersion()
+	}
+}

@@ -1,8 +1,5 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"errors"
 	"fmt"
@@ -23,8 +20,8 @@ import (
 // reference frees everything allocated in it.
 type CUDADevice struct {
 	ordinal int
-	dev     C.CUdevice
-	ctx     C.CUcontext
+	dev     cuDevice
+	ctx     cuContext
 	name    string
 	closed  atomic.Bool
 
@@ -47,15 +44,14 @@ func NewCUDADevice(ordinal int) (*CUDADevice, error) {
 		return nil, fmt.Errorf("gpu: no device cuda:%d: the driver sees %d device(s); check CUDA_VISIBLE_DEVICES", ordinal, n)
 	}
 	d := &CUDADevice{ordinal: ordinal}
-	if r := CUDAResult(C.wc_cuDeviceGet(&d.dev, C.int(ordinal))); r != 0 {
+	var r CUDAResult
+	if d.dev, r = cuDeviceGet(ordinal); r != 0 {
 		return nil, d.err("cuDeviceGet", "", r)
 	}
-	var name [256]C.char
-	if r := CUDAResult(C.wc_cuDeviceGetName(&name[0], C.int(len(name)), d.dev)); r != 0 {
+	if d.name, r = cuDeviceGetName(d.dev); r != 0 {
 		return nil, d.err("cuDeviceGetName", "", r)
 	}
-	d.name = C.GoString(&name[0])
-	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); r != 0 {
+	if d.ctx, r = cuDevicePrimaryCtxRetain(d.dev); r != 0 {
 		return nil, d.err("cuDevicePrimaryCtxRetain", "", r)
 	}
 	return d, nil
@@ -93,11 +89,11 @@ func (d *CUDADevice) Alloc(n int) (mem.Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("gpu: cannot allocate %d bytes on cuda:%d", n, d.ordinal)
 	}
-	var p C.CUdeviceptr
-	if r := CUDAResult(C.wc_cuMemAlloc(d.ctx, &p, C.size_t(n))); r != 0 {
+	p, r := cuMemAlloc(d.ctx, n)
+	if r != 0 {
 		return nil, d.err("cuMemAlloc_v2", fmt.Sprintf("%d bytes", n), r)
 	}
-	return &deviceBuffer{dev: d, ptr: uint64(p), n: n}, nil
+	return &deviceBuffer{dev: d, ptr: p, n: n}, nil
 }
 
 // MemInfo returns the device's free and total memory in bytes.
@@ -105,11 +101,11 @@ func (d *CUDADevice) MemInfo() (free, total uint64, err error) {
 	if err := d.checkOpen(); err != nil {
 		return 0, 0, err
 	}
-	var f, t C.size_t
-	if r := CUDAResult(C.wc_cuMemGetInfo(d.ctx, &f, &t)); r != 0 {
+	f, t, r := cuMemGetInfo(d.ctx)
+	if r != 0 {
 		return 0, 0, d.err("cuMemGetInfo_v2", "", r)
 	}
-	return uint64(f), uint64(t), nil
+	return f, t, nil
 }
 
 // LockContext wires the calling goroutine to its OS thread and makes the
@@ -122,7 +118,7 @@ func (d *CUDADevice) LockContext() (unlock func(), err error) {
 		return nil, err
 	}
 	runtime.LockOSThread()
-	if r := CUDAResult(C.wc_cuCtxSetCurrent(d.ctx)); r != 0 {
+	if r := cuCtxSetCurrent(d.ctx); r != 0 {
 		runtime.UnlockOSThread()
 		return nil, d.err("cuCtxSetCurrent", "", r)
 	}
@@ -137,7 +133,7 @@ func (d *CUDADevice) Close() error {
 		return nil
 	}
 	uerr := d.unloadKernels()
-	if r := CUDAResult(C.wc_cuDevicePrimaryCtxRelease(d.dev)); r != 0 {
+	if r := cuDevicePrimaryCtxRelease(d.dev); r != 0 {
 		return errors.Join(uerr, d.err("cuDevicePrimaryCtxRelease_v2", "", r))
 	}
 	return uerr
@@ -173,14 +169,13 @@ func (b *deviceBuffer) Free() error {
 		return nil
 	}
 	b.freed = true
-	p := C.CUdeviceptr(b.ptr)
 	if b.opened {
-		if r := CUDAResult(C.wc_cuIpcCloseMemHandle(b.dev.ctx, p)); r != 0 {
+		if r := cuIpcCloseMemHandle(b.dev.ctx, b.ptr); r != 0 {
 			return b.dev.err("cuIpcCloseMemHandle", "", r)
 		}
 		return nil
 	}
-	if r := CUDAResult(C.wc_cuMemFree(b.dev.ctx, p)); r != 0 {
+	if r := cuMemFree(b.dev.ctx, b.ptr); r != 0 {
 		return b.dev.err("cuMemFree_v2", fmt.Sprintf("%d bytes", b.n), r)
 	}
 	return nil
@@ -220,8 +215,8 @@ func (d *CUDADevice) AllocPinned(n int) (mem.Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("gpu: cannot allocate %d pinned bytes", n)
 	}
-	var p unsafe.Pointer
-	if r := CUDAResult(C.wc_cuMemHostAlloc(d.ctx, &p, C.size_t(n))); r != 0 {
+	p, r := cuMemHostAlloc(d.ctx, n)
+	if r != 0 {
 		return nil, d.err("cuMemHostAlloc", fmt.Sprintf("%d bytes", n), r)
 	}
 	return &pinnedBuffer{dev: d, p: p, b: unsafe.Slice((*byte)(p), n)}, nil
@@ -245,7 +240,7 @@ func (b *pinnedBuffer) Free() error {
 	}
 	p := b.p
 	b.p, b.b = nil, nil
-	if r := CUDAResult(C.wc_cuMemFreeHost(b.dev.ctx, p)); r != 0 {
+	if r := cuMemFreeHost(b.dev.ctx, p); r != 0 {
 		return b.dev.err("cuMemFreeHost", "", r)
 	}
 	return nil

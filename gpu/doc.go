@@ -91,9 +91,18 @@
 // point) through a small cgo shim with a hand-written header (cuda_shim.h):
 // a dispatch table of function pointers filled by dlsym, each call going
 // through a static inline function that answers "function not found" for a
-// missing symbol. Building needs a C compiler (cgo) but no CUDA toolkit.
-// Where the library is absent the entry points return an error matching
-// ErrNoDriver; CUDAResult names driver status codes from a built-in table.
+// missing symbol. Using a GPU needs a program built with cgo (a C compiler)
+// but no CUDA toolkit. Where the library is absent the entry points return
+// an error matching ErrNoDriver; CUDAResult names driver status codes from
+// a built-in table.
+//
+// Every C call sits in one file, driver_cgo.go: small Go functions named
+// after the driver calls, with Go types (handles as integers, device
+// addresses as uint64, host memory as []byte). The rest of the package is
+// pure Go. Built without cgo (CGO_ENABLED=0), the package still compiles,
+// with driver_nocgo.go in that file's place: OpenCUDA then fails with an
+// error matching both ErrNoCgo and ErrNoDriver, so the same code runs on
+// host memory as on a machine without a GPU.
 //
 // The CUDA current context is per OS thread. Each shim call makes the
 // device's primary context current on its thread before the driver call, so

@@ -1,12 +1,8 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"encoding/hex"
 	"fmt"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/mem"
 )
@@ -48,8 +44,9 @@ func (d *CUDADevice) ExportIPC(b mem.Buffer) (IPCHandle, error) {
 	if err := d.checkOpen(); err != nil {
 		return h, err
 	}
-	if r := CUDAResult(C.wc_cuIpcGetMemHandle(d.ctx, (*C.CUipcMemHandle)(unsafe.Pointer(&h[0])), C.CUdeviceptr(db.ptr))); r != 0 {
-		return h, d.err("cuIpcGetMemHandle", "", r)
+	h, r := cuIpcGetMemHandle(d.ctx, db.ptr)
+	if r != 0 {
+		return IPCHandle{}, d.err("cuIpcGetMemHandle", "", r)
 	}
 	return h, nil
 }
@@ -65,9 +62,9 @@ func (d *CUDADevice) OpenIPC(h IPCHandle, n int) (mem.Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("gpu: OpenIPC of %d bytes", n)
 	}
-	var p C.CUdeviceptr
-	if r := CUDAResult(C.wc_cuIpcOpenMemHandle(d.ctx, &p, (*C.CUipcMemHandle)(unsafe.Pointer(&h[0])))); r != 0 {
+	p, r := cuIpcOpenMemHandle(d.ctx, &h)
+	if r != 0 {
 		return nil, d.err("cuIpcOpenMemHandle_v2", "", r)
 	}
-	return &deviceBuffer{dev: d, ptr: uint64(p), n: n, opened: true}, nil
+	return &deviceBuffer{dev: d, ptr: p, n: n, opened: true}, nil
 }

@@ -1,9 +1,5 @@
 package gpu
 
-// #include <stdlib.h>
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"context"
 	"errors"
@@ -11,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/mem"
 )
@@ -51,7 +46,7 @@ func (o *onceKernel) unload(d *CUDADevice, name string) error {
 		return nil
 	}
 	o.k = nil
-	if r := CUDAResult(C.wc_cuModuleUnload(d.ctx, k.mod)); r != 0 {
+	if r := cuModuleUnload(d.ctx, k.mod); r != 0 {
 		return d.err("cuModuleUnload", name, r)
 	}
 	return nil
@@ -60,8 +55,8 @@ func (o *onceKernel) unload(d *CUDADevice, name string) error {
 // loadedKernel is one kernel of a PTX module loaded into a device's
 // context.
 type loadedKernel struct {
-	mod C.CUmodule
-	fn  C.CUfunction
+	mod cuModule
+	fn  cuFunction
 }
 
 // loadPTX loads the PTX text src (file names it in errors) into d's
@@ -70,24 +65,20 @@ func (d *CUDADevice) loadPTX(file, src, entry string, unavailable error) (*loade
 	if err := d.checkOpen(); err != nil {
 		return nil, fmt.Errorf("%w: %w", unavailable, err)
 	}
-	image := C.CString(src)
-	defer C.free(unsafe.Pointer(image))
-	var log [4096]C.char
-	k := &loadedKernel{}
-	if r := CUDAResult(C.wc_module_load(d.ctx, image, &k.mod, &log[0], C.size_t(len(log)))); r != 0 {
+	mod, log, r := moduleLoad(d.ctx, src)
+	if r != 0 {
 		err := fmt.Errorf("%w on %s: %w", unavailable, d.Name(), d.err("cuModuleLoadDataEx", file, r))
-		if msg := strings.TrimSpace(C.GoString(&log[0])); msg != "" {
+		if msg := strings.TrimSpace(log); msg != "" {
 			err = fmt.Errorf("%w; the PTX compiler said: %s", err, msg)
 		}
 		return nil, err
 	}
-	name := C.CString(entry)
-	defer C.free(unsafe.Pointer(name))
-	if r := CUDAResult(C.wc_cuModuleGetFunction(d.ctx, &k.fn, k.mod, name)); r != 0 {
-		C.wc_cuModuleUnload(d.ctx, k.mod)
+	fn, r := cuModuleGetFunction(d.ctx, mod, entry)
+	if r != 0 {
+		cuModuleUnload(d.ctx, mod)
 		return nil, fmt.Errorf("%w on %s: %w", unavailable, d.Name(), d.err("cuModuleGetFunction", entry, r))
 	}
-	return k, nil
+	return &loadedKernel{mod: mod, fn: fn}, nil
 }
 
 // selfTested returns k when its self-test passed; otherwise it unloads k
@@ -99,7 +90,7 @@ func (d *CUDADevice) selfTested(k *loadedKernel, err error, unavailable error) (
 	}
 	var werr *WaitError
 	if !errors.As(err, &werr) {
-		C.wc_cuModuleUnload(d.ctx, k.mod)
+		cuModuleUnload(d.ctx, k.mod)
 	}
 	return nil, fmt.Errorf("%w on %s: self-test failed: %w", unavailable, d.Name(), err)
 }
@@ -151,12 +142,12 @@ func selfTest[K interface{ Close(context.Context) error }](d *CUDADevice, wait t
 func (d *CUDADevice) Multiprocessors() (int, error) {
 	k := &d.kernels
 	k.smOnce.Do(func() {
-		var v C.int
-		if r := CUDAResult(C.wc_cuDeviceGetAttribute(&v, C.WC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d.dev)); r != 0 {
+		v, r := cuDeviceGetAttribute(attrMultiprocessorCount, d.dev)
+		if r != 0 {
 			k.smErr = d.err("cuDeviceGetAttribute", "multiprocessor count", r)
 			return
 		}
-		k.sms = int(v)
+		k.sms = v
 	})
 	return k.sms, k.smErr
 }
@@ -171,11 +162,11 @@ func (d *CUDADevice) unloadKernels() error {
 
 // newEvent creates an event without recording it; recordOn records it.
 func (d *CUDADevice) newEvent() (*Event, error) {
-	e := &Event{d: d}
-	if r := CUDAResult(C.wc_cuEventCreate(d.ctx, &e.e)); r != 0 {
+	e, r := cuEventCreate(d.ctx)
+	if r != 0 {
 		return nil, d.err("cuEventCreate", "", r)
 	}
-	return e, nil
+	return &Event{d: d, e: e}, nil
 }
 
 // recordOn records e again, at the current end of s (an event may be
@@ -184,7 +175,7 @@ func (e *Event) recordOn(s *Stream) error {
 	if e.closed {
 		return fmt.Errorf("gpu: event of cuda:%d used after Close", e.d.ordinal)
 	}
-	if r := CUDAResult(C.wc_cuEventRecord(s.d.ctx, e.e, s.s)); r != 0 {
+	if r := cuEventRecord(s.d.ctx, e.e, s.s); r != 0 {
 		return s.d.err("cuEventRecord", "", r)
 	}
 	return nil

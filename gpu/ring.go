@@ -1,8 +1,5 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"context"
 	"errors"
@@ -97,12 +94,13 @@ func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src de
 		}
 		n := src.fill(r.mem.words[slot*per : (slot+1)*per])
 		off := slot * per * 8
-		host := unsafe.Pointer(&r.mem.host.Host()[off])
+		host := r.mem.host.Host()[off : off+n*r.kind.words*8]
 		dev := r.mem.dev.DevicePtr() + uint64(off)
-		if res := CUDAResult(C.wc_cuMemcpyHtoDAsync(d.ctx, C.CUdeviceptr(dev), host, C.size_t(n*r.kind.words*8), s.s)); res != 0 {
+		if res := cuMemcpyHtoDAsync(d.ctx, dev, host, s.s); res != 0 {
 			return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d %s descriptors", n, r.kind.name), res)
 		}
-		if res := CUDAResult(C.wc_launch_descs(d.ctx, k.fn, C.CUdeviceptr(dev), C.uint(n), C.uint(r.kind.threads), s.s)); res != 0 {
+		// kernel(descs, count): one block of threads per descriptor.
+		if res := cuLaunchKernel(d.ctx, k.fn, uint32(n), uint32(r.kind.threads), s.s, dev, uint64(n)); res != 0 {
 			return d.err("cuLaunchKernel", fmt.Sprintf("%s kernel over %d %s", r.kind.name, n, r.kind.unit), res)
 		}
 		ev, err := s.Record()

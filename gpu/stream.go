@@ -1,14 +1,10 @@
 package gpu
 
-// #include "cuda_shim.h"
-import "C"
-
 import (
 	"context"
 	"fmt"
 	"runtime"
 	"time"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/mem"
 )
@@ -26,7 +22,7 @@ import (
 // memory is never used after the call returns.
 type Stream struct {
 	d      *CUDADevice
-	s      C.CUstream
+	s      cuStream
 	closed bool
 }
 
@@ -36,11 +32,11 @@ func (d *CUDADevice) NewStream() (*Stream, error) {
 	if err := d.checkOpen(); err != nil {
 		return nil, err
 	}
-	s := &Stream{d: d}
-	if r := CUDAResult(C.wc_cuStreamCreate(d.ctx, &s.s)); r != 0 {
+	h, r := cuStreamCreate(d.ctx)
+	if r != 0 {
 		return nil, d.err("cuStreamCreate", "", r)
 	}
-	return s, nil
+	return &Stream{d: d, s: h}, nil
 }
 
 // Device returns the stream's device.
@@ -48,7 +44,7 @@ func (s *Stream) Device() *CUDADevice { return s.d }
 
 // Handle returns the CUstream, to hand to another CUDA library loaded in
 // this process (NCCL). It stays valid until Close.
-func (s *Stream) Handle() uintptr { return uintptr(unsafe.Pointer(s.s)) }
+func (s *Stream) Handle() uintptr { return uintptr(s.s) }
 
 func (s *Stream) check() error {
 	if s.closed {
@@ -113,7 +109,7 @@ func (s *Stream) Memset(dst mem.Buffer, off, n int, value byte) error {
 	if err := s.check(); err != nil || n == 0 {
 		return err
 	}
-	if r := CUDAResult(C.wc_cuMemsetD8Async(s.d.ctx, C.CUdeviceptr(p), C.uchar(value), C.size_t(n), s.s)); r != 0 {
+	if r := cuMemsetD8Async(s.d.ctx, p, value, n, s.s); r != 0 {
 		return s.d.err("cuMemsetD8Async", fmt.Sprintf("%d bytes", n), r)
 	}
 	return nil
@@ -125,7 +121,7 @@ func (s *Stream) CopyHtoDPtr(dst uint64, src []byte) error {
 	if err := s.check(); err != nil || len(src) == 0 {
 		return err
 	}
-	if r := CUDAResult(C.wc_cuMemcpyHtoDAsync(s.d.ctx, C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.s)); r != 0 {
+	if r := cuMemcpyHtoDAsync(s.d.ctx, dst, src, s.s); r != 0 {
 		return s.d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d bytes", len(src)), r)
 	}
 	return nil
@@ -136,7 +132,7 @@ func (s *Stream) CopyDtoHPtr(dst []byte, src uint64) error {
 	if err := s.check(); err != nil || len(dst) == 0 {
 		return err
 	}
-	if r := CUDAResult(C.wc_cuMemcpyDtoHAsync(s.d.ctx, unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), s.s)); r != 0 {
+	if r := cuMemcpyDtoHAsync(s.d.ctx, dst, src, s.s); r != 0 {
 		return s.d.err("cuMemcpyDtoHAsync_v2", fmt.Sprintf("%d bytes", len(dst)), r)
 	}
 	return nil
@@ -150,7 +146,7 @@ func (s *Stream) CopyDtoDPtr(dst, src uint64, n int) error {
 	if n < 0 {
 		return fmt.Errorf("gpu: cannot copy %d bytes", n)
 	}
-	if r := CUDAResult(C.wc_cuMemcpyDtoDAsync(s.d.ctx, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.s)); r != 0 {
+	if r := cuMemcpyDtoDAsync(s.d.ctx, dst, src, n, s.s); r != 0 {
 		return s.d.err("cuMemcpyDtoDAsync_v2", fmt.Sprintf("%d bytes", n), r)
 	}
 	return nil
@@ -161,7 +157,7 @@ func (s *Stream) Query() (bool, error) {
 	if err := s.check(); err != nil {
 		return false, err
 	}
-	switch r := CUDAResult(C.wc_cuStreamQuery(s.d.ctx, s.s)); r {
+	switch r := cuStreamQuery(s.d.ctx, s.s); r {
 	case CUDASuccess:
 		return true, nil
 	case CUDAErrorNotReady:
@@ -184,11 +180,11 @@ func (s *Stream) Record() (*Event, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	e := &Event{d: s.d}
-	if r := CUDAResult(C.wc_cuEventCreate(s.d.ctx, &e.e)); r != 0 {
-		return nil, s.d.err("cuEventCreate", "", r)
+	e, err := s.d.newEvent()
+	if err != nil {
+		return nil, err
 	}
-	if r := CUDAResult(C.wc_cuEventRecord(s.d.ctx, e.e, s.s)); r != 0 {
+	if r := cuEventRecord(s.d.ctx, e.e, s.s); r != 0 {
 		_ = e.Close()
 		return nil, s.d.err("cuEventRecord", "", r)
 	}
@@ -204,7 +200,7 @@ func (s *Stream) WaitEvent(e *Event) error {
 	if e.closed {
 		return fmt.Errorf("gpu: event of cuda:%d used after Close", e.d.ordinal)
 	}
-	if r := CUDAResult(C.wc_cuStreamWaitEvent(s.d.ctx, s.s, e.e)); r != 0 {
+	if r := cuStreamWaitEvent(s.d.ctx, s.s, e.e); r != 0 {
 		return s.d.err("cuStreamWaitEvent", "", r)
 	}
 	return nil
@@ -217,7 +213,7 @@ func (s *Stream) Close() error {
 		return nil
 	}
 	s.closed = true
-	if r := CUDAResult(C.wc_cuStreamDestroy(s.d.ctx, s.s)); r != 0 {
+	if r := cuStreamDestroy(s.d.ctx, s.s); r != 0 {
 		return s.d.err("cuStreamDestroy_v2", "", r)
 	}
 	return nil
@@ -226,7 +222,7 @@ func (s *Stream) Close() error {
 // Event marks a point in a stream's work (Stream.Record).
 type Event struct {
 	d      *CUDADevice
-	e      C.CUevent
+	e      cuEvent
 	closed bool
 }
 
@@ -235,7 +231,7 @@ func (e *Event) Query() (bool, error) {
 	if e.closed {
 		return false, fmt.Errorf("gpu: event of cuda:%d used after Close", e.d.ordinal)
 	}
-	switch r := CUDAResult(C.wc_cuEventQuery(e.d.ctx, e.e)); r {
+	switch r := cuEventQuery(e.d.ctx, e.e); r {
 	case CUDASuccess:
 		return true, nil
 	case CUDAErrorNotReady:
@@ -257,7 +253,7 @@ func (e *Event) Close() error {
 		return nil
 	}
 	e.closed = true
-	if r := CUDAResult(C.wc_cuEventDestroy(e.d.ctx, e.e)); r != 0 {
+	if r := cuEventDestroy(e.d.ctx, e.e); r != 0 {
 		return e.d.err("cuEventDestroy_v2", "", r)
 	}
 	return nil

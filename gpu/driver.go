@@ -1,0 +1,46 @@
+package gpu
+
+import "errors"
+
+// The driver layer. Every call into the CUDA driver goes through one small
+// Go function named after the driver call (cuMemAlloc, cuStreamQuery, ...)
+// that takes and returns Go types: handles as the integer types below,
+// device addresses as uint64, host memory as []byte, results as CUDAResult.
+// driver_cgo.go, the package's only cgo file, implements them over the C
+// dispatch table of cuda_shim.h. driver_nocgo.go implements them for
+// programs built without cgo: there the driver can never be loaded, so
+// loadDriver fails with ErrNoCgo and every other call answers
+// resultFunctionNotFound, exactly what the C shims answer before a driver
+// is loaded. The rest of the package is pure Go and builds either way.
+
+// ErrNoCgo is matched (errors.Is) by the error of every CUDA entry point,
+// and of package nccl's, in a program built without cgo. The same errors
+// also match ErrNoDriver (nccl.ErrNoLibrary), so callers that treat "no
+// GPU here" as a reason to skip or fall back to host memory do so here too.
+var ErrNoCgo = errors.New("weightcast was built without cgo (CGO_ENABLED=0); rebuild with a C compiler and CGO_ENABLED=1 to use GPUs")
+
+// Driver handles, kept as integers: a CUcontext, CUstream, CUevent,
+// CUmodule or CUfunction is the address of a driver object that Go never
+// dereferences (the shims cast it back in C), and a CUdevice is an int.
+type (
+	cuContext  uintptr
+	cuStream   uintptr
+	cuEvent    uintptr
+	cuModule   uintptr
+	cuFunction uintptr
+	cuDevice   int32
+)
+
+// cuDeviceAttribute is a CUdevice_attribute for cuDeviceGetAttribute.
+type cuDeviceAttribute int32
+
+// attrMultiprocessorCount is CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
+const attrMultiprocessorCount cuDeviceAttribute = 16
+
+// maxKernelArgs bounds the arguments cuLaunchKernel passes to a kernel
+// (WC_MAX_KERNEL_ARGS of cuda_shim.h).
+const maxKernelArgs = 8
+
+// moduleLogBytes bounds the PTX compiler's error log that moduleLoad
+// returns.
+const moduleLogBytes = 4096
