@@ -1,24 +1,17 @@
 package nccl
 
-/*
-#include <stdlib.h>
-#include "nccl_shim.h"
-*/
-import "C"
-
 import (
 	"context"
 	"errors"
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/weightcast/weightcast/gpu"
 )
 
 // UniqueID is an ncclUniqueId: the root rank makes one with NewUniqueID and
 // every rank passes the same bytes to NewComm.
-type UniqueID [C.WC_NCCL_UNIQUE_ID_BYTES]byte
+type UniqueID [uniqueIDBytes]byte
 
 // NewUniqueID loads NCCL if needed and returns a fresh id (ncclGetUniqueId).
 // It starts the bootstrap listener of the communicator that will use it.
@@ -27,7 +20,7 @@ func NewUniqueID() (UniqueID, error) {
 	if err := ensureLoaded(); err != nil {
 		return id, err
 	}
-	if r := Result(C.wc_ncclGetUniqueId((*C.ncclUniqueId)(unsafe.Pointer(&id[0])))); r != Success {
+	if r := ncclGetUniqueId(&id); r != Success {
 		return id, &Error{Op: "get unique id", Rank: -1, Result: r, Detail: lastError()}
 	}
 	return id, nil
@@ -48,7 +41,7 @@ type Config struct {
 type Comm struct {
 	mu     sync.Mutex
 	cfg    Config
-	slot   *C.ncclComm_t // C memory holding the ncclComm_t; nil once closed
+	slot   commSlot // C memory holding the ncclComm_t; 0 once closed
 	closed bool
 }
 
@@ -75,18 +68,17 @@ func NewComm(ctx context.Context, cfg Config) (*Comm, error) {
 	}
 	// NCCL writes the handle through this pointer; keep it in C memory for
 	// the communicator's life.
-	c.slot = (*C.ncclComm_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.ncclComm_t(nil)))))
+	c.slot = newCommSlot()
 	unlock, err := cfg.Device.LockContext()
 	if err != nil {
 		c.freeSlot()
 		return nil, err
 	}
-	r := Result(C.wc_ncclCommInitRankConfig(c.slot, C.int(cfg.NRanks),
-		(*C.ncclUniqueId)(unsafe.Pointer(&cfg.ID[0])), C.int(cfg.Rank), 0))
+	r := ncclCommInitRankConfig(c.slot, cfg.NRanks, &cfg.ID, cfg.Rank)
 	detail := lastError()
 	unlock()
 	if r != Success && r != InProgress {
-		aborted := *c.slot != nil
+		aborted := c.slot.created()
 		if aborted {
 			c.abortLocked()
 		} else {
@@ -115,11 +107,11 @@ func (c *Comm) error(op string, r Result, detail string, err error) *Error {
 // asyncState returns the communicator's state: Success, InProgress, or the
 // error that broke it.
 func (c *Comm) asyncState() Result {
-	var st C.ncclResult_t
-	if r := Result(C.wc_ncclCommGetAsyncError(*c.slot, &st)); r != Success {
+	st, r := ncclCommGetAsyncError(c.slot)
+	if r != Success {
 		return r
 	}
-	return Result(st)
+	return st
 }
 
 // waitReady polls until the communicator leaves InProgress. On an error
@@ -179,8 +171,7 @@ func (c *Comm) Broadcast(ctx context.Context, sendPtr, recvPtr uint64, count, ro
 	if err != nil {
 		return c.error("broadcast", Success, "", err)
 	}
-	r := Result(C.wc_ncclBroadcast(C.uint64_t(sendPtr), C.uint64_t(recvPtr), C.size_t(count), C.int(root),
-		*c.slot, C.uintptr_t(s.Handle())))
+	r := ncclBroadcast(sendPtr, recvPtr, count, root, c.slot, s.Handle())
 	detail := lastError()
 	unlock()
 	switch r {
@@ -243,7 +234,7 @@ func (c *Comm) abortLocked() Result {
 	if err == nil {
 		defer unlock()
 	}
-	r := Result(C.wc_ncclCommAbort(*c.slot))
+	r := ncclCommAbort(c.slot)
 	c.closed = true
 	c.freeSlot()
 	return r
@@ -266,7 +257,7 @@ func (c *Comm) Close(ctx context.Context) error {
 		e.Aborted = true
 		return e
 	}
-	r := Result(C.wc_ncclCommFinalize(*c.slot))
+	r := ncclCommFinalize(c.slot)
 	detail := lastError()
 	unlock()
 	switch r {
@@ -285,7 +276,7 @@ func (c *Comm) Close(ctx context.Context) error {
 	if err == nil {
 		defer unlock()
 	}
-	r = Result(C.wc_ncclCommDestroy(*c.slot))
+	r = ncclCommDestroy(c.slot)
 	c.closed = true
 	c.freeSlot()
 	if r != Success && r != InProgress {
@@ -295,8 +286,8 @@ func (c *Comm) Close(ctx context.Context) error {
 }
 
 func (c *Comm) freeSlot() {
-	if c.slot != nil {
-		C.free(unsafe.Pointer(c.slot))
-		c.slot = nil
+	if c.slot != 0 {
+		c.slot.free()
+		c.slot = 0
 	}
 }

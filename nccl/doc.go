@@ -14,10 +14,16 @@
 // The library is reached through a small cgo shim with a hand-written header
 // (nccl_shim.h): a dispatch table of function pointers filled by dlsym, each
 // call going through a static inline function that answers "function not
-// found" for a missing symbol. Building needs a C compiler but neither NCCL
-// nor CUDA. The 128-byte ncclUniqueId is passed by value through a C
-// function that dereferences a pointer, and ncclConfig_t follows the NCCL
-// 2.28 layout (NCCL accepts it from 2.28 on).
+// found" for a missing symbol. Using NCCL needs a program built with cgo (a
+// C compiler) but neither NCCL nor CUDA headers. The 128-byte ncclUniqueId
+// is passed by value through a C function that dereferences a pointer, and
+// ncclConfig_t follows the NCCL 2.28 layout (NCCL accepts it from 2.28 on).
+//
+// Every C call sits in one file, library_cgo.go: small Go functions named
+// after the NCCL calls, with Go types. Built without cgo (CGO_ENABLED=0),
+// the package still compiles, with library_nocgo.go in that file's place:
+// every entry point then fails with an error matching both ErrNoLibrary and
+// gpu.ErrNoCgo.
 //
 // # Communicators and waits
 //

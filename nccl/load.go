@@ -1,12 +1,5 @@
 package nccl
 
-/*
-#cgo LDFLAGS: -ldl
-#include <stdlib.h>
-#include "nccl_shim.h"
-*/
-import "C"
-
 import (
 	"errors"
 	"fmt"
@@ -15,7 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"unsafe"
+
+	"github.com/weightcast/weightcast/gpu"
 )
 
 // LibraryEnv names the environment variable that points at the libnccl.so.2
@@ -30,7 +24,8 @@ const DefaultLibrary = "libnccl.so.2"
 const wheelLib = "nvidia/nccl/lib/libnccl.so.2"
 
 // ErrNoLibrary is matched (errors.Is) by the error of every entry point when
-// no NCCL library could be loaded.
+// no NCCL library could be loaded. In a program built without cgo the error
+// also matches gpu.ErrNoCgo.
 var ErrNoLibrary = errors.New("nccl: no NCCL library")
 
 // Options says which NCCL library Load opens.
@@ -125,8 +120,8 @@ func Version() (VersionCode, error) {
 }
 
 func version() (VersionCode, error) {
-	var v C.int
-	if r := Result(C.wc_ncclGetVersion(&v)); r != Success {
+	v, r := ncclGetVersion()
+	if r != Success {
 		return 0, &Error{Op: "get version", Rank: -1, Result: r}
 	}
 	return VersionCode(v), nil
@@ -208,14 +203,14 @@ func candidates(opts Options, getenv func(string) string, lookPath func(string) 
 func loadFirst(cands []candidate) (string, error) {
 	var tried []string
 	for _, c := range cands {
-		path := C.CString(c.path)
-		var errBuf, loaded [1024]C.char
-		rc := C.wc_nccl_load(path, &errBuf[0], C.size_t(len(errBuf)), &loaded[0], C.size_t(len(loaded)))
-		C.free(unsafe.Pointer(path))
-		if rc == 0 {
-			return C.GoString(&loaded[0]), nil
+		loaded, err := openLibrary(c.path)
+		if err == nil {
+			return loaded, nil
 		}
-		tried = append(tried, fmt.Sprintf("%s (from %s): %s", c.path, c.from, C.GoString(&errBuf[0])))
+		if errors.Is(err, gpu.ErrNoCgo) {
+			return "", fmt.Errorf("%w: cannot load %s: %w", ErrNoLibrary, c.path, err)
+		}
+		tried = append(tried, fmt.Sprintf("%s (from %s): %v", c.path, c.from, err))
 	}
 	hint := "install NCCL (libnccl2, or pip install nvidia-nccl-cu12) or set " + LibraryEnv + " to the path of libnccl.so.2"
 	if len(cands) == 1 && cands[0].explicit {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/weightcast/weightcast/gpu"
 )
 
 // These tests need no GPU and no NCCL: they run everywhere.
@@ -113,6 +115,9 @@ func TestCandidates(t *testing.T) {
 }
 
 func TestLoadFailures(t *testing.T) {
+	if _, err := openLibrary("libc.so.6"); errors.Is(err, gpu.ErrNoCgo) {
+		t.Skipf("skipping: needs the dynamic loader: %v", err)
+	}
 	tmp := t.TempDir()
 	text := filepath.Join(tmp, "libnccl.so.2")
 	touch(t, text)

@@ -1,5 +1,8 @@
+//go:build cgo
+
 // nccl_shim.c opens libnccl and fills the dispatch table declared in
-// nccl_shim.h.
+// nccl_shim.h. It is compiled only with cgo (the build constraint above):
+// without it the package's Go twin, library_nocgo.go, stands in.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>

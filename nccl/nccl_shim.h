@@ -4,13 +4,15 @@
 // functions are looked up with dlsym into the dispatch table wc_nccl. Every
 // call goes through a static inline wc_ shim that returns
 // WC_NCCL_FUNCTION_NOT_FOUND when the function is missing (or no library was
-// loaded).
+// loaded). library_cgo.go, the package's only cgo file, is the only one that
+// includes this header: it wraps each shim in a Go function of Go types.
 #ifndef WEIGHTCAST_NCCL_SHIM_H
 #define WEIGHTCAST_NCCL_SHIM_H
 
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef int ncclResult_t; // an enum in nccl.h
 typedef int ncclDataType_t;
@@ -95,6 +97,15 @@ int wc_nccl_load(const char *path, char *err, size_t errlen, char *loaded, size_
   if (wc_nccl.fn == NULL) \
   return WC_NCCL_FUNCTION_NOT_FOUND
 
+// A communicator's handle lives in a slot of C memory, which NCCL writes
+// during init and which stays put for the communicator's life; Go keeps the
+// slot's address as an integer (uintptr_t) and the shims read the handle
+// from it.
+static inline uintptr_t wc_comm_slot_new(void) { return (uintptr_t)calloc(1, sizeof(ncclComm_t)); }
+static inline void wc_comm_slot_free(uintptr_t slot) { free((void *)slot); }
+#define WC_COMM(slot) (*(ncclComm_t *)(slot))
+static inline int wc_comm_slot_set(uintptr_t slot) { return WC_COMM(slot) != NULL; }
+
 static inline ncclResult_t wc_ncclGetVersion(int *v) {
   WC_NEED(ncclGetVersion);
   return wc_nccl.ncclGetVersion(v);
@@ -108,40 +119,40 @@ static inline ncclResult_t wc_ncclGetUniqueId(ncclUniqueId *id) {
 // wc_ncclCommInitRankConfig takes the 128-byte unique id by pointer and
 // passes it by value, so that the C compiler applies the calling convention.
 // The config lives on this stack frame: NCCL copies it before returning.
-static inline ncclResult_t wc_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, const ncclUniqueId *id, int rank,
+static inline ncclResult_t wc_ncclCommInitRankConfig(uintptr_t slot, int nranks, const ncclUniqueId *id, int rank,
                                                      int blocking) {
   WC_NEED(ncclCommInitRankConfig);
   ncclConfig_t config = WC_NCCL_CONFIG_INITIALIZER;
   config.blocking = blocking;
-  return wc_nccl.ncclCommInitRankConfig(comm, nranks, *id, rank, &config);
+  return wc_nccl.ncclCommInitRankConfig(&WC_COMM(slot), nranks, *id, rank, &config);
 }
 
-static inline ncclResult_t wc_ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
+static inline ncclResult_t wc_ncclCommGetAsyncError(uintptr_t slot, ncclResult_t *state) {
   WC_NEED(ncclCommGetAsyncError);
-  return wc_nccl.ncclCommGetAsyncError(comm, state);
+  return wc_nccl.ncclCommGetAsyncError(WC_COMM(slot), state);
 }
 
-static inline ncclResult_t wc_ncclCommFinalize(ncclComm_t comm) {
+static inline ncclResult_t wc_ncclCommFinalize(uintptr_t slot) {
   WC_NEED(ncclCommFinalize);
-  return wc_nccl.ncclCommFinalize(comm);
+  return wc_nccl.ncclCommFinalize(WC_COMM(slot));
 }
 
-static inline ncclResult_t wc_ncclCommDestroy(ncclComm_t comm) {
+static inline ncclResult_t wc_ncclCommDestroy(uintptr_t slot) {
   WC_NEED(ncclCommDestroy);
-  return wc_nccl.ncclCommDestroy(comm);
+  return wc_nccl.ncclCommDestroy(WC_COMM(slot));
 }
 
-static inline ncclResult_t wc_ncclCommAbort(ncclComm_t comm) {
+static inline ncclResult_t wc_ncclCommAbort(uintptr_t slot) {
   WC_NEED(ncclCommAbort);
-  return wc_nccl.ncclCommAbort(comm);
+  return wc_nccl.ncclCommAbort(WC_COMM(slot));
 }
 
 // wc_ncclBroadcast takes device addresses and the stream as integers.
-static inline ncclResult_t wc_ncclBroadcast(uint64_t send, uint64_t recv, size_t count, int root, ncclComm_t comm,
+static inline ncclResult_t wc_ncclBroadcast(uint64_t send, uint64_t recv, size_t count, int root, uintptr_t slot,
                                             uintptr_t stream) {
   WC_NEED(ncclBroadcast);
   return wc_nccl.ncclBroadcast((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, WC_ncclUint8, root,
-                               comm, (cudaStream_t)stream);
+                               WC_COMM(slot), (cudaStream_t)stream);
 }
 
 static inline const char *wc_ncclGetErrorString(ncclResult_t r) {

@@ -1,8 +1,5 @@
 package nccl
 
-// #include "nccl_shim.h"
-import "C"
-
 import (
 	"context"
 	"errors"
@@ -27,8 +24,9 @@ const (
 	Timeout            Result = 8
 
 	// functionNotFound is the shim's code for a symbol the loaded library
-	// lacks (or no library loaded); it is no NCCL code.
-	functionNotFound Result = C.WC_NCCL_FUNCTION_NOT_FOUND
+	// lacks (or no library loaded); it is no NCCL code
+	// (WC_NCCL_FUNCTION_NOT_FOUND of nccl_shim.h).
+	functionNotFound Result = 0x7fff0001
 )
 
 var resultNames = [...]struct{ name, text string }{
@@ -132,9 +130,5 @@ func (e *Error) Unwrap() []error {
 
 // lastError returns ncclGetLastError's text for the calling thread.
 func lastError() string {
-	s := C.wc_ncclGetLastError(nil)
-	if s == nil {
-		return ""
-	}
-	return strings.TrimSpace(C.GoString(s))
+	return strings.TrimSpace(ncclGetLastError())
 }
