@@ -4,6 +4,48 @@ package gpu
 
 /*
 #cgo LDFLAGS: -ldl
+#cgo noescape wc_cuda_load
+#cgo nocallback wc_cuda_load
+#cgo noescape wc_cuDriverGetVersion
+#cgo nocallback wc_cuDriverGetVersion
+#cgo noescape wc_cuGetErrorString
+#cgo nocallback wc_cuGetErrorString
+#cgo noescape wc_cuDeviceGetCount
+#cgo nocallback wc_cuDeviceGetCount
+#cgo noescape wc_cuDeviceGet
+#cgo nocallback wc_cuDeviceGet
+#cgo noescape wc_cuDeviceGetName
+#cgo nocallback wc_cuDeviceGetName
+#cgo noescape wc_cuDeviceGetAttribute
+#cgo nocallback wc_cuDeviceGetAttribute
+#cgo noescape wc_cuDevicePrimaryCtxRetain
+#cgo nocallback wc_cuDevicePrimaryCtxRetain
+#cgo noescape wc_cuMemGetInfo
+#cgo nocallback wc_cuMemGetInfo
+#cgo noescape wc_cuMemAlloc
+#cgo nocallback wc_cuMemAlloc
+#cgo noescape wc_cuMemHostAlloc
+#cgo nocallback wc_cuMemHostAlloc
+#cgo noescape wc_cuMemcpyHtoDAsync
+#cgo nocallback wc_cuMemcpyHtoDAsync
+#cgo noescape wc_cuMemcpyDtoHAsync
+#cgo nocallback wc_cuMemcpyDtoHAsync
+#cgo noescape wc_cuStreamCreate
+#cgo nocallback wc_cuStreamCreate
+#cgo noescape wc_cuEventCreate
+#cgo nocallback wc_cuEventCreate
+#cgo noescape wc_cuIpcGetMemHandle
+#cgo nocallback wc_cuIpcGetMemHandle
+#cgo noescape wc_cuIpcOpenMemHandle
+#cgo nocallback wc_cuIpcOpenMemHandle
+#cgo noescape wc_module_load
+#cgo nocallback wc_module_load
+#cgo noescape wc_cuModuleGetFunction
+#cgo nocallback wc_cuModuleGetFunction
+#cgo noescape wc_launch
+#cgo nocallback wc_launch
+#cgo noescape wc_copy_batch
+#cgo nocallback wc_copy_batch
 #include <stdlib.h>
 #include "cuda_shim.h"
 */
@@ -17,6 +59,13 @@ import (
 // This is the package's only cgo file: each function below is one call of
 // a C shim of cuda_shim.h, with Go types on the Go side. driver_nocgo.go
 // has the same functions for builds without cgo; driver.go says why.
+//
+// No shim keeps a pointer it is given after it returns (out-parameters,
+// and host memory that the driver has read or written by then, as cgo's pointer
+// rules require anyway), so the shims that take pointers are marked
+// noescape, and nocallback (no shim calls into Go, and a stack that a
+// callback could move must not hold what C points at): their arguments may
+// stay on the Go stack, so a call allocates nothing.
 
 // The C enums and the Go constants they mirror are the same numbers: each
 // pair is checked when this file compiles (converting a negative constant

@@ -4,6 +4,16 @@ package nccl
 
 /*
 #cgo LDFLAGS: -ldl
+#cgo noescape wc_nccl_load
+#cgo nocallback wc_nccl_load
+#cgo noescape wc_ncclGetVersion
+#cgo nocallback wc_ncclGetVersion
+#cgo noescape wc_ncclGetUniqueId
+#cgo nocallback wc_ncclGetUniqueId
+#cgo noescape wc_ncclCommInitRankConfig
+#cgo nocallback wc_ncclCommInitRankConfig
+#cgo noescape wc_ncclCommGetAsyncError
+#cgo nocallback wc_ncclCommGetAsyncError
 #include <stdlib.h>
 #include "nccl_shim.h"
 */
@@ -17,6 +27,13 @@ import (
 // This is the package's only cgo file: each function below is one call of
 // a C shim of nccl_shim.h, with Go types on the Go side. library_nocgo.go
 // has the same functions for builds without cgo; library.go says why.
+//
+// No shim keeps a pointer it is given after it returns (out-parameters,
+// and host memory that NCCL has read or written by then, as cgo's pointer
+// rules require anyway), so the shims that take pointers are marked
+// noescape, and nocallback (no shim calls into Go, and a stack that a
+// callback could move must not hold what C points at): their arguments may
+// stay on the Go stack, so a call allocates nothing.
 
 // The C constants and the Go constants they mirror are the same numbers:
 // each pair is checked when this file compiles (converting a negative
