@@ -117,6 +117,8 @@ func chooseTransport(c *config) (name, reason string, err error) {
 	}
 	n, err := gpu.DeviceCount()
 	switch {
+	case errors.Is(err, gpu.ErrNoCgo):
+		return "tcp", "this binary was built without cgo, so it cannot use GPUs", nil
 	case errors.Is(err, gpu.ErrNoDriver):
 		return "tcp", "no NVIDIA driver on this machine", nil
 	case err != nil:
