@@ -78,6 +78,10 @@
 // The package's tests run every hand-written kernel on the host through a
 // small PTX interpreter (ptx_interp_test.go), which checks register
 // classes, operand widths, labels, memory bounds and alignment as it goes.
+// TestFakeDriver runs the entry points, the gather kernel's launches
+// included, against a stand-in libcuda.so.1 built from C that keeps device
+// memory on the host and refuses wrong handles and arguments
+// (gputest.RunWithFakes), so the cgo layer is checked without a GPU too.
 //
 // # IPC
 //

@@ -1,0 +1,155 @@
+package gpu_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
+)
+
+// TestFakeDriver runs the package's entry points against a stand-in
+// libcuda.so.1 built from C (gputest.RunWithFakes), which refuses handles
+// it did not make, calls without the context current and launches whose
+// grid does not match their arguments: it checks what crosses the cgo
+// layer on machines without a GPU. The GPU tests check the same calls on
+// the real driver.
+func TestFakeDriver(t *testing.T) { gputest.RunWithFakes(t, "TestFakeDriverChild") }
+
+// TestFakeDriverChild is the child side of TestFakeDriver.
+func TestFakeDriverChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if v, err := gpu.DriverVersion(); err != nil || v != 13000 {
+		t.Fatalf("DriverVersion = %d, %v; want the stand-in's 13000", v, err)
+	}
+	d := gputest.Open(t, 0)
+	if !strings.Contains(d.Name(), "Fake CUDA device (cuda:0)") {
+		t.Fatalf("opened %q, not the stand-in driver's device", d.Name())
+	}
+	if free, total, err := d.MemInfo(); err != nil || free != 1<<29 || total != 1<<30 {
+		t.Fatalf("MemInfo = %d, %d, %v", free, total, err)
+	}
+	if n, err := d.Multiprocessors(); err != nil || n != 4 {
+		t.Fatalf("Multiprocessors = %d, %v", n, err)
+	}
+	if msg := gpu.CUDAResult(201).Error(); !strings.Contains(msg, "fake: no context current") {
+		t.Fatalf("CUDAResult(201).Error() = %q, lacks the driver's description", msg)
+	}
+	s := gputest.Stream(t, d)
+
+	// Copies and memsets, with the context made current by every call
+	// (the stand-in's current context is per thread, like the driver's).
+	const n = 1<<16 + 5
+	want := bytes.Repeat([]byte("weightcast"), n/10+1)[:n]
+	a, b := gputest.Alloc(t, d, n), gputest.Alloc(t, d, n)
+	gputest.Upload(t, s, a, 0, want)
+	if err := s.CopyDtoD(b, 0, a, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Memset(b, 1, 3, 'X'); err != nil {
+		t.Fatal(err)
+	}
+	got := gputest.Download(t, s, b, 0, n)
+	if !bytes.Equal(got[:1], want[:1]) || string(got[1:4]) != "XXX" || !bytes.Equal(got[4:], want[4:]) {
+		t.Fatal("copy and memset through the stand-in driver changed the wrong bytes")
+	}
+
+	// Events.
+	ev, err := s.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WaitEvent(ev); err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Batched copies: the batch call and the per-copy loop, from pinned
+	// host memory and between device buffers.
+	pinned := gputest.Alloc(t, d.PinnedHost(), n)
+	if !gpu.IsPinned(pinned) {
+		t.Fatal("PinnedHost's buffer is not pinned")
+	}
+	copy(pinned.Host(), want)
+	src, _ := gpu.Address(pinned)
+	for _, perCopy := range []bool{false, true} {
+		gputest.Fill(t, s, b, 0)
+		cb := gpu.CopyBatch{PerCopy: perCopy}
+		cb.Add(b.DevicePtr(), src, 100)
+		cb.Add(b.DevicePtr()+100, a.DevicePtr()+100, n-100)
+		if err := s.CopyBatch(&cb); err != nil {
+			t.Fatal(err)
+		}
+		path, failure := gpu.LastBatchPath()
+		if wantPath := map[bool]gpu.BatchPath{false: gpu.BatchV2, true: gpu.BatchPerCopy}[perCopy]; path != wantPath || failure != nil {
+			t.Fatalf("PerCopy %v: copies queued by %v (batch failure %v), want %v", perCopy, path, failure, wantPath)
+		}
+		if got := gputest.Download(t, s, b, 0, n); !bytes.Equal(got, want) {
+			t.Fatalf("PerCopy %v: batched copies differ at byte %d", perCopy, gputest.FirstDiff(got, want))
+		}
+	}
+
+	// IPC: the 64-byte handle, passed by value to cuIpcOpenMemHandle (the
+	// stand-in, unlike the driver, opens handles of its own process).
+	h, err := d.ExportIPC(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened, err := d.OpenIPC(h, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opened.DevicePtr() != a.DevicePtr() {
+		t.Fatalf("OpenIPC mapped %#x, want the exported %#x", opened.DevicePtr(), a.DevicePtr())
+	}
+	if err := opened.Free(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The gather kernel: the stand-in runs wc_gather, so the self-test at
+	// load passes only if the launch's grid and arguments arrive intact.
+	g := s.NewGather()
+	if ok, why := g.Kernel(); !ok {
+		t.Fatalf("gather kernel unavailable on the stand-in driver: %v", why)
+	}
+	gputest.Fill(t, s, b, 0)
+	var cb gpu.CopyBatch
+	for off := int64(0); off < n; off += 4096 {
+		cb.Add(b.DevicePtr()+uint64(off), a.DevicePtr()+uint64(off), min(4096, n-off))
+	}
+	if err := g.Copy(ctx, &cb); err != nil {
+		t.Fatal(err)
+	}
+	if path, why := gpu.LastGatherPath(); path != gpu.GatherKernel {
+		t.Fatalf("Gather.Copy went through %v: %v", path, why)
+	}
+	if got := gputest.Download(t, s, b, 0, n); !bytes.Equal(got, want) {
+		t.Fatalf("gathered copies differ at byte %d", gputest.FirstDiff(got, want))
+	}
+	if err := g.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The checksum kernel's entry is missing from the stand-in: the
+	// kernel is unavailable, and the error says which call failed.
+	if _, err := s.NewChecksummer(); !errors.Is(err, gpu.ErrNoChecksumKernel) || !strings.Contains(err.Error(), "cuModuleGetFunction") {
+		t.Fatalf("NewChecksummer: %v, want ErrNoChecksumKernel from cuModuleGetFunction", err)
+	}
+
+	unlock, err := d.LockContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+}
