@@ -60,12 +60,13 @@ import (
 // a C shim of cuda_shim.h, with Go types on the Go side. driver_nocgo.go
 // has the same functions for builds without cgo; driver.go says why.
 //
-// No shim keeps a pointer it is given after it returns (out-parameters,
-// and host memory that the driver has read or written by then, as cgo's pointer
-// rules require anyway), so the shims that take pointers are marked
-// noescape, and nocallback (no shim calls into Go, and a stack that a
-// callback could move must not hold what C points at): their arguments may
-// stay on the Go stack, so a call allocates nothing.
+// No shim keeps a Go pointer after it returns, as cgo's rules require:
+// out-parameters are written during the call, and Go memory handed to a
+// copy has been read or written by the time the call returns (the driver
+// stages pageable memory; pinned memory, used later, is C memory). So the
+// shims that take pointers are marked noescape, and nocallback (none calls
+// into Go, and C must not point into a stack that a callback could move):
+// their arguments may stay on the Go stack, and a call allocates nothing.
 
 // The C enums and the Go constants they mirror are the same numbers: each
 // pair is checked when this file compiles (converting a negative constant

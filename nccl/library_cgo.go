@@ -28,12 +28,12 @@ import (
 // a C shim of nccl_shim.h, with Go types on the Go side. library_nocgo.go
 // has the same functions for builds without cgo; library.go says why.
 //
-// No shim keeps a pointer it is given after it returns (out-parameters,
-// and host memory that NCCL has read or written by then, as cgo's pointer
-// rules require anyway), so the shims that take pointers are marked
-// noescape, and nocallback (no shim calls into Go, and a stack that a
-// callback could move must not hold what C points at): their arguments may
-// stay on the Go stack, so a call allocates nothing.
+// No shim keeps a Go pointer after it returns, as cgo's rules require:
+// out-parameters and the unique id are read or written during the call
+// (the communicator's slot, which NCCL writes later, is C memory). So the
+// shims that take pointers are marked noescape, and nocallback (none calls
+// into Go, and C must not point into a stack that a callback could move):
+// their arguments may stay on the Go stack, and a call allocates nothing.
 
 // The C constants and the Go constants they mirror are the same numbers:
 // each pair is checked when this file compiles (converting a negative
