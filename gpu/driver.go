@@ -12,6 +12,14 @@ import "errors"
 // loadDriver fails with ErrNoCgo and every other call answers
 // resultFunctionNotFound, exactly what the C shims answer before a driver
 // is loaded. The rest of the package is pure Go and builds either way.
+//
+// A new driver call takes four steps: its symbol in the dispatch table
+// (cuda_shim.h, and the dlsym list of cuda_shim.c), a static inline shim
+// that answers WC_CUDA_FUNCTION_NOT_FOUND for a NULL pointer and makes the
+// context current, a Go function in driver_cgo.go (marked noescape and
+// nocallback if it takes pointers), and its twin in driver_nocgo.go. A new
+// kernel needs none of these: cuLaunchKernel takes any grid and up to
+// maxKernelArgs 64-bit arguments.
 
 // ErrNoCgo is matched (errors.Is) by the error of every CUDA entry point,
 // and of package nccl's, in a program built without cgo. The same errors
