@@ -18,7 +18,7 @@ import "errors"
 // that answers WC_CUDA_FUNCTION_NOT_FOUND for a NULL pointer and makes the
 // context current, a Go function in driver_cgo.go (marked noescape and
 // nocallback if it takes pointers), and its twin in driver_nocgo.go. A new
-// kernel needs none of these: cuLaunchKernel takes any grid and up to
+// kernel needs none of these: cuLaunchKernel takes a 1-D grid and up to
 // maxKernelArgs 64-bit arguments.
 
 // ErrNoCgo is matched (errors.Is) by the error of every CUDA entry point,
