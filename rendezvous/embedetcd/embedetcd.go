@@ -14,6 +14,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/weightcast/weightcast/internal/owned"
 )
 
 // Options configures Start.
@@ -22,15 +24,21 @@ type Options struct {
 	// "127.0.0.1:0": loopback only, on a port the OS picks.
 	Addr string
 	// DataDir holds the server's data. Empty means a fresh temporary
-	// directory that Close removes; such a server also skips fsync, since
-	// its data does not outlive it. A given directory is kept, and fsync
-	// stays on.
+	// directory, weightcast-etcd-* in os.TempDir, that Close removes; such
+	// a server also skips fsync, since its data does not outlive it. The
+	// directory records this process as its owner (internal/owned), so
+	// that what a killed process left can be removed later. A given
+	// directory is kept, and fsync stays on.
 	DataDir string
 	// Logger receives the server's logs. Nil means errors only, on
 	// standard error, and none once Close has begun (a stopping server
 	// reports its closed listeners as errors).
 	Logger *zap.Logger
 }
+
+// DirPrefix starts the name of every temporary data directory Start
+// makes.
+const DirPrefix = "weightcast-etcd-"
 
 // Server is a single-member etcd server running inside this process, for
 // a demo or tests that need no separate etcd. Its peer listener is on
@@ -59,7 +67,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = opts.DataDir
 	if cfg.Dir == "" {
-		dir, err := os.MkdirTemp("", "weightcast-etcd-")
+		dir, err := owned.MkdirTemp(DirPrefix)
 		if err != nil {
 			return nil, fmt.Errorf("embedetcd: data dir: %w", err)
 		}
