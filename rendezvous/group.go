@@ -276,7 +276,7 @@ func (g *Group) Get(ctx context.Context, rank int, key string) ([]byte, error) {
 // with ErrTimeout naming the ranks that never came after the Group's
 // timeout, and with ErrPeerGone when the group breaks meanwhile.
 func (g *Group) Barrier(ctx context.Context, name string) error {
-	if !validName(name) {
+	if !ValidName(name) {
 		return g.errorf(ErrInvalid, "", nil, "barrier name %q must be non-empty, without '/' or spaces", name)
 	}
 	prefix := g.keys.barrier(name)

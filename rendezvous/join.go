@@ -59,9 +59,11 @@ func (o JoinOptions) timeout() time.Duration {
 	return DefaultTimeout
 }
 
-// validName reports whether s can be one element of a key: not empty, no
-// '/', no spaces or control characters.
-func validName(s string) bool {
+// ValidName reports whether s can name a group or a run (one element of a
+// store key): not empty, at most 256 bytes, no '/', no spaces or control
+// characters. Join refuses other names with ErrInvalid; a launcher can
+// check them before starting anything.
+func ValidName(s string) bool {
 	if s == "" || len(s) > 256 {
 		return false
 	}
@@ -75,9 +77,9 @@ func validName(s string) bool {
 
 func (o JoinOptions) validate() string {
 	switch {
-	case !validName(o.Group):
+	case !ValidName(o.Group):
 		return fmt.Sprintf("group name %q must be non-empty, without '/' or spaces", o.Group)
-	case !validName(o.RunID) || o.RunID == "owner":
+	case !ValidName(o.RunID) || o.RunID == "owner":
 		return fmt.Sprintf("run id %q must be non-empty, without '/' or spaces, and not \"owner\"; give every rank of one launch the same fresh run id", o.RunID)
 	case o.WorldSize < 1:
 		return fmt.Sprintf("world size %d must be at least 1", o.WorldSize)
