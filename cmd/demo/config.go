@@ -2,18 +2,20 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/spf13/pflag"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -57,7 +59,9 @@ type config struct {
 	traceOut   string
 }
 
-const usageText = `weightcast demo — stream a model's weights from one rank to many, verified.
+// usageHead and usageTail frame the flags in --help.
+const (
+	usageHead = `weightcast demo: stream a model's weights from one rank to many, verified.
 
 Usage:
   demo [flags]                      launch every rank on this machine
@@ -69,92 +73,182 @@ Usage:
 
 Flags:
 `
+	usageTail = `
+Exit status: 0 synced (and verified); 1 the run failed (the summary says which
+rank and why); 2 a flag or input the demo cannot use, found before any rank
+starts; 130 or 143 stopped by SIGINT or SIGTERM (the summary says what each
+rank committed).
+`
+)
 
-// parseConfig reads flags and the torchrun-style environment.
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
-	c := &config{rank: -1, localRank: -1}
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usageText)
-		fs.PrintDefaults()
-	}
-	var size, bucket, dtypes, devices, castTo string
-	fs.IntVar(&c.ranks, "ranks", 4, "number of ranks: 1 sender and `N`-1 receivers")
-	fs.StringVar(&c.transport, "transport", "auto", "how bucket bytes move: auto, tcp, inproc (one process, goroutines), ipc or nccl")
-	fs.StringVar(&size, "size", "1GiB", "total size of the synthetic model")
-	fs.IntVar(&c.tensors, "tensors", 291, "number of tensors of the synthetic model (291 is Llama-7B's count)")
-	fs.StringVar(&dtypes, "dtypes", "bf16", "comma-separated dtype mix of the synthetic model, e.g. bf16,f32")
-	fs.StringVar(&bucket, "bucket", "256MiB", "bucket size; every rank holds two buckets")
-	fs.IntVar(&c.rounds, "rounds", 3, "sync rounds (model versions) to send")
+// Limits the demo checks before it starts anything.
+const (
+	// maxLocalRanks caps a local launch, which starts one process per
+	// rank on this machine.
+	maxLocalRanks = 64
+	// maxSize caps the synthetic model.
+	maxSize = 1 << 50
+	// maxBucket caps a bucket.
+	maxBucket = 1 << 40
+)
+
+// flagSet defines every flag on c and returns the set and where the flags
+// that need parsing after it land.
+func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
+	raw := &rawFlags{}
+	fs := pflag.NewFlagSet("demo", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned and printed once, by run
+	fs.Usage = func() {}
+	fs.SortFlags = false
+	fs.IntVar(&c.ranks, "ranks", 4, fmt.Sprintf("number of ranks: 1 sender and `N`-1 receivers, one process each (2 to %d)", maxLocalRanks))
+	fs.StringVar(&c.transport, "transport", "auto", "`NAME` of how bucket bytes move: auto, tcp, inproc (one process, goroutines), ipc or nccl")
+	fs.StringVar(&raw.size, "size", "1GiB", "total `SIZE` of the synthetic model (up to 1 PiB)")
+	fs.IntVar(&c.tensors, "tensors", 291, "number of tensors `N` of the synthetic model (291 is Llama-7B's count)")
+	fs.StringVar(&raw.dtypes, "dtypes", "bf16", "comma-separated dtype `LIST` of the synthetic model, e.g. bf16,f32")
+	fs.StringVar(&raw.bucket, "bucket", "256MiB", "bucket `SIZE`, 1 KiB to 1 TiB; every rank holds two buckets")
+	fs.IntVar(&c.rounds, "rounds", 3, "sync rounds `N` (model versions) to send")
 	fs.BoolVar(&c.verify, "verify", true, "check every received byte against the source")
 	fs.BoolVar(&c.checksum, "checksum", true, "checksum each bucket where its bytes are (on the GPU for device buckets) and check it on every receiver; false saves the last percent of speed")
-	fs.BoolVar(&c.json, "json", false, "print one JSON summary on stdout instead of the table")
+	fs.BoolVar(&c.json, "json", false, "print one JSON summary on stdout instead of the table (also when the run fails)")
 	fs.StringVar(&c.trace, "trace", "", "write a Chrome trace (open in Perfetto or chrome://tracing) to `FILE`")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline's timeline as an SVG Gantt chart to `FILE`")
-	fs.Uint64Var(&c.seed, "seed", 1, "seed of the synthetic model's bytes")
-	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "bound on every wait: joining, each bucket, each acknowledgement")
+	fs.Uint64Var(&c.seed, "seed", 1, "`SEED` of the synthetic model's bytes")
+	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "`DURATION` bounding every wait: joining, each bucket, each acknowledgement")
 	fs.StringVar(&c.modelPath, "model", "", "sync a safetensors checkpoint (`PATH`: a .safetensors file or a Hugging Face directory of shards) instead of the synthetic model")
 	fs.StringVar(&c.out, "out", "", "receivers write what they received as safetensors under `DIR`/rankN, mirroring the source's files")
-	fs.StringVar(&castTo, "dtype", "keep", "rollout dtype: keep, bf16 or f16 (floating tensors are cast on the sender, at pack time)")
-	fs.StringVar(&devices, "devices", "", "comma-separated GPU indices to use (default: all visible)")
-	fs.IntVar(&c.rank, "rank", -1, "run only this rank (with --world-size and --rendezvous, or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)")
-	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks of a group spread over hosts")
+	fs.StringVar(&raw.castTo, "dtype", "keep", "rollout `DTYPE` of a --model checkpoint: keep, bf16 or f16 (floating tensors are cast on the sender, at pack time)")
+	fs.StringVar(&raw.devices, "devices", "", "comma-separated GPU indices to use (`LIST`; default: all visible)")
+	fs.IntVar(&c.rank, "rank", -1, "run only rank `R` (with --world-size and --rendezvous, or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)")
+	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks `N` of a group spread over hosts")
 	fs.StringVar(&c.rendezvous, "rendezvous", "", "etcd to meet at, `etcd://HOST:PORT` (default: an embedded etcd)")
-	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group name; one run at a time may hold a group")
-	fs.StringVar(&c.runID, "run-id", "", "id shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
-	fs.StringVar(&c.advertise, "advertise", "", "address other hosts reach this one at; sockets then bind every interface")
+	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group `NAME` (no '/' or spaces); one run at a time may hold a group")
+	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
+	fs.StringVar(&c.advertise, "advertise", "", "`ADDRESS` other hosts reach this one at; sockets then bind every interface")
+	// Set by the launcher for the rank processes it starts.
 	fs.BoolVar(&c.child, "child", false, "internal: run as a rank process started by the launcher")
 	fs.Int64Var(&c.traceEpoch, "trace-epoch", 0, "internal: trace time origin, Unix nanoseconds")
 	fs.StringVar(&c.traceOut, "trace-out", "", "internal: where a rank process writes its trace events")
+	for _, name := range []string{"child", "trace-epoch", "trace-out"} {
+		fs.MarkHidden(name)
+	}
+	return fs, raw
+}
+
+// rawFlags are the flags parsed into config after the flag set has run.
+type rawFlags struct {
+	size, bucket, dtypes, devices, castTo string
+}
+
+// writeHelp prints --help: what the demo does, every flag with its default
+// in --flag form, and the exit statuses.
+func writeHelp(w io.Writer) {
+	fs, _ := flagSet(&config{})
+	fmt.Fprint(w, usageHead)
+	fmt.Fprint(w, fs.FlagUsagesWrapped(80))
+	fmt.Fprint(w, usageTail)
+}
+
+// wantsJSON reports whether args ask for --json, read without parsing them
+// so that an error in another flag is still printed as JSON.
+func wantsJSON(args []string) bool {
+	want := false
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "--json" {
+			want = true
+		} else if v, ok := strings.CutPrefix(a, "--json="); ok {
+			want, _ = strconv.ParseBool(v)
+		}
+	}
+	return want
+}
+
+// flagError rewrites pflag's errors in the demo's words: which flag, what
+// was given, what it takes.
+func flagError(err error) error {
+	var invalid *pflag.InvalidValueError
+	var unknown *pflag.NotExistError
+	var missing *pflag.ValueRequiredError
+	switch {
+	case errors.As(err, &invalid):
+		f := invalid.GetFlag()
+		return fmt.Errorf("--%s %q: want %s", f.Name, invalid.GetValue(), valueKind(f.Value.Type()))
+	case errors.As(err, &missing):
+		return fmt.Errorf("--%s needs a value; see --help", missing.GetFlag().Name)
+	case errors.As(err, &unknown):
+		if group := unknown.GetSpecifiedShortnames(); len(group) > 1 {
+			// pflag read -ranks as the one-letter flags r, a, n, k, s.
+			name, _, _ := strings.Cut(group, "=")
+			return fmt.Errorf("unknown flag -%s: flags take two dashes (--%s); see --help", group, name)
+		} else if group != "" {
+			return fmt.Errorf("unknown flag -%s; see --help", group)
+		}
+		return fmt.Errorf("unknown flag --%s; see --help", unknown.GetSpecifiedName())
+	}
+	return fmt.Errorf("%v; see --help", err)
+}
+
+// valueKind says in words what a flag of a pflag value type takes.
+func valueKind(typ string) string {
+	switch typ {
+	case "int", "int64", "uint64":
+		return "a whole number"
+	case "bool":
+		return "true or false"
+	case "duration":
+		return "a duration such as 90s or 2m"
+	}
+	return "a " + typ
+}
+
+// parseConfig reads flags and the torchrun-style environment. It returns
+// pflag.ErrHelp for --help.
+func parseConfig(args []string, getenv func(string) string) (*config, error) {
+	c := &config{rank: -1, localRank: -1}
+	fs, raw := flagSet(c)
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, err
+		}
+		return nil, flagError(err)
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q; flags start with --", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q; flags start with --; see --help", fs.Arg(0))
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
 	var err error
-	if c.size, err = parseSize("--size", size, 0); err != nil {
+	if c.size, err = parseSize("--size", raw.size, 0, maxSize); err != nil {
 		return nil, err
 	}
-	if c.bucket, err = parseSize("--bucket", bucket, stages.MinBucketSize); err != nil {
+	if c.bucket, err = parseSize("--bucket", raw.bucket, stages.MinBucketSize, maxBucket); err != nil {
 		return nil, err
 	}
-	if c.bucket > 1<<40 {
-		return nil, fmt.Errorf("--bucket %s is larger than 1 TiB; use a bucket of a few hundred MiB", bucket)
-	}
-	for _, s := range strings.Split(dtypes, ",") {
+	for _, s := range strings.Split(raw.dtypes, ",") {
 		d, err := dtype.Parse(strings.TrimSpace(s))
 		if err != nil {
-			return nil, fmt.Errorf("--dtypes: %w", err)
+			return nil, fmt.Errorf("--dtypes: %v", err)
 		}
 		c.dtypes = append(c.dtypes, d)
 	}
-	switch strings.ToLower(castTo) {
+	switch strings.ToLower(raw.castTo) {
 	case "keep", "":
 	case "bf16":
 		c.castTo = dtype.BF16
 	case "f16", "fp16":
 		c.castTo = dtype.F16
 	default:
-		return nil, fmt.Errorf("--dtype %q: choose keep, bf16 or f16", castTo)
+		return nil, fmt.Errorf("--dtype %q: choose keep, bf16 or f16", raw.castTo)
 	}
 	if c.castTo != dtype.Invalid && c.modelPath == "" {
-		return nil, errors.New("--dtype casts a checkpoint; give --model PATH (the synthetic model takes --dtypes)")
+		return nil, fmt.Errorf("--dtype casts a checkpoint; give --model PATH (the synthetic model takes --dtypes)")
 	}
-	if c.modelPath != "" {
-		if _, err := os.Stat(c.modelPath); err != nil {
-			return nil, fmt.Errorf("--model: %v", err)
-		}
-	}
-	if devices != "" {
-		for _, s := range strings.Split(devices, ",") {
+	if raw.devices != "" {
+		for _, s := range strings.Split(raw.devices, ",") {
 			i, err := strconv.Atoi(strings.TrimSpace(s))
 			if err != nil || i < 0 {
-				return nil, fmt.Errorf("--devices %q: want comma-separated GPU indices such as 0,1,2", devices)
+				return nil, fmt.Errorf("--devices %q: want comma-separated GPU indices such as 0,1,2", raw.devices)
 			}
 			c.devices = append(c.devices, i)
 		}
@@ -166,6 +260,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 		return nil, fmt.Errorf("--rounds %d: run at least one round", c.rounds)
 	case c.timeout <= 0:
 		return nil, fmt.Errorf("--timeout %v: give a positive duration such as 2m", c.timeout)
+	case !rendezvous.ValidName(c.group):
+		return nil, fmt.Errorf("--group %q: a group name must be 1 to 256 bytes, without '/', spaces or control characters", c.group)
+	case c.runID != "" && (!rendezvous.ValidName(c.runID) || c.runID == "owner"):
+		return nil, fmt.Errorf("--run-id %q: a run id must be 1 to 256 bytes, without '/', spaces or control characters, and not \"owner\"", c.runID)
 	}
 	switch c.transport {
 	case "auto", "tcp", "inproc", "ipc", "nccl":
@@ -175,20 +273,20 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 
 	// Torchrun-style variables stand in for --rank, --world-size and
 	// --rendezvous when those flags are absent.
-	if !set["rank"] && getenv("RANK") != "" {
+	if !fs.Changed("rank") && getenv("RANK") != "" {
 		if c.rank, err = strconv.Atoi(getenv("RANK")); err != nil {
 			return nil, fmt.Errorf("RANK=%q is not a number", getenv("RANK"))
 		}
 	}
-	if !set["world-size"] && getenv("WORLD_SIZE") != "" {
+	if !fs.Changed("world-size") && getenv("WORLD_SIZE") != "" {
 		if c.worldSize, err = strconv.Atoi(getenv("WORLD_SIZE")); err != nil {
 			return nil, fmt.Errorf("WORLD_SIZE=%q is not a number", getenv("WORLD_SIZE"))
 		}
 	}
-	if !set["rendezvous"] && getenv("MASTER_ADDR") != "" {
+	if !fs.Changed("rendezvous") && getenv("MASTER_ADDR") != "" {
 		port := getenv("MASTER_PORT")
 		if port == "" {
-			return nil, errors.New("MASTER_ADDR is set but MASTER_PORT is not; set both, as torchrun does")
+			return nil, fmt.Errorf("MASTER_ADDR is set but MASTER_PORT is not; set both, as torchrun does")
 		}
 		addr := net.JoinHostPort(getenv("MASTER_ADDR"), port)
 		c.rendezvous = "etcd://" + addr
@@ -216,18 +314,24 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 			return nil, fmt.Errorf("--rank %d outside a world of %d ranks (0..%d)", c.rank, c.worldSize, c.worldSize-1)
 		}
 		if c.rendezvous == "" {
-			return nil, errors.New("--rank needs --rendezvous etcd://HOST:PORT (or MASTER_ADDR and MASTER_PORT) so the ranks can meet")
+			return nil, fmt.Errorf("--rank needs --rendezvous etcd://HOST:PORT (or MASTER_ADDR and MASTER_PORT) so the ranks can meet")
 		}
 		if c.transport == "inproc" {
-			return nil, errors.New("--transport inproc runs every rank in one process; it cannot be used with --rank")
+			return nil, fmt.Errorf("--transport inproc runs every rank in one process; it cannot be used with --rank")
 		}
 		if c.runID == "" {
-			return nil, errors.New("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%s) shared by the launcher), so that a crashed launch never blocks the next")
+			return nil, fmt.Errorf("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%%s) shared by the launcher), so that a crashed launch never blocks the next")
 		}
-		c.ranks = c.worldSize
 	}
 	if c.ranks < 2 {
 		return nil, fmt.Errorf("--ranks %d: a sync needs a sender and at least one receiver (2 or more)", c.ranks)
+	}
+	if c.rank < 0 && c.ranks > maxLocalRanks {
+		where := "starts one process per rank on this machine"
+		if c.transport == "inproc" {
+			where = "with --transport inproc runs every rank in this process"
+		}
+		return nil, fmt.Errorf("--ranks %d: a local launch %s, at most %d; for more, run ranks on several hosts (--rank, --world-size)", c.ranks, where, maxLocalRanks)
 	}
 	if c.rendezvous != "" {
 		if _, err := etcdEndpoint(c.rendezvous); err != nil {
@@ -237,13 +341,18 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	return c, nil
 }
 
-func parseSize(flagName, s string, minimum int64) (int64, error) {
+// parseSize reads a size flag such as 256MiB and checks it is in
+// [minimum, maximum].
+func parseSize(flagName, s string, minimum, maximum int64) (int64, error) {
 	v, err := humanize.ParseBytes(s)
 	if err != nil {
 		return 0, fmt.Errorf("%s %q: want a size such as 256MiB or 1GiB", flagName, s)
 	}
-	if int64(v) < minimum || v > 1<<50 {
-		return 0, fmt.Errorf("%s %s: must be at least %s", flagName, s, humanize.IBytes(uint64(minimum)))
+	switch {
+	case v > uint64(maximum):
+		return 0, fmt.Errorf("%s %s is over the limit of %s", flagName, s, humanize.IBytes(uint64(maximum)))
+	case v < uint64(minimum):
+		return 0, fmt.Errorf("%s %s is below the minimum of %s", flagName, s, humanize.IBytes(uint64(minimum)))
 	}
 	return int64(v), nil
 }
@@ -311,4 +420,87 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// preflight checks, before any rank starts, what can be checked on this
+// machine: that the checkpoint opens and its headers are within limits,
+// that --out, --trace and --timeline can be written, and that a rank's two
+// host buckets fit in this machine's memory. transportName is the resolved
+// transport.
+func (c *config) preflight(transportName string) error {
+	if c.modelPath != "" {
+		if _, err := c.model(0); err != nil {
+			return fmt.Errorf("--model %s: %w", c.modelPath, err)
+		}
+	}
+	if c.out != "" {
+		if err := os.MkdirAll(c.out, 0o755); err != nil {
+			return fmt.Errorf("--out %s: %w", c.out, pathReason(err))
+		}
+		if err := checkWritableDir("--out", c.out, c.out); err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct{ flag, path string }{{"--trace", c.trace}, {"--timeline", c.timeline}} {
+		if f.path == "" {
+			continue
+		}
+		if st, err := os.Stat(f.path); err == nil && st.IsDir() {
+			return fmt.Errorf("%s %s is a directory; give a file name", f.flag, f.path)
+		}
+		if err := checkWritableDir(f.flag, f.path, filepath.Dir(f.path)); err != nil {
+			return err
+		}
+	}
+	if transportName == "tcp" || transportName == "inproc" {
+		if total := memTotal(); total > 0 && 2*c.bucket > total {
+			return fmt.Errorf("--bucket %s: each rank holds two buckets in host memory (%s), more than this machine's %s; use a bucket of a few hundred MiB",
+				sizeText(c.bucket), sizeText(2*c.bucket), sizeText(total))
+		}
+	}
+	return nil
+}
+
+// checkWritableDir checks that a file can be created in dir, for flag's
+// value path, by creating one and removing it.
+func checkWritableDir(flag, path, dir string) error {
+	f, err := os.CreateTemp(dir, ".weightcast-check-*")
+	if err != nil {
+		return fmt.Errorf("%s %s: cannot write in %s: %w", flag, path, dir, pathReason(err))
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return nil
+}
+
+// pathReason is a file system error without the path it names, for
+// messages that name the path themselves.
+func pathReason(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// memTotal is this machine's memory in bytes (Linux MemTotal), or 0 where
+// it cannot be read.
+func memTotal() int64 { return procKiB("/proc/meminfo", "MemTotal:") }
+
+// procKiB reads a "Key: N kB" line of a /proc file as bytes, or 0.
+func procKiB(path, key string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			if f := strings.Fields(v); len(f) >= 1 {
+				if kb, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/pipeline"
@@ -21,24 +22,88 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+	ctx, stop := stopOnSignal(context.Background())
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses (docs/operations.md lists them).
+const (
+	exitOK     = 0
+	exitFailed = 1 // the run failed; the summary says which rank and why
+	exitUsage  = 2 // a flag or an input the demo cannot use, found before any rank started
+)
+
+// stopSignal is the cause of a run's context when SIGINT or SIGTERM stopped
+// it.
+type stopSignal struct{ sig syscall.Signal }
+
+func (s stopSignal) Error() string { return "stopped by " + signalName(s.sig) }
+
+// exitStatus is the shell's status for a process ended by the signal:
+// 130 for SIGINT, 143 for SIGTERM.
+func (s stopSignal) exitStatus() int { return 128 + int(s.sig) }
+
+// stoppedBy returns the signal that stopped ctx, if one did.
+func stoppedBy(ctx context.Context) (stopSignal, bool) {
+	var s stopSignal
+	ok := errors.As(context.Cause(ctx), &s)
+	return s, ok
+}
+
+// stopOnSignal returns a context that the first SIGINT or SIGTERM cancels
+// with a stopSignal cause. That signal also restores the default action,
+// so a second Ctrl-C ends the process at once. stop releases the handler.
+func stopOnSignal(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			signal.Reset(syscall.SIGINT, syscall.SIGTERM)
+			cancel(stopSignal{sig.(syscall.Signal)})
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
+	}
+}
+
+// signalName is a signal's usual name ("SIGKILL"), where Go's String says
+// "killed".
+func signalName(sig syscall.Signal) string {
+	names := map[syscall.Signal]string{
+		syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGKILL: "SIGKILL",
+		syscall.SIGSEGV: "SIGSEGV", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS",
+		syscall.SIGHUP: "SIGHUP", syscall.SIGQUIT: "SIGQUIT", syscall.SIGPIPE: "SIGPIPE",
+	}
+	if n, ok := names[sig]; ok {
+		return n
+	}
+	return fmt.Sprintf("signal %d (%v)", int(sig), sig)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	c, err := parseConfig(args, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+	c, err := parseConfig(args, getenv)
+	if errors.Is(err, pflag.ErrHelp) {
+		writeHelp(stdout)
+		return exitOK
+	}
+	var name, reason string
+	if err == nil {
+		name, reason, err = chooseTransport(c)
+	}
+	if err == nil && !c.child {
+		err = c.preflight(name)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "demo: %v\n", err)
-		return 2
-	}
-	name, reason, err := chooseTransport(c)
-	if err != nil {
-		fmt.Fprintf(stderr, "demo: %v\n", err)
-		return 2
+		return failed(stdout, stderr, wantsJSON(args), exitUsage, err)
 	}
 	if c.child {
 		return childMain(ctx, c, name)
@@ -64,30 +129,46 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		results = []*rankResult{res}
 	case name == "inproc":
 		mode = "goroutines of one process"
-		u.say("weightcast demo: %d ranks in one process, transport inproc, %s, %s buckets, %d rounds",
-			c.ranks, c.modelText(), sizeText(c.bucket), c.rounds)
+		u.say("weightcast demo: %s in one process, transport inproc, %s, %s buckets, %s",
+			plural(c.ranks, "rank"), c.modelText(), sizeText(c.bucket), plural(c.rounds, "round"))
 		results = runInProcess(ctx, c, tracer, u.event)
-		if len(results) > 0 {
-			for _, r := range results {
-				r.PeakRSS = peakRSS() // one process: the same figure for all
-			}
+		for _, r := range results {
+			r.PeakRSS = peakRSS() // one process: the same figure for all
 		}
 	default:
 		mode = "local processes"
-		u.say("weightcast demo: starting %d rank processes, transport %s (%s), %s, %s buckets, %d rounds",
-			c.ranks, name, reason, c.modelText(), sizeText(c.bucket), c.rounds)
+		u.say("weightcast demo: starting %s, transport %s (%s), %s, %s buckets, %s",
+			plural(c.ranks, "rank process"), name, reason, c.modelText(), sizeText(c.bucket), plural(c.rounds, "round"))
 		results, err = launchLocal(ctx, c, name, tracer, u)
 		if err != nil {
-			fmt.Fprintf(stderr, "demo: %v\n", err)
-			return 1
+			status := exitFailed
+			if sig, ok := stoppedBy(ctx); ok {
+				status = sig.exitStatus()
+			}
+			return failed(stdout, stderr, c.json, status, err)
+		}
+	}
+	if sig, ok := stoppedBy(ctx); ok {
+		for _, r := range results {
+			if r != nil && !r.Unreported && r.Stopped == "" && r.Error != "" {
+				r.Stopped = signalName(sig.sig) // a rank of this process: its round saw the signal
+			}
 		}
 	}
 
 	s := summarize(c, name, reason, mode, results)
+	if sig, ok := stoppedBy(ctx); ok {
+		s.stop(sig)
+	}
 	if tracer != nil {
-		if err := writeTrace(c, tracer, args, name); err != nil {
-			fmt.Fprintf(stderr, "demo: %v\n", err)
-			s.Error = strings.TrimPrefix(s.Error+"; "+err.Error(), "; ")
+		traced, err := writeTrace(c, tracer, args, name)
+		if traced {
+			s.Trace = c.trace
+		}
+		if err != nil {
+			s.traceFailed(err)
+		} else {
+			s.Timeline = c.timeline
 		}
 	}
 	if c.json {
@@ -95,10 +176,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	} else {
 		s.writeTable(stdout)
 	}
-	if s.Error != "" {
-		return 1
+	return s.ExitStatus
+}
+
+// failed reports an error that left no summary to print: on stderr, and with
+// --json as the one JSON object on stdout. It returns status.
+func failed(stdout, stderr io.Writer, asJSON bool, status int, err error) int {
+	fmt.Fprintf(stderr, "demo: %v\n", err)
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(struct {
+			Error      string `json:"error"`
+			ExitStatus int    `json:"exit_status"`
+		}{err.Error(), status})
 	}
-	return 0
+	return status
 }
 
 // chooseTransport resolves --transport auto and says why.
@@ -141,13 +234,14 @@ func chooseTransport(c *config) (name, reason string, err error) {
 	return "tcp", fmt.Sprintf("%d GPUs visible, but this build has no GPU transport", n), nil
 }
 
-// writeTrace writes the merged trace and, when asked, its timeline.
-func writeTrace(c *config, tracer *pipeline.Tracer, args []string, transportName string) error {
+// writeTrace writes the merged trace and, when asked, its timeline. traced
+// says the trace file --trace names was written.
+func writeTrace(c *config, tracer *pipeline.Tracer, args []string, transportName string) (traced bool, err error) {
 	path := c.trace
 	if path == "" {
 		f, err := os.CreateTemp("", "weightcast-trace-*.json")
 		if err != nil {
-			return err
+			return false, fmt.Errorf("writing the trace for the timeline: %w", err)
 		}
 		path = f.Name()
 		f.Close()
@@ -155,21 +249,22 @@ func writeTrace(c *config, tracer *pipeline.Tracer, args []string, transportName
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("writing the trace: %w", err)
+		return false, fmt.Errorf("writing the trace: %w", err)
 	}
 	other := map[string]any{"command": "demo " + strings.Join(args, " "), "transport": transportName}
 	if err := tracer.WriteChrome(f, other); err != nil {
 		f.Close()
-		return fmt.Errorf("writing the trace %s: %w", path, err)
+		return false, fmt.Errorf("writing the trace %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing the trace %s: %w", path, err)
+		return false, fmt.Errorf("writing the trace %s: %w", path, err)
 	}
+	traced = c.trace != ""
 	if c.timeline != "" {
 		title := fmt.Sprintf("weightcast: %d ranks, %s, %s, %s buckets", c.ranks, transportName, c.modelText(), sizeText(c.bucket))
 		if err := timeline.RenderFile(path, c.timeline, timeline.Options{Title: title}); err != nil {
-			return fmt.Errorf("drawing the timeline: %w", err)
+			return traced, fmt.Errorf("drawing the timeline: %w", err)
 		}
 	}
-	return nil
+	return traced, nil
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -114,9 +116,40 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	return res, err
 }
 
+// How long a rank process that was asked to stop takes at most to end its
+// round: then it exits at once. A live launcher kills it sooner
+// (stopGrace); these bound an orphan. Without its launcher a rank has no
+// one to report to and no etcd (the launcher serves it), so it only gives
+// its round's abort a moment to reach its peers.
+const (
+	childStopLimit = 8 * time.Second
+	orphanLimit    = 2 * time.Second
+)
+
+// errLauncherGone is the cause of a rank process's context when its
+// standard input, which the launcher holds open, reaches its end.
+var errLauncherGone = errors.New("the launcher is gone")
+
 // childMain is a rank process started by the launcher: it reports progress
-// and its result as JSON lines on stdout and writes its trace events.
+// and its result as JSON lines on stdout and writes its trace events. It
+// stops on SIGTERM, and when its launcher is gone (its standard input
+// ends: the second line of defence after the kernel's Pdeathsig).
 func childMain(ctx context.Context, c *config, transportName string) int {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		cancel(errLauncherGone)
+		time.Sleep(orphanLimit)
+		os.Exit(exitFailed)
+	}()
+	go func() {
+		<-ctx.Done()
+		if _, stopped := stoppedBy(ctx); stopped {
+			time.Sleep(childStopLimit)
+			os.Exit(exitFailed)
+		}
+	}()
 	enc := json.NewEncoder(os.Stdout)
 	var tracer *pipeline.Tracer
 	if c.traceOut != "" {
@@ -129,6 +162,11 @@ func childMain(ctx context.Context, c *config, transportName string) int {
 	res.PeakRSS = peakRSS()
 	if err != nil {
 		res.Error = err.Error()
+		if sig, ok := stoppedBy(ctx); ok {
+			res.Stopped = signalName(sig.sig)
+		} else if errors.Is(context.Cause(ctx), errLauncherGone) {
+			res.Stopped = "launcher gone"
+		}
 	}
 	if tracer != nil {
 		if f, ferr := os.Create(c.traceOut); ferr == nil {
@@ -137,9 +175,12 @@ func childMain(ctx context.Context, c *config, transportName string) int {
 		}
 	}
 	enc.Encode(event{Type: "result", Rank: c.rank, Result: res})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rank %d: %v\n", c.rank, err)
-		return 1
+	switch {
+	case err == nil:
+		return exitOK
+	case res.Stopped != "":
+		return exitFailed // the launcher's summary says what stopped it
 	}
-	return 0
+	fmt.Fprintf(os.Stderr, "rank %d: %v\n", c.rank, err)
+	return exitFailed
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
@@ -75,6 +73,13 @@ type rankResult struct {
 	// "intact" (the committed version) or "partial (resync needed)".
 	State string `json:"state,omitempty"`
 	Error string `json:"error,omitempty"`
+	// Stopped says what stopped the rank before its last round: a
+	// signal ("SIGINT", "SIGTERM") or "launcher gone". Error then holds
+	// how its round ended.
+	Stopped string `json:"stopped,omitempty"`
+	// Unreported is set by a launcher for a rank process that ended
+	// without reporting (killed, crashed): only Rank and Error are known.
+	Unreported bool `json:"unreported,omitempty"`
 }
 
 type roundResult struct {
@@ -296,24 +301,7 @@ func (d *discard) Load(ctx context.Context, e *stages.Entry, data []byte) error 
 func (d *discard) Commit(ctx context.Context, version uint64) error { return nil }
 
 // peakRSS reads the process's peak resident set size (Linux VmHWM).
-func peakRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			f := strings.Fields(v)
-			if len(f) >= 1 {
-				kb, err := strconv.ParseInt(f[0], 10, 64)
-				if err == nil {
-					return kb << 10
-				}
-			}
-		}
-	}
-	return 0
-}
+func peakRSS() int64 { return procKiB("/proc/self/status", "VmHWM:") }
 
 // errString is err's text, or "".
 func errString(err error) string {

@@ -71,41 +71,62 @@ func (u *ui) clear() {
 	}
 }
 
-// summary is the demo's result; --json prints it as one object.
+// summary is the demo's result; --json prints it as one object. It states
+// only what was measured: a figure that no rank reported is null or absent,
+// never zero.
 type summary struct {
-	Transport       string    `json:"transport"`
-	TransportReason string    `json:"transport_reason"`
-	Ranks           int       `json:"ranks"`
-	Mode            string    `json:"mode"`
-	Model           string    `json:"model"`
-	Bytes           int64     `json:"bytes"`
-	Tensors         int       `json:"tensors"`
-	Bucket          int64     `json:"bucket"`
-	Rounds          int       `json:"rounds"`
-	Seconds         []float64 `json:"seconds"`
-	GBps            float64   `json:"gbps"`
-	Verified        bool      `json:"verified"`
-	// Checksum says whether every bucket carried a checksum that every
-	// receiver checked (--checksum).
+	Transport       string `json:"transport"`
+	TransportReason string `json:"transport_reason"`
+	Ranks           int    `json:"ranks"`
+	Mode            string `json:"mode"`
+	Model           string `json:"model"`
+	Bytes           int64  `json:"bytes"`
+	Tensors         int    `json:"tensors"`
+	Bucket          int64  `json:"bucket"`
+	// Rounds is the number of rounds asked for (--rounds).
+	Rounds int `json:"rounds"`
+	// Seconds has the duration of each round the sender finished
+	// (committed), as it timed them.
+	Seconds []float64 `json:"seconds"`
+	// GBps is the median rate of those rounds per receiver; null when no
+	// round finished or the sender did not report.
+	GBps *float64 `json:"gbps"`
+	// Verified says every receiver checked every byte of every round
+	// against the source (--verify), and the run finished.
+	Verified bool `json:"verified"`
+	// Checksum says buckets carried a checksum (--checksum); every
+	// receiver checked those of the versions up to CommittedVersion.
 	Checksum bool `json:"checksum"`
 	// Committed is the last model version committed on every receiver:
-	// the lowest any receiver reports (the sender's, when it reports
-	// alone).
-	Committed  uint64        `json:"committed_version"`
-	MaxBuffers int           `json:"max_buffers"`
-	PeakRSS    int64         `json:"peak_rss_bytes"`
+	// the sender's figure, or, when it did not report, the lowest a
+	// receiver reported; null when no rank reported. Each rank's own is
+	// in PerRank.
+	Committed  *uint64 `json:"committed_version"`
+	MaxBuffers int     `json:"max_buffers"`
+	PeakRSS    int64   `json:"peak_rss_bytes"`
+	// Trace and Timeline name the files written; TraceError says why
+	// they were not.
 	Trace      string        `json:"trace,omitempty"`
 	Timeline   string        `json:"timeline,omitempty"`
+	TraceError string        `json:"trace_error,omitempty"`
 	PerRank    []*rankResult `json:"per_rank"`
-	Error      string        `json:"error,omitempty"`
+	// Stopped names the signal that stopped the run (SIGINT, SIGTERM).
+	Stopped string `json:"stopped,omitempty"`
+	// Error says why the run did not succeed: the ranks that failed, a
+	// signal, an output that could not be written.
+	Error      string `json:"error,omitempty"`
+	ExitStatus int    `json:"exit_status"`
+
+	verifyOn bool     // --verify
+	failures []string // what Error says, but the signal
 }
 
 func summarize(c *config, transportName, reason, mode string, results []*rankResult) *summary {
 	s := &summary{
 		Transport: transportName, TransportReason: reason, Ranks: c.ranks, Mode: mode,
 		Model:  fmt.Sprintf("synthetic %s, %d tensors, %s, seed %d", humanize.IBytes(uint64(c.size)), c.tensors, dtypeList(c), c.seed),
-		Bucket: c.bucket, Rounds: c.rounds, Trace: c.trace, Timeline: c.timeline, PerRank: results,
-		Verified: c.verify, Checksum: c.checksum,
+		Bucket: c.bucket, Rounds: c.rounds, PerRank: results,
+		Verified: c.verify, verifyOn: c.verify, Checksum: c.checksum, Seconds: []float64{},
 	}
 	if m, err := c.model(0); err == nil {
 		s.Bytes, s.Tensors = m.Size(), len(m.List())
@@ -117,34 +138,31 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		}
 	}
 	var failed []string
-	receivers := 0
-	for _, r := range results {
-		if r != nil && r.Rank > 0 {
-			if receivers == 0 || r.CommittedVersion < s.Committed {
-				s.Committed = r.CommittedVersion
-			}
-			receivers++
-		}
-	}
-	if receivers == 0 && len(results) > 0 && results[0] != nil {
-		s.Committed = results[0].CommittedVersion
-	}
 	for _, r := range results {
 		if r == nil {
 			continue
 		}
-		if r.Error != "" {
+		if r.Error != "" && r.Stopped == "" {
 			failed = append(failed, fmt.Sprintf("rank %d: %s", r.Rank, r.Error))
 		}
-		if r.Rank > 0 && c.verify && !r.Verified {
+		if r.Error != "" || r.Unreported || (r.Rank > 0 && c.verify && !r.Verified) {
 			s.Verified = false
 		}
 		s.MaxBuffers = max(s.MaxBuffers, r.MaxBuffers)
 		s.PeakRSS = max(s.PeakRSS, r.PeakRSS)
 	}
-	if len(results) > 0 && results[0] != nil {
-		for _, rr := range results[0].Rounds {
+	if sender := reported(results, 0); sender != nil {
+		v := sender.CommittedVersion
+		s.Committed = &v
+		for _, rr := range sender.Rounds {
 			s.Seconds = append(s.Seconds, rr.Seconds)
+		}
+	} else {
+		for _, r := range results {
+			if r != nil && !r.Unreported && (s.Committed == nil || r.CommittedVersion < *s.Committed) {
+				v := r.CommittedVersion
+				s.Committed = &v
+			}
 		}
 	}
 	if len(s.Seconds) > 0 {
@@ -154,13 +172,66 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		if len(sorted)%2 == 0 {
 			med = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
 		}
-		s.GBps = float64(s.Bytes) / med / 1e9
+		gbps := float64(s.Bytes) / med / 1e9
+		s.GBps = &gbps
 	}
-	if len(failed) > 0 {
-		s.Error = strings.Join(failed, "; ")
-		s.Verified = false
+	for _, f := range failed {
+		s.addError(f)
 	}
 	return s
+}
+
+// reported is rank's result, if that rank reported one.
+func reported(results []*rankResult, rank int) *rankResult {
+	for _, r := range results {
+		if r != nil && r.Rank == rank && !r.Unreported {
+			return r
+		}
+	}
+	return nil
+}
+
+// addError records a failure: the run exits 1 unless a signal stopped it.
+func (s *summary) addError(msg string) {
+	s.failures = append(s.failures, msg)
+	s.Error = joinNonEmpty("; ", s.Error, msg)
+	if s.ExitStatus == exitOK {
+		s.ExitStatus = exitFailed
+	}
+}
+
+// stop records the signal that stopped the run, which sets the exit status.
+func (s *summary) stop(sig stopSignal) {
+	s.Stopped = signalName(sig.sig)
+	s.Error = joinNonEmpty("; ", sig.Error(), s.Error)
+	s.Verified = s.Verified && len(s.Seconds) == s.Rounds
+	s.ExitStatus = sig.exitStatus()
+}
+
+// stoppedText says when the signal came: "by SIGINT during round 3".
+func (s *summary) stoppedText() string {
+	text := "by " + s.Stopped
+	if reported(s.PerRank, 0) != nil && len(s.Seconds) < s.Rounds {
+		text += fmt.Sprintf(" during round %d", len(s.Seconds)+1)
+	}
+	return text
+}
+
+// traceFailed records that the trace or timeline could not be written.
+// The sync's own verdict stands.
+func (s *summary) traceFailed(err error) {
+	s.TraceError = err.Error()
+	s.addError(err.Error())
+}
+
+func joinNonEmpty(sep string, parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, sep)
 }
 
 func dtypeList(c *config) string {
@@ -177,38 +248,42 @@ func (s *summary) writeJSON(w io.Writer) error {
 	return enc.Encode(s)
 }
 
+// receivers are the results of the ranks other than the sender.
+func (s *summary) receivers() []*rankResult {
+	var out []*rankResult
+	for _, r := range s.PerRank {
+		if r != nil && r.Rank > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // writeTable prints the summary for a person.
 func (s *summary) writeTable(w io.Writer) {
-	fmt.Fprintf(w, "\nweightcast demo: %d ranks (1 sender, %d receivers) as %s, transport %s (%s)\n",
-		s.Ranks, s.Ranks-1, s.Mode, s.Transport, s.TransportReason)
+	fmt.Fprintf(w, "\nweightcast demo: %s (1 sender, %s) as %s, transport %s (%s)\n",
+		plural(s.Ranks, "rank"), plural(s.Ranks-1, "receiver"), s.Mode, s.Transport, s.TransportReason)
 	fmt.Fprintf(w, "model: %s = %s; buckets of %s\n\n", s.Model, humanize.IBytes(uint64(s.Bytes)), humanize.IBytes(uint64(s.Bucket)))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tseconds\trate\t")
-	for i, sec := range s.Seconds {
-		fmt.Fprintf(tw, "%d\t%.3f\t%s/s\t\n", i+1, sec, humanize.Bytes(uint64(float64(s.Bytes)/max(sec, 1e-9))))
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "median rate:   %.2f GB/s per receiver (%d receivers)\n", s.GBps, s.Ranks-1)
-	switch {
-	case s.Error != "":
-		fmt.Fprintf(w, "verified:      no, the run failed\n")
-	case s.Verified:
-		scope := "every round"
-		for _, r := range s.PerRank {
-			if r != nil && r.Rank > 0 && r.VerifyScope != "" {
-				scope = r.VerifyScope
-			}
+	if len(s.Seconds) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "round\tseconds\trate\t")
+		for i, sec := range s.Seconds {
+			fmt.Fprintf(tw, "%d\t%.3f\t%s/s\t\n", i+1, sec, humanize.Bytes(uint64(float64(s.Bytes)/max(sec, 1e-9))))
 		}
-		fmt.Fprintf(w, "verified:      yes, every byte on %d receivers (%s)\n", s.Ranks-1, scope)
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+	switch {
+	case s.GBps != nil:
+		fmt.Fprintf(w, "median rate:   %.2f GB/s per receiver (%s, %s finished)\n", *s.GBps, plural(s.Ranks-1, "receiver"), plural(len(s.Seconds), "round"))
+	case reported(s.PerRank, 0) == nil:
+		fmt.Fprintf(w, "median rate:   not measured: the sender did not report\n")
 	default:
-		fmt.Fprintf(w, "verified:      not checked (--verify=false)\n")
+		fmt.Fprintf(w, "median rate:   none: no round finished\n")
 	}
-	if s.Checksum {
-		fmt.Fprintf(w, "checksums:     every bucket, checked by every receiver\n")
-	} else {
-		fmt.Fprintf(w, "checksums:     off (--checksum=false)\n")
-	}
+	finished := s.Stopped == "" && (len(s.failures) == 0 || len(s.failures) == 1 && s.failures[0] == s.TraceError)
+	s.writeVerified(w, finished)
+	s.writeChecksums(w, finished)
 	s.writeCommitted(w)
 	fmt.Fprintf(w, "buffers held:  at most %d per rank\n", s.MaxBuffers)
 	for _, r := range s.PerRank {
@@ -229,13 +304,76 @@ func (s *summary) writeTable(w io.Writer) {
 	if s.Timeline != "" {
 		fmt.Fprintf(w, "timeline:      %s\n", s.Timeline)
 	}
-	if s.Error != "" {
-		fmt.Fprintf(w, "\nFAILED: %s\n", s.Error)
+	if s.TraceError != "" {
+		fmt.Fprintf(w, "trace:         not written: %s\n", s.TraceError)
+	}
+	if s.Stopped != "" {
+		fmt.Fprintf(w, "\nSTOPPED %s\n", s.stoppedText())
+	}
+	if len(s.failures) > 0 {
+		fmt.Fprintf(w, "\nFAILED:\n")
+		for _, f := range s.failures {
+			fmt.Fprintf(w, "  %s\n", f)
+		}
+	}
+}
+
+// writeVerified says what the receivers compared with the source; finished
+// says every rank ended its rounds without failing.
+func (s *summary) writeVerified(w io.Writer, finished bool) {
+	receivers := s.receivers()
+	switch {
+	case s.Verified:
+		scope := "every round"
+		for _, r := range receivers {
+			if r.VerifyScope != "" {
+				scope = r.VerifyScope
+			}
+		}
+		fmt.Fprintf(w, "verified:      yes, every byte on %s (%s)\n", plural(s.Ranks-1, "receiver"), scope)
+	case !s.verifyOn:
+		fmt.Fprintf(w, "verified:      not checked (--verify=false)\n")
+	case finished:
+		fmt.Fprintf(w, "verified:      no\n")
+	default:
+		// Host buckets are checked as they arrive, so every round a
+		// receiver finished was checked in full; a GPU model is read back
+		// after the last round only.
+		var per []string
+		for _, r := range receivers {
+			switch {
+			case r.Unreported:
+				per = append(per, fmt.Sprintf("rank %d: no report", r.Rank))
+			case r.VerifyScope == "every round":
+				per = append(per, fmt.Sprintf("rank %d: %d", r.Rank, len(r.Rounds)))
+			default:
+				per = append(per, fmt.Sprintf("rank %d: 0", r.Rank))
+			}
+		}
+		if len(per) == 0 {
+			fmt.Fprintf(w, "verified:      no: the run did not finish\n")
+			return
+		}
+		fmt.Fprintf(w, "verified:      no: the run did not finish; rounds checked byte for byte before it ended: %s\n", strings.Join(per, ", "))
+	}
+}
+
+// writeChecksums says which buckets every receiver checked.
+func (s *summary) writeChecksums(w io.Writer, finished bool) {
+	switch {
+	case !s.Checksum:
+		fmt.Fprintf(w, "checksums:     off (--checksum=false)\n")
+	case finished:
+		fmt.Fprintf(w, "checksums:     every bucket, checked by every receiver\n")
+	case s.Committed == nil || *s.Committed == 0:
+		fmt.Fprintf(w, "checksums:     on; no version was committed, so no bucket is known checked by every receiver\n")
+	default:
+		fmt.Fprintf(w, "checksums:     every bucket of the %s committed, checked by every receiver; not the unfinished round\n", plural(int(*s.Committed), "version"))
 	}
 }
 
 // writeCommitted prints the committed version: one line when every rank
-// agrees and none failed, else one line per rank.
+// reported the same and none failed, else one line per rank.
 func (s *summary) writeCommitted(w io.Writer) {
 	var ranks []*rankResult
 	same := true
@@ -244,17 +382,23 @@ func (s *summary) writeCommitted(w io.Writer) {
 			continue
 		}
 		ranks = append(ranks, r)
-		same = same && r.CommittedVersion == s.Committed && r.State == ""
+		same = same && !r.Unreported && s.Committed != nil && r.CommittedVersion == *s.Committed && r.State == ""
 	}
 	switch {
+	case s.Committed == nil:
+		fmt.Fprintf(w, "committed:     unknown: no rank reported\n")
 	case len(ranks) == 1:
 		r := ranks[0]
 		fmt.Fprintf(w, "committed:     version %d on every receiver, as rank %d saw it%s\n", r.CommittedVersion, r.Rank, stateText(r))
 	case same:
-		fmt.Fprintf(w, "committed:     version %d on every receiver\n", s.Committed)
+		fmt.Fprintf(w, "committed:     version %d on every receiver\n", *s.Committed)
 	default:
-		fmt.Fprintf(w, "committed:     version %d on every receiver; by rank:\n", s.Committed)
+		fmt.Fprintf(w, "committed:     version %d on every receiver; by rank:\n", *s.Committed)
 		for _, r := range ranks {
+			if r.Unreported {
+				fmt.Fprintf(w, "               rank %d: no report (%s)\n", r.Rank, r.Error)
+				continue
+			}
 			fmt.Fprintf(w, "               rank %d: version %d%s\n", r.Rank, r.CommittedVersion, stateText(r))
 		}
 	}
@@ -265,6 +409,19 @@ func stateText(r *rankResult) string {
 		return ""
 	}
 	return ", model " + r.State
+}
+
+// plural is "1 round", "2 rounds", "3 rank processes", "2 directories".
+func plural(n int, word string) string {
+	switch {
+	case n == 1:
+		return "1 " + word
+	case strings.HasSuffix(word, "s"):
+		return fmt.Sprintf("%d %ses", n, word)
+	case strings.HasSuffix(word, "y"):
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(word, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 func sizeText(n int64) string { return humanize.IBytes(uint64(n)) }
