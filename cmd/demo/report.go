@@ -366,7 +366,7 @@ func (s *summary) writeChecksums(w io.Writer, finished bool) {
 	case finished:
 		fmt.Fprintf(w, "checksums:     every bucket, checked by every receiver\n")
 	case s.Committed == nil || *s.Committed == 0:
-		fmt.Fprintf(w, "checksums:     on; no version was committed, so no bucket is known checked by every receiver\n")
+		fmt.Fprintf(w, "checksums:     on; no version was committed, so no round's buckets are known to have been checked on every receiver\n")
 	default:
 		fmt.Fprintf(w, "checksums:     every bucket of the %s committed, checked by every receiver; not the unfinished round\n", plural(int(*s.Committed), "version"))
 	}
@@ -389,19 +389,27 @@ func (s *summary) writeCommitted(w io.Writer) {
 		fmt.Fprintf(w, "committed:     unknown: no rank reported\n")
 	case len(ranks) == 1:
 		r := ranks[0]
-		fmt.Fprintf(w, "committed:     version %d on every receiver, as rank %d saw it%s\n", r.CommittedVersion, r.Rank, stateText(r))
+		fmt.Fprintf(w, "committed:     %s on every receiver, as rank %d saw it%s\n", versionText(r.CommittedVersion), r.Rank, stateText(r))
 	case same:
-		fmt.Fprintf(w, "committed:     version %d on every receiver\n", *s.Committed)
+		fmt.Fprintf(w, "committed:     %s on every receiver\n", versionText(*s.Committed))
 	default:
-		fmt.Fprintf(w, "committed:     version %d on every receiver; by rank:\n", *s.Committed)
+		fmt.Fprintf(w, "committed:     %s on every receiver; by rank:\n", versionText(*s.Committed))
 		for _, r := range ranks {
 			if r.Unreported {
 				fmt.Fprintf(w, "               rank %d: no report (%s)\n", r.Rank, r.Error)
 				continue
 			}
-			fmt.Fprintf(w, "               rank %d: version %d%s\n", r.Rank, r.CommittedVersion, stateText(r))
+			fmt.Fprintf(w, "               rank %d: %s%s\n", r.Rank, versionText(r.CommittedVersion), stateText(r))
 		}
 	}
+}
+
+// versionText is "version 3", or "no version" for 0.
+func versionText(v uint64) string {
+	if v == 0 {
+		return "no version"
+	}
+	return fmt.Sprintf("version %d", v)
 }
 
 func stateText(r *rankResult) string {

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// testConfig is a small synthetic run's configuration.
+func testConfig(t *testing.T, args ...string) *config {
+	t.Helper()
+	c, err := parseConfig(append([]string{"--size", "1MiB", "--tensors", "10", "--bucket", "64KiB"}, args...), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// table renders the summary of results as the demo prints it.
+func table(c *config, results []*rankResult) string {
+	var b strings.Builder
+	summarize(c, "tcp", "test", "local processes", results).writeTable(&b)
+	return b.String()
+}
+
+func rounds(n int) []roundResult {
+	out := make([]roundResult, n)
+	for i := range out {
+		out[i] = roundResult{Version: uint64(i + 1), Seconds: 0.5}
+	}
+	return out
+}
+
+// TestTableOneReceiverOneRound: singular forms.
+func TestTableOneReceiverOneRound(t *testing.T) {
+	c := testConfig(t, "--ranks", "2", "--rounds", "1")
+	out := table(c, []*rankResult{
+		{Rank: 0, Rounds: rounds(1), CommittedVersion: 1, Verified: true},
+		{Rank: 1, Rounds: rounds(1), CommittedVersion: 1, Verified: true, VerifyScope: "every round"},
+	})
+	for _, want := range []string{"2 ranks (1 sender, 1 receiver)", "(1 receiver, 1 round finished)", "every byte on 1 receiver (every round)", "committed:     version 1 on every receiver\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, wrong := range []string{"1 receivers", "1 rounds", "FAILED"} {
+		if strings.Contains(out, wrong) {
+			t.Errorf("table says %q:\n%s", wrong, out)
+		}
+	}
+}
+
+// TestTableFailedRun: a run in which no round finished claims no rate, no
+// verification and no checked checksums, and a rank that never reported is
+// shown as such, not as version 0.
+func TestTableFailedRun(t *testing.T) {
+	c := testConfig(t, "--ranks", "3", "--rounds", "3")
+	out := table(c, []*rankResult{
+		{Rank: 0, Error: "round 1: boom"},
+		{Rank: 1, Error: "round 1: boom", State: "intact"},
+		{Rank: 2, Unreported: true, Error: "the rank's process was killed by SIGKILL before it reported"},
+	})
+	for _, want := range []string{"median rate:   none: no round finished", "verified:      no: the run did not finish", "rank 2: no report",
+		"checksums:     on; no version was committed", "committed:     no version on every receiver", "rank 1: no version, model intact", "rank 2: no report (the rank's process was killed by SIGKILL", "FAILED:\n  rank 0: round 1: boom\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, wrong := range []string{"GB/s", "every bucket, checked by every receiver", "version 0", "  round  seconds"} {
+		if strings.Contains(out, wrong) {
+			t.Errorf("table says %q:\n%s", wrong, out)
+		}
+	}
+}
+
+// TestSummaryCommittedBySender: the group's committed version is the
+// sender's, not the lowest figure of the ranks, and a rank with no report
+// does not count as 0.
+func TestSummaryCommittedBySender(t *testing.T) {
+	c := testConfig(t, "--ranks", "4", "--rounds", "5")
+	results := []*rankResult{
+		{Rank: 0, Rounds: rounds(2), CommittedVersion: 2, Error: "round 3: rank 2 gone"},
+		{Rank: 1, Rounds: rounds(2), CommittedVersion: 2, Error: "round 3: peer gone", VerifyScope: "every round"},
+		{Rank: 2, Unreported: true, Error: "killed"},
+		{Rank: 3, Rounds: rounds(3), CommittedVersion: 3, Error: "round 4: peer gone", VerifyScope: "every round"},
+	}
+	s := summarize(c, "tcp", "test", "local processes", results)
+	if s.Committed == nil || *s.Committed != 2 || len(s.Seconds) != 2 || s.GBps == nil || s.Verified || s.ExitStatus != exitFailed {
+		t.Fatalf("committed %v, %d round times, rate %v, verified %v, exit %d", s.Committed, len(s.Seconds), s.GBps, s.Verified, s.ExitStatus)
+	}
+	// Without the sender's report, the lowest receiver's.
+	s = summarize(c, "tcp", "test", "local processes", []*rankResult{{Rank: 0, Unreported: true, Error: "killed"}, results[1], results[2], results[3]})
+	if s.Committed == nil || *s.Committed != 2 || s.GBps != nil || len(s.Seconds) != 0 {
+		t.Fatalf("without the sender: committed %v, rate %v, %d round times", s.Committed, s.GBps, len(s.Seconds))
+	}
+	var b strings.Builder
+	s.writeTable(&b)
+	if !strings.Contains(b.String(), "median rate:   not measured: the sender did not report") {
+		t.Errorf("table:\n%s", b.String())
+	}
+	// Nobody reported: unknown, not 0.
+	s = summarize(c, "tcp", "test", "local processes", []*rankResult{{Rank: 0, Unreported: true}, {Rank: 1, Unreported: true}})
+	if s.Committed != nil {
+		t.Fatalf("committed %d with no report", *s.Committed)
+	}
+}
+
+// TestSummaryStopped: a stopped run exits with the signal's status and
+// lists as failures only the ranks that failed for another reason.
+func TestSummaryStopped(t *testing.T) {
+	c := testConfig(t, "--ranks", "2", "--rounds", "5")
+	s := summarize(c, "tcp", "test", "local processes", []*rankResult{
+		{Rank: 0, Rounds: rounds(2), CommittedVersion: 2, Error: "round 3: stopped by SIGTERM", Stopped: "SIGTERM"},
+		{Rank: 1, Rounds: rounds(2), CommittedVersion: 2, Error: "round 3: stopped by SIGTERM", Stopped: "SIGTERM", VerifyScope: "every round"},
+	})
+	s.stop(stopSignal{sig: 2})
+	var b strings.Builder
+	s.writeTable(&b)
+	out := b.String()
+	if s.ExitStatus != 130 || s.Stopped != "SIGINT" || !strings.Contains(out, "STOPPED by SIGINT during round 3") || strings.Contains(out, "FAILED") {
+		t.Fatalf("exit %d, stopped %q:\n%s", s.ExitStatus, s.Stopped, out)
+	}
+	if !strings.Contains(out, "checksums:     every bucket of the 2 versions committed") {
+		t.Errorf("checksums line:\n%s", out)
+	}
+}
+
+func TestPlural(t *testing.T) {
+	for n, want := range map[int]string{0: "0 rounds", 1: "1 round", 2: "2 rounds"} {
+		if got := plural(n, "round"); got != want {
+			t.Errorf("plural(%d) = %q, want %q", n, got, want)
+		}
+	}
+	if got := plural(3, "rank process"); got != "3 rank processes" {
+		t.Errorf("got %q", got)
+	}
+	if got := plural(2, "directory"); got != "2 directories" {
+		t.Errorf("got %q", got)
+	}
+}
