@@ -434,22 +434,15 @@ func (c *config) preflight(transportName string) error {
 		}
 	}
 	if c.out != "" {
-		if err := os.MkdirAll(c.out, 0o755); err != nil {
-			return fmt.Errorf("--out %s: %w", c.out, pathReason(err))
-		}
-		if err := checkWritableDir("--out", c.out, c.out); err != nil {
+		if err := checkWritable("--out", c.out, true); err != nil {
 			return err
 		}
 	}
 	for _, f := range []struct{ flag, path string }{{"--trace", c.trace}, {"--timeline", c.timeline}} {
-		if f.path == "" {
-			continue
-		}
-		if st, err := os.Stat(f.path); err == nil && st.IsDir() {
-			return fmt.Errorf("%s %s is a directory; give a file name", f.flag, f.path)
-		}
-		if err := checkWritableDir(f.flag, f.path, filepath.Dir(f.path)); err != nil {
-			return err
+		if f.path != "" {
+			if err := checkWritable(f.flag, f.path, false); err != nil {
+				return err
+			}
 		}
 	}
 	if transportName == "tcp" || transportName == "inproc" {
@@ -461,12 +454,35 @@ func (c *config) preflight(transportName string) error {
 	return nil
 }
 
-// checkWritableDir checks that a file can be created in dir, for flag's
-// value path, by creating one and removing it.
-func checkWritableDir(flag, path, dir string) error {
-	f, err := os.CreateTemp(dir, ".weightcast-check-*")
+// checkWritable checks, without leaving anything behind, that path (a file,
+// or with dir a directory) can be written for flag: that a file can be
+// created where it goes, in path itself or in the nearest directory above
+// it that exists.
+func checkWritable(flag, path string, dir bool) error {
+	st, err := os.Stat(path)
+	switch {
+	case err == nil && st.IsDir() && !dir:
+		return fmt.Errorf("%s %s is a directory; give a file name", flag, path)
+	case err == nil && !st.IsDir() && dir:
+		return fmt.Errorf("%s %s is a file; give a directory", flag, path)
+	}
+	at := path
+	if !dir || err != nil {
+		at = filepath.Dir(path)
+	}
+	for {
+		st, err := os.Stat(at)
+		if err == nil && !st.IsDir() {
+			return fmt.Errorf("%s %s: %s is not a directory", flag, path, at)
+		}
+		if err == nil || !errors.Is(err, os.ErrNotExist) || at == filepath.Dir(at) {
+			break
+		}
+		at = filepath.Dir(at)
+	}
+	f, err := os.CreateTemp(at, ".weightcast-check-*")
 	if err != nil {
-		return fmt.Errorf("%s %s: cannot write in %s: %w", flag, path, dir, pathReason(err))
+		return fmt.Errorf("%s %s: cannot write in %s: %w", flag, path, at, pathReason(err))
 	}
 	f.Close()
 	os.Remove(f.Name())
