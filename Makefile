@@ -56,10 +56,12 @@ fuzz:
 	done
 
 # Test binaries and the demo for a GPU machine that has no Go: copy .gpu/
-# there and run, for example, `cd stages && ../.gpu/stages.test -test.run GPU`.
+# there and run, for example, `cd stages && ../.gpu/stages.test -test.run GPU`;
+# the demo's process tests take the demo binary from WEIGHTCAST_DEMO_BIN:
+# `cd cmd/demo && WEIGHTCAST_DEMO_BIN=../../.gpu/demo ../../.gpu/demo.test`.
 gpu-bins:
 	mkdir -p .gpu
-	CGO_ENABLED=1 $(GO) test -c -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx
+	CGO_ENABLED=1 $(GO) test -c -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx ./cmd/demo
 	CGO_ENABLED=1 $(GO) build -o .gpu/demo ./cmd/demo
 
 clean:
