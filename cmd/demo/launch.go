@@ -44,13 +44,7 @@ const workDirPrefix = "weightcast-demo-"
 // rank to stop, waits up to stopGrace, kills what is left and returns what
 // the ranks reported. First it removes what killed launches left in TMPDIR.
 func launchLocal(ctx context.Context, c *config, transportName string, tracer *pipeline.Tracer, u *ui) ([]*rankResult, error) {
-	removed, err := owned.Sweep(workDirPrefix, embedetcd.DirPrefix)
-	if len(removed) > 0 {
-		u.say("weightcast demo: removed %s that killed launches left: %s", plural(len(removed), "directory"), strings.Join(removed, ", "))
-	}
-	if err != nil {
-		u.say("weightcast demo: could not remove what killed launches left: %v", err)
-	}
+	sweepLeftovers(u)
 	dir, err := owned.MkdirTemp(workDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("making the launcher's work directory: %w", err)
@@ -126,6 +120,18 @@ func launchLocal(ctx context.Context, c *config, transportName string, tracer *p
 		}
 	}
 	return results, nil
+}
+
+// sweepLeftovers removes from TMPDIR the work and etcd directories of
+// launches whose process was killed, and says what it removed.
+func sweepLeftovers(u *ui) {
+	removed, err := owned.Sweep(workDirPrefix, embedetcd.DirPrefix)
+	if len(removed) > 0 {
+		u.say("weightcast demo: removed %s that killed launches left: %s", plural(len(removed), "directory"), strings.Join(removed, ", "))
+	}
+	if err != nil {
+		u.say("weightcast demo: could not remove what killed launches left: %v", err)
+	}
 }
 
 // supervise waits for every child to exit. After a rank fails it gives the

@@ -178,7 +178,8 @@ func running(pid int) bool {
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
-// leftovers lists what is in dir.
+// leftovers lists what weightcast left in dir (a TMPDIR): the entries
+// whose names start with "weightcast-".
 func leftovers(t *testing.T, dir string) []string {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
@@ -187,7 +188,9 @@ func leftovers(t *testing.T, dir string) []string {
 	}
 	var names []string
 	for _, e := range entries {
-		names = append(names, e.Name())
+		if strings.HasPrefix(e.Name(), "weightcast-") {
+			names = append(names, e.Name())
+		}
 	}
 	return names
 }

@@ -120,6 +120,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case c.rank >= 0:
 		mode = fmt.Sprintf("rank %d of a group of %d", c.rank, c.worldSize)
 		u.say("weightcast demo: rank %d of %d, transport %s (%s), rendezvous %s", c.rank, c.worldSize, name, reason, c.rendezvous)
+		if c.hostEtcd != "" {
+			sweepLeftovers(u) // this rank serves the rendezvous, as a local launcher does
+		}
 		res, err := runProcessRank(ctx, c, name, tracer, u.event)
 		if res == nil {
 			res = &rankResult{Rank: c.rank}
