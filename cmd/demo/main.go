@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/pipeline"
