@@ -47,7 +47,7 @@ type Server struct {
 	etcd      *embed.Etcd
 	clientURL string
 	dataDir   string
-	tmpDir    string // dataDir, when StartEmbedded made it
+	tmpDir    string // dataDir, when Start made it
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
