@@ -97,15 +97,21 @@ func (o *op) fail(f *fault) {
 }
 
 // arm sets c's read or write deadline to t and reports whether the
-// operation is still running.
+// operation is still running. When it is not, arm expires the deadline
+// again: fail may have expired it just before arm set t, and another
+// goroutine of the operation may be blocked on that side of c (the
+// acknowledgement reader, whose read deadline awaitAck arms), which would
+// otherwise wait until t, the whole timeout, after a failure it was meant
+// to see at once.
 func (o *op) arm(c net.Conn, write bool, t time.Time) bool {
+	set := c.SetReadDeadline
 	if write {
-		c.SetWriteDeadline(t)
-	} else {
-		c.SetReadDeadline(t)
+		set = c.SetWriteDeadline
 	}
+	set(t)
 	select {
 	case <-o.done:
+		set(past)
 		return false
 	default:
 		return true
@@ -216,8 +222,9 @@ func (o *op) send(data []byte) {
 	}
 	e.downClean = true
 	ackDone := o.startAckReader()
-	o.writeChunks(data, 0, len(data), e.chunk)
-	o.awaitAck(ackDone)
+	if o.writeChunks(data, 0, len(data), e.chunk) {
+		o.awaitAck(ackDone)
+	}
 }
 
 // receive is a receiver's part: take the bucket from the predecessor, pass

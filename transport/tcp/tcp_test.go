@@ -479,3 +479,78 @@ func TestCancelledBeforeStart(t *testing.T) {
 		t.Fatalf("receiver: want the root's cancellation, got %v", err)
 	}
 }
+
+// TestCancelledMidBucket cancels the root (a cancellation, not a deadline:
+// the pipeline cancels a round when another stage fails) while a 64 MiB
+// bucket is stuck in the socket buffers of a receiver not yet reading. The
+// root must return at once, not after its timeout, and the receiver must
+// learn of it as soon as it reads.
+func TestCancelledMidBucket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 64 << 20
+	eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(t.Name(), 2, 30*time.Second))
+	bufs := hostBufs(t, 2, n)
+	cctx, ccancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(ctx, ccancel)
+	defer stop()
+	timer := time.AfterFunc(100*time.Millisecond, ccancel)
+	defer timer.Stop()
+	start := time.Now()
+	err := eps[0].Broadcast(cctx, 0, bufs[0], n)
+	if d := time.Since(start); !errors.Is(err, context.Canceled) || d > 5*time.Second {
+		t.Fatalf("root: want context.Canceled at once, got %v after %v", err, d)
+	}
+	start = time.Now()
+	err = eps[1].Broadcast(ctx, 0, bufs[1], n)
+	var te *transport.Error
+	if d := time.Since(start); !errors.As(err, &te) || te.Peer != 0 || d > 5*time.Second {
+		t.Fatalf("receiver: want an error naming rank 0 at once, got %v after %v", err, d)
+	}
+}
+
+// TestArmAfterFail: once an operation has failed, arming a connection's
+// deadline (as the acknowledgement wait does after the bucket's last write)
+// must leave it expired, so that a reader still blocked on it returns
+// instead of waiting out the timeout.
+func TestArmAfterFail(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	defer peer.Close()
+
+	o := &op{e: &endpoint{down: c}, ctx: context.Background(), done: make(chan struct{})}
+	o.fail(&fault{peer: -1, err: context.Canceled})
+	for _, write := range []bool{false, true} {
+		if o.arm(c, write, time.Now().Add(time.Hour)) {
+			t.Fatalf("arm (write %v) after fail reported the operation running", write)
+		}
+	}
+	watchdog := time.AfterFunc(5*time.Second, func() { c.Close() })
+	defer watchdog.Stop()
+	start := time.Now()
+	_, err = c.Read(make([]byte, 1))
+	if !isTimeout(err) {
+		t.Fatalf("read after a failed arm: want an expired deadline at once, got %v after %v", err, time.Since(start))
+	}
+}
