@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,9 @@ const (
 	nackGrace = 200 * time.Millisecond
 	// noticeWait bounds sending an abort or nack after a failure.
 	noticeWait = 500 * time.Millisecond
+	// maxOwed is the most bytes of an interrupted frame that a failed
+	// rank still sends to reach the frame boundary its notice needs.
+	maxOwed = 16 << 20
 )
 
 // Where a fault was seen: on this rank, on the connection from the
@@ -210,17 +214,16 @@ func (e *endpoint) run(ctx context.Context, seq uint64, data []byte) *fault {
 // send is the root's part.
 func (o *op) send(data []byte) {
 	e := o.e
+	var err error
 	next := e.rank + 1
 	frame{kind: kindBucket, seq: o.seq, a: uint64(len(data)), b: uint64(e.chunk)}.put(e.whdr[:])
 	if !o.arm(e.down, true, o.deadline()) {
 		return
 	}
-	e.downClean = false
-	if _, err := e.down.Write(e.whdr[:]); err != nil {
+	if e.downOwed, err = writeFrames(e.down, [][]byte{e.whdr[:]}, 1); err != nil {
 		o.fail(o.ioFault(err, next, fromDown, fmt.Sprintf("sending the header of bucket %d to rank %d", o.seq, next)))
 		return
 	}
-	e.downClean = true
 	ackDone := o.startAckReader()
 	if o.writeChunks(data, 0, len(data), e.chunk) {
 		o.awaitAck(ackDone)
@@ -270,12 +273,10 @@ func (o *op) receive(data []byte) {
 		if !o.arm(e.down, true, o.deadline()) {
 			return
 		}
-		e.downClean = false
-		if _, err := e.down.Write(e.rhdr[:]); err != nil {
+		if e.downOwed, err = writeFrames(e.down, [][]byte{e.rhdr[:]}, 1); err != nil {
 			o.fail(o.ioFault(err, next, fromDown, fmt.Sprintf("passing the header of bucket %d to rank %d", o.seq, next)))
 			return
 		}
-		e.downClean = true
 		ackDone = o.startAckReader()
 		fwdDone = make(chan struct{})
 		o.wg.Go(func() {
@@ -327,12 +328,10 @@ func (o *op) receive(data []byte) {
 		return
 	}
 	frame{kind: kindAck, seq: o.seq}.put(e.whdr[:])
-	e.upClean = false
-	if _, err := e.up.Write(e.whdr[:]); err != nil {
+	if e.upOwed, err = writeFrames(e.up, [][]byte{e.whdr[:]}, 1); err != nil {
 		upFault(err, fmt.Sprintf("acknowledging bucket %d to rank %d", o.seq, prev))
 		return
 	}
-	e.upClean = true
 }
 
 func closedChan() chan struct{} {
@@ -383,9 +382,8 @@ func (o *op) writeChunks(data []byte, from, to, chunk int) bool {
 		if !o.arm(e.down, true, o.deadline()) {
 			return false
 		}
-		e.downClean = false
-		bufs := net.Buffers(iov)
-		if _, err := bufs.WriteTo(e.down); err != nil {
+		var err error
+		if e.downOwed, err = writeFrames(e.down, iov, 2); err != nil {
 			f := o.ioFault(err, next, fromDown, fmt.Sprintf("sending bucket %d to rank %d", o.seq, next))
 			if f.code == codePeerGone {
 				// The successor may have sent a notice naming the
@@ -401,9 +399,28 @@ func (o *op) writeChunks(data []byte, from, to, chunk int) bool {
 			o.fail(f)
 			return false
 		}
-		e.downClean = true
 	}
 	return true
+}
+
+// writeFrames writes iov, whole frames of perFrame buffers each (the first
+// one a frame header), to c. When the write stops early it also returns the
+// bytes still owed to finish the frame it stopped in, nil when it stopped
+// between two frames: tell writes them before its notice, so the neighbour
+// reads the notice at a frame boundary and learns why, instead of seeing
+// the connection close.
+func writeFrames(c net.Conn, iov [][]byte, perFrame int) (owed [][]byte, err error) {
+	bufs := net.Buffers(iov)
+	if _, err = bufs.WriteTo(c); err == nil || len(bufs) == 0 {
+		return nil, err
+	}
+	// WriteTo consumed what it wrote: bufs is the rest, its first
+	// buffer perhaps cut short.
+	k := len(iov) - len(bufs)
+	if k%perFrame == 0 && len(bufs[0]) == frameLen {
+		return nil, err // no byte of this frame went out
+	}
+	return slices.Clone(bufs[:perFrame-k%perFrame]), err
 }
 
 // startAckReader reads the successor's end-of-bucket acknowledgement (or
@@ -448,9 +465,11 @@ func (o *op) awaitAck(ackDone chan struct{}) {
 }
 
 // tell passes a failure on to the neighbours: an abort frame to the
-// successor, a nack to the predecessor. A side whose
-// stream stopped inside a frame cannot take a frame any more and is closed
-// instead, which its peer reports as ErrPeerGone naming this rank.
+// successor, a nack to the predecessor. A side whose stream stopped inside
+// a frame first gets the rest of that frame (the bytes it is owed, when
+// they are few enough to send within noticeWait); a side that cannot take
+// the notice is closed instead, which its peer reports as ErrPeerGone
+// naming this rank.
 func (e *endpoint) tell(seq uint64, f *fault) {
 	if e.closed.Load() {
 		return
@@ -463,8 +482,8 @@ func (e *endpoint) tell(seq uint64, f *fault) {
 	if code == codeNone {
 		code = codeAborted
 	}
-	send := func(c net.Conn, clean bool, k kind, neighbour int) {
-		if !clean {
+	send := func(c net.Conn, owed [][]byte, k kind, neighbour int) {
+		if n := bytesOf(owed); n > maxOwed {
 			c.Close()
 			return
 		}
@@ -476,16 +495,25 @@ func (e *endpoint) tell(seq uint64, f *fault) {
 			culprit = e.rank
 		}
 		c.SetWriteDeadline(time.Now().Add(min(e.timeout, noticeWait)))
-		if _, err := c.Write(notice(k, code, seq, culprit, msg)); err != nil {
+		iov := net.Buffers(append(owed, notice(k, code, seq, culprit, msg)))
+		if _, err := iov.WriteTo(c); err != nil {
 			c.Close()
 		}
 	}
 	// A neighbour that sent a notice knows already; any other, even one
 	// that stalled or vanished, is told (a dead one's socket fails fast).
 	if e.up != nil && (f.remote == "" || f.from != fromUp) {
-		send(e.up, e.upClean, kindNack, e.rank-1)
+		send(e.up, e.upOwed, kindNack, e.rank-1)
 	}
 	if e.down != nil && (f.remote == "" || f.from != fromDown) {
-		send(e.down, e.downClean, kindAbort, e.rank+1)
+		send(e.down, e.downOwed, kindAbort, e.rank+1)
 	}
+}
+
+func bytesOf(bufs [][]byte) int {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
 }

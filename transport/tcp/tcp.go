@@ -99,15 +99,16 @@ type endpoint struct {
 
 	// Touched only by the goroutine running Broadcast (and the goroutines
 	// it starts and joins), under mu.
-	mu        sync.Mutex
-	broken    error // the first error; every later Broadcast returns it
-	upClean   bool  // the upstream write side is at a frame boundary
-	downClean bool  // the downstream write side is at a frame boundary
-	rhdr      [frameLen]byte
-	ahdr      [frameLen]byte
-	whdr      [frameLen]byte
-	hdrs      []byte   // chunk frame headers of one write batch
-	iov       [][]byte // one write batch
+	mu     sync.Mutex
+	broken error // the first error; every later Broadcast returns it
+	// upOwed and downOwed are the rest of a frame whose write a
+	// failure interrupted, nil at a frame boundary (see writeFrames).
+	upOwed, downOwed [][]byte
+	rhdr             [frameLen]byte
+	ahdr             [frameLen]byte
+	whdr             [frameLen]byte
+	hdrs             []byte   // chunk frame headers of one write batch
+	iov              [][]byte // one write batch
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -142,8 +143,7 @@ func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error)
 	if err != nil {
 		return nil, fail(-1, err)
 	}
-	e := &endpoint{cfg: cfg, rank: cfg.Rank, world: cfg.WorldSize, timeout: cfg.WaitTimeout(), chunk: opts.chunk,
-		upClean: true, downClean: true}
+	e := &endpoint{cfg: cfg, rank: cfg.Rank, world: cfg.WorldSize, timeout: cfg.WaitTimeout(), chunk: opts.chunk}
 
 	var ln *net.TCPListener
 	if e.rank > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -552,5 +553,38 @@ func TestArmAfterFail(t *testing.T) {
 	_, err = c.Read(make([]byte, 1))
 	if !isTimeout(err) {
 		t.Fatalf("read after a failed arm: want an expired deadline at once, got %v after %v", err, time.Since(start))
+	}
+}
+
+// TestCancelMidFrame cancels the root while a receiver is reading a large
+// bucket, so that the root stops inside a chunk frame: it finishes that
+// frame and sends its abort, and the receiver fails with the root's
+// reason, not with a closed connection.
+func TestCancelMidFrame(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 64 << 20
+	bufs := hostBufs(t, 2, n)
+	for i := range 5 {
+		eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(fmt.Sprintf("%s-%d", t.Name(), i), 2, 30*time.Second))
+		cctx, ccancel := context.WithCancel(ctx)
+		var rootErr error
+		var wg sync.WaitGroup
+		wg.Go(func() { rootErr = eps[0].Broadcast(cctx, 0, bufs[0], n) })
+		timer := time.AfterFunc(time.Duration(1+3*i)*time.Millisecond, ccancel)
+		start := time.Now()
+		err := eps[1].Broadcast(ctx, 0, bufs[1], n)
+		wg.Wait()
+		timer.Stop()
+		ccancel()
+		if rootErr == nil {
+			t.Logf("try %d: the bucket moved before the cancellation", i)
+			continue
+		}
+		var te *transport.Error
+		if d := time.Since(start); !errors.As(err, &te) || te.Peer != 0 || errors.Is(err, transport.ErrPeerGone) ||
+			!strings.Contains(err.Error(), "context canceled") || d > 5*time.Second {
+			t.Fatalf("try %d: receiver: want the root's cancellation naming rank 0, got %v after %v", i, err, d)
+		}
 	}
 }
