@@ -1,9 +1,11 @@
 // Package gputest holds the setup that GPU tests share: opening a CUDA
 // device or skipping the test, saying why, where there is none; streams and
 // buffers that are closed and freed when the test ends; bounded stream
-// synchronization; uploads of random bytes; the plumbing of tests whose
-// ranks run as child processes of the test binary; and RunWithFakes, which
-// runs a test in a child process against stand-ins for libcuda.so.1 and
+// synchronization; uploads of random bytes; the GPU memory that the
+// transport conformance suite runs ipc and nccl on (CUDAMemory); OnDevice,
+// the body of a child rank on a GPU (the child-process plumbing itself is
+// package transporttest's, which has no cgo); and RunWithFakes, which runs
+// a test in a child process against stand-ins for libcuda.so.1 and
 // libnccl.so.2 built from C (testdata/), to check the cgo layers of gpu and
 // nccl where there is no GPU.
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weightcast/weightcast/internal/parallel"
@@ -115,7 +116,8 @@ func waitAll(ctx context.Context, d time.Duration, all chan struct{}, miss func(
 type endpoint struct {
 	h      *hub
 	cfg    transport.Config
-	closed sync.Once
+	closed atomic.Bool
+	close  sync.Once
 }
 
 func (e *endpoint) err(op string, seq uint64, peer int, err error) error {
@@ -125,6 +127,9 @@ func (e *endpoint) err(op string, seq uint64, peer int, err error) error {
 // Broadcast copies the root's buf[:n] into every receiver's buf (a large
 // bucket on several goroutines: one core's memcpy would limit a host sync).
 func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
+	if e.closed.Load() {
+		return e.err("broadcast", seq, -1, transport.ErrClosed)
+	}
 	if buf.Host() == nil {
 		return e.err("broadcast", seq, -1, errors.New("inproc needs host buffers; use the ipc or nccl transport for device memory"))
 	}
@@ -181,9 +186,11 @@ func (e *endpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n 
 	return failure
 }
 
-// Close leaves the group; peers waiting on this rank see ErrPeerGone.
+// Close leaves the group; peers waiting on this rank see ErrPeerGone, and
+// Broadcast on this endpoint returns ErrClosed. It is idempotent.
 func (e *endpoint) Close() error {
-	e.closed.Do(func() {
+	e.closed.Store(true)
+	e.close.Do(func() {
 		mu.Lock()
 		defer mu.Unlock()
 		close(e.h.gone[e.cfg.Rank])

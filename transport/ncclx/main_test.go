@@ -1,14 +1,63 @@
 package ncclx
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
+	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/nccl"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/transporttest"
+	"github.com/weightcast/weightcast/transport/transporttest/stagestest"
 )
 
-// Tests that run rank 1 as a child process (ncclx_gpu_test.go) run this
-// test binary again with procs.Env set to its configuration; TestMain hands
-// such a process to runChild instead of the tests.
-var procs = gputest.Procs[childConfig]{Env: "WEIGHTCAST_NCCLX_TEST_CHILD", Run: runChild}
+// ncclMemory is GPU memory on a host that has NCCL too: where the library
+// is missing it skips, saying so.
+type ncclMemory struct{ gputest.CUDAMemory }
 
-func TestMain(m *testing.M) { procs.Main(m) }
+func (m ncclMemory) Devices(tb testing.TB) int {
+	tb.Helper()
+	n := m.CUDAMemory.Devices(tb)
+	skipWithoutNCCL(tb)
+	return n
+}
+
+func skipWithoutNCCL(tb testing.TB) {
+	tb.Helper()
+	if err := nccl.Load(nccl.Options{}); errors.Is(err, nccl.ErrNoLibrary) {
+		tb.Skipf("skipping: needs NCCL: %v", err)
+	} else if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// conformance is the transport suite for nccl: GPU memory, one GPU per
+// rank (NCCL refuses two ranks on one), ranks as goroutines of one process
+// and as processes, 64 MiB buckets (more than NCCL buffers between two
+// ranks, so that a root whose peer is gone blocks). It is a collective:
+// see transporttest.Suite.Collective.
+var conformance = &transporttest.Suite{
+	Name: Name, Open: Open, Memory: ncclMemory{},
+	Ranks:         transporttest.Goroutines | transporttest.Processes,
+	DevicePerRank: true, Collective: true, MaxBucket: 64 << 20,
+}
+
+// rounds is the whole pipeline over nccl between two processes: a
+// synthetic model packed into device buckets on cuda:0, received into a
+// DeviceModel on cuda:1, the communicator rebuilt between the rounds.
+var rounds = &stagestest.Rounds{
+	Transport: Name, Memory: ncclMemory{}, DevicePerRank: true, World: 2,
+	Model:  stages.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21},
+	Bucket: 32 << 20, Rounds: 2, Timeout: time.Minute,
+	BetweenRounds: func(ctx context.Context, ep transport.Endpoint) error { return ep.(*Endpoint).Rebuild(ctx) },
+}
+
+// procs runs rank 1 of this package's benchmarks (runChild).
+var procs = transporttest.Procs[childConfig]{Env: "WEIGHTCAST_NCCLX_TEST_CHILD", Run: runChild}
+
+// TestMain hands child processes to the suite, the rounds or runChild.
+func TestMain(m *testing.M) { transporttest.Main(m, conformance, rounds, procs) }

@@ -42,3 +42,8 @@ func TestOpenRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestConformance runs the transport suite (see conformance). It comes
+// last: its final case kills a peer in the middle of a collective, which
+// may leave this process's CUDA context unusable.
+func TestConformance(t *testing.T) { conformance.Run(t) }
