@@ -278,22 +278,27 @@ func (r *root) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int)
 		}
 	}
 	for _, p := range r.peers {
+		var a ack
 		select {
-		case a := <-p.acks:
-			switch {
-			case a.seq != seq:
-				return fail(p.rank, fmt.Errorf("rank %d acknowledged bucket %d while the root sent bucket %d", p.rank, a.seq, seq))
-			case !a.ok:
-				return fail(p.rank, fmt.Errorf("rank %d failed: %s", p.rank, a.msg))
-			}
+		case a = <-p.acks:
 		case <-p.gone:
-			return fail(p.rank, p.err)
+			select {
+			case a = <-p.acks: // it acknowledged, then hung up (a receiver done with its last bucket)
+			default:
+				return fail(p.rank, p.err)
+			}
 		case <-wctx.Done():
 			err := explain(wctx.Err())
 			if errors.Is(err, transport.ErrTimeout) {
 				err = fmt.Errorf("rank %d did not acknowledge within %v: %w", p.rank, r.cfg.WaitTimeout(), transport.ErrTimeout)
 			}
 			return fail(p.rank, err)
+		}
+		switch {
+		case a.seq != seq:
+			return fail(p.rank, fmt.Errorf("rank %d acknowledged bucket %d while the root sent bucket %d", p.rank, a.seq, seq))
+		case !a.ok:
+			return fail(p.rank, fmt.Errorf("rank %d failed: %s", p.rank, a.msg))
 		}
 	}
 	return nil
