@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
@@ -163,4 +164,18 @@ func TestRefuse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConformanceOnFakes runs the suite's cases with every rank a
+// goroutine of one process against gputest's stand-in CUDA driver (one
+// device whose memory is host memory; its IPC handles work only within one
+// process, which is the case receivers in the root's process take), to
+// check the suite's GPU memory and this transport's in-process path on
+// machines without a GPU. TestConformance is the real thing, on a GPU.
+func TestConformanceOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestConformanceOnFakesChild") }
+
+func TestConformanceOnFakesChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	s := &transporttest.Suite{Name: Name, Open: Open, Memory: gputest.CUDAMemory{}, Ranks: transporttest.Goroutines}
+	s.Run(t)
 }
