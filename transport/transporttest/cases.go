@@ -132,30 +132,44 @@ func payload(seq uint64, n int) []byte {
 // broadcast plays r's part of bucket seq of n bytes in b: the root packs
 // the bucket's payload into b first.
 func (r *rank) broadcast(ctx context.Context, seq uint64, b mem.Buffer, n int) error {
-	if r.root() {
-		packed, err := r.dev.Pack(b, payload(seq, n))
-		if err != nil {
-			return fmt.Errorf("packing bucket %d: %w", seq, err)
-		}
-		b = packed
+	b, err := r.pack(seq, b, n)
+	if err != nil {
+		return err
 	}
 	return r.ep.Broadcast(ctx, seq, b, n)
+}
+
+// pack returns b, on the root with bucket seq's payload packed into it.
+func (r *rank) pack(seq uint64, b mem.Buffer, n int) (mem.Buffer, error) {
+	if !r.root() {
+		return b, nil
+	}
+	packed, err := r.dev.Pack(b, payload(seq, n))
+	if err != nil {
+		return nil, fmt.Errorf("packing bucket %d: %w", seq, err)
+	}
+	return packed, nil
 }
 
 // untilFailure broadcasts full buckets from seq on, alternating bufs,
 // until one fails: once, or for the root of a Collective suite up to four
 // times (its broadcast may finish into its peers' buffers before they
-// take part). It returns the failing call's bucket, how long it took, and
-// its error.
+// take part). It returns the failing call's bucket, how long the call took
+// (packing aside), and its error.
 func (r *rank) untilFailure(ctx context.Context, bufs [2]mem.Buffer, seq uint64) (uint64, time.Duration, error) {
 	tries := 1
 	if r.suite.Collective && r.root() {
 		tries = 4
 	}
+	n := r.suite.maxBucket()
 	for i := range tries {
 		s := seq + uint64(i)
+		b, err := r.pack(s, bufs[s%2], n)
+		if err != nil {
+			return s, 0, err
+		}
 		start := time.Now()
-		if err := r.broadcast(ctx, s, bufs[s%2], r.suite.maxBucket()); err != nil {
+		if err := r.ep.Broadcast(ctx, s, b, n); err != nil {
 			return s, time.Since(start), err
 		}
 	}
