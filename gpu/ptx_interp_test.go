@@ -10,7 +10,7 @@ import (
 )
 
 // This file holds a small interpreter of the PTX subset that the package's
-// hand-written kernels (gather.ptx, checksum.ptx, cast.ptx) are written
+// hand-written kernels (gather.ptx, checksum.ptx, cast.ptx, ...) are written
 // in, so that their text and logic are checked where no GPU is. It checks
 // what the PTX assembler would refuse and what would fault on a GPU:
 //
@@ -79,6 +79,8 @@ const (
 	cBin
 	cMulWide
 	cClz
+	cShf
+	cPrmt
 	cLd
 	cSt
 	cRed
@@ -473,6 +475,21 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 			third = 32 // the shift amount is .u32
 		}
 		return operands([]int{roleDst, roleReg, roleSrc}, []uint{0, 0, third})
+	case "shf":
+		// shf.r.wrap.b32 d, a, b, c: the 64 bits b:a shifted by c.
+		in.code, in.width = cShf, 32
+		if len(parts) != 4 || (parts[1] != "l" && parts[1] != "r") || (parts[2] != "wrap" && parts[2] != "clamp") || parts[3] != "b32" {
+			return fmt.Errorf("unknown %s (shf.l/r.wrap/clamp.b32)", in.op)
+		}
+		in.sub = parts[1] + "." + parts[2]
+		return operands([]int{roleDst, roleReg, roleReg, roleSrc}, []uint{32, 32, 32, 32})
+	case "prmt":
+		// prmt.b32 d, a, b, c: four bytes of b:a picked by c's nibbles.
+		in.code, in.width = cPrmt, 32
+		if in.op != "prmt.b32" {
+			return fmt.Errorf("%s: the interpreter knows prmt.b32 (the generic form) only", in.op)
+		}
+		return operands([]int{roleDst, roleReg, roleReg, roleSrc}, []uint{32, 32, 32, 32})
 	case "clz":
 		in.code = cClz
 		if in.op != "clz.b32" {
@@ -749,6 +766,13 @@ const ptxLimit = 50_000_000
 // run executes the kernel over a grid of blocks×threads with the given
 // parameter values (in declaration order).
 func (k *ptxKernel) run(mem *ptxMemory, blocks, threads int, params ...uint64) error {
+	return k.runBlocks(mem, blocks, threads, nil, params...)
+}
+
+// runBlocks executes only the blocks listed in which (all of them when
+// which is nil) of a grid of blocks×threads: the kernels' blocks are
+// independent, so a test may run a few of a large grid.
+func (k *ptxKernel) runBlocks(mem *ptxMemory, blocks, threads int, which []int, params ...uint64) error {
 	if len(params) != len(k.params) {
 		return fmt.Errorf("%d parameters for %d", len(params), len(k.params))
 	}
@@ -757,9 +781,18 @@ func (k *ptxKernel) run(mem *ptxMemory, blocks, threads int, params ...uint64) e
 			return fmt.Errorf("parameter %s = %d does not fit 32 bits", k.params[i], p)
 		}
 	}
+	if which == nil {
+		which = make([]int, blocks)
+		for b := range which {
+			which[b] = b
+		}
+	}
 	regs := make([]uint64, len(k.regName))
 	set := make([]bool, len(k.regName))
-	for b := range blocks {
+	for _, b := range which {
+		if b < 0 || b >= blocks {
+			return fmt.Errorf("%s: block %d of a grid of %d", k.file, b, blocks)
+		}
 		for th := range threads {
 			clear(set)
 			regs[ptxTid], regs[ptxNtid], regs[ptxCtaid], regs[ptxNctaid] = uint64(th), uint64(threads), uint64(b), uint64(blocks)
@@ -967,6 +1000,16 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 					return err
 				}
 				put(&in.args[0], mask(a, 32)*mask(b, 32))
+			case cShf, cPrmt:
+				a, b, err := get2()
+				if err != nil {
+					return err
+				}
+				c, err := get(&in.args[3])
+				if err != nil {
+					return err
+				}
+				put(&in.args[0], funnel(in.code, in.sub, uint32(a), uint32(b), uint32(c)))
 			case cClz:
 				a, err := get(&in.args[1])
 				if err != nil {
@@ -1032,6 +1075,35 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 
 var errRet = fmt.Errorf("ret")
 
+// funnel executes shf (sub says "l.wrap", "r.clamp"...) or prmt on the
+// 64-bit value b:a (b the high word) with c as the PTX ISA defines them.
+func funnel(code ptxCode, sub string, a, b, c uint32) uint64 {
+	ba := uint64(b)<<32 | uint64(a)
+	if code == cPrmt {
+		var d uint32
+		for i := range 4 {
+			sel := c >> (4 * i) & 0xf
+			v := uint32(ba >> (8 * (sel & 7)) & 0xff)
+			if sel&8 != 0 { // replicate the byte's sign
+				v = 0
+				if ba>>(8*(sel&7)+7)&1 != 0 {
+					v = 0xff
+				}
+			}
+			d |= v << (8 * i)
+		}
+		return uint64(d)
+	}
+	n := c & 31
+	if strings.HasSuffix(sub, "clamp") {
+		n = min(c, 32)
+	}
+	if strings.HasPrefix(sub, "l") {
+		return ba << n >> 32 & 0xffffffff
+	}
+	return ba >> n & 0xffffffff
+}
+
 // loadLE returns the little-endian value of b, zero-extended.
 func loadLE(b []byte) uint64 {
 	var v uint64
@@ -1096,6 +1168,9 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 		"ld.param.u32 %r1, [p];":                             "8-byte parameter",
 		"st.global.v4.u64 [%rd1], {%rd1, %rd1, %rd1, %rd1};": "at most 128 bits",
 		"mad.lo.u32 %r1, %r1, %r1, %r1;":                     "does not know mad.lo.u32",
+		"shf.r.wrap.b64 %rd1, %rd1, %rd1, 3;":                "unknown shf.r.wrap.b64",
+		"shf.r.wrap.b32 %r1, %r1, 5, %r2;":                   "want a register",
+		"prmt.b32.f4e %r1, %r1, %r1, 0;":                     "generic form",
 		"cvt.u64.b32 %rd1, %r1;":                             "not one of .u/.s types",
 	}
 	for body, want := range static {
@@ -1137,6 +1212,13 @@ func TestPTXInterpreterSemantics(t *testing.T) {
 		{"mov.u32 %r1, 0;\nclz.b32 %r1, %r1;\ncvt.u64.u32 %rd1, %r1;", 32},
 		{"mov.u32 %r1, 0x1000;\nclz.b32 %r1, %r1;\ncvt.u64.u32 %rd1, %r1;", 19},
 		{"mov.u32 %r1, 7;\nmin.u32 %r1, %r1, 3;\ncvt.u64.u32 %rd1, %r1;", 3},
+		{"mov.u32 %r1, 0x80000001;\nshf.r.wrap.b32 %r1, %r1, %r1, 7;\ncvt.u64.u32 %rd1, %r1;", 0x03000000},
+		{"mov.u32 %r1, 0x12345678;\nmov.u32 %r2, 0x9abcdef0;\nshf.r.wrap.b32 %r1, %r1, %r2, 36;\ncvt.u64.u32 %rd1, %r1;", 0x01234567},
+		{"mov.u32 %r1, 0x12345678;\nmov.u32 %r2, 0x9abcdef0;\nshf.r.clamp.b32 %r1, %r1, %r2, 36;\ncvt.u64.u32 %rd1, %r1;", 0x9abcdef0},
+		{"mov.u32 %r1, 0x12345678;\nmov.u32 %r2, 0x9abcdef0;\nshf.l.wrap.b32 %r1, %r1, %r2, 8;\ncvt.u64.u32 %rd1, %r1;", 0xbcdef012},
+		{"mov.u32 %r1, 0x12345678;\nprmt.b32 %r1, %r1, %r1, 0x1032;\ncvt.u64.u32 %rd1, %r1;", 0x56781234},
+		{"mov.u32 %r1, 0x12345678;\nprmt.b32 %r1, %r1, %r1, 0x0321;\ncvt.u64.u32 %rd1, %r1;", 0x78123456},
+		{"mov.u32 %r1, 0x12345678;\nmov.u32 %r2, 0x9abcdef0;\nprmt.b32 %r1, %r1, %r2, 0x7f40;\ncvt.u64.u32 %rd1, %r1;", 0x9afff078},
 		{"mov.u64 %rd1, -7046029254386353131;", 0x9e3779b97f4a7c15},
 		{"mov.u64 %rd1, 0xffffffffffffffff;\nmul.lo.u64 %rd1, %rd1, %rd1;", 1},
 		{"mov.u32 %r1, 0xffffffff;\nmul.wide.u32 %rd1, %r1, %r1;", 0xfffffffe00000001},
