@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/weightcast/weightcast/checksum"
@@ -36,9 +35,6 @@ const (
 	// 3431 GB/s with 8, 3259 with 16, 3023 with 4, 1972 with 2
 	// (BenchmarkChecksum1GiB).
 	checksumBlocksPerSM = 8
-	// checksumGrow is the number of slots allocated at once when the pool
-	// of a Checksummer runs dry.
-	checksumGrow = 8
 	// checksumCheckWait bounds the self-test that runs when the kernel is
 	// loaded.
 	checksumCheckWait = 10 * time.Second
@@ -96,7 +92,7 @@ var checksumCheck = []struct{ off, n int }{
 // once, and compares each with checksum.Sum.
 func (d *CUDADevice) checkChecksum(k *loadedKernel) error {
 	return selfTest(d, checksumCheckWait, []int{checksumCheckSize},
-		func(s *Stream) *Checksummer { return &Checksummer{s: s, k: k} },
+		func(s *Stream) *Checksummer { return newChecksummer(s, k) },
 		runChecksumCheck)
 }
 
@@ -163,23 +159,12 @@ type Checksummer struct {
 	s      *Stream
 	k      *loadedKernel
 	blocks int // grid size cap; 0 until first use
-
-	mu      sync.Mutex
-	free    []*sumSlot        // ready for reuse
-	retired []*sumSlot        // their PendingSum closed unwaited: reused once the event completed
-	busy    map[*sumSlot]bool // held by a PendingSum
-	lost    int               // slots whose Queue failed before recording their event
-	slots   []*sumSlot        // every slot, for Close
-	chunks  []*mirrorMem
-	closed  bool // Close began: Queue refuses
-	freed   bool // Close freed the memory
+	slots  resultSlots
 }
 
-type sumSlot struct {
-	dev  uint64   // checksumSlots uint64 in device memory
-	host []uint64 // their copy, in pinned host memory
-	raw  []byte   // host's bytes, which the copy writes
-	ev   *Event   // recorded after the copy
+// newChecksummer returns a Checksummer of s with the loaded kernel k.
+func newChecksummer(s *Stream, k *loadedKernel) *Checksummer {
+	return &Checksummer{s: s, k: k, slots: resultSlots{s: s, name: "checksum", words: checksumSlots, closedErr: ErrChecksummerClosed}}
 }
 
 // NewChecksummer returns a Checksummer that queues sums on s. The first
@@ -195,13 +180,13 @@ func (s *Stream) NewChecksummer() (*Checksummer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Checksummer{s: s, k: k}, nil
+	return newChecksummer(s, k), nil
 }
 
 // PendingSum is a checksum queued on a stream (Checksummer.Queue).
 type PendingSum struct {
 	c    *Checksummer
-	slot *sumSlot // nil for an empty buffer, and once closed
+	slot *resultSlot // nil for an empty buffer, and once closed
 	n    int64
 
 	done   bool
@@ -217,25 +202,9 @@ type PendingSum struct {
 // allocation, a View, an IPC mapping) and n at most buf.Len(). The bytes
 // must stay unchanged until the PendingSum's Wait has returned.
 func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
-	d := c.s.d
-	if err := c.s.check(); err != nil {
+	p, err := c.check(buf, n, "checksum")
+	if err != nil {
 		return nil, err
-	}
-	if c.closed {
-		return nil, fmt.Errorf("%w: Queue on cuda:%d", ErrChecksummerClosed, d.ordinal)
-	}
-	if db, ok := Unfence(buf).(*deviceBuffer); ok && db.freed {
-		return nil, fmt.Errorf("gpu: checksum on cuda:%d: %w", d.ordinal, mem.ErrFreed)
-	}
-	p := buf.DevicePtr()
-	if p == 0 {
-		return nil, fmt.Errorf("gpu: checksum on cuda:%d: the %s buffer is not device memory; checksum host memory with checksum.Sum", d.ordinal, buf.Device().Name())
-	}
-	if dev, ok := buf.Device().(*CUDADevice); !ok || dev != d {
-		return nil, fmt.Errorf("gpu: checksum on cuda:%d: the buffer is memory of %s; queue it on a stream of that device", d.ordinal, buf.Device().Name())
-	}
-	if n < 0 || n > int64(buf.Len()) {
-		return nil, fmt.Errorf("gpu: checksum on cuda:%d: %d bytes of a %d-byte buffer", d.ordinal, n, buf.Len())
 	}
 	if n == 0 {
 		return &PendingSum{c: c, done: true, sum: checksum.Finish(0, 0)}, nil
@@ -245,111 +214,73 @@ func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
 			return nil, err
 		}
 	}
+	blocks, err := c.gridCap()
+	if err != nil {
+		return nil, err
+	}
+	return c.queue(n, func(slots uint64) error {
+		blocks := checksumBlocks(n, blocks)
+		// wc_checksum(buf, n, slots) on a grid of blocks × checksumThreads.
+		if r := cuLaunchKernel(c.s.d.ctx, c.k.fn, uint32(blocks), checksumThreads, c.s.s, p, uint64(n), slots); r != 0 {
+			return c.s.d.err("cuLaunchKernel", fmt.Sprintf("checksum kernel over %d bytes, %d blocks", n, blocks), r)
+		}
+		return nil
+	})
+}
+
+// check checks that c may queue work reading the first n bytes of buf
+// (what names the work in errors), and returns their device address.
+func (c *Checksummer) check(buf mem.Buffer, n int64, what string) (uint64, error) {
+	d := c.s.d
+	if err := c.s.check(); err != nil {
+		return 0, err
+	}
+	if c.slots.closed {
+		return 0, fmt.Errorf("%w: Queue on cuda:%d", ErrChecksummerClosed, d.ordinal)
+	}
+	if db, ok := Unfence(buf).(*deviceBuffer); ok && db.freed {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: %w", what, d.ordinal, mem.ErrFreed)
+	}
+	p := buf.DevicePtr()
+	if p == 0 {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: the %s buffer is not device memory; checksum host memory with checksum.Sum", what, d.ordinal, buf.Device().Name())
+	}
+	if dev, ok := buf.Device().(*CUDADevice); !ok || dev != d {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: the buffer is memory of %s; queue it on a stream of that device", what, d.ordinal, buf.Device().Name())
+	}
+	if n < 0 || n > int64(buf.Len()) {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: %d bytes of a %d-byte buffer", what, d.ordinal, n, buf.Len())
+	}
+	return p, nil
+}
+
+// gridCap returns the most blocks a checksum launch uses on c's device.
+func (c *Checksummer) gridCap() (int, error) {
 	if c.blocks == 0 {
-		sms, err := d.Multiprocessors()
+		sms, err := c.s.d.Multiprocessors()
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
 		c.blocks = max(1, sms*checksumBlocksPerSM)
 	}
-	slot, err := c.take()
+	return c.blocks, nil
+}
+
+// queue queues the sum of n bytes into a slot on the stream: zeroing the
+// slot's partial sums, then kernels, which add the bytes' word
+// contributions into the partial sums at the device address slots, then
+// the copy to pinned memory and the event.
+func (c *Checksummer) queue(n int64, kernels func(slots uint64) error) (*PendingSum, error) {
+	sl, err := c.slots.queue(func(sl *resultSlot) error {
+		if r := cuMemsetD8Async(c.s.d.ctx, sl.dev, 0, checksumSlotBytes, c.s.s); r != 0 {
+			return c.s.d.err("cuMemsetD8Async", "checksum slots", r)
+		}
+		return kernels(sl.dev)
+	})
 	if err != nil {
 		return nil, err
 	}
-	if err := c.launch(slot, p, n); err != nil {
-		// Some of the slot's work may be queued: the slot goes back only
-		// once the stream has passed it.
-		if rerr := slot.ev.recordOn(c.s); rerr != nil {
-			err = errors.Join(err, rerr)
-			c.mu.Lock()
-			delete(c.busy, slot) // lost until Close syncs the stream and frees its chunk
-			c.lost++
-			c.mu.Unlock()
-			return nil, err
-		}
-		c.mu.Lock()
-		delete(c.busy, slot)
-		c.retired = append(c.retired, slot)
-		c.mu.Unlock()
-		return nil, err
-	}
-	return &PendingSum{c: c, slot: slot, n: n}, nil
-}
-
-// launch queues the zeroing, the kernel, the copy and the event of one sum.
-func (c *Checksummer) launch(slot *sumSlot, buf uint64, n int64) error {
-	d, st := c.s.d, c.s.s
-	if r := cuMemsetD8Async(d.ctx, slot.dev, 0, checksumSlotBytes, st); r != 0 {
-		return d.err("cuMemsetD8Async", "checksum slots", r)
-	}
-	blocks := checksumBlocks(n, c.blocks)
-	// wc_checksum(buf, n, slots) on a grid of blocks × checksumThreads.
-	if r := cuLaunchKernel(d.ctx, c.k.fn, uint32(blocks), checksumThreads, st, buf, uint64(n), slot.dev); r != 0 {
-		return d.err("cuLaunchKernel", fmt.Sprintf("checksum kernel over %d bytes, %d blocks", n, blocks), r)
-	}
-	if r := cuMemcpyDtoHAsync(d.ctx, slot.raw, slot.dev, st); r != 0 {
-		return d.err("cuMemcpyDtoHAsync_v2", "checksum slots", r)
-	}
-	return slot.ev.recordOn(c.s)
-}
-
-// take returns a free slot, reclaiming retired ones whose work is done and
-// growing the pool when none is free.
-func (c *Checksummer) take() (*sumSlot, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.busy == nil {
-		c.busy = map[*sumSlot]bool{}
-	}
-	keep := c.retired[:0]
-	for _, s := range c.retired {
-		if ok, err := s.ev.Query(); ok && err == nil {
-			c.free = append(c.free, s)
-		} else {
-			keep = append(keep, s)
-		}
-	}
-	clear(c.retired[len(keep):])
-	c.retired = keep
-	if len(c.free) == 0 {
-		if err := c.grow(); err != nil {
-			return nil, err
-		}
-	}
-	s := c.free[len(c.free)-1]
-	c.free = c.free[:len(c.free)-1]
-	c.busy[s] = true
-	return s, nil
-}
-
-// grow allocates checksumGrow slots: one device and one pinned allocation,
-// and an event per slot.
-func (c *Checksummer) grow() error {
-	d := c.s.d
-	m, err := d.allocMirror(checksumGrow * checksumSlotBytes)
-	if err != nil {
-		return fmt.Errorf("gpu: checksum slots: %w", err)
-	}
-	slots := make([]*sumSlot, 0, checksumGrow)
-	for i := range checksumGrow {
-		ev, err := d.newEvent()
-		if err != nil {
-			for _, s := range slots {
-				s.ev.Close()
-			}
-			return errors.Join(fmt.Errorf("gpu: checksum slots: %w", err), m.free())
-		}
-		slots = append(slots, &sumSlot{
-			dev:  m.dev.DevicePtr() + uint64(i*checksumSlotBytes),
-			host: m.words[i*checksumSlots : (i+1)*checksumSlots],
-			raw:  m.host.Host()[i*checksumSlotBytes : (i+1)*checksumSlotBytes],
-			ev:   ev,
-		})
-	}
-	c.chunks = append(c.chunks, m)
-	c.slots = append(c.slots, slots...)
-	c.free = append(c.free, slots...)
-	return nil
+	return &PendingSum{c: c, slot: sl, n: n}, nil
 }
 
 // Wait waits until the sum's launch has finished, at most until ctx ends
@@ -364,25 +295,17 @@ func (p *PendingSum) Wait(ctx context.Context) (uint64, error) {
 	if p.closed {
 		return 0, fmt.Errorf("gpu: checksum on cuda:%d: Wait after Close", c.s.d.ordinal)
 	}
-	err := c.s.d.wait(ctx, "checksum wait", func() (bool, error) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.freed {
-			return false, fmt.Errorf("%w before the sum of %d bytes was waited for", ErrChecksummerClosed, p.n)
+	if err := c.slots.wait(ctx, p.slot, fmt.Sprintf("sum of %d bytes", p.n)); err != nil {
+		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, err)
+	}
+	var sum uint64
+	err := c.slots.read(p.slot, func(host []uint64) {
+		for _, v := range host {
+			sum += v
 		}
-		return p.slot.ev.Query()
 	})
 	if err != nil {
 		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.freed {
-		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, ErrChecksummerClosed)
-	}
-	var sum uint64
-	for _, v := range p.slot.host {
-		sum += v
 	}
 	p.sum, p.done = checksum.Finish(sum, p.n), true
 	return p.sum, nil
@@ -396,22 +319,9 @@ func (p *PendingSum) Close() {
 		return
 	}
 	p.closed = true
-	s := p.slot
-	if s == nil {
-		return
-	}
-	p.slot = nil
-	c := p.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.busy[s] {
-		return // the Checksummer was closed and freed it
-	}
-	delete(c.busy, s)
-	if p.done {
-		c.free = append(c.free, s)
-	} else {
-		c.retired = append(c.retired, s)
+	if s := p.slot; s != nil {
+		p.slot = nil
+		p.c.slots.release(s, p.done)
 	}
 }
 
@@ -421,44 +331,4 @@ func (p *PendingSum) Close() {
 // stay available. If the wait fails, the memory stays allocated (rather
 // than be freed under a running kernel), Queue refuses, and Close returns
 // the error; calling it again retries. Close is idempotent.
-func (c *Checksummer) Close(ctx context.Context) error {
-	c.mu.Lock()
-	if c.freed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	var evs []*Event
-	for s := range c.busy {
-		evs = append(evs, s.ev)
-	}
-	for _, s := range c.retired {
-		evs = append(evs, s.ev)
-	}
-	lost := c.lost
-	c.mu.Unlock()
-	for _, ev := range evs {
-		if err := ev.Wait(ctx); err != nil {
-			return fmt.Errorf("gpu: checksummer on cuda:%d: slots kept allocated: %w", c.s.d.ordinal, err)
-		}
-	}
-	if lost > 0 {
-		// A slot lost to a failed Queue (its event could not be
-		// recorded) may be written by work still on the stream.
-		if err := c.s.Sync(ctx); err != nil {
-			return fmt.Errorf("gpu: checksummer on cuda:%d: slots kept allocated: %w", c.s.d.ordinal, err)
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var errs []error
-	for _, s := range c.slots {
-		errs = append(errs, s.ev.Close())
-	}
-	for _, m := range c.chunks {
-		errs = append(errs, m.free())
-	}
-	c.slots, c.free, c.retired, c.busy, c.chunks = nil, nil, nil, nil, nil
-	c.freed = true
-	return errors.Join(errs...)
-}
+func (c *Checksummer) Close(ctx context.Context) error { return c.slots.close(ctx, "checksummer") }

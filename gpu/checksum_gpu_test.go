@@ -124,8 +124,8 @@ func TestChecksumGPUOutstanding(t *testing.T) {
 	for i := range 40 {
 		sums = append(sums, queue(i))
 	}
-	if len(c.slots) != 40 {
-		t.Fatalf("%d slots for 40 outstanding sums", len(c.slots))
+	if len(c.slots.slots) != 40 {
+		t.Fatalf("%d slots for 40 outstanding sums", len(c.slots.slots))
 	}
 	for i := 39; i >= 20; i-- {
 		check(sums[i], i)
@@ -137,8 +137,8 @@ func TestChecksumGPUOutstanding(t *testing.T) {
 	for i := 10; i < 20; i++ {
 		sums[i] = queue(i)
 	}
-	if len(c.slots) != 40 {
-		t.Fatalf("the pool grew to %d slots; 40 were enough", len(c.slots))
+	if len(c.slots.slots) != 40 {
+		t.Fatalf("the pool grew to %d slots; 40 were enough", len(c.slots.slots))
 	}
 	for i := 10; i < 20; i++ {
 		check(sums[i], i)
