@@ -231,27 +231,13 @@ func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
 // check checks that c may queue work reading the first n bytes of buf
 // (what names the work in errors), and returns their device address.
 func (c *Checksummer) check(buf mem.Buffer, n int64, what string) (uint64, error) {
-	d := c.s.d
 	if err := c.s.check(); err != nil {
 		return 0, err
 	}
 	if c.slots.closed {
-		return 0, fmt.Errorf("%w: Queue on cuda:%d", ErrChecksummerClosed, d.ordinal)
+		return 0, fmt.Errorf("%w: Queue on cuda:%d", ErrChecksummerClosed, c.s.d.ordinal)
 	}
-	if db, ok := Unfence(buf).(*deviceBuffer); ok && db.freed {
-		return 0, fmt.Errorf("gpu: %s on cuda:%d: %w", what, d.ordinal, mem.ErrFreed)
-	}
-	p := buf.DevicePtr()
-	if p == 0 {
-		return 0, fmt.Errorf("gpu: %s on cuda:%d: the %s buffer is not device memory; checksum host memory with checksum.Sum", what, d.ordinal, buf.Device().Name())
-	}
-	if dev, ok := buf.Device().(*CUDADevice); !ok || dev != d {
-		return 0, fmt.Errorf("gpu: %s on cuda:%d: the buffer is memory of %s; queue it on a stream of that device", what, d.ordinal, buf.Device().Name())
-	}
-	if n < 0 || n > int64(buf.Len()) {
-		return 0, fmt.Errorf("gpu: %s on cuda:%d: %d bytes of a %d-byte buffer", what, d.ordinal, n, buf.Len())
-	}
-	return p, nil
+	return deviceBytes(c.s.d, buf, n, what, "checksum host memory with checksum.Sum")
 }
 
 // gridCap returns the most blocks a checksum launch uses on c's device.

@@ -350,7 +350,7 @@ static inline CUresult wc_cuModuleUnload(uintptr_t ctx, uintptr_t m) {
 }
 
 // WC_MAX_KERNEL_ARGS bounds the arguments wc_launch passes to a kernel.
-#define WC_MAX_KERNEL_ARGS 8
+#define WC_MAX_KERNEL_ARGS 16
 
 // wc_launch launches f on a grid of blocks×1×1 blocks of threads×1×1
 // threads, no dynamic shared memory, on s, with nargs arguments: kernel

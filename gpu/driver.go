@@ -47,7 +47,7 @@ const attrMultiprocessorCount cuDeviceAttribute = 16
 
 // maxKernelArgs bounds the arguments cuLaunchKernel passes to a kernel
 // (WC_MAX_KERNEL_ARGS of cuda_shim.h).
-const maxKernelArgs = 8
+const maxKernelArgs = 16
 
 // moduleLogBytes bounds the PTX compiler's error log that moduleLoad
 // returns.

@@ -16,6 +16,7 @@ import (
 // of closed Gathers and Casters, and the multiprocessor count.
 type deviceKernels struct {
 	gather, checksum, cast onceKernel
+	mac                    onceMAC
 	gatherSpare, castSpare descSpares
 
 	smOnce sync.Once
@@ -46,8 +47,8 @@ func (o *onceKernel) unload(d *CUDADevice, name string) error {
 		return nil
 	}
 	o.k = nil
-	if r := cuModuleUnload(d.ctx, k.mod); r != 0 {
-		return d.err("cuModuleUnload", name, r)
+	if err := k.unload(d); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
 }
@@ -57,6 +58,14 @@ func (o *onceKernel) unload(d *CUDADevice, name string) error {
 type loadedKernel struct {
 	mod cuModule
 	fn  cuFunction
+}
+
+// unload unloads k's module from d's context.
+func (k *loadedKernel) unload(d *CUDADevice) error {
+	if r := cuModuleUnload(d.ctx, k.mod); r != 0 {
+		return d.err("cuModuleUnload", "", r)
+	}
+	return nil
 }
 
 // loadPTX loads the PTX text src (file names it in errors) into d's
@@ -137,6 +146,27 @@ func selfTest[K interface{ Close(context.Context) error }](d *CUDADevice, wait t
 	return check(ctx, s, k, bufs)
 }
 
+// deviceBytes checks that the first n bytes of buf are live device memory
+// of d that a kernel may read, and returns their address; what names the
+// work in errors ("checksum", "MAC"), host says what to do with host
+// memory instead.
+func deviceBytes(d *CUDADevice, buf mem.Buffer, n int64, what, host string) (uint64, error) {
+	if db, ok := Unfence(buf).(*deviceBuffer); ok && db.freed {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: %w", what, d.ordinal, mem.ErrFreed)
+	}
+	p := buf.DevicePtr()
+	if p == 0 {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: the %s buffer is not device memory; %s", what, d.ordinal, buf.Device().Name(), host)
+	}
+	if dev, ok := buf.Device().(*CUDADevice); !ok || dev != d {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: the buffer is memory of %s; queue it on a stream of that device", what, d.ordinal, buf.Device().Name())
+	}
+	if n < 0 || n > int64(buf.Len()) {
+		return 0, fmt.Errorf("gpu: %s on cuda:%d: %d bytes of a %d-byte buffer", what, d.ordinal, n, buf.Len())
+	}
+	return p, nil
+}
+
 // Multiprocessors returns the device's number of streaming multiprocessors
 // (132 on an H200), which sizes kernel grids.
 func (d *CUDADevice) Multiprocessors() (int, error) {
@@ -153,11 +183,26 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 }
 
 // unloadKernels frees the spare descriptor memory and unloads the gather,
-// checksum and cast modules, if loaded, before Close releases the context.
+// checksum, cast and MAC modules, if loaded, before Close releases the
+// context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
 	return errors.Join(k.gatherSpare.free(), k.gather.unload(d, "gather"),
-		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"))
+		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"),
+		k.mac.unload(d))
+}
+
+// launch queues kernel k on s over a grid of blocks×threads with the
+// kernel's parameters args, in order (see cuLaunchKernel); what names the
+// launch in errors.
+func (s *Stream) launch(k *loadedKernel, blocks, threads int, what string, args ...uint64) error {
+	if blocks <= 0 || blocks >= 1<<31 || len(args) > maxKernelArgs {
+		return fmt.Errorf("gpu: %s: a grid of %d blocks with %d parameters", what, blocks, len(args))
+	}
+	if r := cuLaunchKernel(s.d.ctx, k.fn, uint32(blocks), uint32(threads), s.s, args...); r != 0 {
+		return s.d.err("cuLaunchKernel", what, r)
+	}
+	return nil
 }
 
 // newEvent creates an event without recording it; recordOn records it.
