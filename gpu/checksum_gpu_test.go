@@ -26,11 +26,7 @@ func TestChecksumGPU(t *testing.T) {
 	s := testStream(t, d)
 	c := testChecksummer(t, s)
 	const size = 64<<20 + 64
-	host := pattern(size, 31)
-	buf := alloc(t, d, size)
-	if err := s.CopyHtoD(buf, 0, host); err != nil {
-		t.Fatal(err)
-	}
+	host, buf := uploaded(t, d, s, size, 31)
 	rng := rand.New(rand.NewPCG(31, 32))
 	type job struct{ off, n int }
 	var jobs []job
@@ -92,11 +88,7 @@ func TestChecksumGPUOutstanding(t *testing.T) {
 		t.Fatal(err)
 	}
 	const size = 4 << 20
-	host := pattern(size, 41)
-	buf := alloc(t, d, size)
-	if err := s.CopyHtoD(buf, 0, host); err != nil {
-		t.Fatal(err)
-	}
+	host, buf := uploaded(t, d, s, size, 41)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	queue := func(i int) *PendingSum {
@@ -164,12 +156,34 @@ func TestChecksumGPUOutstanding(t *testing.T) {
 	}
 }
 
-// TestChecksumGPURefuses checks Queue's errors: host and pinned memory,
-// lengths outside the buffer, freed buffers, another device's memory.
+// TestChecksumGPURefuses checks Queue's errors (see checkRefuses), and
+// that an empty sum needs no launch.
 func TestChecksumGPURefuses(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
 	c := testChecksummer(t, s)
+	checkRefuses(t, d, func(buf mem.Buffer, n int64) (func(), error) {
+		p, err := c.Queue(buf, n)
+		if err != nil {
+			return nil, err
+		}
+		return p.Close, nil
+	})
+	p, err := c.Queue(alloc(t, d, 64), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := p.Wait(context.Background()); err != nil || got != checksum.Sum(nil) {
+		t.Fatalf("empty sum: %#x, %v", got, err)
+	}
+}
+
+// checkRefuses checks that queue, the Queue of a kernel that reads device
+// memory, refuses host and pinned memory, lengths outside the buffer,
+// freed buffers and another device's memory; queue returns what closes
+// what it queued.
+func checkRefuses(t *testing.T, d *CUDADevice, queue func(buf mem.Buffer, n int64) (func(), error)) {
+	t.Helper()
 	buf := alloc(t, d, 64)
 	pinned := alloc(t, d.PinnedHost(), 64)
 	hostBuf := alloc(t, mem.Host{}, 64)
@@ -178,29 +192,23 @@ func TestChecksumGPURefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	freed.Free()
-	for name, q := range map[string]func() (*PendingSum, error){
-		"pinned":   func() (*PendingSum, error) { return c.Queue(pinned, 8) },
-		"host":     func() (*PendingSum, error) { return c.Queue(hostBuf, 8) },
-		"too long": func() (*PendingSum, error) { return c.Queue(buf, 65) },
-		"negative": func() (*PendingSum, error) { return c.Queue(buf, -1) },
-		"freed":    func() (*PendingSum, error) { return c.Queue(freed, 8) },
-		"other view": func() (*PendingSum, error) {
-			return c.Queue(&viewBuffer{dev: &CUDADevice{ordinal: 7}, ptr: 4096, n: 64}, 8)
-		},
+	for name, c := range map[string]struct {
+		buf mem.Buffer
+		n   int64
+	}{
+		"pinned":     {pinned, 8},
+		"host":       {hostBuf, 8},
+		"too long":   {buf, 65},
+		"negative":   {buf, -1},
+		"freed":      {freed, 8},
+		"other view": {&viewBuffer{dev: &CUDADevice{ordinal: 7}, ptr: 4096, n: 64}, 8},
 	} {
-		if p, err := q(); err == nil {
-			p.Close()
+		if done, err := queue(c.buf, c.n); err == nil {
+			done()
 			t.Errorf("%s: Queue succeeded", name)
 		} else {
 			t.Logf("%s: %v", name, err)
 		}
-	}
-	p, err := c.Queue(buf, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, err := p.Wait(context.Background()); err != nil || got != checksum.Sum(nil) {
-		t.Fatalf("empty sum: %#x, %v", got, err)
 	}
 }
 

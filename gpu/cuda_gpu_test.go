@@ -97,6 +97,18 @@ func pattern(n int, seed uint64) []byte {
 	return b
 }
 
+// uploaded returns n pattern bytes (pattern(n, seed)) and device memory of
+// d, freed when tb ends, that a copy queued on s fills with them.
+func uploaded(tb testing.TB, d *CUDADevice, s *Stream, n int, seed uint64) ([]byte, mem.Buffer) {
+	tb.Helper()
+	host := pattern(n, seed)
+	buf := alloc(tb, d, n)
+	if err := s.CopyHtoD(buf, 0, host); err != nil {
+		tb.Fatal(err)
+	}
+	return host, buf
+}
+
 func syncStream(tb testing.TB, s *Stream) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

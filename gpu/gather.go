@@ -93,7 +93,7 @@ var gatherCheck = []struct{ dst, src, n int }{
 func (d *CUDADevice) checkGather(k *loadedKernel) error {
 	return selfTest(d, gatherCheckWait, []int{gatherCheckSize, gatherCheckSize},
 		func(s *Stream) *Gather {
-			return &Gather{s: s, k: k, chunk: gatherCheckChunk, ring: gatherRanges.ring()}
+			return &Gather{s: s, k: k, chunk: gatherCheckChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring(), sumLoaded: true}
 		},
 		runGatherCheck)
 }
@@ -222,6 +222,15 @@ type Gather struct {
 	why   error         // why k is nil
 	chunk uint64        // GatherChunk; tests and benchmarks try others
 	ring  descRing      // of gatherRanges; its memory taken at first use
+
+	// The fused gather and checksum kernel of CopySum (gather_sum.go),
+	// loaded at first use (sumLoaded), or why it is unavailable, and its
+	// ring of gatherSumRanges.
+	sumK      *loadedKernel
+	sumWhy    error
+	sumLoaded bool
+	sumRing   descRing
+	sumPerSM  int // the fused kernel's blocks per multiprocessor; 0: gatherSumBlocksPerSM
 }
 
 // maxSpareGather bounds the descriptor memories a device keeps for later
@@ -247,7 +256,7 @@ var gatherRanges = descKind{
 // every Gather of the device falls back to Stream.CopyBatch, and Kernel
 // returns the reason.
 func (s *Stream) NewGather() *Gather {
-	g := &Gather{s: s, chunk: GatherChunk, ring: gatherRanges.ring()}
+	g := &Gather{s: s, chunk: GatherChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring()}
 	g.k, g.why = s.d.gatherKernel()
 	if g.k == nil && g.why == nil {
 		g.why = ErrNoGatherKernel
@@ -290,7 +299,9 @@ func (g *Gather) Copy(ctx context.Context, b *CopyBatch) error {
 // (the device frees it on Close) or frees it. If the wait fails the memory
 // stays allocated (rather than be reused under a running copy) and Close
 // returns the error. Close is idempotent.
-func (g *Gather) Close(ctx context.Context) error { return g.ring.close(ctx, g.s) }
+func (g *Gather) Close(ctx context.Context) error {
+	return errors.Join(g.ring.close(ctx, g.s), g.sumRing.close(ctx, g.s))
+}
 
 // rangeSplitter walks the copies of a CopyBatch as kernel ranges of at
 // most chunk bytes each (a multiple of 16, so that every piece keeps the

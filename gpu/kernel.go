@@ -11,13 +11,13 @@ import (
 	"github.com/weightcast/weightcast/mem"
 )
 
-// deviceKernels holds, for one device, the hand-written kernels (each
-// loaded and self-tested once, at first use), the spare descriptor memory
-// of closed Gathers and Casters, and the multiprocessor count.
+// deviceKernels holds, for one device, the package's kernels (each loaded
+// and self-tested once, at first use), the spare descriptor memory of
+// closed Gathers and Casters, and the multiprocessor count.
 type deviceKernels struct {
-	gather, checksum, cast onceKernel
-	mac                    onceMAC
-	gatherSpare, castSpare descSpares
+	gather, checksum, cast, gatherSum onceKernel
+	mac                               onceMAC
+	gatherSpare, castSpare, sumSpare  descSpares
 
 	smOnce sync.Once
 	sms    int
@@ -67,6 +67,9 @@ func (k *loadedKernel) unload(d *CUDADevice) error {
 	}
 	return nil
 }
+
+// Some kernels' PTX is generated (ptx_gen_test.go); this rewrites it.
+//go:generate go test -run ^TestPTXGenerated$ -write-ptx
 
 // loadPTX loads the PTX text src (file names it in errors) into d's
 // context and looks up its kernel entry. Errors wrap unavailable.
@@ -183,24 +186,25 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 }
 
 // unloadKernels frees the spare descriptor memory and unloads the gather,
-// checksum, cast and MAC modules, if loaded, before Close releases the
-// context.
+// checksum, cast, fused gather and checksum, and MAC modules, if loaded,
+// before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
 	return errors.Join(k.gatherSpare.free(), k.gather.unload(d, "gather"),
 		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"),
-		k.mac.unload(d))
+		k.sumSpare.free(), k.gatherSum.unload(d, "fused gather and checksum"), k.mac.unload(d))
 }
 
 // launch queues kernel k on s over a grid of blocks×threads with the
-// kernel's parameters args, in order (see cuLaunchKernel); what names the
-// launch in errors.
-func (s *Stream) launch(k *loadedKernel, blocks, threads int, what string, args ...uint64) error {
+// kernel's parameters args, in order (see cuLaunchKernel). Callers say
+// which launch failed around the error, so that a launch allocates
+// nothing.
+func (s *Stream) launch(k *loadedKernel, blocks, threads int, args ...uint64) error {
 	if blocks <= 0 || blocks >= 1<<31 || len(args) > maxKernelArgs {
-		return fmt.Errorf("gpu: %s: a grid of %d blocks with %d parameters", what, blocks, len(args))
+		return fmt.Errorf("gpu: a launch of %d blocks with %d parameters", blocks, len(args))
 	}
 	if r := cuLaunchKernel(s.d.ctx, k.fn, uint32(blocks), uint32(threads), s.s, args...); r != 0 {
-		return s.d.err("cuLaunchKernel", what, r)
+		return s.d.err("cuLaunchKernel", "", r)
 	}
 	return nil
 }

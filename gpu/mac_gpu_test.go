@@ -27,11 +27,7 @@ func TestMACGPU(t *testing.T) {
 	s := testStream(t, d)
 	m := testMACer(t, s)
 	const size = 64<<20 + 64
-	host := pattern(size, 51)
-	buf := alloc(t, d, size)
-	if err := s.CopyHtoD(buf, 0, host); err != nil {
-		t.Fatal(err)
-	}
+	host, buf := uploaded(t, d, s, size, 51)
 	rng := rand.New(rand.NewPCG(51, 52))
 	type job struct {
 		off, n int
@@ -96,11 +92,7 @@ func TestMACGPUScratch(t *testing.T) {
 	s := testStream(t, d)
 	m := testMACer(t, s)
 	const size = 8 << 20
-	host := pattern(size, 53)
-	buf := alloc(t, d, size)
-	if err := s.CopyHtoD(buf, 0, host); err != nil {
-		t.Fatal(err)
-	}
+	host, buf := uploaded(t, d, s, size, 53)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sizes := []int{3000, 1 << 20, size, 5000, size - 1}
@@ -145,11 +137,7 @@ func TestMACGPUClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := alloc(t, d, 1<<20)
-	host := pattern(1<<20, 55)
-	if err := s.CopyHtoD(buf, 0, host); err != nil {
-		t.Fatal(err)
-	}
+	host, buf := uploaded(t, d, s, 1<<20, 55)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var macs []*PendingMAC
@@ -219,37 +207,18 @@ func TestMACGPUFence(t *testing.T) {
 	}
 }
 
-// TestMACGPURefuses checks Queue's errors: host and pinned memory, lengths
-// outside the buffer, freed buffers, another device's memory.
+// TestMACGPURefuses checks Queue's errors (see checkRefuses).
 func TestMACGPURefuses(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
 	m := testMACer(t, s)
-	buf := alloc(t, d, 64)
-	pinned := alloc(t, d.PinnedHost(), 64)
-	hostBuf := alloc(t, mem.Host{}, 64)
-	freed, err := d.Alloc(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	freed.Free()
-	for name, q := range map[string]func() (*PendingMAC, error){
-		"pinned":   func() (*PendingMAC, error) { return m.Queue(pinned, 8, &macCheckKey) },
-		"host":     func() (*PendingMAC, error) { return m.Queue(hostBuf, 8, &macCheckKey) },
-		"too long": func() (*PendingMAC, error) { return m.Queue(buf, 65, &macCheckKey) },
-		"negative": func() (*PendingMAC, error) { return m.Queue(buf, -1, &macCheckKey) },
-		"freed":    func() (*PendingMAC, error) { return m.Queue(freed, 8, &macCheckKey) },
-		"other view": func() (*PendingMAC, error) {
-			return m.Queue(&viewBuffer{dev: &CUDADevice{ordinal: 7}, ptr: 4096, n: 64}, 8, &macCheckKey)
-		},
-	} {
-		if p, err := q(); err == nil {
-			p.Close()
-			t.Errorf("%s: Queue succeeded", name)
-		} else {
-			t.Logf("%s: %v", name, err)
+	checkRefuses(t, d, func(buf mem.Buffer, n int64) (func(), error) {
+		p, err := m.Queue(buf, n, &macCheckKey)
+		if err != nil {
+			return nil, err
 		}
-	}
+		return p.Close, nil
+	})
 }
 
 // TestMACGPUOff: MACEnv=off makes NewMACer fail with ErrNoMACKernel (on a

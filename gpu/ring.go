@@ -83,6 +83,19 @@ func (r *descRing) alloc(s *Stream) error {
 // memory; launches k over them; and records the event that the slot's next
 // use waits for. Call alloc first.
 func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src descSource) error {
+	return r.queueWith(ctx, s, src, func(dev uint64, n int) error {
+		// kernel(descs, count): one block of threads per descriptor.
+		if err := s.launch(k, n, r.kind.threads, dev, uint64(n)); err != nil {
+			return fmt.Errorf("%s kernel over %d %s: %w", r.kind.name, n, r.kind.unit, err)
+		}
+		return nil
+	})
+}
+
+// queueWith is queue with the launch of each slot's n descriptors at the
+// device address dev made by launch, for kernels that take more than the
+// descriptors and their count.
+func (r *descRing) queueWith(ctx context.Context, s *Stream, src descSource, launch func(dev uint64, n int) error) error {
 	d := s.d
 	per := r.slotDescs * r.kind.words
 	for !src.done() {
@@ -99,9 +112,8 @@ func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src de
 		if res := cuMemcpyHtoDAsync(d.ctx, dev, host, s.s); res != 0 {
 			return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d %s descriptors", n, r.kind.name), res)
 		}
-		// kernel(descs, count): one block of threads per descriptor.
-		if res := cuLaunchKernel(d.ctx, k.fn, uint32(n), uint32(r.kind.threads), s.s, dev, uint64(n)); res != 0 {
-			return d.err("cuLaunchKernel", fmt.Sprintf("%s kernel over %d %s", r.kind.name, n, r.kind.unit), res)
+		if err := launch(dev, n); err != nil {
+			return err
 		}
 		ev, err := s.Record()
 		if err != nil {

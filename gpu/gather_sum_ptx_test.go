@@ -1,0 +1,332 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/weightcast/weightcast/checksum"
+)
+
+// The tests below run the generated gather_sum.ptx on the host, through
+// the PTX interpreter of ptx_interp_test.go, on ranges built by
+// sumSplitter as CopySum builds them, and compare the bytes copied with
+// the copies and the sum with checksum.Sum of the summed buffer. The
+// summed buffer is a region of exactly n bytes (so nothing past n is
+// read) and the side the copies read is read-only.
+
+const (
+	ptxSumBufBase   = 0x7f0000000000 // the summed buffer
+	ptxSumOtherBase = 0x7f1000000000 // the copies' other side
+	ptxSumDescBase  = 0x7f2000000000
+	ptxSumSlotsBase = 0x7f3000000000
+)
+
+func gatherSumPTXKernel(t *testing.T) *ptxKernel {
+	t.Helper()
+	k := parsePTX(t, "gather_sum.ptx", gatherSumPTX)
+	if k.name != "wc_gather_sum" || len(k.params) != 5 || k.paramSize[1] != 4 || k.paramSize[3] != 4 {
+		t.Fatalf("kernel %s(%v): want wc_gather_sum(u64 ranges, u32 count, u64 base, u32 side, u64 slots)", k.name, k.params)
+	}
+	return k
+}
+
+// sumLayout is a fused copy to test: copies between the summed buffer
+// (n bytes) and the other side (other bytes), summed-buffer offset, other
+// offset and size each.
+type sumLayout struct {
+	side   SumSide
+	n      int
+	other  int
+	copies [][3]int
+}
+
+// randomSumLayout returns copies into or out of a summed buffer of about
+// size bytes: at word-aligned offsets (mostly at multiples of 64, as pack
+// places entries), after gaps of 0 bytes to past gatherSumExtend, of 1
+// byte to past several pieces of chunk bytes, their other sides 16-byte
+// aligned or not.
+func randomSumLayout(rng *rand.Rand, side SumSide, size, chunk int) sumLayout {
+	l := sumLayout{side: side}
+	at, other := 0, 0
+	if rng.IntN(3) == 0 {
+		at = 8 * rng.IntN(100) // a gap before the first copy
+	}
+	for {
+		n := 1 + int(rng.ExpFloat64()*300)
+		switch rng.IntN(8) {
+		case 0:
+			n = 1 + rng.IntN(3*chunk)
+		case 1:
+			n = 1 + rng.IntN(15)
+		}
+		if at+n > size {
+			break
+		}
+		o := other + rng.IntN(40)
+		if rng.IntN(2) == 0 {
+			o = (o + 15) &^ 15
+		}
+		l.copies = append(l.copies, [3]int{at, o, n})
+		other = o + n
+		end := at + n
+		switch rng.IntN(5) {
+		case 0: // the next copy starts on the next word
+			at = (end + 7) &^ 7
+		case 1: // a long gap
+			at = (end + gatherSumExtend + 8*rng.IntN(200) + 7) &^ 7
+		default: // alignment padding, as pack leaves it
+			at = (end + 63) &^ 63
+		}
+	}
+	l.n = min(size, at+rng.IntN(3)*rng.IntN(400))
+	if len(l.copies) > 0 {
+		if last := l.copies[len(l.copies)-1]; l.n < last[0]+last[2] {
+			l.n = last[0] + last[2]
+		}
+	}
+	l.other = other + 16
+	if rng.IntN(4) == 0 {
+		rng.Shuffle(len(l.copies), func(i, j int) { l.copies[i], l.copies[j] = l.copies[j], l.copies[i] })
+	}
+	return l
+}
+
+// runGatherSumPTX runs the layout l through the kernel, in launches of at
+// most slotRanges ranges of at most chunk bytes, on grids of at most
+// blocks blocks of threads threads, from random bytes, and checks the bytes
+// copied and the sum.
+func runGatherSumPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, l sumLayout, chunk, slotRanges, blocks, threads int) {
+	t.Helper()
+	summed, other := make([]byte, l.n), make([]byte, l.other)
+	for i := range summed {
+		summed[i] = byte(rng.Uint32())
+	}
+	for i := range other {
+		other[i] = byte(rng.Uint32())
+	}
+	wantSummed, wantOther := append([]byte(nil), summed...), append([]byte(nil), other...)
+	var b CopyBatch
+	for _, c := range l.copies {
+		s, o, n := c[0], c[1], c[2]
+		if l.side == SumDst {
+			b.Add(ptxSumBufBase+uint64(s), ptxSumOtherBase+uint64(o), int64(n))
+			copy(wantSummed[s:s+n], other[o:o+n])
+		} else {
+			b.Add(ptxSumOtherBase+uint64(o), ptxSumBufBase+uint64(s), int64(n))
+			copy(wantOther[o:o+n], summed[s:s+n])
+		}
+	}
+	sp, err := newSumSplitter(&b, ptxSumBufBase, uint64(l.n), l.side, uint64(chunk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	words := make([]uint64, slotRanges*gatherSumWords)
+	desc := make([]byte, len(words)*8)
+	slots := make([]byte, checksumSlots*8)
+	launches := 0
+	for !sp.done() {
+		n := sp.fill(words)
+		for i, w := range words[:n*gatherSumWords] {
+			binary.LittleEndian.PutUint64(desc[8*i:], w)
+		}
+		mem := &ptxMemory{}
+		mem.addRegion(ptxSumBufBase, summed, l.side == SumSrc, "summed buffer")
+		mem.addRegion(ptxSumOtherBase, other, l.side == SumDst, "other side")
+		mem.addRegion(ptxSumDescBase, desc[:n*gatherSumWords*8], true, "ranges")
+		mem.add(ptxSumSlotsBase, slots)
+		if err := k.run(mem, min(n, blocks), threads, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase); err != nil {
+			t.Fatalf("launch %d: %v", launches, err)
+		}
+		launches++
+	}
+	for name, c := range map[string][2][]byte{"summed buffer": {summed, wantSummed}, "other side": {other, wantOther}} {
+		if i := diffAt(c[0], c[1]); i >= 0 {
+			t.Fatalf("%d copies, side %d: byte %d of the %s is %#x, want %#x", len(l.copies), l.side, i, name, c[0][i], c[1][i])
+		}
+	}
+	var sum uint64
+	for i := range checksumSlots {
+		sum += binary.LittleEndian.Uint64(slots[8*i:])
+	}
+	if got, want := checksum.Finish(sum, int64(l.n)), checksum.Sum(wantSummed); got != want {
+		t.Fatalf("%d copies, side %d, %d bytes, %d launches: the fused sum is %#x, checksum.Sum %#x", len(l.copies), l.side, l.n, launches, got, want)
+	}
+}
+
+// TestGatherSumPTX runs random layouts both ways (copies into the summed
+// buffer and out of it) under small pieces and descriptor slots, grids
+// smaller than the ranges (so that blocks stride over them) and blocks of
+// 7 to 256 threads.
+func TestGatherSumPTX(t *testing.T) {
+	k := gatherSumPTXKernel(t)
+	rng := rand.New(rand.NewPCG(31, 32))
+	for i := range 16 {
+		side := SumSide(i % 2)
+		chunk := []int{1024, 4096, 256}[i%3]
+		l := randomSumLayout(rng, side, 10000+rng.IntN(30000), chunk)
+		threads := []int{32, 64, 7, 32}[i%4]
+		if i == 9 {
+			threads = 256
+		}
+		runGatherSumPTX(t, k, rng, l, chunk, 1+rng.IntN(60), 1+rng.IntN(8), threads)
+	}
+}
+
+// TestGatherSumPTXEdges runs the layouts at the edges: no copies (the sum
+// alone), one byte, a copy ending in the buffer's last partial word, a gap
+// of exactly gatherSumExtend and one byte more, a copy whose other side
+// is misaligned, and copies of under 16 bytes.
+func TestGatherSumPTXEdges(t *testing.T) {
+	k := gatherSumPTXKernel(t)
+	rng := rand.New(rand.NewPCG(33, 34))
+	for i, l := range []sumLayout{
+		{SumDst, 5000, 16, nil},
+		{SumSrc, 13, 16, nil},
+		{SumDst, 1, 16, [][3]int{{0, 0, 1}}},
+		{SumSrc, 1, 16, [][3]int{{0, 3, 1}}},
+		{SumDst, 1003, 2000, [][3]int{{0, 16, 1003}}},
+		{SumDst, 1003, 2000, [][3]int{{0, 16, 997}}},
+		{SumSrc, 1003, 2000, [][3]int{{64, 5, 939}}},
+		{SumDst, 4000, 4000, [][3]int{{0, 0, 100}, {104 + gatherSumExtend, 112, 50}, {168 + 2*gatherSumExtend, 200, 50}}},
+		{SumSrc, 4000, 4000, [][3]int{{0, 0, 100}, {104 + gatherSumExtend, 112, 50}, {168 + 2*gatherSumExtend, 200, 50}}},
+		{SumDst, 600, 700, [][3]int{{0, 1, 7}, {8, 9, 15}, {24, 48, 16}, {40, 64, 17}, {64, 100, 31}, {96, 200, 400}}},
+		{SumSrc, 600, 700, [][3]int{{0, 1, 7}, {8, 9, 15}, {24, 48, 16}, {40, 64, 17}, {64, 100, 31}, {96, 200, 400}}},
+	} {
+		runGatherSumPTX(t, k, rng, l, 256, 3, 2, []int{32, 16}[i%2])
+	}
+}
+
+// TestGatherSumPTXLoads checks which loads the kernel uses for aligned
+// copies: 16-byte loads for the copies' whole vectors (and the ranges, two
+// per thread each), one 8-byte load for each whole word of a copy's tail
+// and of the padding after it, bytes for the tail's copy and for the word
+// a copy's end shares with the padding only.
+func TestGatherSumPTXLoads(t *testing.T) {
+	k := gatherSumPTXKernel(t)
+	rng := rand.New(rand.NewPCG(35, 36))
+	const threads = 32
+	for _, c := range []struct {
+		name        string
+		l           sumLayout
+		ranges      int
+		v2, u64, u8 int
+	}{
+		// 1000 bytes: 62 vectors, a word from the source (its 8 bytes
+		// copied one at a time) and 3 words of padding from the buffer;
+		// then 4 vectors.
+		{"aligned copies", sumLayout{SumDst, 1088, 2048, [][3]int{{0, 0, 1000}, {1024, 1008, 64}}}, 2, 62 + 4, 4, 8},
+		// 1001 bytes: 62 vectors, a word from the source, a word of one
+		// source byte and 7 padding bytes, 2 words of padding.
+		{"a copy ending mid-word", sumLayout{SumDst, 1024, 1024, [][3]int{{0, 0, 1001}}}, 1, 62, 3, 9 + 8},
+	} {
+		k.resetCounts()
+		runGatherSumPTX(t, k, rng, c.l, 4096, 10, 1, threads)
+		got := [3]int{k.executed("ld.global.v2.u64"), k.executed("ld.global.u64"), k.executed("ld.global.u8")}
+		if want := [3]int{c.v2 + 2*threads*c.ranges, c.u64, c.u8}; got != want {
+			t.Errorf("%s: %d 16-byte, %d 8-byte and %d byte loads, want %v", c.name, got[0], got[1], got[2], want)
+		}
+	}
+}
+
+// TestSumSplitter checks the ranges CopySum builds: every copy's bytes
+// copied once, in pieces of at most the chunk size that keep its
+// alignment; the summed bytes [0, n) covered once, in order, from word
+// boundaries; gaps of at most gatherSumExtend summed by the copy before
+// them, longer ones by ranges of their own.
+func TestSumSplitter(t *testing.T) {
+	rng := rand.New(rand.NewPCG(37, 38))
+	for i := range 200 {
+		side := SumSide(i % 2)
+		chunk := []int{256, 1024, 4096}[i%3]
+		l := randomSumLayout(rng, side, 1000+rng.IntN(50000), chunk)
+		var b CopyBatch
+		for _, c := range l.copies {
+			if side == SumDst {
+				b.Add(ptxSumBufBase+uint64(c[0]), ptxSumOtherBase+uint64(c[1]), int64(c[2]))
+			} else {
+				b.Add(ptxSumOtherBase+uint64(c[1]), ptxSumBufBase+uint64(c[0]), int64(c[2]))
+			}
+		}
+		sp, err := newSumSplitter(&b, ptxSumBufBase, uint64(l.n), side, uint64(chunk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := make([]int, l.n)
+		pos := uint64(0)
+		out := make([]uint64, (1+rng.IntN(20))*gatherSumWords)
+		for !sp.done() {
+			n := sp.fill(out)
+			if n == 0 {
+				t.Fatal("fill wrote nothing before done")
+			}
+			for r := range n {
+				w := out[r*gatherSumWords : (r+1)*gatherSumWords]
+				src, dst, size, sum := w[0], w[1], w[2], w[3]
+				at := dst
+				if side == SumSrc {
+					at = src
+				}
+				if at-ptxSumBufBase != pos || size > uint64(chunk) || sum < size || sum == 0 {
+					t.Fatalf("layout %d: range %v at summed offset %d, expected %d (chunk %d)", i, w, at-ptxSumBufBase, pos, chunk)
+				}
+				if size == 0 && src != dst {
+					t.Fatalf("layout %d: a range that only sums copies %v", i, w)
+				}
+				if size > 0 && (at-ptxSumBufBase)%8 != 0 {
+					t.Fatalf("layout %d: a range starts off a word: %v", i, w)
+				}
+				if size == 0 && sum > uint64(chunk) {
+					t.Fatalf("layout %d: a range that only sums %d bytes", i, sum)
+				}
+				for j := at - ptxSumBufBase; j < at-ptxSumBufBase+size; j++ {
+					copied[j]++
+				}
+				pos += sum
+			}
+		}
+		if pos != uint64(l.n) {
+			t.Fatalf("layout %d: the ranges sum %d of %d bytes", i, pos, l.n)
+		}
+		want := make([]int, l.n)
+		for _, c := range l.copies {
+			for j := c[0]; j < c[0]+c[2]; j++ {
+				want[j]++
+			}
+		}
+		for j := range want {
+			if copied[j] != want[j] {
+				t.Fatalf("layout %d: byte %d of the summed buffer copied %d times, want %d", i, j, copied[j], want[j])
+			}
+		}
+	}
+}
+
+// TestSumSplitterRefuses checks CopySum's refusals: a copy outside the
+// summed bytes, one off a word of the buffer, overlapping copies, a
+// misaligned buffer.
+func TestSumSplitterRefuses(t *testing.T) {
+	for name, c := range map[string]struct {
+		base   uint64
+		n      uint64
+		copies [][3]uint64 // summed offset, other address, size
+		want   string
+	}{
+		"outside":           {ptxSumBufBase, 100, [][3]uint64{{96, 0, 5}}, "not inside"},
+		"before":            {ptxSumBufBase + 64, 100, [][3]uint64{{0, 0, 5}}, "not inside"},
+		"off word":          {ptxSumBufBase, 100, [][3]uint64{{4, 0, 5}}, "not on an 8-byte word"},
+		"overlap":           {ptxSumBufBase, 100, [][3]uint64{{0, 0, 17}, {16, 0, 5}}, "overlap"},
+		"unsorted overlap":  {ptxSumBufBase, 100, [][3]uint64{{16, 0, 5}, {0, 0, 17}}, "overlap"},
+		"misaligned buffer": {ptxSumBufBase + 4, 100, nil, "not 8-byte aligned"},
+	} {
+		var b CopyBatch
+		for _, cp := range c.copies {
+			b.Add(ptxSumBufBase+cp[0], ptxSumOtherBase+cp[1], int64(cp[2]))
+		}
+		_, err := newSumSplitter(&b, c.base, c.n, SumDst, 1024)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
+		}
+	}
+}
