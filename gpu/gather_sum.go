@@ -94,11 +94,12 @@ func (d *CUDADevice) loadGatherSum() (*loadedKernel, error) {
 	return d.selfTested(k, d.checkGatherSum(k), ErrNoGatherSumKernel)
 }
 
-// gatherSumCheck lists the self-test's fused copies, in gatherSumCheckSize
-// buffers, pieces of gatherCheckChunk bytes: each case copies into the
-// summed bytes [0, n) of one buffer (SumDst) or out of them (SumSrc); the
-// copies start on words of the summed bytes and leave gaps shorter and
-// longer than gatherSumExtend, and one has a misaligned other side.
+// gatherSumCheck lists the self-test's fused copies between two
+// gatherSumCheckSize buffers, in pieces of gatherCheckChunk bytes: each case
+// copies into the summed bytes [0, n) of the first (SumDst) or out of them
+// (SumSrc); the copies start on words of the summed bytes and leave gaps
+// shorter and longer than gatherSumExtend, and some have a misaligned
+// other side.
 const gatherSumCheckSize = 256 << 10
 
 var gatherSumCheck = []struct {
@@ -136,40 +137,34 @@ func (d *CUDADevice) checkGatherSum(k *loadedKernel) error {
 		runGatherSumCheck)
 }
 
-// runGatherSumCheck runs each case of gatherSumCheck from a patterned
-// source buffer into a patterned destination, and checks the destination
-// and the sum.
+// runGatherSumCheck runs each case of gatherSumCheck between bufs[0], the
+// summed buffer, and bufs[1], both filled with patterns, and checks the
+// bytes of the side the copies write and the sum.
 func runGatherSumCheck(ctx context.Context, s *Stream, t gatherSumTest, bufs []mem.Buffer) error {
 	const size = gatherSumCheckSize
-	a, b := bufs[0], bufs[1]
+	summed, other := bufs[0], bufs[1]
 	for ci, c := range gatherSumCheck {
-		pa, pb := make([]byte, size), make([]byte, size)
+		wantSummed, wantOther := make([]byte, size), make([]byte, size)
 		for i := range size {
-			pa[i], pb[i] = byte(i*131+ci), byte(i*17+i>>8+ci)
+			wantSummed[i], wantOther[i] = byte(i*131+ci), byte(i*17+i>>8+ci)
 		}
-		// The summed buffer is a for SumDst (written), b for SumSrc (read).
-		summed, other := a, b
-		want, src := pa, pb
-		if c.side == SumSrc {
-			summed, other = b, a
-			want, src = pb, pa
+		if err := s.CopyHtoD(summed, 0, wantSummed); err != nil {
+			return err
+		}
+		if err := s.CopyHtoD(other, 0, wantOther); err != nil {
+			return err
 		}
 		var cb CopyBatch
 		for _, cp := range c.copies {
-			sumAt, otherAt, n := uint64(cp[0]), uint64(cp[1]), int64(cp[2])
+			at, o, n := cp[0], cp[1], cp[2]
+			sp, op := summed.DevicePtr()+uint64(at), other.DevicePtr()+uint64(o)
 			if c.side == SumDst {
-				cb.Add(summed.DevicePtr()+sumAt, other.DevicePtr()+otherAt, n)
-				copy(want[sumAt:sumAt+uint64(n)], src[otherAt:otherAt+uint64(n)])
+				cb.Add(sp, op, int64(n))
+				copy(wantSummed[at:at+n], wantOther[o:o+n])
 			} else {
-				cb.Add(other.DevicePtr()+otherAt, summed.DevicePtr()+sumAt, n)
-				copy(src[otherAt:otherAt+uint64(n)], want[sumAt:sumAt+uint64(n)])
+				cb.Add(op, sp, int64(n))
+				copy(wantOther[o:o+n], wantSummed[at:at+n])
 			}
-		}
-		if err := s.CopyHtoD(a, 0, pa); err != nil {
-			return err
-		}
-		if err := s.CopyHtoD(b, 0, pb); err != nil {
-			return err
 		}
 		ps, err := t.g.CopySum(ctx, &cb, SumOf{Buf: summed, N: int64(c.n), Side: c.side, Sums: t.c})
 		if err != nil {
@@ -180,27 +175,22 @@ func runGatherSumCheck(ctx context.Context, s *Stream, t gatherSumTest, bufs []m
 		if err != nil {
 			return err
 		}
-		if w := checksum.Sum(want[:c.n]); sum != w {
+		if w := checksum.Sum(wantSummed[:c.n]); sum != w {
 			return fmt.Errorf("case %d: the fused checksum of %d bytes is %#x, want %#x", ci, c.n, sum, w)
 		}
-		got := make([]byte, size)
-		if err := s.CopyDtoH(got, other, 0); err != nil {
-			return err
+		written, want := summed, wantSummed
+		if c.side == SumSrc {
+			written, want = other, wantOther
 		}
-		if c.side == SumDst {
-			if err := s.CopyDtoH(got, summed, 0); err != nil {
-				return err
-			}
+		got := make([]byte, size)
+		if err := s.CopyDtoH(got, written, 0); err != nil {
+			return err
 		}
 		if err := s.Sync(ctx); err != nil {
 			return err
 		}
-		wantBytes := src
-		if c.side == SumDst {
-			wantBytes = want
-		}
-		if i := diffAt(got, wantBytes); i >= 0 {
-			return fmt.Errorf("case %d: byte %d of the destination is %#x, want %#x", ci, i, got[i], wantBytes[i])
+		if i := diffAt(got, want); i >= 0 {
+			return fmt.Errorf("case %d: byte %d of the destination is %#x, want %#x", ci, i, got[i], want[i])
 		}
 	}
 	return nil

@@ -330,3 +330,14 @@ func TestSumSplitterRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestGatherSumCheckCases runs the device self-test's cases
+// (gatherSumCheck) through the kernel in the interpreter, so that a GPU
+// rejects the kernel only for what the interpreter cannot see.
+func TestGatherSumCheckCases(t *testing.T) {
+	k := gatherSumPTXKernel(t)
+	rng := rand.New(rand.NewPCG(39, 40))
+	for _, c := range gatherSumCheck {
+		runGatherSumPTX(t, k, rng, sumLayout{c.side, c.n, gatherSumCheckSize, c.copies}, gatherCheckChunk, gatherSumSlotRanges, 4, 32)
+	}
+}

@@ -261,3 +261,27 @@ func TestMACKeyParams(t *testing.T) {
 		}
 	}
 }
+
+// TestMACCheckCases runs the device self-test's MACs (macCheck) through
+// the kernels in the interpreter, whole, as the device runs them.
+func TestMACCheckCases(t *testing.T) {
+	chunksK, parentsK := macPTXKernels(t)
+	pat := make([]byte, macCheckSize)
+	for i := range pat {
+		pat[i] = byte(i*167 + i>>10 + 5)
+	}
+	for _, c := range macCheck {
+		buf := pat[c.off : c.off+c.n]
+		var only []int
+		if c.n > 70*mac.ChunkSize {
+			// The interpreter runs the first and last chunks of the large
+			// ones (see runMACPTX), which are 16-byte aligned or not as
+			// the device sees them.
+			last := (c.n - 1) / mac.ChunkSize
+			only = []int{0, 1, last - 1, last}
+		}
+		if got, want := runMACPTX(t, chunksK, parentsK, &macCheckKey, buf, uint64(c.off), macThreads, macParentLevels, only), mac.Sum(&macCheckKey, buf); got != want {
+			t.Fatalf("%d bytes at offset %d: %s, want %s", c.n, c.off, got, want)
+		}
+	}
+}
