@@ -49,6 +49,8 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   WC_SYM(cuEventRecord);
   WC_SYM(cuEventQuery);
   WC_SYM(cuEventDestroy_v2);
+  WC_SYM(cuEventElapsedTime_v2);
+  WC_SYM(cuEventElapsedTime);
   WC_SYM(cuIpcGetMemHandle);
   WC_SYM(cuIpcOpenMemHandle_v2);
   WC_SYM(cuIpcCloseMemHandle);

@@ -104,6 +104,8 @@ typedef struct {
   CUresult (*cuEventRecord)(CUevent e, CUstream s);
   CUresult (*cuEventQuery)(CUevent e);
   CUresult (*cuEventDestroy_v2)(CUevent e);
+  CUresult (*cuEventElapsedTime_v2)(float *ms, CUevent start, CUevent end);
+  CUresult (*cuEventElapsedTime)(float *ms, CUevent start, CUevent end);
   CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *h, CUdeviceptr dptr);
   CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags);
   CUresult (*cuIpcCloseMemHandle)(CUdeviceptr dptr);
@@ -294,6 +296,29 @@ static inline CUresult wc_cuEventCreate(uintptr_t ctx, uintptr_t *e) {
   CUresult r = wc_cuda.cuEventCreate(&ev, WC_CU_EVENT_DISABLE_TIMING);
   *e = (uintptr_t)ev;
   return r;
+}
+
+// wc_cuEventCreateTimed creates an event that keeps the time the GPU
+// reached it, for wc_cuEventElapsedTime.
+static inline CUresult wc_cuEventCreateTimed(uintptr_t ctx, uintptr_t *e) {
+  WC_NEED(cuEventCreate);
+  WC_SET(ctx);
+  CUevent ev = NULL;
+  CUresult r = wc_cuda.cuEventCreate(&ev, 0);
+  *e = (uintptr_t)ev;
+  return r;
+}
+
+// wc_cuEventElapsedTime is cuEventElapsedTime_v2 (CUDA 12.8+), or the
+// original where the driver is older.
+static inline CUresult wc_cuEventElapsedTime(uintptr_t ctx, float *ms, uintptr_t start, uintptr_t end) {
+  if (wc_cuda.cuEventElapsedTime_v2 == NULL) {
+    WC_NEED(cuEventElapsedTime);
+  }
+  WC_SET(ctx);
+  if (wc_cuda.cuEventElapsedTime_v2 != NULL)
+    return wc_cuda.cuEventElapsedTime_v2(ms, WC_EVENT(start), WC_EVENT(end));
+  return wc_cuda.cuEventElapsedTime(ms, WC_EVENT(start), WC_EVENT(end));
 }
 
 static inline CUresult wc_cuEventRecord(uintptr_t ctx, uintptr_t e, uintptr_t s) {

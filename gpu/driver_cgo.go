@@ -34,6 +34,10 @@ package gpu
 #cgo nocallback wc_cuStreamCreate
 #cgo noescape wc_cuEventCreate
 #cgo nocallback wc_cuEventCreate
+#cgo noescape wc_cuEventCreateTimed
+#cgo nocallback wc_cuEventCreateTimed
+#cgo noescape wc_cuEventElapsedTime
+#cgo nocallback wc_cuEventElapsedTime
 #cgo noescape wc_cuIpcGetMemHandle
 #cgo nocallback wc_cuIpcGetMemHandle
 #cgo noescape wc_cuIpcOpenMemHandle
@@ -232,6 +236,22 @@ func cuEventCreate(ctx cuContext) (cuEvent, CUDAResult) {
 	var e C.uintptr_t
 	r := C.wc_cuEventCreate(C.uintptr_t(ctx), &e)
 	return cuEvent(e), CUDAResult(r)
+}
+
+// cuEventCreateTimed creates an event that keeps the time the GPU reached
+// it (no flags), for cuEventElapsedTime.
+func cuEventCreateTimed(ctx cuContext) (cuEvent, CUDAResult) {
+	var e C.uintptr_t
+	r := C.wc_cuEventCreateTimed(C.uintptr_t(ctx), &e)
+	return cuEvent(e), CUDAResult(r)
+}
+
+// cuEventElapsedTime returns the milliseconds from start to end
+// (cuEventElapsedTime_v2, or the original on drivers before CUDA 12.8).
+func cuEventElapsedTime(ctx cuContext, start, end cuEvent) (float32, CUDAResult) {
+	var ms C.float
+	r := C.wc_cuEventElapsedTime(C.uintptr_t(ctx), &ms, C.uintptr_t(start), C.uintptr_t(end))
+	return float32(ms), CUDAResult(r)
 }
 
 func cuEventRecord(ctx cuContext, e cuEvent, s cuStream) CUDAResult {

@@ -40,9 +40,13 @@ func cuStreamDestroy(cuContext, cuStream) CUDAResult            { return notFoun
 func cuStreamQuery(cuContext, cuStream) CUDAResult              { return notFound }
 func cuStreamWaitEvent(cuContext, cuStream, cuEvent) CUDAResult { return notFound }
 func cuEventCreate(cuContext) (cuEvent, CUDAResult)             { return 0, notFound }
-func cuEventRecord(cuContext, cuEvent, cuStream) CUDAResult     { return notFound }
-func cuEventQuery(cuContext, cuEvent) CUDAResult                { return notFound }
-func cuEventDestroy(cuContext, cuEvent) CUDAResult              { return notFound }
+func cuEventCreateTimed(cuContext) (cuEvent, CUDAResult)        { return 0, notFound }
+
+func cuEventElapsedTime(cuContext, cuEvent, cuEvent) (float32, CUDAResult) { return 0, notFound }
+
+func cuEventRecord(cuContext, cuEvent, cuStream) CUDAResult { return notFound }
+func cuEventQuery(cuContext, cuEvent) CUDAResult            { return notFound }
+func cuEventDestroy(cuContext, cuEvent) CUDAResult          { return notFound }
 
 func cuIpcGetMemHandle(cuContext, uint64) (IPCHandle, CUDAResult)   { return IPCHandle{}, notFound }
 func cuIpcOpenMemHandle(cuContext, *IPCHandle) (uint64, CUDAResult) { return 0, notFound }
