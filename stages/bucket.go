@@ -1,7 +1,6 @@
 package stages
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -31,9 +30,6 @@ const (
 	// that tensor views of any dtype are aligned.
 	Align = 64
 )
-
-// maxTensors is MaxTensors; tests lower it.
-var maxTensors = MaxTensors
 
 // Entry places one tensor, or one chunk of a tensor larger than a bucket, in
 // a bucket.
@@ -121,13 +117,6 @@ type ShardInfo struct {
 // sender puts the description in the first bucket of each round.
 type Describer interface {
 	SourceInfo() *SourceInfo
-}
-
-// Beginner is implemented by Sinks that want to know a round's source
-// before its first tensor; Load calls Begin with the first bucket's
-// SourceInfo (nil when the sender sent none).
-type Beginner interface {
-	Begin(ctx context.Context, version uint64, info *SourceInfo) error
 }
 
 // MarshalJSON encodes the metadata in the wire format of docs/protocol.md.
@@ -224,14 +213,16 @@ func (m *BucketMeta) Check() error {
 // failure.
 type Bucket struct {
 	Meta BucketMeta
-	Buf  mem.Buffer
+	// Buf holds the bucket's bytes. A device bucket's buffer travels
+	// fenced (gpu.WithFence) while pack's copies into it may be running.
+	Buf mem.Buffer
 	// Ack, when set, tells the root that this receiver has loaded the
 	// bucket (the metadata bus acknowledgement).
 	Ack  func() error
 	once sync.Once
 	put  func(mem.Buffer)
-	// sum is the checksum of a device bucket being computed on the GPU
-	// (see gpu_checksum.go); nil otherwise.
+	// sum is the checksum of a device bucket being computed on the GPU,
+	// which Publish waits for; nil otherwise.
 	sum *gpu.PendingSum
 }
 
@@ -241,12 +232,24 @@ func (b *Bucket) Bytes() []byte { return b.Buf.Host()[:b.Meta.Length] }
 // ByteSize is the number of filled bytes; it lets the pipeline count bytes.
 func (b *Bucket) ByteSize() int64 { return b.Meta.Length }
 
-// Release gives the bucket's buffer back to its pool. Only the first call
-// has an effect.
+// Release gives the bucket's buffer, without its fence, back to its pool.
+// Only the first call has an effect.
 func (b *Bucket) Release() {
 	b.once.Do(func() {
 		if b.put != nil {
-			b.put(b.Buf)
+			b.put(gpu.Unfence(b.Buf))
 		}
 	})
+}
+
+// whenReleased has Release call f before it gives the buffer back (to
+// destroy a fence's event, give a pending checksum's slot back).
+func (b *Bucket) whenReleased(f func()) {
+	put := b.put
+	b.put = func(buf mem.Buffer) {
+		f()
+		if put != nil {
+			put(buf)
+		}
+	}
 }

@@ -24,17 +24,20 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, castScratch); re
 // every tensor when to is dtype.Invalid (Cast then returns src itself).
 // Any other to makes Tensors fail.
 //
-// The conversion runs inside each cast tensor's Reader, when Pack reads the
-// bytes into a bucket, chunk by chunk through a scratch buffer of at most
-// 256 KiB: the tensor is never held whole. Device tensors (Tensor.Device)
-// packed into device buckets are converted on the GPU instead, by the cast
-// kernel, as Pack fills the bucket. A cast tensor keeps its name and
-// shape and has dtype to, so the bucket metadata and the receivers see the
-// dtype on the wire.
+// A cast tensor is a copy of the source's with DType set to to and
+// SourceDType to the dtype of its bytes (see Tensor): it keeps its name,
+// shape and bytes, so the bucket metadata and the receivers see the dtype
+// to on the wire, and Pack converts as it fills buckets. Into host
+// buckets, and through Tensor.ReadAt, the conversion runs chunk by chunk
+// through a scratch buffer of at most 256 KiB, so the tensor is never
+// held whole; into device buckets the GPU cast kernel converts, from the
+// tensor's device memory or from its host bytes staged to the GPU. A
+// tensor that casts already is converted once, from its SourceDType.
 //
 // The result describes itself as src does (Describer, with the checkpoint
-// metadata unchanged and each cast tensor's announced dtype set to to) and finds tensors as src does (Lookup, returning the
-// cast tensor), when src supports those.
+// metadata unchanged and each cast tensor's announced dtype set to to) and
+// finds tensors as src does (Lookup, returning the cast tensor), when src
+// supports those.
 func Cast(src Source, to dtype.DType) Source {
 	if to == dtype.Invalid {
 		return src
@@ -73,14 +76,21 @@ func (c *castSource) Tensors(ctx context.Context, emit func(*Tensor) error) erro
 }
 
 func (c *castSource) wrap(t *Tensor) (*Tensor, error) {
-	if !castable(t.DType, c.to) {
+	from := t.held()
+	if !castable(from, c.to) {
+		if from == c.to && t.Casts() {
+			ct := *t // cast back to its own dtype: no conversion left
+			ct.DType, ct.SourceDType = c.to, dtype.Invalid
+			return &ct, nil
+		}
 		return t, nil
 	}
-	size, err := t.Validate()
-	if err != nil {
+	if _, err := t.Validate(); err != nil {
 		return nil, err
 	}
-	return &Tensor{Name: t.Name, DType: c.to, Shape: t.Shape, Reader: &castReader{src: t, to: c.to, size: size}}, nil
+	ct := *t
+	ct.DType, ct.SourceDType = c.to, from
+	return &ct, nil
 }
 
 // SourceInfo returns src's description with the dtypes of the tensors it
@@ -146,42 +156,39 @@ func (c *castSource) Lookup(name string) (*Tensor, bool) {
 	return ct, true
 }
 
-// castReader converts a source tensor's elements on the fly.
-type castReader struct {
-	src  *Tensor
-	to   dtype.DType
-	size int64 // source bytes
-}
-
-// ReadAt fills p with the cast elements starting at output byte off. off
-// and len(p) must be whole elements of the output dtype (Pack splits
-// tensors on 64-byte boundaries, so they are).
-func (r *castReader) ReadAt(p []byte, off int64) (int, error) {
-	from, to := r.src.DType, r.to
+// readCast fills p with the tensor's source elements converted to DType,
+// starting at output byte off. off and len(p) must be whole elements of
+// DType (Pack splits tensors on 64-byte boundaries, so they are).
+func (t *Tensor) readCast(p []byte, off int64) error {
+	from, to := t.SourceDType, t.DType
 	es, eo := int64(from.Size()), int64(to.Size())
 	if off < 0 || off%eo != 0 || int64(len(p))%eo != 0 {
-		return 0, fmt.Errorf("cast %s→%s of tensor %q: read of %d bytes at %d is not on %d-byte element boundaries", from, to, r.src.Name, len(p), off, eo)
+		return fmt.Errorf("cast %s→%s of tensor %q: read of %d bytes at %d is not on %d-byte element boundaries", from, to, t.Name, len(p), off, eo)
+	}
+	size, err := t.heldSize()
+	if err != nil {
+		return err
 	}
 	elems := int64(len(p)) / eo
 	soff := off / eo * es
-	if soff+elems*es > r.size {
-		return 0, fmt.Errorf("cast %s→%s of tensor %q: read of %d bytes at %d is past the tensor's end", from, to, r.src.Name, len(p), off)
+	if soff+elems*es > size {
+		return fmt.Errorf("cast %s→%s of tensor %q: read of %d bytes at %d is past the tensor's end", from, to, t.Name, len(p), off)
 	}
 	if elems == 0 {
-		return 0, nil
+		return nil
 	}
 	switch {
-	case r.src.Data != nil:
-		if err := cast.Convert(p, to, r.src.Data[soff:soff+elems*es], from); err != nil {
-			return 0, fmt.Errorf("tensor %q: %w", r.src.Name, err)
+	case t.Data != nil:
+		if err := cast.Convert(p, to, t.Data[soff:soff+elems*es], from); err != nil {
+			return fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
 	case es == eo:
 		// Same width: read the source into p and convert in place.
-		if err := r.src.ReadAt(p, soff); err != nil {
-			return 0, err
+		if err := t.readHeld(p, soff); err != nil {
+			return err
 		}
 		if err := cast.Convert(p, to, p, from); err != nil {
-			return 0, fmt.Errorf("tensor %q: %w", r.src.Name, err)
+			return fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
 	default:
 		bp := scratchPool.Get().(*[]byte)
@@ -191,14 +198,14 @@ func (r *castReader) ReadAt(p []byte, off int64) (int, error) {
 		for done := int64(0); done < elems; {
 			k := min(step, elems-done)
 			in := buf[:k*es]
-			if err := r.src.ReadAt(in, soff+done*es); err != nil {
-				return 0, err
+			if err := t.readHeld(in, soff+done*es); err != nil {
+				return err
 			}
 			if err := cast.Convert(p[done*eo:(done+k)*eo], to, in, from); err != nil {
-				return 0, fmt.Errorf("tensor %q: %w", r.src.Name, err)
+				return fmt.Errorf("tensor %q: %w", t.Name, err)
 			}
 			done += k
 		}
 	}
-	return len(p), nil
+	return nil
 }

@@ -118,20 +118,11 @@ func AwaitCommit(ctx context.Context, sub transport.Subscriber, seq, version uin
 // Committer is implemented by Sinks that act when the whole group has a
 // version. Commit tells a sink that this rank has loaded every bucket of a
 // round; Committed, which comes after, that every receiver has, so the
-// version is the group's. A shadowed HostModel switches to the new copy
-// here. An error means the sink could not take the committed version: the
-// receiver's round fails, and its state is StatePartial unless the sink is
-// a Stager.
+// version is the group's. A shadowed sink (HoldsShadowed) switches to its
+// new copy here. An error means the sink could not take the committed
+// version: the receiver's round fails, and its state is StatePartial.
 type Committer interface {
 	Committed(ctx context.Context, version uint64) error
-}
-
-// Stager is implemented by Sinks that may load a round into a copy of
-// their own and switch to it only in Committed, so that a failed round
-// leaves the committed version in place. Staged reports whether this sink
-// does (a HostModel does when made WithShadow).
-type Stager interface {
-	Staged() bool
 }
 
 // SinkState says what a receiver's sink holds after a round.
@@ -140,11 +131,13 @@ type SinkState int
 const (
 	// StateIntact: the sink holds the last committed version unchanged
 	// (the round succeeded, failed before loading anything into the
-	// sink, or the sink stages rounds apart).
+	// sink, or the sink holds rounds in a shadow copy or holds nothing:
+	// see Holding).
 	StateIntact SinkState = iota
 	// StatePartial: a round that did not commit loaded some or all of
-	// its bytes into the sink in place. It holds neither the committed
-	// version nor, for sure, the new one: resync it with a new round.
+	// its bytes into the sink in place, or the sink failed to switch to
+	// the committed version. It holds neither the committed version nor,
+	// for sure, the new one: resync it with a new round.
 	StatePartial
 )
 

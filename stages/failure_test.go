@@ -441,31 +441,31 @@ func collect(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], fn func(*Bucket
 }
 
 // TestTensorCountLimit: a round with more tensors than the limit fails on
-// the sender with an error naming the limit (and a receiver would refuse
-// it too), rather than growing bookkeeping without bound.
+// the sender with an error naming the limit, and a receiver refuses it
+// too, rather than growing bookkeeping without bound.
 func TestTensorCountLimit(t *testing.T) {
-	old := maxTensors
-	maxTensors = 10
-	defer func() { maxTensors = old }()
 	src := make(Tensors, 11)
 	for i := range src {
 		src[i] = &Tensor{Name: "t" + string(rune('a'+i)), DType: dtype.U8, Shape: []int64{4}, Data: make([]byte, 4)}
 	}
-	g := newFaultyGroup(t, 2, 4096, groupFault{})
-	errs := g.roundClosingOnError(t, src, 1)
-	if errs[0] == nil || !strings.Contains(errs[0].Error(), "more than 10 tensors") {
-		t.Fatalf("sender: %v", errs[0])
+	pool, err := NewPool(mem.Host{}, DefaultBuffers, 4096)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if errs[1] == nil {
-		t.Fatal("receiver reported success")
+	defer pool.Close()
+	p := pipeline.New("limit")
+	collect(p, Pack(p, Iterate(p, src), PackConfig{Pool: pool, Version: 1, maxTensors: 10}), func(*Bucket) {})
+	if err := p.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "more than 10 tensors") {
+		t.Fatalf("sender: %v", err)
 	}
-	got := map[string]progress{}
+	c := newBucketCheck(nil)
+	c.maxTensors = 10
 	for i := range 10 {
-		got[string(rune('a'+i))] = progress{4, 4}
+		c.got[string(rune('a'+i))] = progress{4, 4}
 	}
 	b := &Bucket{Meta: BucketMeta{Seq: 1, Length: 4, Entries: []Entry{{Name: "new", DType: dtype.U8, Shape: []int64{4}, Size: 4, Total: 4}}}}
 	b.Buf, _ = mem.Host{}.Alloc(4096)
-	if _, err := unpack(context.Background(), b, got); err == nil || !strings.Contains(err.Error(), "more than 10 tensors") {
+	if _, err := c.unpack(context.Background(), b); err == nil || !strings.Contains(err.Error(), "more than 10 tensors") {
 		t.Fatalf("receiver's unpack: %v", err)
 	}
 }

@@ -14,17 +14,30 @@ import (
 	"github.com/weightcast/weightcast/pipeline"
 )
 
-// packRound runs iterate → pack over src with cfg → a sink that calls each
-// for every bucket, then releases it, and returns the round's error. The
-// sink's hostStaging is for each to use.
-func packRound(src Source, cfg PackConfig, each func(ctx context.Context, st *hostStaging, bk *Bucket) error) error {
+// packRound runs iterate → pack over src with cfg (with pk's state, or the
+// stage's own where pk is nil) → a sink that calls each for every bucket,
+// then releases it, and returns the round's error. rb copies device
+// buckets back to the host for each to use.
+func packRound(src Source, cfg PackConfig, pk *Packer, each func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error) error {
 	p := pipeline.New("pack round")
-	buckets := Pack(p, Iterate(p, src), cfg)
+	var buckets *pipeline.Stream[*Bucket]
+	if pk != nil {
+		buckets = pk.Pack(p, Iterate(p, src), cfg)
+	} else {
+		buckets = Pack(p, Iterate(p, src), cfg)
+	}
 	pipeline.Sink(p, "each", buckets, func(ctx context.Context, in *pipeline.Input[*Bucket]) (err error) {
-		st := &hostStaging{}
-		defer func() { err = errors.Join(err, st.close(ctx)) }()
+		var rb *gpu.Readback
+		if bufs := cfg.Pool.Buffers(); cfg.Pool.onDevice() {
+			d, err := cudaDeviceOf(bufs[0])
+			if err != nil {
+				return err
+			}
+			rb = d.NewReadback()
+			defer func() { err = errors.Join(err, rb.Close(ctx)) }()
+		}
 		for bk := range in.All() {
-			err := each(ctx, st, bk)
+			err := each(ctx, rb, bk)
 			bk.Release()
 			if err != nil {
 				return err
@@ -38,34 +51,45 @@ func packRound(src Source, cfg PackConfig, each func(ctx context.Context, st *ho
 }
 
 // waitFence waits for a device bucket's copies (its fence).
-func waitFence(ctx context.Context, _ *hostStaging, bk *Bucket) error {
+func waitFence(ctx context.Context, _ *gpu.Readback, bk *Bucket) error {
 	if ev := gpu.FenceOf(bk.Buf); ev != nil {
 		return ev.Wait(ctx)
 	}
 	return nil
 }
 
-// packOnly packs src into buckets from pool and waits for each bucket's
-// fence: the cost of filling device buckets alone.
-func packOnly(b *testing.B, src Source, pool *Pool) {
-	if err := packRound(src, PackConfig{Pool: pool, Version: 1}, waitFence); err != nil {
+// packOnly packs src into buckets from pool with pk's state and waits for
+// each bucket's fence: the cost of filling device buckets alone.
+func packOnly(b *testing.B, src Source, pool *Pool, pk *Packer) {
+	if err := packRound(src, PackConfig{Pool: pool, Version: 1}, pk, waitFence); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// testPacker returns a Packer with plan and staging, closed when tb ends.
+func testPacker(tb testing.TB, plan devicePlan, staging gpu.StagingConfig) *Packer {
+	pk := newPacker(plan, staging)
+	tb.Cleanup(func() {
+		if err := pk.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return pk
 }
 
 // benchPack reports the GB/s of packing src (total bytes) into buckets of
 // the given size with plan, after three warm-up rounds (which load the
 // kernels and settle the clocks).
 func benchPack(b *testing.B, d *gpu.CUDADevice, src Source, total int64, plan devicePlan, bucket int) {
-	withPlan(b, plan)
+	pk := testPacker(b, plan, gpu.DefaultStagingConfig())
 	pool := devicePool(b, d, DefaultBuffers, bucket)
 	for range 3 {
-		packOnly(b, src, pool)
+		packOnly(b, src, pool, pk)
 	}
 	b.SetBytes(total)
 	b.ResetTimer()
 	for b.Loop() {
-		packOnly(b, src, pool)
+		packOnly(b, src, pool, pk)
 	}
 	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	logPaths(b)
@@ -102,12 +126,13 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) { benchPack(b, d, src, total, c.plan, c.bucket) })
 	}
 	b.Run("round", func(b *testing.B) {
+		pk := testPacker(b, defaultPlan, gpu.DefaultStagingConfig())
 		pool := devicePool(b, d, DefaultBuffers, 256<<20)
 		one := Tensors{{Name: "w", DType: dtype.U8, Shape: []int64{64}, Device: src[0].Device}}
-		packOnly(b, one, pool)
+		packOnly(b, one, pool, pk)
 		b.ResetTimer()
 		for b.Loop() {
-			packOnly(b, one, pool)
+			packOnly(b, one, pool, pk)
 		}
 		b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/round")
 	})
@@ -136,16 +161,16 @@ func BenchmarkGPUPackSmall(b *testing.B) {
 		plan   devicePlan
 	}{{"scattered", 2 * size, defaultPlan}, {"contiguous", size, defaultPlan}, {"scattered-batch", 2 * size, devicePlan{}}} {
 		b.Run(layout.name, func(b *testing.B) {
-			withPlan(b, layout.plan)
+			pk := testPacker(b, layout.plan, gpu.DefaultStagingConfig())
 			src := make(Tensors, count)
 			for i := range src {
 				src[i] = &Tensor{Name: fmt.Sprintf("t%d", i), DType: dtype.U8, Shape: []int64{size}, Device: buf, DeviceOffset: int64(i) * layout.stride}
 			}
 			pool := devicePool(b, d, DefaultBuffers, 64<<20)
-			packOnly(b, src[:10], pool) // warm up: loads the kernel
+			packOnly(b, src[:10], pool, pk) // warm up: loads the kernel
 			b.SetBytes(count * size)
 			for b.Loop() {
-				packOnly(b, src, pool)
+				packOnly(b, src, pool, pk)
 			}
 			per := b.Elapsed() / time.Duration(b.N*count)
 			b.ReportMetric(float64(per.Nanoseconds())/1000, "µs/tensor")
@@ -167,10 +192,11 @@ func BenchmarkGPUPackHost(b *testing.B) {
 		}
 		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{each / 2}, Data: data})
 	}
+	pk := testPacker(b, defaultPlan, gpu.DefaultStagingConfig())
 	pool := devicePool(b, d, DefaultBuffers, 256<<20)
 	b.SetBytes(total)
 	for b.Loop() {
-		packOnly(b, src, pool)
+		packOnly(b, src, pool, pk)
 	}
 	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
@@ -231,12 +257,12 @@ func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
 // pinnedH2D, plain host-to-device copies of the same 4 GiB from pinned
 // memory (1 GiB each). "pack" reports GB/s and its fraction of pinnedH2D
 // (x-pinned; target 0.8); the other pack cases vary the ring (readers,
-// slots × slot size, piece size); readOnly is the ring with the GPU left
-// out (no copies), the speed of the parallel reads alone; allocRing is the
-// cost of pinning a ring (and freeing it), which rounds avoid by keeping
-// their slots; cast-f16 and cast-f16-host pack the checkpoint cast to F16,
-// on the GPU and on the host. Every pack case warms up with one round
-// first, so that the timed rounds reuse the slots.
+// slots × slot size, piece size); allocRing is the cost of pinning a ring
+// (and freeing it), which a Packer avoids by keeping its ring's slots;
+// cast-f16 and cast-f16-host pack the checkpoint cast to F16, on the GPU
+// and on the host. Every pack case warms up with one round first, so that
+// the timed rounds reuse the slots. The reads alone, without the GPU, are
+// gpu's BenchmarkStagingReadOnly.
 //
 //	stages.test -test.run '^$' -test.bench 'GPUCheckpoint' -test.benchtime 3x
 func BenchmarkGPUCheckpoint(b *testing.B) {
@@ -266,24 +292,27 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 		pinned = float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 		b.ReportMetric(pinned, "GB/s")
 	})
-	def := stagingDefaults()
+	def := gpu.DefaultStagingConfig()
+	ring := func(slots int, slotSize, piece int64, readers int) gpu.StagingConfig {
+		return gpu.StagingConfig{Slots: slots, SlotSize: slotSize, Piece: piece, Readers: readers}
+	}
 	cases := []struct {
 		name string
-		cfg  stagingConfig
+		cfg  gpu.StagingConfig
 	}{
 		{"pack", def},
-		{"pack-readers=8", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 8}},
-		{"pack-readers=16", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: def.piece, readers: 16}},
-		{"pack-8x8MiB", stagingConfig{slots: 8, slotSize: 8 << 20, piece: def.piece, readers: def.readers}},
-		{"pack-piece=1MiB", stagingConfig{slots: def.slots, slotSize: def.slotSize, piece: 1 << 20, readers: def.readers}},
+		{"pack-readers=8", ring(def.Slots, def.SlotSize, def.Piece, 8)},
+		{"pack-readers=16", ring(def.Slots, def.SlotSize, def.Piece, 16)},
+		{"pack-8x8MiB", ring(8, 8<<20, def.Piece, def.Readers)},
+		{"pack-piece=1MiB", ring(def.Slots, def.SlotSize, 1<<20, def.Readers)},
 	}
-	pack := func(b *testing.B, src Source) {
+	pack := func(b *testing.B, src Source, pk *Packer) {
 		pool := devicePool(b, d, DefaultBuffers, 1<<30)
-		packOnly(b, src, pool) // warm up: loads the kernels, first use of the pool
+		packOnly(b, src, pool, pk) // warm up: loads the kernels, pins the ring
 		b.SetBytes(total)
 		b.ResetTimer()
 		for b.Loop() {
-			packOnly(b, src, pool)
+			packOnly(b, src, pool, pk)
 		}
 		gbs := float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 		b.ReportMetric(gbs, "GB/s")
@@ -293,8 +322,7 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			withStaging(b, c.cfg)
-			pack(b, ckpt)
+			pack(b, ckpt, testPacker(b, defaultPlan, c.cfg))
 		})
 	}
 	// The checkpoint cast to F16 as it is packed (GB/s of checkpoint
@@ -308,34 +336,14 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			plan := defaultPlan
 			plan.hostCast = hostCast
-			withPlan(b, plan)
-			pack(b, Cast(ckpt, dtype.F16))
-		})
-	}
-	for _, readers := range []int{def.readers, 8, 16} {
-		name := "readOnly"
-		if readers != def.readers {
-			name = fmt.Sprintf("readOnly-readers=%d", readers)
-		}
-		b.Run(name, func(b *testing.B) {
-			cfg := def
-			cfg.readers = readers
-			var spare [][]byte
-			stageOnly(b, ckpt, cfg, 1<<30, &spare) // warm up: the slots
-			b.SetBytes(total)
-			b.ResetTimer()
-			for b.Loop() {
-				stageOnly(b, ckpt, cfg, 1<<30, &spare)
-			}
-			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			pack(b, Cast(ckpt, dtype.F16), testPacker(b, plan, def))
 		})
 	}
 	b.Run("allocRing", func(b *testing.B) {
-		cfg := stagingDefaults()
 		for b.Loop() {
 			var bufs []mem.Buffer
-			for range cfg.slots {
-				bufs = append(bufs, gpuAllocNoCleanup(b, d, int(cfg.slotSize)))
+			for range def.Slots {
+				bufs = append(bufs, gpuAllocNoCleanup(b, d, int(def.SlotSize)))
 			}
 			for _, buf := range bufs {
 				if err := buf.Free(); err != nil {

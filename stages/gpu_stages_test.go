@@ -425,14 +425,17 @@ func checkPackedSums(t *testing.T, d *gpu.CUDADevice, src Tensors) {
 	}
 	defer pool.Close()
 	n := 0
-	err = packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: true}, func(ctx context.Context, st *hostStaging, bk *Bucket) error {
+	pk := testPacker(t, defaultPlan, gpu.DefaultStagingConfig())
+	err = packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: true}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
 		if !bk.Meta.HasChecksum || bk.sum == nil {
 			return fmt.Errorf("bucket %d: no checksum pending on the GPU (HasChecksum %v)", bk.Meta.Seq, bk.Meta.HasChecksum)
 		}
-		if err := completeSum(ctx, bk, st); err != nil {
+		sum, err := bk.sum.Wait(ctx) // as Publish does
+		if err != nil {
 			return err
 		}
-		host, err := st.fetch(ctx, bk)
+		bk.Meta.Checksum = sum
+		host, err := rb.Read(ctx, bk.Buf, int(bk.Meta.Length))
 		if err != nil {
 			return err
 		}
@@ -515,14 +518,14 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 			s.Memset(buf, 0, n, 0xEE)
 			put(buf)
 		}
-		u, err := unpack(ctx, b, map[string]progress{})
+		u, err := newBucketCheck(nil).unpack(ctx, b)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if u.Views[0].Device == nil || u.Views[0].Data != nil {
 			t.Fatal("unpack of a device bucket did not yield a device view")
 		}
-		if err := load(ctx, u, dm); err != nil {
+		if err := (&loadRound{sinks: []Sink{dm}}).deliver(ctx, u); err != nil {
 			t.Fatal(err)
 		}
 		u.Release()
@@ -544,25 +547,18 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 	}
 }
 
-// withPlan makes Pack use p until the test ends.
-func withPlan(tb testing.TB, p devicePlan) {
-	old := defaultPlan
-	defaultPlan = p
-	tb.Cleanup(func() { defaultPlan = old })
-}
-
-// checkPacked runs iterate → pack over src into device buckets from pool,
-// reads every bucket back to the host and compares each entry's bytes with
-// exp; it returns the number of buckets.
-func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool) int {
+// checkPacked runs iterate → pack over src into device buckets from pool
+// with pk's state, reads every bucket back to the host and compares each
+// entry's bytes with exp; it returns the number of buckets.
+func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool, pk *Packer) int {
 	t.Helper()
 	got := map[string]int64{}
 	buckets := 0
-	err := packRound(src, PackConfig{Pool: pool, Version: 1}, func(ctx context.Context, st *hostStaging, bk *Bucket) error {
+	err := packRound(src, PackConfig{Pool: pool, Version: 1}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
 		if gpu.FenceOf(bk.Buf) == nil {
 			return fmt.Errorf("bucket %d carries no fence", bk.Meta.Seq)
 		}
-		host, err := st.fetch(ctx, bk) // after the fence
+		host, err := rb.Read(ctx, bk.Buf, int(bk.Meta.Length)) // after the fence
 		if err != nil {
 			return err
 		}
@@ -624,9 +620,9 @@ func TestGPUPackPlans(t *testing.T) {
 		{gatherBelow: 16 << 10, lanes: 2, laneAbove: 16 << 10},
 	} {
 		t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v,lanes=%d", plan.gatherBelow, plan.perCopy, plan.lanes), func(t *testing.T) {
-			withPlan(t, plan)
+			pk := testPacker(t, plan, gpu.DefaultStagingConfig())
 			pool := devicePool(t, d, DefaultBuffers, 1<<20)
-			n := checkPacked(t, src, exp, pool)
+			n := checkPacked(t, src, exp, pool, pk)
 			path, why := gpu.LastGatherPath()
 			if plan.gatherBelow > 0 && path != gpu.GatherKernel {
 				t.Fatalf("device copies queued with %v: %v", path, why)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
@@ -127,6 +128,17 @@ type otherFake struct{ fakeDevice }
 
 func (o otherFake) DevicePtr() uint64 { return 0x7e0000000000 }
 
+// farFake is memory of another device (as another GPU's, or pinned host
+// memory, which the gather kernel does not read).
+type farFake struct{ fakeDevice }
+
+func (f farFake) DevicePtr() uint64  { return 0x7d0000000000 }
+func (f farFake) Device() mem.Device { return farDevice{} }
+
+type farDevice struct{ mem.Host }
+
+func (farDevice) Name() string { return "another device" }
+
 // TestDeviceFillRoutes checks, without a GPU (nothing reaches the driver
 // below flushEvery copies), which queue each device copy joins: copies
 // shorter than the plan's gatherBelow, out of memory the kernel can read,
@@ -135,13 +147,9 @@ func (o otherFake) DevicePtr() uint64 { return 0x7e0000000000 }
 // GPU, pinned host memory), go to the copy engine.
 func TestDeviceFillRoutes(t *testing.T) {
 	src := fakeDevice{n: 4 << 20} // at 0x7f0000000000
-	far := otherFake{fakeDevice{n: 1 << 20}}
+	far := farFake{fakeDevice{n: 1 << 20}}
 	bucket := otherFake{fakeDevice{n: 8 << 20}}
-	f := &deviceFill{
-		plan:   devicePlan{gatherBelow: 1 << 20},
-		kernel: true,
-		onGPU:  func(b mem.Buffer) bool { return b == mem.Buffer(src) },
-	}
+	f := &deviceFill{plan: devicePlan{gatherBelow: 1 << 20}, gather: &gpu.Gather{}}
 	ctx := context.Background()
 	add := func(buf mem.Buffer, srcOff, dstOff, n int64) {
 		t.Helper()
@@ -166,8 +174,8 @@ func TestDeviceFillRoutes(t *testing.T) {
 		t.Fatalf("last kernel copy %#x <- %#x (%d bytes)", dst, s, n)
 	}
 
-	// With the kernel off (no gather, as where it cannot be loaded, or a
-	// plan of 0), everything goes to the copy engine.
+	// With the kernel off (no gather: a plan of 0), everything goes to
+	// the copy engine.
 	f = &deviceFill{plan: devicePlan{gatherBelow: 1 << 20}}
 	add(src, 0, 0, 100)
 	if f.kbatch.Len() != 0 || f.batch.Len() != 1 {

@@ -85,6 +85,12 @@ func newGroup(t testing.TB, o groupOpts) *group {
 }
 
 func (g *group) close() {
+	if g.sender != nil {
+		g.sender.Close()
+	}
+	for _, r := range g.receivers {
+		r.Close()
+	}
 	for _, c := range g.closers {
 		c()
 	}

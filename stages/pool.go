@@ -13,9 +13,14 @@ import (
 // filling one overlaps moving the other.
 const DefaultBuffers = 2
 
-// Pool is a fixed set of equally sized bucket buffers. Its free list is a
-// channel whose capacity is the number of buffers, so taking a buffer blocks
-// while all are in use: with two buffers this is the double buffering.
+// Pool is a fixed set of equally sized bucket buffers, and nothing else.
+// Its free list is a channel whose capacity is the number of buffers, so
+// taking a buffer blocks while all are in use: with two buffers this is the
+// double buffering.
+//
+// A pool is its creator's: a Sender or Receiver takes buffers from it and
+// gives them back, but never closes it. Close it after the Senders and
+// Receivers that use it.
 type Pool struct {
 	free chan mem.Buffer
 	all  []mem.Buffer
@@ -25,12 +30,6 @@ type Pool struct {
 	held    int
 	maxHeld int
 	closed  bool
-	// fill is a device pool's pack state kept between rounds (see
-	// deviceFill.endRound); nil while a Pack holds it, and for host pools.
-	fill *deviceFill
-	// staging is a receiving pool's Load staging kept between rounds
-	// (see loadFrom); nil while a Load holds it.
-	staging *hostStaging
 }
 
 // NewPool allocates n buffers of size bytes each on dev.
@@ -56,6 +55,9 @@ func NewPool(dev mem.Device, n, size int) (*Pool, error) {
 
 // BufferSize is the size of each buffer in bytes.
 func (p *Pool) BufferSize() int { return p.size }
+
+// onDevice reports whether the pool's buffers are device memory.
+func (p *Pool) onDevice() bool { return len(p.all) > 0 && onDevice(p.all[0]) }
 
 // Buffers returns every buffer of the pool, for transports that register
 // or export them once (CUDA IPC).
@@ -102,70 +104,9 @@ func (p *Pool) Bucket(buf mem.Buffer, meta BucketMeta) *Bucket {
 	return &Bucket{Meta: meta, Buf: buf, put: p.Put}
 }
 
-// takeFill hands Pack the state an earlier round of this pool left, or nil.
-func (p *Pool) takeFill() *deviceFill {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	f := p.fill
-	p.fill = nil
-	return f
-}
-
-// keepFill keeps f for the pool's next round. It reports false, keeping
-// nothing, when the pool is closed or keeps another already.
-func (p *Pool) keepFill(f *deviceFill) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || p.fill != nil {
-		return false
-	}
-	p.fill = f
-	return true
-}
-
-// takeStaging hands Load the staging an earlier round of this pool left,
-// or a new one; so does a nil pool.
-func (p *Pool) takeStaging() *hostStaging {
-	if p == nil {
-		return &hostStaging{}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	st := p.staging
-	p.staging = nil
-	if st == nil {
-		st = &hostStaging{}
-	}
-	return st
-}
-
-// keepStaging keeps st for the pool's next round once nothing queued on it
-// is running (bounded by ctx, or finalWait once ctx is done); it closes st
-// instead when that wait fails, the pool is nil or closed, or keeps one
-// already.
-func (p *Pool) keepStaging(ctx context.Context, st *hostStaging) error {
-	if p == nil || st.stream == nil {
-		return st.close(ctx)
-	}
-	if err := st.settle(ctx); err != nil {
-		return err // the memory stays allocated rather than be freed under a copy
-	}
-	p.mu.Lock()
-	keep := !p.closed && p.staging == nil
-	if keep {
-		p.staging = st
-	}
-	p.mu.Unlock()
-	if keep {
-		return nil
-	}
-	return st.close(ctx)
-}
-
-// Close frees every buffer, and the pack and load state kept between
-// rounds of a device pool (waiting, at most a minute, for work still
-// queued on its streams). It fails if some buffers are still out, naming how many, since
-// freeing memory still in use would corrupt it.
+// Close frees every buffer. It fails if some buffers are still out, naming
+// how many, since freeing memory still in use would corrupt it. Close is
+// idempotent.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -176,18 +117,7 @@ func (p *Pool) Close() error {
 		return fmt.Errorf("bucket pool closed with %d of %d buffers still in use", p.held, len(p.all))
 	}
 	p.closed = true
-	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
-	defer cancel()
-	var errs []error
-	if f := p.fill; f != nil {
-		p.fill = nil
-		errs = append(errs, f.close(ctx))
-	}
-	if st := p.staging; st != nil {
-		p.staging = nil
-		errs = append(errs, st.close(ctx))
-	}
-	return errors.Join(append(errs, p.freeAll())...)
+	return p.freeAll()
 }
 
 func (p *Pool) freeAll() error {

@@ -74,12 +74,15 @@ func SafetensorsFileName(name string) SafetensorsOption {
 //
 // A round is written into a hidden directory inside dir (named
 // .weightcast-round-*). Each finished file is synced there; Commit checks
-// that every file was completed, writes the index, renames the files into
-// dir (the index last), removes files of this sink's earlier rounds that
-// the new round does not have, and syncs dir. A round that fails before
-// Commit leaves dir's earlier files untouched: only a crash during
-// Commit's renames can leave a mix of two rounds' files. The next Begin,
-// or Abort, removes an unfinished round's directory.
+// that every file was completed and writes the index there. Only once the
+// group has committed the round (Committed, which a Receiver calls) does
+// the sink rename the files into dir (the index last), remove files of its
+// earlier rounds that the new round does not have, and sync dir. So a round
+// that fails anywhere before its group commit leaves dir's earlier files
+// untouched (the sink HoldsShadowed): only a crash during Committed's
+// renames can leave a mix of two rounds' files. The next Begin, or Abort,
+// removes an unfinished round's directory. Used without a Receiver, call
+// Committed after Commit to put a round in place.
 //
 // Tensors must arrive in source order (as Pack sends them); a tensor
 // missing, unexpected or out of order fails the round with an error naming
@@ -118,6 +121,8 @@ type stRound struct {
 	// open is true when the round's layout is not known: every tensor
 	// goes to a single shard, written at Commit.
 	open bool
+	// finished: Commit has completed every file and the index.
+	finished bool
 }
 
 // stShard is one file of a round.
@@ -426,23 +431,45 @@ func (s *SafetensorsSink) closeShard(sh *stShard) error {
 	return nil
 }
 
-// Commit finishes the round: every file complete, the index written, the
-// files renamed into the directory, stale files of earlier rounds removed.
+// Holding is HoldsShadowed: a round reaches dir only in Committed.
+func (s *SafetensorsSink) Holding() Holding { return HoldsShadowed }
+
+// Commit finishes writing the round: every file complete, the index
+// written, all still in the round's hidden directory.
 func (s *SafetensorsSink) Commit(ctx context.Context, version uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.round
-	if r == nil {
-		return fmt.Errorf("safetensors sink: commit of version %d without a round begun", version)
+	if r == nil || r.version != version {
+		return fmt.Errorf("safetensors sink: commit of version %d without that round begun", version)
 	}
-	err := s.commit(ctx, r)
+	err := s.finishRound(ctx, r)
 	if err != nil {
 		s.abortLocked()
 	}
 	return err
 }
 
-func (s *SafetensorsSink) commit(ctx context.Context, r *stRound) error {
+// Committed puts the round of version, which the group has committed, in
+// place: the files renamed into the directory, stale files of earlier
+// rounds removed.
+func (s *SafetensorsSink) Committed(ctx context.Context, version uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.round
+	if r == nil || r.version != version || !r.finished {
+		return fmt.Errorf("safetensors sink: version %d was committed, but the sink has not finished writing it (a round loaded without Begin and Commit?)", version)
+	}
+	err := s.replace(ctx, r)
+	if err != nil {
+		s.abortLocked()
+	}
+	return err
+}
+
+// finishRound completes the files and writes the index in the round's
+// directory.
+func (s *SafetensorsSink) finishRound(ctx context.Context, r *stRound) error {
 	if r.open {
 		sh := r.shards[0]
 		if sh.inTensor {
@@ -465,14 +492,22 @@ func (s *SafetensorsSink) commit(ctx context.Context, r *stRound) error {
 				r.version, sh.name, sh.want[sh.next], sh.next, len(sh.want))
 		}
 	}
+	if r.indexName != "" {
+		if err := s.writeFile(filepath.Join(r.staging, r.indexName), r.index); err != nil {
+			return err
+		}
+	}
+	r.finished = true
+	return nil
+}
+
+// replace renames the finished round's files into the directory.
+func (s *SafetensorsSink) replace(ctx context.Context, r *stRound) error {
 	var names []string
 	for _, sh := range r.shards {
 		names = append(names, sh.name)
 	}
 	if r.indexName != "" {
-		if err := s.writeFile(filepath.Join(r.staging, r.indexName), r.index); err != nil {
-			return err
-		}
 		names = append(names, r.indexName) // renamed last
 	}
 	if err := ctx.Err(); err != nil {

@@ -11,61 +11,6 @@ import (
 	"github.com/weightcast/weightcast/transport"
 )
 
-// Publish adds the stage that sends each bucket's metadata through pub
-// before passing the bucket on to have its bytes moved. For a device
-// bucket whose checksum Pack left pending on the GPU, it first waits for
-// the checksum (see gpu_checksum.go).
-func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher) *pipeline.Stream[*Bucket] {
-	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
-		st := &hostStaging{} // device checksums without the GPU kernel
-		defer func() { err = errors.Join(err, st.close(ctx)) }()
-		for b := range in.All() {
-			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version})
-			err := completeSum(ctx, b, st)
-			var msg []byte
-			if err == nil {
-				msg, err = EncodeMeta(&b.Meta)
-			}
-			if err == nil {
-				span.Args(map[string]any{"meta_bytes": len(msg)})
-				err = pub.Publish(ctx, b.Meta.Seq, msg)
-			}
-			span.End()
-			if err != nil {
-				b.Release()
-				return err
-			}
-			if err := out.Send(b); err != nil {
-				return err
-			}
-		}
-		return in.Err()
-	})
-}
-
-// Broadcast adds the root's last stage: it moves each bucket's filled bytes
-// to every receiver through ep, then releases the bucket and, when done is
-// not nil, calls it with the bucket's metadata (for progress reports).
-func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, done func(*BucketMeta)) {
-	pipeline.Sink(p, "broadcast", in, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
-		for b := range in.All() {
-			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "bytes": b.Meta.Length})
-			err := ep.Broadcast(ctx, b.Meta.Seq, b.Buf, int(b.Meta.Length))
-			span.End()
-			meta := b.Meta
-			b.Release()
-			if err != nil {
-				return err
-			}
-			pipeline.CountBytes(ctx, meta.Length)
-			if done != nil {
-				done(&meta)
-			}
-		}
-		return in.Err()
-	})
-}
-
 // RoundStats describes one finished (or failed) round on one rank.
 type RoundStats struct {
 	Version  uint64
@@ -98,15 +43,25 @@ type SenderConfig struct {
 // buffer pool across rounds; the sequence numbers continue from round to
 // round. A failed round leaves it broken: every later Sync returns the
 // first failure, since the receivers' view of the stream is unknown.
+//
+// It owns a Packer, which keeps the GPU state of device buckets from round
+// to round; Close frees it. The Pool stays its creator's.
 type Sender struct {
 	cfg       SenderConfig
+	packer    *Packer
 	seq       uint64 // the next message's sequence number
 	committed atomic.Uint64
 	broken    error
+	gpuLane   bool // the trace's "pack (GPU)" lane is named
 }
 
-// NewSender returns a Sender; it starts nothing.
-func NewSender(cfg SenderConfig) *Sender { return &Sender{cfg: cfg} }
+// NewSender returns a Sender; it starts and allocates nothing.
+func NewSender(cfg SenderConfig) *Sender { return &Sender{cfg: cfg, packer: NewPacker()} }
+
+// Close frees the GPU state the Sender kept between rounds (not its Pool,
+// Endpoint or Publisher, which stay their creator's). Call it once no Sync
+// runs; Close is idempotent.
+func (s *Sender) Close() error { return s.packer.Close() }
 
 // Sync sends one round: every tensor of src, as model version version,
 // which must be above the last committed version (versions increase; 0 is
@@ -124,6 +79,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	p := s.pipeline(src, version)
 	var stats RoundStats
 	err := p.Run(ctx)
+	s.traceGPU(p)
 	if err == nil {
 		err = s.cfg.Publisher.Sync(ctx)
 	}
@@ -179,8 +135,45 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 	if d, ok := src.(Describer); ok {
 		pc.Source = d.SourceInfo()
 	}
-	Broadcast(p, Publish(p, Pack(p, tensors, pc), s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
+	Broadcast(p, Publish(p, s.packer.Pack(p, tensors, pc), s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
 	return p
+}
+
+// gpuLaneTID is the trace thread id of the "pack (GPU)" lane, past the
+// pipeline's stages (numbered from 0).
+const gpuLaneTID = 1000
+
+// traceGPU adds, to a traced round of device buckets, when the GPU worked
+// on each bucket: spans on a lane "pack (GPU)" beside pack's, whose bytes
+// over duration is the rate of the copies and checksum themselves (pack's
+// own spans only time queueing them).
+func (s *Sender) traceGPU(p *pipeline.Pipeline) {
+	t := s.cfg.Tracer
+	spans := s.packer.gpuSpans()
+	if t == nil || len(spans) == 0 {
+		return
+	}
+	const lane = "pack (GPU)"
+	if !s.gpuLane {
+		s.gpuLane = true
+		order := gpuLaneTID
+		for i, n := range p.Graph().Nodes {
+			if n.Name == "pack" {
+				order = i // sorts with pack, after it
+			}
+		}
+		t.Add(pipeline.Event{Name: "thread_name", Ph: "M", Pid: s.cfg.Rank, Tid: gpuLaneTID, Args: map[string]any{"name": lane}},
+			pipeline.Event{Name: "thread_sort_index", Ph: "M", Pid: s.cfg.Rank, Tid: gpuLaneTID, Args: map[string]any{"sort_index": order}})
+	}
+	micros := func(at time.Time) float64 { return float64(at.Sub(t.Epoch()).Nanoseconds()) / 1e3 }
+	for _, sp := range spans {
+		t.Add(pipeline.Event{
+			Name: fmt.Sprintf("bucket %d", sp.seq), Cat: lane, Ph: "X",
+			Ts: micros(sp.start), Dur: micros(sp.end) - micros(sp.start),
+			Pid: s.cfg.Rank, Tid: gpuLaneTID,
+			Args: map[string]any{"stage": lane, "bucket": sp.seq, "round": sp.round, "bytes": sp.bytes, "rank": s.cfg.Rank},
+		})
+	}
 }
 
 // Graph describes the pipeline each Sync runs.

@@ -76,8 +76,8 @@ func serves(t *testing.T, h *HostModel, version uint64, want map[string]byte) {
 // and a changed shape is reallocated.
 func TestShadowCopies(t *testing.T) {
 	h := NewHostModel(WithShadow())
-	if !h.Staged() || NewHostModel().Staged() {
-		t.Fatal("Staged")
+	if h.Holding() != HoldsShadowed || NewHostModel().Holding() != HoldsInPlace {
+		t.Fatal("Holding")
 	}
 	shadowRound(t, h, 1, map[string]byte{"a": 1, "b": 1}, true)
 	serves(t, h, 1, map[string]byte{"a": 1, "b": 1})

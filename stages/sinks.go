@@ -72,8 +72,13 @@ func NewHostModel(opts ...HostModelOption) *HostModel {
 	return h
 }
 
-// Staged reports whether the model was made WithShadow.
-func (h *HostModel) Staged() bool { return h.shadow }
+// Holding is HoldsShadowed for a model made WithShadow, else HoldsInPlace.
+func (h *HostModel) Holding() Holding {
+	if h.shadow {
+		return HoldsShadowed
+	}
+	return HoldsInPlace
+}
 
 // Begin starts a round: with a shadow, it forgets what an unfinished
 // round loaded.
@@ -338,6 +343,9 @@ type VerifySink struct {
 	Bytes   int64
 	Tensors int
 }
+
+// Holding is HoldsNothing: a verifier keeps no copy of the model.
+func (v *VerifySink) Holding() Holding { return HoldsNothing }
 
 // Load compares the entry's bytes with the source's, in 1 MiB pieces.
 func (v *VerifySink) Load(ctx context.Context, e *Entry, data []byte) error {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
@@ -17,13 +16,6 @@ import (
 )
 
 // These need a GPU; they skip without one.
-
-// withStaging makes Pack stage host tensors with cfg until the test ends.
-func withStaging(tb testing.TB, cfg stagingConfig) {
-	old := stagingDefaults
-	stagingDefaults = func() stagingConfig { return cfg }
-	tb.Cleanup(func() { stagingDefaults = old })
-}
 
 // stagingCheckpoint writes a checkpoint of about 90 MiB: tensors larger
 // than a staging slot (16 MiB) and than the 32 MiB test bucket, hundreds of
@@ -51,7 +43,7 @@ func stagingCheckpoint(t *testing.T, dir string) map[string][]byte {
 // 32 MiB through the staging ring, with the default ring and with a small
 // one that is refilled many times a bucket, as is and cast to BF16, and
 // compares every bucket byte for byte after copying it back. The second
-// round of each reuses the pinned slots of the first.
+// round of each reuses the Packer's pinned slots of the first.
 func TestGPUPackCheckpoint(t *testing.T) {
 	d := gputest.Device(t)
 	dir := t.TempDir()
@@ -71,24 +63,26 @@ func TestGPUPackCheckpoint(t *testing.T) {
 			cast[name] = b
 		}
 	}
+	def := gpu.DefaultStagingConfig()
 	for _, c := range []struct {
 		name    string
-		cfg     stagingConfig
+		cfg     gpu.StagingConfig
 		castTo  dtype.DType
 		perCopy bool
 	}{
-		{"default", stagingDefaults(), dtype.Invalid, false},
-		{"small-ring", stagingConfig{slots: 3, slotSize: 1 << 20, piece: 256 << 10, readers: 5}, dtype.Invalid, false},
-		{"one-slot", stagingConfig{slots: 1, slotSize: 4 << 20, piece: 64 << 10, readers: 8}, dtype.Invalid, false},
-		{"small-ring-perCopy", stagingConfig{slots: 2, slotSize: 2 << 20, piece: 512 << 10, readers: 3}, dtype.Invalid, true},
-		{"cast-bf16", stagingDefaults(), dtype.BF16, false},
-		{"cast-bf16-small-ring", stagingConfig{slots: 4, slotSize: 1 << 20, piece: 64 << 10, readers: 6}, dtype.BF16, false},
+		{"default", def, dtype.Invalid, false},
+		{"small-ring", gpu.StagingConfig{Slots: 3, SlotSize: 1 << 20, Piece: 256 << 10, Readers: 5}, dtype.Invalid, false},
+		{"one-slot", gpu.StagingConfig{Slots: 1, SlotSize: 4 << 20, Piece: 64 << 10, Readers: 8}, dtype.Invalid, false},
+		{"small-ring-perCopy", gpu.StagingConfig{Slots: 2, SlotSize: 2 << 20, Piece: 512 << 10, Readers: 3}, dtype.Invalid, true},
+		{"cast-bf16", def, dtype.BF16, false},
+		{"cast-bf16-small-ring", gpu.StagingConfig{Slots: 4, SlotSize: 1 << 20, Piece: 64 << 10, Readers: 6}, dtype.BF16, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			withStaging(t, c.cfg)
+			plan := defaultPlan
 			if c.perCopy {
-				withPlan(t, devicePlan{gatherBelow: defaultPlan.gatherBelow, perCopy: true})
+				plan = devicePlan{gatherBelow: defaultPlan.gatherBelow, perCopy: true}
 			}
+			pk := testPacker(t, plan, c.cfg)
 			var src Tensors
 			if err := Cast(ckpt, c.castTo).Tensors(context.Background(), func(tn *Tensor) error {
 				src = append(src, tn)
@@ -101,15 +95,22 @@ func TestGPUPackCheckpoint(t *testing.T) {
 				exp = cast
 			}
 			pool := devicePool(t, d, DefaultBuffers, 32<<20)
+			pinned := 0
 			for round := range 2 {
-				pinned := stagingPinned.Load()
-				n := checkPacked(t, src, exp, pool)
+				n := checkPacked(t, src, exp, pool, pk)
 				if pool.Held() != 0 {
 					t.Fatalf("round %d: %d buffers still held", round, pool.Held())
 				}
-				allocs := stagingPinned.Load() - pinned
-				if round > 0 && c.cfg.slots <= StagingBuffers && allocs != 0 {
-					t.Fatalf("round %d allocated %d pinned slots; the previous round's should have been kept", round, allocs)
+				if pk.dev == nil || pk.dev.ring == nil {
+					t.Fatalf("round %d: the Packer kept no staging ring", round)
+				}
+				allocs := pk.dev.ring.Pinned() - pinned
+				pinned += allocs
+				if round > 0 && allocs != 0 {
+					t.Fatalf("round %d pinned %d slots; the previous round's should have been kept", round, allocs)
+				}
+				if pinned > c.cfg.Slots {
+					t.Fatalf("%d slots pinned for a ring of %d", pinned, c.cfg.Slots)
 				}
 				t.Logf("round %d: %d tensors in %d buckets, byte-identical; %d pinned slots allocated", round, len(src), n, allocs)
 			}
@@ -122,7 +123,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 // readers (goleak checks at the end of the package's tests).
 func TestGPUPackHostReadError(t *testing.T) {
 	d := gputest.Device(t)
-	withStaging(t, stagingConfig{slots: 3, slotSize: 1 << 20, piece: 128 << 10, readers: 4})
+	pk := testPacker(t, defaultPlan, gpu.StagingConfig{Slots: 3, SlotSize: 1 << 20, Piece: 128 << 10, Readers: 4})
 	var src Tensors
 	for i := range 40 {
 		data := make([]byte, 300<<10)
@@ -133,7 +134,7 @@ func TestGPUPackHostReadError(t *testing.T) {
 		src = append(src, tn)
 	}
 	pool := devicePool(t, d, DefaultBuffers, 2<<20)
-	err := packRound(src, PackConfig{Pool: pool, Version: 1}, waitFence)
+	err := packRound(src, PackConfig{Pool: pool, Version: 1}, pk, waitFence)
 	if !errors.Is(err, errDiskOnFire) || !strings.Contains(err.Error(), `"bad.weight"`) {
 		t.Fatalf("round with a failing read: %v; want the read error naming bad.weight", err)
 	}
@@ -167,68 +168,17 @@ func gpuAllocNoCleanup(b *testing.B, d *gpu.CUDADevice, n int) mem.Buffer {
 	return buf
 }
 
-// nullStaging is a stagingGPU that copies nothing: slots in Go memory,
-// kept in spare from round to round, copies dropped, events complete at
-// once.
-type nullStaging struct{ spare *[][]byte }
-
-type doneEvent struct{}
-
-func (doneEvent) Query() (bool, error) { return true, nil }
-func (doneEvent) Close() error         { return nil }
-
-func (g nullStaging) alloc(n int) ([]byte, uint64, func() error, error) {
-	var b []byte
-	if k := len(*g.spare) - 1; k >= 0 && len((*g.spare)[k]) == n {
-		b, *g.spare = (*g.spare)[k], (*g.spare)[:k]
-	} else {
-		b = make([]byte, n)
-	}
-	return b, 1 << 40, func() error { *g.spare = append(*g.spare, b); return nil }, nil
+// failReader fails reads that reach byte at.
+type failReader struct {
+	data []byte
+	at   int64
 }
-func (nullStaging) queue([]stageCopy) error       { return nil }
-func (nullStaging) record() (stagingEvent, error) { return doneEvent{}, nil }
 
-// stageOnly runs src's tensors through a staging ring with no GPU behind
-// it, laid out as in buckets of bsize bytes: the reads alone.
-func stageOnly(b *testing.B, src Source, cfg stagingConfig, bsize int64, spare *[][]byte) {
-	s, err := newStager(nullStaging{spare}, cfg)
-	if err != nil {
-		b.Fatal(err)
+var errDiskOnFire = errors.New("disk on fire")
+
+func (f failReader) ReadAt(p []byte, off int64) (int, error) {
+	if off+int64(len(p)) > f.at {
+		return 0, errDiskOnFire
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var fill int64
-	err = src.Tensors(ctx, func(t *Tensor) error {
-		size, err := t.Size()
-		if err != nil {
-			return err
-		}
-		for chunk := int64(0); chunk < size; {
-			off := alignUp(fill)
-			n := min(size-chunk, bsize-off)
-			if n < size-chunk {
-				n &^= Align - 1
-			}
-			if n <= 0 || (chunk == 0 && size <= bsize && off+size > bsize) {
-				if err := s.drain(ctx); err != nil {
-					return err
-				}
-				fill = 0
-				continue
-			}
-			if err := s.stage(ctx, t, 1<<50+uint64(off), n, chunk); err != nil {
-				return err
-			}
-			fill, chunk = off+n, chunk+n
-		}
-		return nil
-	})
-	if err == nil {
-		err = s.drain(ctx)
-	}
-	err = errors.Join(err, s.stop(ctx), s.free())
-	if err != nil {
-		b.Fatal(err)
-	}
+	return copy(p, f.data[off:]), nil
 }

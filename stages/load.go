@@ -1,0 +1,460 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/pipeline"
+)
+
+// The load stage: checked views into the sinks.
+//
+// Load hands each view to the sink, calls the sink's Commit after the
+// round's last bucket, acknowledges the bucket to the root, and only then
+// releases it. A sink says what else it can do by the optional interfaces
+// it implements, and Load asks each sink itself, never a wrapper:
+//
+//   - Beginner: told the round's source before its first tensor;
+//   - DeviceSink: takes a device bucket's views as they are and copies them
+//     on the GPU; Load calls its Flush, which returns once every copy out
+//     of the bucket has finished, and only then releases the bucket. Any
+//     other sink gets host bytes: a device bucket is copied to pinned host
+//     memory once for all of them (gpu.Readback);
+//   - Committer: told when the whole group has committed the round
+//     (Receiver.Sync);
+//   - Holder: says what a failed round leaves in it (Receiver.State).
+//
+// Several sinks are combined with Sinks, which Load and the Receiver see
+// through (Unwrap), so that each member keeps its capabilities.
+
+// Sink is where a receiver puts what it received.
+type Sink interface {
+	// Load takes one entry: a whole tensor, or one chunk of a tensor
+	// larger than a bucket (chunks come in order). data is valid only
+	// during the call.
+	Load(ctx context.Context, e *Entry, data []byte) error
+	// Commit is called once the last bucket of a round has been loaded,
+	// with the round's model version, before this rank acknowledges that
+	// bucket: an error fails the round on every rank. The version is not
+	// committed yet (other receivers may still fail); Committer's
+	// Committed says when it is.
+	Commit(ctx context.Context, version uint64) error
+}
+
+// Beginner is implemented by Sinks that want to know a round's source
+// before its first tensor; Load calls Begin with the first bucket's
+// SourceInfo (nil when the sender sent none).
+type Beginner interface {
+	Begin(ctx context.Context, version uint64, info *SourceInfo) error
+}
+
+// DeviceSink is a Sink that takes device views of a bucket.
+type DeviceSink interface {
+	Sink
+	// LoadDevice queues the copy of entry e's bytes, which lie at
+	// src[off:off+e.Size] in device memory; chunks come in order. It may
+	// return before the copy has run.
+	LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error
+	// Flush returns once every copy queued so far, by LoadDevice or by
+	// Load, has finished reading its source, so that the bucket can be
+	// reused.
+	Flush(ctx context.Context) error
+}
+
+// Holding says what a Sink keeps of the rounds it takes, and so what a
+// round that fails after reaching it leaves there (Receiver.State).
+type Holding int
+
+const (
+	// HoldsInPlace: the sink updates what it holds as bytes arrive
+	// (HostModel, DeviceModel, ChecksumSink): a failed round that reached
+	// it leaves it partial. A Sink that is no Holder holds in place.
+	HoldsInPlace Holding = iota
+	// HoldsShadowed: the sink loads a round into a copy of its own and
+	// switches to it only in Committed (a HostModel made WithShadow,
+	// WriteSafetensors): a failed round leaves the committed version in
+	// place.
+	HoldsShadowed
+	// HoldsNothing: the sink keeps no copy of the model (Verify): a failed
+	// round leaves nothing to resync.
+	HoldsNothing
+)
+
+// Holder is implemented by Sinks that say what they hold; see Holding.
+type Holder interface {
+	Holding() Holding
+}
+
+// holding returns what s says it holds.
+func holding(s Sink) Holding {
+	if h, ok := s.(Holder); ok {
+		return h.Holding()
+	}
+	return HoldsInPlace
+}
+
+// Sinks returns a Sink that hands every entry to each of sinks in turn.
+// Load and the Receiver see through it to each member (Unwrap), so each
+// keeps its capabilities: a DeviceSink gets device views, the others host
+// bytes (a device bucket copied to the host once for all), and each
+// Beginner and Committer is told. Called directly, its methods do the
+// same for the members that take host bytes. Its Holding is the weakest
+// of its members': in place if any member holds in place.
+func Sinks(sinks ...Sink) *SinkSet {
+	var all SinkSet
+	for _, s := range sinks {
+		all = append(all, leaves(s)...)
+	}
+	return &all
+}
+
+// SinkSet is the Sink that Sinks returns.
+type SinkSet []Sink
+
+// Unwrap returns the members.
+func (s *SinkSet) Unwrap() []Sink { return *s }
+
+// Load hands the entry to every member.
+func (s *SinkSet) Load(ctx context.Context, e *Entry, data []byte) error {
+	for _, m := range *s {
+		if err := m.Load(ctx, e, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Begin tells every member that is a Beginner.
+func (s *SinkSet) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+	return begin(ctx, *s, version, info)
+}
+
+// Commit commits every member.
+func (s *SinkSet) Commit(ctx context.Context, version uint64) error {
+	return commit(ctx, *s, version)
+}
+
+// Committed tells every member that is a Committer.
+func (s *SinkSet) Committed(ctx context.Context, version uint64) error {
+	return committed(ctx, *s, version)
+}
+
+// Holding is HoldsInPlace if any member holds in place, else HoldsShadowed
+// if any member is shadowed, else HoldsNothing.
+func (s *SinkSet) Holding() Holding { return holdingOf(*s) }
+
+// leaves returns the sinks s stands for: the members of whatever it
+// unwraps to (Sinks), recursively, or s itself.
+func leaves(s Sink) []Sink {
+	u, ok := s.(interface{ Unwrap() []Sink })
+	if !ok {
+		return []Sink{s}
+	}
+	var out []Sink
+	for _, m := range u.Unwrap() {
+		out = append(out, leaves(m)...)
+	}
+	return out
+}
+
+func begin(ctx context.Context, sinks []Sink, version uint64, info *SourceInfo) error {
+	for _, s := range sinks {
+		if b, ok := s.(Beginner); ok {
+			if err := b.Begin(ctx, version, info); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func commit(ctx context.Context, sinks []Sink, version uint64) error {
+	for _, s := range sinks {
+		if err := s.Commit(ctx, version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func committed(ctx context.Context, sinks []Sink, version uint64) error {
+	for _, s := range sinks {
+		if c, ok := s.(Committer); ok {
+			if err := c.Committed(ctx, version); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func holdingOf(sinks []Sink) Holding {
+	h := HoldsNothing
+	for _, s := range sinks {
+		switch holding(s) {
+		case HoldsInPlace:
+			return HoldsInPlace
+		case HoldsShadowed:
+			h = HoldsShadowed
+		}
+	}
+	return h
+}
+
+// Load adds a receiver's last stage: it hands every view to sink (see the
+// comment at the top of this file), commits the round after its last
+// bucket, then acknowledges and releases each bucket. For device buckets
+// that host sinks take, the stage makes its own pinned staging and frees
+// it when it returns; a Loader keeps it between rounds instead.
+func Load(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink) {
+	loadStage(p, in, sink, nil)
+}
+
+// Load adds the stage that Load adds, copying device buckets to the host
+// through the Loader's pinned memory.
+func (ld *Loader) Load(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink) {
+	loadStage(p, in, sink, ld)
+}
+
+func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, ld *Loader) {
+	pipeline.Sink(p, "load", in, func(ctx context.Context, in *pipeline.Input[*Unpacked]) (err error) {
+		if ld == nil {
+			ld = NewLoader()
+			defer func() { err = errors.Join(err, ld.Close()) }()
+		}
+		l, err := ld.takeLoad(sink)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, ld.keepLoad(ctx, l, err != nil)) }()
+		for u := range in.All() {
+			err := l.deliver(ctx, u)
+			u.Release()
+			if err != nil {
+				return err
+			}
+			pipeline.CountBytes(ctx, u.Bucket.Meta.Length)
+		}
+		return in.Err()
+	})
+}
+
+// loadRound is one round of the load stage. It is used by the load goroutine
+// only.
+type loadRound struct {
+	sinks []Sink
+	// toHost copies device buckets for the sinks that take host bytes;
+	// nil until the first.
+	toHost *gpu.Readback
+	// version and tensors: the round's model version and the tensors
+	// (whole, or first chunks) handed to the sinks so far.
+	version uint64
+	tensors int
+}
+
+// deliver hands u's views to the sinks, then commits the round after its
+// last bucket and acknowledges the bucket.
+func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
+	m := &u.Bucket.Meta
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length})
+	defer span.End()
+	l.version = m.Version
+	if m.Index == 0 {
+		if err := begin(ctx, l.sinks, m.Version, m.Source); err != nil {
+			return fmt.Errorf("starting version %d: %w", m.Version, err)
+		}
+	}
+	device := onDevice(u.Bucket.Buf)
+	var host []byte // a device bucket's bytes on the host, fetched for the first host sink
+	for _, s := range l.sinks {
+		ds, isDev := s.(DeviceSink)
+		if device && isDev {
+			for _, v := range u.Views {
+				if err := ds.LoadDevice(ctx, v.Entry, v.Device, v.Offset); err != nil {
+					return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+				}
+			}
+		} else {
+			if device && host == nil && m.Length > 0 {
+				var err error
+				if host, err = l.fetch(ctx, u.Bucket); err != nil {
+					return err
+				}
+			}
+			for _, v := range u.Views {
+				data := v.Data
+				if device {
+					data = host[v.Entry.Offset : v.Entry.Offset+v.Entry.Size]
+				}
+				if err := s.Load(ctx, v.Entry, data); err != nil {
+					return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+				}
+			}
+		}
+		if isDev {
+			// Its copies out of the bucket (or of host bytes to the
+			// GPU): done before release.
+			if err := ds.Flush(ctx); err != nil {
+				return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
+			}
+		}
+	}
+	for _, v := range u.Views {
+		if v.Entry.Chunk == 0 {
+			l.tensors++
+		}
+	}
+	if m.IsLast {
+		if err := commit(ctx, l.sinks, m.Version); err != nil {
+			return fmt.Errorf("committing version %d: %w", m.Version, err)
+		}
+	}
+	if u.Bucket.Ack != nil {
+		return u.Bucket.Ack()
+	}
+	return nil
+}
+
+// fetch copies device bucket b's filled bytes to the host.
+func (l *loadRound) fetch(ctx context.Context, b *Bucket) ([]byte, error) {
+	if l.toHost == nil {
+		dev, err := cudaDeviceOf(b.Buf)
+		if err != nil {
+			return nil, err
+		}
+		l.toHost = dev.NewReadback()
+	}
+	host, err := l.toHost.Read(ctx, b.Buf, int(b.Meta.Length))
+	if err != nil {
+		return nil, fmt.Errorf("copying bucket %d to the host for a host sink: %w", b.Meta.Seq, err)
+	}
+	return host, nil
+}
+
+// Loader keeps what a receiver's unpack and load stages need for device
+// buckets from one round to the next: the stream and slots of the GPU
+// checksum that unpack checks buckets with, and the pinned memory that
+// device buckets are copied to for host sinks (a bucket's size: allocating
+// it every round costs more than the round). A Receiver owns one for its
+// life, and Receiver.Close closes it. Host buckets need none of it.
+//
+// NewLoader allocates nothing. A Loader serves one round at a time (its
+// Unpack and its Load stage); its methods are safe to call from any
+// goroutine.
+type Loader struct {
+	mu sync.Mutex
+	// check and toHost are kept between rounds; a stage of the round in
+	// progress holds each while unpackBusy and loadBusy are set.
+	check      *deviceCheck
+	toHost     *gpu.Readback
+	unpackBusy bool
+	loadBusy   bool
+	closed     bool
+	// What the last round's load stage handed to its sinks, once the
+	// stage has ended: the model version and the tensors.
+	lastVersion uint64
+	lastTensors int
+}
+
+// NewLoader returns an empty Loader.
+func NewLoader() *Loader { return &Loader{} }
+
+// takeCheck hands a round's unpack stage its checks, with the GPU state an
+// earlier round left.
+func (ld *Loader) takeCheck() (*bucketCheck, error) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	switch {
+	case ld.closed:
+		return nil, errors.New("unpack: the Loader was closed")
+	case ld.unpackBusy:
+		return nil, errors.New("unpack: the Loader is unpacking another round; a Loader serves one round at a time")
+	}
+	ld.unpackBusy = true
+	c := newBucketCheck(ld.check)
+	ld.check = nil
+	return c, nil
+}
+
+// keepCheck ends the unpack stage's round: it keeps c's GPU state for the
+// next round, or, after a failed round, frees it.
+func (ld *Loader) keepCheck(ctx context.Context, c *bucketCheck, failed bool) error {
+	var err error
+	if failed && c.dev != nil {
+		err, c.dev = c.dev.close(ctx), nil
+	}
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	ld.unpackBusy, ld.check = false, c.dev
+	return err
+}
+
+// takeLoad hands a round's load stage its state for sink, with the pinned
+// memory an earlier round left.
+func (ld *Loader) takeLoad(sink Sink) (*loadRound, error) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	switch {
+	case ld.closed:
+		return nil, errors.New("load: the Loader was closed")
+	case ld.loadBusy:
+		return nil, errors.New("load: the Loader is loading another round; a Loader serves one round at a time")
+	}
+	ld.loadBusy, ld.lastVersion, ld.lastTensors = true, 0, 0
+	l := &loadRound{sinks: leaves(sink), toHost: ld.toHost}
+	ld.toHost = nil
+	return l, nil
+}
+
+// keepLoad ends the load stage's round: it notes what the round loaded,
+// and keeps l's pinned memory for the next round, or, after a failed round,
+// frees it.
+func (ld *Loader) keepLoad(ctx context.Context, l *loadRound, failed bool) error {
+	var err error
+	if failed && l.toHost != nil {
+		err, l.toHost = l.toHost.Close(ctx), nil
+	}
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	ld.loadBusy, ld.toHost = false, l.toHost
+	ld.lastVersion, ld.lastTensors = l.version, l.tensors
+	return err
+}
+
+// loaded returns the model version and the number of tensors the last
+// round handed to its sinks.
+func (ld *Loader) loaded() (version uint64, tensors int) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.lastVersion, ld.lastTensors
+}
+
+// Close frees the GPU state, after the work still queued on it (waiting at
+// most a minute). It fails, freeing nothing, while a round is unpacking or
+// loading. Close is idempotent.
+func (ld *Loader) Close() error {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if ld.closed {
+		return nil
+	}
+	if ld.unpackBusy || ld.loadBusy {
+		return errors.New("load: Loader closed while a round is unpacking or loading")
+	}
+	ld.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
+	defer cancel()
+	var errs []error
+	if ld.check != nil {
+		errs = append(errs, ld.check.close(ctx))
+	}
+	if ld.toHost != nil {
+		errs = append(errs, ld.toHost.Close(ctx))
+	}
+	ld.check, ld.toHost = nil, nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,59 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/transport"
+)
+
+// Subscribe adds a receiver's source stage: it takes each bucket's metadata
+// from sub, checks it, takes a buffer from pool for its bytes, and stops
+// after the bucket marked IsLast. firstSeq is the Seq the round must start
+// at (the receiver's count of messages so far).
+func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, firstSeq uint64) *pipeline.Stream[*Bucket] {
+	return pipeline.Source(p, "subscribe", 1, func(ctx context.Context, out *pipeline.Output[*Bucket]) error {
+		want := firstSeq
+		var version uint64
+		for index := 0; ; index++ {
+			msg, err := sub.Recv(ctx)
+			if err != nil {
+				return err
+			}
+			if isCommit(msg.Data) {
+				return fmt.Errorf("message %d is a commit message (%s) where the metadata of bucket %d was expected: the root and this rank disagree on where the round ends", msg.Seq, quote(msg.Data), want)
+			}
+			meta, err := DecodeMeta(msg.Data)
+			if err != nil {
+				return err
+			}
+			switch {
+			case meta.Seq != msg.Seq || meta.Seq != want:
+				return fmt.Errorf("bucket metadata out of order: message %d carries bucket %d, expected bucket %d", msg.Seq, meta.Seq, want)
+			case meta.Index != index:
+				return fmt.Errorf("bucket %d has index %d in its round, expected %d", meta.Seq, meta.Index, index)
+			case index > 0 && meta.Version != version:
+				return fmt.Errorf("bucket %d has model version %d in a round of version %d", meta.Seq, meta.Version, version)
+			case meta.Length > int64(pool.BufferSize()):
+				return fmt.Errorf("bucket %d holds %d bytes but this rank's buckets hold %d; start every rank with the same bucket size", meta.Seq, meta.Length, pool.BufferSize())
+			}
+			version = meta.Version
+			want++
+			buf, err := pool.Get(ctx)
+			if err != nil {
+				return err
+			}
+			b := pool.Bucket(buf, *meta)
+			seq := meta.Seq
+			b.Ack = func() error { return sub.Ack(ctx, seq) }
+			pipeline.Count(ctx, "buffers held", float64(pool.Held()))
+			if err := out.Send(b); err != nil {
+				return err
+			}
+			if meta.IsLast {
+				return nil
+			}
+		}
+	})
+}

@@ -1,0 +1,268 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/pipeline"
+)
+
+// The unpack stage: a received bucket checked and turned into views.
+//
+// Every received bucket is checked here, in one place, before any sink
+// sees it: its checksum, where its bytes are (on the CPU for a host
+// bucket; by the GPU checksum kernel for a device bucket, or on the CPU
+// after copying it back where the kernel is unavailable), and its entries
+// (the chunks of a split tensor in order, no tensor twice, every split
+// tensor complete at the end of the round). A host bucket's views are
+// slices of its bytes; a device bucket's are device ranges (View.Device),
+// which load hands to device sinks as they are and copies to the host for
+// the others.
+
+// View is one entry of a received bucket with its bytes.
+type View struct {
+	Entry *Entry
+	// Data is the entry's bytes inside the bucket buffer: valid only
+	// until the bucket is released. Nil for a device bucket.
+	Data []byte
+	// Device and Offset place the entry's bytes in a device bucket
+	// (Device[Offset:Offset+Entry.Size]); Device is nil for host buckets.
+	Device mem.Buffer
+	Offset int64
+}
+
+// Unpacked is a received bucket turned into views of its entries.
+type Unpacked struct {
+	Bucket *Bucket
+	Views  []View
+}
+
+// Release gives the bucket's buffer back.
+func (u *Unpacked) Release() { u.Bucket.Release() }
+
+// ByteSize is the bucket's filled length.
+func (u *Unpacked) ByteSize() int64 { return u.Bucket.Meta.Length }
+
+// Unpack adds the stage that checks each received bucket (its checksum, and
+// that chunks of split tensors arrive in order and complete by the end of
+// the round, and that no tensor arrives twice) and turns it into views.
+// For device buckets with checksums the stage makes its own GPU state (a
+// stream, the checksum kernel's slots) and frees it when it returns; a
+// Loader keeps it between rounds instead.
+func Unpack(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket]) *pipeline.Stream[*Unpacked] {
+	return unpackStage(p, in, nil)
+}
+
+// Unpack adds the stage that Unpack adds, checking device buckets with the
+// Loader's GPU state.
+func (ld *Loader) Unpack(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket]) *pipeline.Stream[*Unpacked] {
+	return unpackStage(p, in, ld)
+}
+
+func unpackStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ld *Loader) *pipeline.Stream[*Unpacked] {
+	return pipeline.Stage(p, "unpack", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Unpacked]) (err error) {
+		if ld == nil {
+			ld = NewLoader()
+			defer func() { err = errors.Join(err, ld.Close()) }()
+		}
+		c, err := ld.takeCheck()
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, ld.keepCheck(ctx, c, err != nil)) }()
+		for b := range in.All() {
+			u, err := c.unpack(ctx, b)
+			if err != nil {
+				b.Release()
+				return err
+			}
+			if err := out.Send(u); err != nil {
+				return err
+			}
+		}
+		return in.Err()
+	})
+}
+
+// bucketCheck checks the buckets of one round (see unpack). It is used by
+// the unpack goroutine only.
+type bucketCheck struct {
+	// got is each tensor's bytes received so far this round; maxTensors
+	// bounds its size.
+	got        map[string]progress
+	maxTensors int
+	// dev checks device buckets' checksums; nil until the first.
+	dev *deviceCheck
+}
+
+func newBucketCheck(dev *deviceCheck) *bucketCheck {
+	return &bucketCheck{got: map[string]progress{}, maxTensors: MaxTensors, dev: dev}
+}
+
+// progress counts the bytes of one tensor received so far in a round.
+type progress struct{ have, total int64 }
+
+// unpack checks b and makes views of its entries.
+func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) {
+	m := &b.Meta
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version})
+	defer span.End()
+	host := b.Buf.Host()
+	var data []byte // nil for a device bucket: its views are device views
+	if host == nil && !onDevice(b.Buf) {
+		return nil, fmt.Errorf("unpack: bucket %d is in a buffer on %s that neither the host nor the GPU can address", m.Seq, b.Buf.Device().Name())
+	}
+	if host != nil {
+		data = host[:m.Length]
+	}
+	if m.HasChecksum {
+		if err := c.checkSum(ctx, b, data); err != nil {
+			return nil, err
+		}
+		// The span covers reading every byte: a rate is a rate.
+		span.Args(map[string]any{"bytes": m.Length})
+	}
+	u := &Unpacked{Bucket: b, Views: make([]View, len(m.Entries))}
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		pr, seen := c.got[e.Name]
+		have := pr.have
+		switch {
+		case seen && have == pr.total:
+			return nil, fmt.Errorf("tensor %q arrived twice in round %d (again in bucket %d)", e.Name, m.Version, m.Seq)
+		case e.Chunk != have:
+			return nil, fmt.Errorf("tensor %q: bucket %d carries bytes [%d, %d) but %d bytes had arrived; chunks out of order", e.Name, m.Seq, e.Chunk, e.Chunk+e.Size, have)
+		case !seen && len(c.got) >= c.maxTensors:
+			return nil, fmt.Errorf("round %d carries more than %d tensors (bucket %d); the limit keeps a receiver's bookkeeping bounded", m.Version, c.maxTensors, m.Seq)
+		}
+		c.got[e.Name] = progress{have + e.Size, e.Total}
+		if data != nil {
+			u.Views[i] = View{Entry: e, Data: data[e.Offset : e.Offset+e.Size]}
+		} else {
+			u.Views[i] = View{Entry: e, Device: b.Buf, Offset: e.Offset}
+		}
+	}
+	if m.IsLast {
+		for name, pr := range c.got {
+			if pr.have != pr.total {
+				return nil, fmt.Errorf("round %d ended with tensor %q incomplete (%d of %d bytes)", m.Version, name, pr.have, pr.total)
+			}
+		}
+	}
+	return u, nil
+}
+
+// checkSum compares the checksum of b's filled bytes with the one the root
+// sent: data's for a host bucket (data is nil for a device bucket), else
+// the GPU's.
+func (c *bucketCheck) checkSum(ctx context.Context, b *Bucket, data []byte) error {
+	m := &b.Meta
+	var got uint64
+	if data != nil {
+		got = checksum.SumParallel(data)
+	} else {
+		if c.dev == nil {
+			dev, err := cudaDeviceOf(b.Buf)
+			if err != nil {
+				return fmt.Errorf("unpack: bucket %d: %w", m.Seq, err)
+			}
+			c.dev = &deviceCheck{dev: dev}
+		}
+		var err error
+		if got, err = c.dev.sum(ctx, b); err != nil {
+			return fmt.Errorf("checksum of bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
+	}
+	if got == m.Checksum {
+		return nil
+	}
+	return fmt.Errorf("bucket %d (version %d, %d bytes) failed its checksum: got %x, root sent %x; tensors in it: %s",
+		m.Seq, m.Version, m.Length, got, m.Checksum, entryNames(m.Entries, 8))
+}
+
+func entryNames(es []Entry, limit int) string {
+	s := ""
+	for i, e := range es {
+		if i == limit {
+			return s + fmt.Sprintf(" and %d more", len(es)-limit)
+		}
+		if i > 0 {
+			s += ", "
+		}
+		s += e.Name
+	}
+	return s
+}
+
+// deviceCheck sums device buckets: with the GPU checksum kernel on a
+// stream of its own, or, where the kernel is unavailable, on the CPU after
+// copying the bucket back. It is used by one unpack goroutine at a time.
+type deviceCheck struct {
+	dev      *gpu.CUDADevice
+	stream   *gpu.Stream
+	sums     *gpu.Checksummer // nil until first used, or where unavailable
+	sumsWhy  error            // why the checksum kernel is unavailable
+	readback *gpu.Readback
+}
+
+// sum returns the checksum of b's filled bytes, after b's fence.
+func (c *deviceCheck) sum(ctx context.Context, b *Bucket) (uint64, error) {
+	if c.stream == nil {
+		s, err := c.dev.NewStream()
+		if err != nil {
+			return 0, err
+		}
+		c.stream = s
+	}
+	if c.sums == nil && c.sumsWhy == nil {
+		c.sums, c.sumsWhy = c.stream.NewChecksummer()
+		if c.sumsWhy != nil && !errors.Is(c.sumsWhy, gpu.ErrNoChecksumKernel) {
+			err := c.sumsWhy
+			c.sums, c.sumsWhy = nil, nil
+			return 0, err
+		}
+	}
+	if c.sums == nil {
+		if c.readback == nil {
+			c.readback = c.dev.NewReadback()
+		}
+		host, err := c.readback.Read(ctx, b.Buf, int(b.Meta.Length))
+		if err != nil {
+			return 0, fmt.Errorf("on the host: %w", err)
+		}
+		return checksum.SumParallel(host), nil
+	}
+	ps, err := c.sums.Queue(b.Buf, b.Meta.Length) // after b's fence, if any
+	if err != nil {
+		return 0, err
+	}
+	defer ps.Close()
+	return ps.Wait(ctx)
+}
+
+// close frees the stream and the kernel's slots once nothing queued on
+// them runs, bounded by ctx or, once ctx is done, by finalWait.
+func (c *deviceCheck) close(ctx context.Context) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	var errs []error
+	if c.readback != nil {
+		errs = append(errs, c.readback.Close(ctx))
+	}
+	if c.stream == nil {
+		return errors.Join(errs...)
+	}
+	if err := c.stream.Sync(ctx); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("unpack: a checksum still running; leaving its memory allocated: %w", err))...)
+	}
+	if c.sums != nil {
+		errs = append(errs, c.sums.Close(ctx))
+	}
+	errs = append(errs, c.stream.Close())
+	c.stream, c.sums = nil, nil
+	return errors.Join(errs...)
+}
