@@ -65,6 +65,7 @@ func Example_checkpoint() {
 				pub, _ := inproc.OpenPublisher(ctx, cfg)
 				defer pub.Close()
 				sender := stages.NewSender(stages.SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: true})
+				defer sender.Close() // its GPU state; the pool stays ours to close
 				if _, err := sender.Sync(ctx, rollout, 1); err != nil {
 					fmt.Println("send failed:", err)
 				}
@@ -73,6 +74,7 @@ func Example_checkpoint() {
 			sub, _ := inproc.OpenSubscriber(ctx, cfg)
 			defer sub.Close()
 			receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool, Rank: rank})
+			defer receiver.Close()
 			if _, err := receiver.Sync(ctx, stages.WriteSafetensors(out)); err != nil {
 				fmt.Println("receive failed:", err)
 			}

@@ -32,6 +32,7 @@ func Example() {
 				pub, _ := inproc.OpenPublisher(ctx, cfg)
 				defer pub.Close()
 				sender := stages.NewSender(stages.SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: true})
+				defer sender.Close() // its GPU state; the pool stays ours to close
 				st, err := sender.Sync(ctx, model, 1)
 				fmt.Printf("sent %d tensors in %d buckets, err=%v\n", st.Tensors, st.Buckets, err)
 				return
@@ -39,6 +40,7 @@ func Example() {
 			sub, _ := inproc.OpenSubscriber(ctx, cfg)
 			defer sub.Close()
 			receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool})
+			defer receiver.Close()
 			if _, err := receiver.Sync(ctx, stages.Verify(model)); err != nil {
 				fmt.Println("rank", rank, "failed:", err)
 			}
@@ -72,6 +74,7 @@ func Example_customPipeline() {
 					return nil
 				}, nil)
 				receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool})
+				defer receiver.Close()
 				if _, err := receiver.Sync(ctx, sink); err != nil {
 					fmt.Println("rank", rank, "failed:", err)
 				}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -95,39 +94,6 @@ func (m *castModel) SourceInfo() *stages.SourceInfo {
 // per rank, so local ranks do not write over each other.
 func (c *config) outDir(rank int) string {
 	return filepath.Join(c.out, "rank"+strconv.Itoa(rank))
-}
-
-// multiSink hands every entry to several host sinks (--out and --verify
-// together).
-type multiSink []stages.Sink
-
-func (m multiSink) Load(ctx context.Context, e *stages.Entry, data []byte) error {
-	for _, s := range m {
-		if err := s.Load(ctx, e, data); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (m multiSink) Begin(ctx context.Context, version uint64, info *stages.SourceInfo) error {
-	for _, s := range m {
-		if b, ok := s.(stages.Beginner); ok {
-			if err := b.Begin(ctx, version, info); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func (m multiSink) Commit(ctx context.Context, version uint64) error {
-	for _, s := range m {
-		if err := s.Commit(ctx, version); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // modelText names the model for people: "1.0 GiB synthetic model" or

@@ -174,6 +174,11 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 			}
 		},
 	})
+	defer func() {
+		if err := sender.Close(); err != nil && res.Error == "" {
+			res.Error = err.Error()
+		}
+	}()
 	var onDevice *deviceModel
 	if cuda != nil && c.modelPath == "" {
 		var err error
@@ -215,6 +220,11 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 	tracer *pipeline.Tracer, res *rankResult, gpuMemory func()) (err error) {
 	receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: l.endpoint, Subscriber: l.sub, Pool: pool, Tracer: tracer, Rank: rank})
 	defer func() {
+		if err := receiver.Close(); err != nil && res.Error == "" {
+			res.Error = err.Error()
+		}
+	}()
+	defer func() {
 		res.CommittedVersion = receiver.Committed()
 		if err != nil {
 			res.State = receiver.State().String()
@@ -238,7 +248,7 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 		}
 		var sink stages.Sink = &discard{}
 		var verify *stages.VerifySink
-		var sinks multiSink
+		var sinks []stages.Sink
 		if c.verify && (onDevice == nil || c.out != "") {
 			verify = stages.Verify(model)
 			sinks = append(sinks, verify)
@@ -251,7 +261,7 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 		case len(sinks) == 1:
 			sink = sinks[0]
 		case len(sinks) > 1:
-			sink = sinks
+			sink = stages.Sinks(sinks...) // each keeps what it can do: a verifier holds nothing, the files are shadowed
 		case onDevice != nil:
 			sink = onDevice
 		}
@@ -299,6 +309,9 @@ func (d *discard) Load(ctx context.Context, e *stages.Entry, data []byte) error 
 }
 
 func (d *discard) Commit(ctx context.Context, version uint64) error { return nil }
+
+// Holding is HoldsNothing: discard keeps no model.
+func (d *discard) Holding() stages.Holding { return stages.HoldsNothing }
 
 // peakRSS reads the process's peak resident set size (Linux VmHWM).
 func peakRSS() int64 { return procKiB("/proc/self/status", "VmHWM:") }

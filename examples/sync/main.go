@@ -110,6 +110,7 @@ func syncRank(ctx context.Context, etcd []string, runID string, rank, n int, wei
 		}
 		defer closeInto(&err, pub)
 		sender := stages.NewSender(stages.SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: true, Rank: rank})
+		defer closeInto(&err, sender) // what it keeps between rounds; before the pool
 		if _, err = sender.Sync(ctx, weights, step); err != nil {
 			return err
 		}
@@ -120,6 +121,7 @@ func syncRank(ctx context.Context, etcd []string, runID string, rank, n int, wei
 		}
 		defer closeInto(&err, sub)
 		receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool, Rank: rank})
+		defer closeInto(&err, receiver)
 		if _, err = receiver.Sync(ctx, model); err != nil {
 			return err
 		}

@@ -1,0 +1,238 @@
+package stages
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/mem"
+)
+
+// failAfter is a sink that keeps nothing and, when n > 0, fails at the n-th
+// tensor of a round.
+type failAfter struct{ n, seen int }
+
+func (f *failAfter) Load(ctx context.Context, e *Entry, data []byte) error {
+	if e.Chunk == 0 {
+		f.seen++
+	}
+	if f.n > 0 && f.seen >= f.n {
+		return errInjected
+	}
+	return nil
+}
+
+func (f *failAfter) Commit(ctx context.Context, version uint64) error { f.seen = 0; return nil }
+func (f *failAfter) Holding() Holding                                 { return HoldsNothing }
+
+// snapshot copies dir's files into a new directory and returns it.
+func snapshot(t *testing.T, dir string) string {
+	t.Helper()
+	out := t.TempDir()
+	for _, name := range dirFiles(t, dir) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(out, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// TestSafetensorsFailedRoundIntact: a receiver that writes each round with
+// WriteSafetensors, beside a sink that keeps nothing (combined with Sinks,
+// as the demo's --out and --verify are), still holds the last committed
+// round's files, byte for byte, after a round that fails, and says so:
+// State is intact, whether its own round failed after some tensors were
+// written, or another receiver failed after this one had the whole round
+// (its files are finished then, but only the group's commit puts them in
+// place).
+func TestSafetensorsFailedRoundIntact(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		failOwn bool
+	}{{"own round fails mid-way", true}, {"another receiver fails", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "out")
+			files := WriteSafetensors(dir, SafetensorsWithoutSync())
+			other := &failAfter{}
+			bad := &failCommit{HostModel: NewHostModel()}
+			sinks := []Sink{Sinks(files, other), bad}
+			g, _ := commitGroup(t, groupFault{}, sinks)
+			before := snapshot(t, dir)
+			if len(dirFiles(t, before)) == 0 {
+				t.Fatal("round 1 wrote no files")
+			}
+			if c.failOwn {
+				other.n = 5
+			} else {
+				bad.fail = true
+			}
+			errs := g.failedRound(t, 2, sinks)
+			if errs[1] == nil {
+				t.Fatal("rank 1 reported success")
+			}
+			r := g.receivers[0]
+			if r.State() != StateIntact || r.Committed() != 1 {
+				t.Fatalf("rank 1: state %v, committed %d; want intact at 1 (%v)", r.State(), r.Committed(), errs[1])
+			}
+			if err := files.Abort(); err != nil { // the unfinished round's directory
+				t.Fatal(err)
+			}
+			sameFiles(t, before, dir)
+		})
+	}
+}
+
+// recordSink is a host sink that records what it was told.
+type recordSink struct {
+	mu                      sync.Mutex
+	holds                   Holding
+	begun, loaded, commits  int
+	committed, flushes, dev int
+}
+
+func (s *recordSink) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.begun++
+	return nil
+}
+
+func (s *recordSink) Load(ctx context.Context, e *Entry, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loaded++
+	return nil
+}
+
+func (s *recordSink) Commit(ctx context.Context, version uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.commits++
+	return nil
+}
+
+func (s *recordSink) Committed(ctx context.Context, version uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.committed++
+	return nil
+}
+
+func (s *recordSink) Holding() Holding { return s.holds }
+
+// recordDevice is a recordSink that takes device views too.
+type recordDevice struct{ recordSink }
+
+func (s *recordDevice) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dev++
+	return nil
+}
+
+func (s *recordDevice) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flushes++
+	return nil
+}
+
+// TestSinksCapabilities: sinks combined with Sinks (nested too) each keep
+// their capabilities through a Receiver's round: every member is begun,
+// loaded, committed and told of the group's commit, a DeviceSink is
+// flushed after each bucket (host bytes copied to its GPU are done before
+// the bucket goes back), and the set's Holding is its weakest member's.
+func TestSinksCapabilities(t *testing.T) {
+	a := &recordSink{holds: HoldsShadowed}
+	d := &recordDevice{recordSink{holds: HoldsNothing}}
+	set := Sinks(a, Sinks(d, NewHostModel(WithShadow())))
+	if n := len(set.Unwrap()); n != 3 {
+		t.Fatalf("a nested set has %d members, want 3", n)
+	}
+	g, st := commitGroup(t, groupFault{}, []Sink{set})
+	if a.begun != 1 || d.begun != 1 || a.commits != 1 || d.commits != 1 || a.committed != 1 || d.committed != 1 {
+		t.Fatalf("begun %d/%d, committed locally %d/%d, told of the group's commit %d/%d; want 1 each",
+			a.begun, d.begun, a.commits, d.commits, a.committed, d.committed)
+	}
+	if a.loaded == 0 || d.loaded != a.loaded || d.dev != 0 {
+		t.Fatalf("entries loaded %d and %d, device views %d (host buckets)", a.loaded, d.loaded, d.dev)
+	}
+	if d.flushes != st.Buckets {
+		t.Fatalf("the device sink was flushed %d times for %d buckets", d.flushes, st.Buckets)
+	}
+	if v := g.receivers[0].Committed(); v != 1 {
+		t.Fatalf("committed %d", v)
+	}
+	for _, c := range []struct {
+		set  *SinkSet
+		want Holding
+	}{
+		{set, HoldsShadowed},
+		{Sinks(a, NewHostModel()), HoldsInPlace},
+		{Sinks(Verify(roundModel(t, 1)), d), HoldsNothing},
+		{Sinks(), HoldsNothing},
+	} {
+		if h := c.set.Holding(); h != c.want {
+			t.Errorf("Holding of %d sinks = %v, want %v", len(c.set.Unwrap()), h, c.want)
+		}
+	}
+}
+
+// TestLoaderOneRoundAtATime: a Loader (or Packer) serves one round at a
+// time, and refuses work after Close.
+func TestLoaderOneRoundAtATime(t *testing.T) {
+	ld := NewLoader()
+	c, err := ld.takeCheck()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ld.takeCheck(); err == nil || !strings.Contains(err.Error(), "one round at a time") {
+		t.Fatalf("a second unpack: %v", err)
+	}
+	if err := ld.Close(); err == nil {
+		t.Fatal("Close while a round unpacks succeeded")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ld.keepCheck(ctx, c, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := ld.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ld.Close(); err != nil {
+		t.Fatal("Close is not idempotent:", err)
+	}
+	if _, err := ld.takeLoad(NewHostModel()); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("a round after Close: %v", err)
+	}
+	pk := NewPacker()
+	pool, err := NewPool(mem.Host{}, DefaultBuffers, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pk.begin(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pk.begin(ctx, pool); err == nil || !strings.Contains(err.Error(), "one round at a time") {
+		t.Fatalf("a second pack: %v", err)
+	}
+	if err := pk.end(ctx, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := pk.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pk.begin(ctx, pool); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("a round after Close: %v", err)
+	}
+}
