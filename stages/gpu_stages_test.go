@@ -16,6 +16,8 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/timeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
 )
@@ -689,5 +691,90 @@ func TestGPUCastDevice(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestGPUTraceSpans traces rounds of device tensors into device buckets:
+// the root's pack spans only time queueing the copies (named "queued",
+// with no byte count, so no rate is drawn from them), and a "pack (GPU)"
+// lane holds, for every bucket, when the GPU did its copies and checksum,
+// read back from timed events after the round: inside the round, in order,
+// each with its bytes. The trace passes the timeline's strict check, and
+// the GPU lane reads as one lane.
+func TestGPUTraceSpans(t *testing.T) {
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
+	rng := rand.New(rand.NewPCG(21, 22))
+	ts := randomTensors(rng, 60, 3<<20)
+	src := placeOnDevice(t, d, ts, 30, 7)
+	for i, tn := range src {
+		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), ts[i].Data)
+	}
+	gputest.Sync(t, s)
+	tr := pipeline.NewTracer(time.Now())
+	g := newGPUGroup(t, d, 2, 1<<20, false, true, nil)
+	g.sender.cfg.Tracer = tr
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for round := uint64(1); round <= 2; round++ {
+		before := time.Since(tr.Epoch())
+		if err := roundCancel(ctx, g, src, round, []Sink{newDeviceModel(t, d)}); err != nil {
+			t.Fatal(err)
+		}
+		after := time.Since(tr.Epoch())
+		var gpuSpans []pipeline.Event
+		for _, e := range spansOf(tr, 0, "pack (GPU)") {
+			if e.Args["round"] == round {
+				gpuSpans = append(gpuSpans, e)
+			}
+		}
+		var packSpans int
+		for _, e := range spansOf(tr, 0, "pack") {
+			if e.Args["round"] != round {
+				continue
+			}
+			packSpans++
+			if _, ok := e.Args["bytes"]; ok || !bytesContain(e.Name, "(queued)") {
+				t.Fatalf("round %d: pack span %q (%v) claims bytes or is not labelled as queueing", round, e.Name, e.Args)
+			}
+		}
+		if len(gpuSpans) == 0 || len(gpuSpans) != packSpans {
+			t.Fatalf("round %d: %d GPU spans for %d buckets", round, len(gpuSpans), packSpans)
+		}
+		var end float64
+		for i, e := range gpuSpans {
+			n, _ := e.Args["bytes"].(int64)
+			if e.Dur <= 0 || n <= 0 && i < len(gpuSpans)-1 {
+				t.Fatalf("round %d: GPU span %q lasts %v µs for %d bytes", round, e.Name, e.Dur, n)
+			}
+			if e.Ts < float64(before.Microseconds())-100 || e.Ts+e.Dur > float64(after.Microseconds())+100 || e.Ts < end-1 {
+				t.Fatalf("round %d: GPU span %q at [%v, %v] µs, outside the round [%v, %v] or before the previous one's end %v",
+					round, e.Name, e.Ts, e.Ts+e.Dur, before.Microseconds(), after.Microseconds(), end)
+			}
+			end = e.Ts + e.Dur
+		}
+		t.Logf("round %d: %d buckets; the first on the GPU for %.1f µs", round, len(gpuSpans), gpuSpans[0].Dur)
+	}
+	var buf bytes.Buffer
+	if err := tr.WriteChrome(&buf, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := timeline.Validate(bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	trace, err := timeline.Read(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lanes := 0
+	for _, p := range trace.Processes {
+		for _, l := range p.Lanes {
+			if l.Name == "pack (GPU)" {
+				lanes++
+			}
+		}
+	}
+	if lanes != 1 {
+		t.Fatalf("%d lanes named pack (GPU), want 1", lanes)
 	}
 }

@@ -118,8 +118,7 @@ func packStage(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfi
 			return err
 		}
 		defer func() { err = errors.Join(err, pk.end(ctx, dev, err != nil)) }()
-		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{},
-			bsize: int64(cfg.Pool.BufferSize()), dev: dev, waitSums: own}
+		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, dev: dev, waitSums: own}
 		if r.cfg.maxTensors == 0 {
 			r.cfg.maxTensors = MaxTensors
 		}
@@ -191,7 +190,7 @@ func (pk *Packer) begin(ctx context.Context, pool *Pool) (*deviceFill, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
-	if pk.dev != nil && pk.dev.dev != dev {
+	if pk.dev != nil && pk.dev.stream.Device() != dev {
 		// Another GPU's state: this round's buckets are elsewhere.
 		if err := pk.dev.close(ctx); err != nil {
 			return nil, err
@@ -264,7 +263,6 @@ type packing struct {
 	ctx   context.Context
 	cfg   PackConfig
 	out   *pipeline.Output[*Bucket]
-	bsize int64
 	seq   uint64
 	index int
 	seen  map[string]struct{}
@@ -381,7 +379,8 @@ func (r *packing) add(t *Tensor) error {
 	r.seen[t.Name] = struct{}{}
 	// A tensor that fits in one bucket is never split: if it does not fit
 	// in what is left of this one, start the next.
-	if r.cur != nil && len(r.cur.Meta.Entries) > 0 && size <= r.bsize && alignUp(r.fill)+size > r.bsize {
+	bsize := int64(r.cfg.Pool.BufferSize())
+	if r.cur != nil && len(r.cur.Meta.Entries) > 0 && size <= bsize && alignUp(r.fill)+size > bsize {
 		if err := r.emit(false); err != nil {
 			return err
 		}
@@ -394,7 +393,7 @@ func (r *packing) add(t *Tensor) error {
 		if size == 0 {
 			off = r.fill // no bytes: never pushes past the filled length
 		}
-		room := r.bsize - off
+		room := bsize - off
 		n := min(size-chunk, room)
 		if n < size-chunk {
 			n &^= Align - 1 // split on Align boundaries within the tensor
@@ -477,8 +476,7 @@ func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 // deviceFill queues the copies that fill device buckets, round after round.
 // It is used by one pack goroutine at a time.
 type deviceFill struct {
-	dev     *gpu.CUDADevice
-	stream  *gpu.Stream
+	stream  *gpu.Stream // the copy stream, of the buckets' GPU
 	plan    devicePlan
 	staging gpu.StagingConfig
 	// batch is the copy engine's queue: host staging copies and the
@@ -528,7 +526,7 @@ func newDeviceFill(dev *gpu.CUDADevice, plan devicePlan, staging gpu.StagingConf
 	if err != nil {
 		return nil, fmt.Errorf("pack: creating the copy stream: %w", err)
 	}
-	f := &deviceFill{dev: dev, stream: s, plan: plan, staging: staging}
+	f := &deviceFill{stream: s, plan: plan, staging: staging}
 	for range f.plan.lanes - 1 {
 		ls, err := dev.NewStream()
 		if err != nil {
@@ -786,7 +784,7 @@ func (f *deviceFill) queueSum(ctx context.Context, b *Bucket, wait bool) error {
 	}
 	if f.sums == nil {
 		if f.readback == nil {
-			f.readback = f.dev.NewReadback()
+			f.readback = f.stream.Device().NewReadback()
 		}
 		host, err := f.readback.Read(ctx, b.Buf, int(m.Length)) // after the bucket's fence
 		if err != nil {
