@@ -10,13 +10,16 @@
 //
 //	subscribe ──► receive ──► unpack ──► load
 //
-// Pack fills fixed-size bucket buffers taken from a Pool of two: packing
-// bucket k+1 overlaps the broadcast of bucket k, and no rank ever holds more
-// than two buffers. A tensor larger than a bucket is split into chunks. The
-// last bucket of a round carries IsLast, after which every stage closes its
-// output in turn. Each Bucket carries the function that returns its buffer to
-// the pool (Release), so whoever finishes with a bucket last gives it back,
-// and the pipeline releases buckets left behind by a failure.
+// Each stage lives in one file of its name (iterate.go, pack.go, ...), its
+// host and device paths side by side. Pack fills fixed-size bucket buffers
+// taken from a Pool of two: packing bucket k+1 overlaps the broadcast of
+// bucket k, and no rank ever holds more than two buffers. A tensor larger
+// than a bucket is split into chunks. The last bucket of a round carries
+// IsLast, after which every stage closes its output in turn. Each Bucket
+// carries the function that returns its buffer to the pool (Release), so
+// whoever finishes with a bucket last gives it back, and the pipeline
+// releases buckets left behind by a failure. Unpack checks every bucket
+// (its checksum and entries) before load hands it to a Sink.
 //
 // Sender and Receiver compose these stages for the common case; the stage
 // functions (Iterate, Pack, Publish, Broadcast, Subscribe, Receive, Unpack,
@@ -25,11 +28,14 @@
 //
 // Sources: Tensors (a list), Synthetic (a deterministic transformer-shaped
 // model generated on demand), OpenCheckpoint (safetensors files, streamed
-// from disk straight into buckets), and Cast, which converts floating
-// tensors to the rollout dtype as pack reads them. Sinks: HostModel and
-// DeviceModel (updated in place round after round), ChecksumSink, Verify,
-// Callback, and WriteSafetensors (the received model written back as the
-// source's files).
+// from disk straight into buckets), and Cast, which marks floating tensors
+// to be converted to the rollout dtype as pack copies them
+// (Tensor.SourceDType). Sinks: HostModel and DeviceModel (updated in place
+// round after round), ChecksumSink, Verify, Callback, WriteSafetensors (the
+// received model written back as the source's files), and Sinks, which
+// combines several. A sink declares what else it can do by the optional
+// interfaces it implements (Beginner, Committer, DeviceSink, Holder); load
+// asks each sink itself, through Sinks too.
 //
 // Rounds are all or nothing. Every round carries a model version; once
 // every receiver has acknowledged every bucket, Sender.Sync announces the
@@ -37,14 +43,19 @@
 // (AnnounceCommit, AwaitCommit), and only then does a Receiver report it
 // (Committed, WaitCommitted) and tell its sink (Committer). After a failed
 // round, Receiver.State says whether the sink still holds the committed
-// version (StateIntact) or was partly overwritten (StatePartial: resync).
-// A HostModel made WithShadow loads each round into a second copy and
-// swaps on commit, so the committed version stays servable throughout.
+// version (StateIntact) or was partly overwritten (StatePartial: resync),
+// from what the sink holds (Holding): a HostModel made WithShadow and
+// WriteSafetensors load each round into a copy of their own and switch on
+// commit, so the committed version stays servable throughout.
 //
 // On GPUs the same stages run on device memory: a Pool of device buffers
 // makes Pack copy into device buckets (device tensors device to device,
-// host tensors through pinned staging, small copies batched), each bucket
-// carries an event that orders its copies before the broadcast, receivers
-// get device views, and a bucket is released only after the copies out of
-// it have finished. See gpu_pack.go and gpu_sink.go.
+// host tensors through a pinned staging ring, small copies batched), each
+// bucket carries an event that orders its copies before the broadcast,
+// receivers get device views, and a bucket is released only after the
+// copies out of it have finished. The GPU state this needs between rounds
+// (streams, kernels' memory, pending checksums, pinned staging) is a
+// Packer's on the sender and a Loader's on a receiver; a Sender and a
+// Receiver each own one, and their Close frees it. A Pool holds buffers
+// only and stays its creator's.
 package stages
