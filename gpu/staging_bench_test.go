@@ -25,9 +25,9 @@ func (nullStaging) alloc(n int) ([]byte, uint64, func() error, error) {
 	return make([]byte, n), 1 << 40, func() error { return nil }, nil
 }
 func (nullStaging) queue(context.Context, []stageCopy) error { return nil }
-func (nullStaging) record() (stagingEvent, error)          { return doneEvent{}, nil }
-func (nullStaging) sync(context.Context) error             { return nil }
-func (nullStaging) close(context.Context) error            { return nil }
+func (nullStaging) record() (stagingEvent, error)            { return doneEvent{}, nil }
+func (nullStaging) sync(context.Context) error               { return nil }
+func (nullStaging) close(context.Context) error              { return nil }
 
 // BenchmarkStagingReadOnly reads a 4 GiB file from the page cache (written
 // and read once first) through a staging ring with the GPU left out (no
