@@ -75,6 +75,34 @@ func TestFakeDriverChild(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Timed events: Elapsed reads the stand-in's clock (1 ms per
+	// recording of a timed event) back through its float out-parameter;
+	// an event from Record keeps no time.
+	t0, err := s.RecordTimed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t0.Close()
+	untimed, err := s.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untimed.Close()
+	t1, err := s.RecordTimed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t1.Close()
+	if d, err := gpu.Elapsed(t0, t1); err != nil || d != time.Millisecond {
+		t.Fatalf("Elapsed = %v, %v; want the stand-in's 1ms", d, err)
+	}
+	if d, err := gpu.Elapsed(t1, t0); err != nil || d != -time.Millisecond {
+		t.Fatalf("Elapsed backwards = %v, %v; want -1ms", d, err)
+	}
+	if _, err := gpu.Elapsed(t0, untimed); err == nil {
+		t.Fatal("Elapsed to an event that keeps no time succeeded")
+	}
+
 	// Batched copies: the batch call and the per-copy loop, from pinned
 	// host memory and between device buffers.
 	pinned := gputest.Alloc(t, d.PinnedHost(), n)

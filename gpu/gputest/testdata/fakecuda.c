@@ -29,7 +29,11 @@ enum { STREAM = 0x57524d31, EVENT = 0x45564e31, MODULE = 0x4d4f4431, GATHER = 0x
 typedef struct {
   unsigned magic;
   int gather; // a module: its image has the wc_gather entry
+  int timed;  // an event created without CU_EVENT_DISABLE_TIMING
+  double at;  // a timed event: the stand-in's clock when last recorded, in ms
 } object;
+
+static double clock_ms; // advances 1 ms at each recording of a timed event
 
 static void *make(unsigned magic) {
   object *o = calloc(1, sizeof(object));
@@ -180,14 +184,26 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
   NEED_CTX();
-  if (flags != 2) // CU_EVENT_DISABLE_TIMING
+  if (flags != 2 && flags != 0) // CU_EVENT_DISABLE_TIMING, or a timed event
     return INVALID_VALUE;
   *e = make(EVENT);
+  ((object *)*e)->timed = flags == 0;
   return OK;
 }
 CUresult cuEventRecord(void *e, void *s) {
   NEED_CTX();
-  return is(e, EVENT) && is(s, STREAM) ? OK : INVALID_HANDLE;
+  if (!is(e, EVENT) || !is(s, STREAM))
+    return INVALID_HANDLE;
+  if (((object *)e)->timed)
+    ((object *)e)->at = ++clock_ms;
+  return OK;
+}
+CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end) {
+  NEED_CTX();
+  if (!is(start, EVENT) || !is(end, EVENT) || !((object *)start)->timed || !((object *)end)->timed)
+    return INVALID_HANDLE;
+  *ms = (float)(((object *)end)->at - ((object *)start)->at);
+  return OK;
 }
 CUresult cuEventQuery(void *e) {
   NEED_CTX();
