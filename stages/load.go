@@ -26,7 +26,9 @@ import (
 //     memory once for all of them (gpu.Readback);
 //   - Committer: told when the whole group has committed the round
 //     (Receiver.Sync);
-//   - Holder: says what a failed round leaves in it (Receiver.State).
+//   - Holder: says what a failed round leaves in it (Receiver.State);
+//   - Aborter: drops what it kept apart of a round that failed (a
+//     shadowed sink's unfinished files), which the Receiver asks for.
 //
 // Several sinks are combined with Sinks, which Load and the Receiver see
 // through (Unwrap), so that each member keeps its capabilities.
@@ -89,6 +91,14 @@ type Holder interface {
 	Holding() Holding
 }
 
+// Aborter is implemented by Sinks that keep a round's work apart until it
+// is committed and can drop it (WriteSafetensors' hidden round directory):
+// a Receiver calls Abort after a round that failed, so that nothing of the
+// round is left behind. Abort keeps the last committed version.
+type Aborter interface {
+	Abort() error
+}
+
 // holding returns what s says it holds.
 func holding(s Sink) Holding {
 	if h, ok := s.(Holder); ok {
@@ -147,6 +157,9 @@ func (s *SinkSet) Committed(ctx context.Context, version uint64) error {
 // if any member is shadowed, else HoldsNothing.
 func (s *SinkSet) Holding() Holding { return holdingOf(*s) }
 
+// Abort aborts every member that is an Aborter.
+func (s *SinkSet) Abort() error { return abort(*s) }
+
 // leaves returns the sinks s stands for: the members of whatever it
 // unwraps to (Sinks), recursively, or s itself.
 func leaves(s Sink) []Sink {
@@ -190,6 +203,16 @@ func committed(ctx context.Context, sinks []Sink, version uint64) error {
 		}
 	}
 	return nil
+}
+
+func abort(sinks []Sink) error {
+	var errs []error
+	for _, s := range sinks {
+		if a, ok := s.(Aborter); ok {
+			errs = append(errs, a.Abort())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func holdingOf(sinks []Sink) Holding {

@@ -55,8 +55,9 @@ func (r *Receiver) Close() error { return r.loader.Close() }
 // committed the version on every receiver; then sink's Committed (when it
 // is a Committer) has been called, and Committed returns the version.
 //
-// On an error the version is not committed here, and State says whether
-// sink still holds the last committed version intact.
+// On an error the version is not committed here, State says whether sink
+// still holds the last committed version intact, and the sinks that are
+// Aborters have dropped what they kept of the failed round.
 func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	r.mu.Lock()
 	broken := r.broken
@@ -82,8 +83,13 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 		switched, err = r.commit(ctx, sink, r.seq+uint64(stats.Buckets), version)
 	}
 	stats.Duration = time.Since(start)
-	if a, ok := r.cfg.Subscriber.(transport.Aborter); ok && err != nil {
-		a.Abort(err) // the root fails with this reason, not "rank r left"
+	if err != nil {
+		if a, ok := r.cfg.Subscriber.(transport.Aborter); ok {
+			a.Abort(err) // the root fails with this reason, not "rank r left"
+		}
+		if aerr := abort(leaves(sink)); aerr != nil {
+			err = fmt.Errorf("%w; and dropping the failed round from the sink: %w", err, aerr)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

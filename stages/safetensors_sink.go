@@ -569,8 +569,8 @@ func (s *SafetensorsSink) syncDir() error {
 }
 
 // Abort abandons a round begun and not committed, removing its files; the
-// directory keeps the last committed round. Call it after a failed Sync if
-// the sink will not be used again (the next Begin does it otherwise).
+// directory keeps the last committed round. A Receiver calls it after a
+// failed Sync (the sink is an Aborter); the next Begin does it too.
 func (s *SafetensorsSink) Abort() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
