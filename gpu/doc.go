@@ -37,6 +37,24 @@
 // buffer as still being written by queued work: readers wait for its
 // Fence event on their stream or on the host.
 //
+// # Timed events
+//
+// Stream.RecordTimed records an event that keeps the time the GPU reached
+// it, and Elapsed returns the GPU time between two completed ones, so that
+// work queued without waiting can still be timed: read after the work, off
+// the path that queues it.
+//
+// # Staging and read-back
+//
+// A StagingRing (Stream.NewStagingRing) moves host bytes, from Go memory or
+// read through a StagingSource such as a file, into device memory at pinned
+// speed: reader goroutines fill a ring of pinned slots in parallel, each
+// slot's copies are queued on the stream as soon as its reads land, and a
+// slot is refilled only after its event. Its slots stay pinned until Close
+// (pinning is slow). A Readback copies device memory back to pinned host
+// memory of its own, after the buffer's fence. Both know nothing of what the
+// bytes are.
+//
 // # Gather kernel
 //
 // Stream.NewGather returns a Gather, which queues many device-to-device
