@@ -778,3 +778,90 @@ func TestGPUTraceSpans(t *testing.T) {
 		t.Fatalf("%d lanes named pack (GPU), want 1", lanes)
 	}
 }
+
+// TestDeviceRoundsOnFakes runs two rounds of the device paths against
+// gputest's stand-in CUDA driver, whose "device" memory is host memory, on
+// machines without a GPU: device tensors (sharing a buffer, some large
+// enough for the copy lanes) and host tensors (some cast from F32 as they
+// are packed) into device buckets through the gather kernel, the copy
+// engine and the staging ring; checksums where the GPU kernel is
+// unavailable (the stand-in runs only the gather kernel), summed on the
+// host on both sides; a device sink and a verifier combined with Sinks on
+// one receiver (device views for one, host bytes for the other), a host
+// model on another; and the trace's pack (GPU) lane. The GPU tests above
+// check the same paths, and the kernels, on a GPU.
+func TestDeviceRoundsOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestDeviceRoundsOnFakesChild") }
+
+// TestDeviceRoundsOnFakesChild is the child side of TestDeviceRoundsOnFakes.
+func TestDeviceRoundsOnFakesChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	d := gputest.Device(t)
+	s := gputest.Stream(t, d)
+	rng := rand.New(rand.NewPCG(31, 32))
+	const bucket = 256 << 10
+	devTs := randomTensors(rng, 40, 600<<10)
+	hostTs := randomTensors(rng, 30, 300<<10)
+	devs := placeOnDevice(t, d, devTs, 20, 3)
+	exp := hostLookup{}
+	var src Tensors
+	for i, tn := range devs {
+		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), devTs[i].Data)
+		exp[tn.Name] = &Tensor{Name: tn.Name, DType: tn.DType, Shape: tn.Shape, Data: devTs[i].Data}
+		src = append(src, tn)
+	}
+	gputest.Sync(t, s)
+	for i, tn := range hostTs {
+		if i%3 == 0 { // cast from F32 as pack copies it: on the host here
+			f32 := gputest.RandomBytes(rng, 4*(1+i*97))
+			f32[3] &= 0x3f // keep the values finite
+			tn = &Tensor{Name: fmt.Sprintf("cast.%d", i), DType: dtype.BF16, SourceDType: dtype.F32, Shape: []int64{int64(len(f32) / 4)}, Data: f32}
+			want := make([]byte, len(f32)/2)
+			if err := tn.ReadAt(want, 0); err != nil {
+				t.Fatal(err)
+			}
+			exp[tn.Name] = &Tensor{Name: tn.Name, DType: dtype.BF16, Shape: tn.Shape, Data: want}
+		} else {
+			exp[tn.Name] = tn
+		}
+		src = append(src, tn)
+	}
+	tr := pipeline.NewTracer(time.Now())
+	g := newGPUGroup(t, d, 3, bucket, false, true, nil)
+	g.sender.cfg.Tracer = tr
+	g.sender.packer = newPacker(devicePlan{gatherBelow: 64 << 10, lanes: 2, laneAbove: 128 << 10},
+		gpu.StagingConfig{Slots: 2, SlotSize: 64 << 10, Piece: 16 << 10, Readers: 3})
+	dm := newDeviceModel(t, d)
+	hm := NewHostModel()
+	vs := Verify(exp)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for round := uint64(1); round <= 2; round++ {
+		if err := roundCancel(ctx, g, src, round, []Sink{Sinks(dm, vs), hm}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dm.Verify(ctx, exp); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for name, w := range exp {
+			got, ok := hm.Get(name)
+			if !ok || !bytes.Equal(got.Data, w.Data) {
+				t.Fatalf("round %d: the host model's %s differs", round, name)
+			}
+		}
+	}
+	if vs.Tensors != 2*len(exp) {
+		t.Fatalf("the verifier checked %d tensors in two rounds of %d", vs.Tensors, len(exp))
+	}
+	gpuSpans, packSpans := spansOf(tr, 0, "pack (GPU)"), spansOf(tr, 0, "pack")
+	if len(gpuSpans) == 0 || len(gpuSpans) != len(packSpans) {
+		t.Fatalf("%d pack (GPU) spans for %d buckets", len(gpuSpans), len(packSpans))
+	}
+	for _, e := range packSpans {
+		if _, ok := e.Args["bytes"]; ok || !bytesContain(e.Name, "(queued)") {
+			t.Fatalf("pack span %q (%v) claims bytes or is not labelled as queueing", e.Name, e.Args)
+		}
+	}
+	if pinned := g.sender.packer.dev.ring.Pinned(); pinned != 2 {
+		t.Fatalf("the staging ring pinned %d slots over two rounds, want its 2", pinned)
+	}
+}
