@@ -64,9 +64,16 @@ func OpenRank(ctx context.Context, name string, cfg transport.Config, bucket int
 	return r, nil
 }
 
-// Close closes the bus, the endpoint and the pool, in that order.
+// Close closes the Sender or Receiver (the GPU state it keeps between
+// rounds), the bus, the endpoint and the pool, in that order.
 func (r *Rank) Close() error {
 	var errs []error
+	if r.Sender != nil {
+		errs = append(errs, r.Sender.Close())
+	}
+	if r.Receiver != nil {
+		errs = append(errs, r.Receiver.Close())
+	}
 	if r.bus != nil {
 		errs = append(errs, r.bus.Close())
 	}
