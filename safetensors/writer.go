@@ -53,6 +53,11 @@ func Create(path string, tensors []TensorInfo, metadata map[string]string, opts 
 	if err != nil {
 		return nil, withFile(err, path)
 	}
+	if metadata != nil {
+		if n := len(appendMetadata(nil, metadata, keys)); int64(n) > o.limits.MaxMetadataBytes {
+			return nil, errorf(path, "", ErrLimit, "%s would be %d bytes, more than the limit of %d (Limits.MaxMetadataBytes)", MetadataKey, n, o.limits.MaxMetadataBytes)
+		}
+	}
 	hdr, begins, dataSize, err := encodeHeader(tensors, metadata, keys)
 	if err != nil {
 		return nil, withFile(err, path)

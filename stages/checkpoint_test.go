@@ -492,3 +492,19 @@ func TestCheckpointReadAhead(t *testing.T) {
 		ckpt.Close()
 	}
 }
+
+// TestCheckpointDescriptionLimit: a checkpoint whose description could
+// not travel in a round's first bucket is refused at open, naming the
+// checkpoint and both sizes; one that fits is not.
+func TestCheckpointDescriptionLimit(t *testing.T) {
+	info := &SourceInfo{Format: "safetensors", Metadata: map[string]string{"notes": strings.Repeat("a", maxDescription)}}
+	err := checkDescription("/models/m", info)
+	if !errors.Is(err, safetensors.ErrLimit) || !strings.Contains(err.Error(), "/models/m") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("more than the %d bytes", maxDescription)) {
+		t.Fatalf("want ErrLimit naming the checkpoint and the limit, got %.400v", err)
+	}
+	info.Metadata["notes"] = strings.Repeat("a", maxDescription-100)
+	if err := checkDescription("/models/m", info); err != nil {
+		t.Fatalf("a description under the limit: %.300v", err)
+	}
+}
