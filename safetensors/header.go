@@ -75,6 +75,7 @@ type options struct {
 	limits        Limits
 	metadataOrder []string
 	noSync        bool
+	fs            FS
 }
 
 func buildOptions(opts []Option) options {
@@ -85,6 +86,9 @@ func buildOptions(opts []Option) options {
 		}
 	}
 	o.limits = o.limits.withDefaults()
+	if o.fs == nil {
+		o.fs = OS
+	}
 	return o
 }
 
@@ -100,8 +104,8 @@ func WithMetadataOrder(keys []string) Option {
 	return func(o *options) { o.metadataOrder = slices.Clone(keys) }
 }
 
-// WithoutSync makes Writer.Close skip the fsync before the file is renamed
-// into place. Use it for scratch files only.
+// WithoutSync makes Writer.Close (and WriteFileAtomic) skip the fsync
+// before the file is renamed into place. Use it for scratch files only.
 func WithoutSync() Option { return func(o *options) { o.noSync = true } }
 
 // TensorInfo describes a tensor to be written: what Create needs.

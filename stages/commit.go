@@ -134,6 +134,15 @@ type Stager interface {
 	Staged() bool
 }
 
+// Aborter is implemented by Sinks that keep files or memory for the round
+// being loaded until it is committed (a SafetensorsSink's hidden directory
+// of the round's files). When a round fails, the Receiver calls Abort
+// before Sync returns, so that nothing of the round is left behind; the
+// sink keeps what it held before the round.
+type Aborter interface {
+	Abort() error
+}
+
 // SinkState says what a receiver's sink holds after a round.
 type SinkState int
 

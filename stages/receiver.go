@@ -347,6 +347,11 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	if a, ok := r.cfg.Subscriber.(transport.Aborter); ok && err != nil {
 		a.Abort(err) // the root fails with this reason, not "rank r left"
 	}
+	if a, ok := sink.(Aborter); ok && err != nil {
+		if aerr := a.Abort(); aerr != nil { // nothing of the failed round stays behind
+			err = fmt.Errorf("%w; and then: %w", err, aerr)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {

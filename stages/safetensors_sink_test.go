@@ -122,6 +122,9 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 		if err := s.Commit(ctx, version); err != nil {
 			t.Fatal(err)
 		}
+		if err := s.Committed(ctx, version); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s := WriteSafetensors(dir, SafetensorsWithoutSync())
 	good(s, 1)
@@ -237,6 +240,9 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 			}
 		}
 		if err := s.Commit(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Committed(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
 		return dir

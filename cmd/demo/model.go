@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -128,6 +129,45 @@ func (m multiSink) Commit(ctx context.Context, version uint64) error {
 		}
 	}
 	return nil
+}
+
+// Committed passes the group's commit on to the sinks that act on it (a
+// SafetensorsSink puts the round's files in place then).
+func (m multiSink) Committed(ctx context.Context, version uint64) error {
+	for _, s := range m {
+		if c, ok := s.(stages.Committer); ok {
+			if err := c.Committed(ctx, version); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Staged reports whether a failed round leaves every sink that holds a
+// model as it was: each is staged, or only verifies (a VerifySink holds
+// nothing).
+func (m multiSink) Staged() bool {
+	for _, s := range m {
+		if _, verifies := s.(*stages.VerifySink); verifies {
+			continue
+		}
+		if st, ok := s.(stages.Stager); !ok || !st.Staged() {
+			return false
+		}
+	}
+	return true
+}
+
+// Abort removes what the sinks hold of a failed round.
+func (m multiSink) Abort() error {
+	var errs []error
+	for _, s := range m {
+		if a, ok := s.(stages.Aborter); ok {
+			errs = append(errs, a.Abort())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // modelText names the model for people: "1.0 GiB synthetic model" or
