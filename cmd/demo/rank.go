@@ -287,7 +287,9 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 			return fmt.Errorf("verified %d bytes, expected %d", res.Checked, want)
 		}
 	}
-	return nil
+	// Leave when the root ends the run, not before: another receiver
+	// may still be finishing the last round.
+	return receiver.AwaitEnd(ctx)
 }
 
 // discard is the sink used without --verify: it only counts bytes.

@@ -176,6 +176,11 @@ func (p *publisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
 // waitFor waits until ok(next[r]) holds for every receiver r.
 func (p *publisher) waitFor(ctx context.Context, timer *time.Timer, seq uint64, ok func(next uint64) bool) error {
 	for {
+		select {
+		case <-p.b.gone[0]:
+			return metaErr(p.cfg, "publish", seq, true, -1, transport.ErrClosed)
+		default:
+		}
 		p.b.mu.Lock()
 		lagging, changed := -1, p.b.changed
 		for r := 1; r < p.b.world; r++ {
@@ -246,6 +251,12 @@ func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
 	case m := <-queue:
 		return s.take(m)
 	case <-s.b.gone[0]:
+		s.b.mu.Lock()
+		ended := s.b.next[s.cfg.Rank] == s.want.Load() // everything received is acknowledged
+		s.b.mu.Unlock()
+		if ended {
+			return s.last(metaErr(s.cfg, "recv", s.want.Load(), true, 0, fmt.Errorf("%w: the root closed the bus", transport.ErrEnded)))
+		}
 		return s.last(metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ErrPeerGone))
 	case <-s.b.aborted:
 		if s.b.abortBy != s.cfg.Rank {
