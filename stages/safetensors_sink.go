@@ -145,9 +145,8 @@ type stRound struct {
 	// open is true when the round's layout is not known: every tensor
 	// goes to a single shard, written at Commit.
 	open bool
-	// ready is true once Commit has completed every file and the index
-	// in the staging directory: Committed may install them.
-	ready bool
+	// finished: Commit has completed every file and the index.
+	finished bool
 }
 
 // stShard is one file of a round.
@@ -332,7 +331,7 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error
 	switch {
 	case s.round == nil:
 		return fmt.Errorf("safetensors sink: tensor %q arrived before Begin (the load stage calls Begin with a round's first bucket)", e.Name)
-	case s.round.ready:
+	case s.round.finished:
 		return s.failLocked(fmt.Errorf("safetensors sink: tensor %q arrived after the round's Commit", e.Name))
 	}
 	return s.failLocked(s.load(ctx, s.round, e, data))
@@ -499,13 +498,15 @@ func (s *SafetensorsSink) Commit(ctx context.Context, version uint64) error {
 	switch {
 	case r == nil:
 		return fmt.Errorf("safetensors sink: commit of version %d without a round begun", version)
-	case r.ready:
+	case r.finished:
 		return fmt.Errorf("safetensors sink: version %d committed twice", version)
 	}
-	return s.failLocked(s.prepare(ctx, r))
+	return s.failLocked(s.finishRound(ctx, r))
 }
 
-func (s *SafetensorsSink) prepare(ctx context.Context, r *stRound) error {
+// finishRound completes the files and writes the index in the round's
+// directory.
+func (s *SafetensorsSink) finishRound(ctx context.Context, r *stRound) error {
 	if r.open {
 		sh := r.shards[0]
 		if sh.inTensor {
@@ -533,7 +534,7 @@ func (s *SafetensorsSink) prepare(ctx context.Context, r *stRound) error {
 			return fmt.Errorf("safetensors sink: %w", err)
 		}
 	}
-	r.ready = true
+	r.finished = true
 	return nil
 }
 
@@ -545,15 +546,16 @@ func (s *SafetensorsSink) Committed(ctx context.Context, version uint64) error {
 	defer s.mu.Unlock()
 	r := s.round
 	switch {
-	case r == nil || !r.ready:
+	case r == nil || !r.finished:
 		return fmt.Errorf("safetensors sink: version %d committed by the group before this sink finished it (Commit)", version)
 	case r.version != version:
 		return s.failLocked(fmt.Errorf("safetensors sink: the group committed version %d, but this sink holds version %d", version, r.version))
 	}
-	return s.failLocked(s.install(r))
+	return s.failLocked(s.replace(r))
 }
 
-func (s *SafetensorsSink) install(r *stRound) error {
+// replace renames the finished round's files into the directory.
+func (s *SafetensorsSink) replace(r *stRound) error {
 	var names []string
 	for _, sh := range r.shards {
 		names = append(names, sh.name)
