@@ -339,6 +339,10 @@ type VerifySink struct {
 	Tensors int
 }
 
+// Staged is true: a VerifySink holds no model, so a failed round leaves
+// nothing in it to resync (Receiver.State says intact).
+func (v *VerifySink) Staged() bool { return true }
+
 // Load compares the entry's bytes with the source's, in 1 MiB pieces.
 func (v *VerifySink) Load(ctx context.Context, e *Entry, data []byte) error {
 	t, ok := v.want.Lookup(e.Name)

@@ -144,14 +144,9 @@ func (m multiSink) Committed(ctx context.Context, version uint64) error {
 	return nil
 }
 
-// Staged reports whether a failed round leaves every sink that holds a
-// model as it was: each is staged, or only verifies (a VerifySink holds
-// nothing).
+// Staged reports whether a failed round leaves every sink as it was.
 func (m multiSink) Staged() bool {
 	for _, s := range m {
-		if _, verifies := s.(*stages.VerifySink); verifies {
-			continue
-		}
 		if st, ok := s.(stages.Stager); !ok || !st.Staged() {
 			return false
 		}

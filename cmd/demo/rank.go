@@ -302,6 +302,10 @@ func (d *discard) Load(ctx context.Context, e *stages.Entry, data []byte) error 
 
 func (d *discard) Commit(ctx context.Context, version uint64) error { return nil }
 
+// Staged is true: discard holds no model, so a failed round leaves nothing
+// to resync.
+func (d *discard) Staged() bool { return true }
+
 // peakRSS reads the process's peak resident set size (Linux VmHWM).
 func peakRSS() int64 { return procKiB("/proc/self/status", "VmHWM:") }
 
