@@ -33,8 +33,8 @@
 // (ErrNegativeDim); empty names (ErrName); a name twice in one header or in
 // two shards (ErrDuplicate); an index naming a missing shard
 // (ErrMissingShard) or disagreeing with the shards (ErrIndexMismatch); and
-// more tensors, longer names or higher ranks than the Limits
-// (ErrLimit). As the reference does, unknown fields inside a tensor entry
+// more tensors, longer names, higher ranks or a larger __metadata__ (16 MiB
+// by default) than the Limits (ErrLimit). As the reference does, unknown fields inside a tensor entry
 // are ignored, "__metadata__": null means no metadata, and whitespace may
 // surround the header object.
 //

@@ -29,6 +29,12 @@ type Limits struct {
 	MaxNameBytes int
 	// MaxRank bounds the number of dimensions of a shape. Default 64.
 	MaxRank int
+	// MaxMetadataBytes bounds the "__metadata__" object, counted as the
+	// bytes of its JSON in the header. Default 16 MiB: metadata is meant
+	// for short strings (format=pt, a config), and a reader that carries
+	// it along (weightcast sends it to every receiver with each round)
+	// should not hold tens of megabytes of it per file.
+	MaxMetadataBytes int64
 }
 
 // Default limits.
@@ -37,6 +43,8 @@ const (
 	DefaultMaxTensors     = 1 << 20
 	DefaultMaxNameBytes   = 4096
 	DefaultMaxRank        = 64
+	// DefaultMaxMetadataBytes is Limits.MaxMetadataBytes's default.
+	DefaultMaxMetadataBytes = 16 << 20
 )
 
 // withDefaults fills the zero fields of l.
@@ -53,6 +61,9 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxRank <= 0 {
 		l.MaxRank = DefaultMaxRank
 	}
+	if l.MaxMetadataBytes <= 0 {
+		l.MaxMetadataBytes = DefaultMaxMetadataBytes
+	}
 	return l
 }
 
@@ -64,6 +75,7 @@ type options struct {
 	limits        Limits
 	metadataOrder []string
 	noSync        bool
+	fs            FS
 }
 
 func buildOptions(opts []Option) options {
@@ -74,6 +86,9 @@ func buildOptions(opts []Option) options {
 		}
 	}
 	o.limits = o.limits.withDefaults()
+	if o.fs == nil {
+		o.fs = OS
+	}
 	return o
 }
 
@@ -89,8 +104,8 @@ func WithMetadataOrder(keys []string) Option {
 	return func(o *options) { o.metadataOrder = slices.Clone(keys) }
 }
 
-// WithoutSync makes Writer.Close skip the fsync before the file is renamed
-// into place. Use it for scratch files only.
+// WithoutSync makes Writer.Close (and WriteFileAtomic) skip the fsync
+// before the file is renamed into place. Use it for scratch files only.
 func WithoutSync() Option { return func(o *options) { o.noSync = true } }
 
 // TensorInfo describes a tensor to be written: what Create needs.
@@ -375,6 +390,12 @@ func (p *parser) metadata() (map[string]string, []string, error) {
 	if p.lit("null") {
 		return nil, nil, nil
 	}
+	// Measure the object before decoding any of it: an oversized one
+	// fails without a copy of its strings.
+	if n := p.extent(); p.peek() == '{' && int64(n) > p.lim.MaxMetadataBytes {
+		return nil, nil, errorf("", "", ErrLimit, "%s is %d bytes, more than the limit of %d (Limits.MaxMetadataBytes); metadata is meant for short strings such as format=pt: remove its large values from the file (they are not weights), or raise the limit",
+			MetadataKey, n, p.lim.MaxMetadataBytes)
+	}
 	meta := map[string]string{}
 	keys := []string{}
 	err := p.object(MetadataKey, func(k string) error {
@@ -396,6 +417,31 @@ func (p *parser) metadata() (map[string]string, []string, error) {
 		return nil, nil, err
 	}
 	return meta, keys, nil
+}
+
+// extent returns the length in bytes of the object or array that starts at
+// p.i (p.peek() is '{' or '['), found by matching brackets outside strings; it allocates nothing and
+// does not move p.i. A malformed value's extent is where the scan stopped
+// (the parse that follows reports what is wrong).
+func (p *parser) extent() int {
+	depth, inStr := 0, false
+	for i := p.i; i < len(p.b); i++ {
+		c := p.b[i]
+		switch {
+		case inStr && c == '\\':
+			i++ // the escaped byte; \u's hex digits are plain bytes
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return i + 1 - p.i
+			}
+		}
+	}
+	return len(p.b) - p.i
 }
 
 func (p *parser) tensor(name string) (rawTensor, error) {
@@ -763,6 +809,21 @@ func (p *parser) number() error {
 	return nil
 }
 
+// appendMetadata appends the "__metadata__" object of meta, keys in the
+// order given, as the reference implementation writes it.
+func appendMetadata(b []byte, meta map[string]string, keys []string) []byte {
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendSerdeString(b, k)
+		b = append(b, ':')
+		b = appendSerdeString(b, meta[k])
+	}
+	return append(b, '}')
+}
+
 // encodeHeader serializes a header the way the reference implementation
 // does (see doc.go) and returns the 8-byte length, the padded JSON, and the
 // data-region-relative begin offset of each tensor.
@@ -773,16 +834,8 @@ func encodeHeader(tensors []TensorInfo, meta map[string]string, keys []string) (
 	if meta != nil {
 		b = append(b, '"')
 		b = append(b, MetadataKey...)
-		b = append(b, `":{`...)
-		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendSerdeString(b, k)
-			b = append(b, ':')
-			b = appendSerdeString(b, meta[k])
-		}
-		b = append(b, '}')
+		b = append(b, `":`...)
+		b = appendMetadata(b, meta, keys)
 		first = false
 	}
 	begins := make([]int64, len(tensors))

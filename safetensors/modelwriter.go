@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -89,6 +88,7 @@ type ModelWriter struct {
 	layout ModelLayout
 	shards []*Writer
 	byName map[string]int
+	opts   []Option // for the index
 
 	mu       sync.Mutex
 	closed   bool
@@ -101,7 +101,7 @@ type ModelWriter struct {
 // readers look for first, appears only once every shard is complete. To
 // mirror a source checkpoint, pass src.Layout().
 func CreateModel(dir string, layout ModelLayout, opts ...Option) (*ModelWriter, error) {
-	w := &ModelWriter{dir: dir, layout: layout, byName: map[string]int{}}
+	w := &ModelWriter{dir: dir, layout: layout, byName: map[string]int{}, opts: opts}
 	names := map[string]bool{}
 	for si, s := range layout.Shards {
 		if !validShardName(s.Name) {
@@ -195,7 +195,7 @@ func (w *ModelWriter) Close() error {
 				idx.WeightMap[t.Name] = s.Name
 			}
 		}
-		w.closeErr = writeFileAtomic(filepath.Join(w.dir, w.layout.IndexName), idx.Marshal())
+		w.closeErr = WriteFileAtomic(filepath.Join(w.dir, w.layout.IndexName), idx.Marshal(), w.opts...)
 	}
 	return w.closeErr
 }
@@ -220,14 +220,17 @@ func (w *ModelWriter) abortShards() error {
 	return errors.Join(errs...)
 }
 
-// writeFileAtomic writes b to a temporary file next to path, syncs it and
-// renames it to path.
-func writeFileAtomic(path string, b []byte) error {
+// WriteFileAtomic writes b to a temporary file next to path, syncs it
+// (unless WithoutSync) and renames it to path, so that path holds either its
+// old content or b. On failure it removes the temporary file. It writes
+// through WithFS's file system.
+func WriteFileAtomic(path string, b []byte, opts ...Option) error {
+	o := buildOptions(opts)
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := o.fs.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
 		return &Error{File: path, Err: err}
 	}
@@ -236,17 +239,17 @@ func writeFileAtomic(path string, b []byte) error {
 	if err == nil {
 		_, err = f.Write(b)
 	}
-	if err == nil {
+	if err == nil && !o.noSync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, path)
+		err = o.fs.Rename(tmp, path)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		o.fs.Remove(tmp)
 		return &Error{File: path, Err: err}
 	}
 	return nil

@@ -25,7 +25,8 @@ import (
 // half-written file at path. Close on failure, or Abort, removes it.
 type Writer struct {
 	path, tmp string
-	f         *os.File
+	fs        FS
+	f         FSFile
 	tensors   []Tensor
 	byName    map[string]int
 	dataStart int64
@@ -53,6 +54,11 @@ func Create(path string, tensors []TensorInfo, metadata map[string]string, opts 
 	if err != nil {
 		return nil, withFile(err, path)
 	}
+	if metadata != nil {
+		if n := len(appendMetadata(nil, metadata, keys)); int64(n) > o.limits.MaxMetadataBytes {
+			return nil, errorf(path, "", ErrLimit, "%s would be %d bytes, more than the limit of %d (Limits.MaxMetadataBytes)", MetadataKey, n, o.limits.MaxMetadataBytes)
+		}
+	}
 	hdr, begins, dataSize, err := encodeHeader(tensors, metadata, keys)
 	if err != nil {
 		return nil, withFile(err, path)
@@ -68,6 +74,7 @@ func Create(path string, tensors []TensorInfo, metadata map[string]string, opts 
 		dataStart: dataStart,
 		dataSize:  dataSize,
 		sync:      !o.noSync,
+		fs:        o.fs,
 	}
 	for i, t := range tensors {
 		n, _ := t.DType.Bytes(t.Shape) // checked by checkLayout
@@ -78,14 +85,14 @@ func Create(path string, tensors []TensorInfo, metadata map[string]string, opts 
 	if dir == "" {
 		dir = "."
 	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := o.fs.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
 		return nil, &Error{File: path, Err: err}
 	}
 	w.f, w.tmp = f, f.Name()
 	fail := func(err error) (*Writer, error) {
 		f.Close()
-		os.Remove(w.tmp)
+		o.fs.Remove(w.tmp)
 		return nil, &Error{File: path, Err: err}
 	}
 	if err := f.Chmod(0o644); err != nil {
@@ -354,10 +361,10 @@ func (w *Writer) finish() error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(w.tmp, w.path)
+		err = w.fs.Rename(w.tmp, w.path)
 	}
 	if err != nil {
-		os.Remove(w.tmp)
+		w.fs.Remove(w.tmp)
 		return withFile(err, w.path)
 	}
 	return nil
@@ -377,7 +384,7 @@ func (w *Writer) Abort() error {
 	w.mu.Unlock()
 	w.inflight.Wait()
 	w.f.Close()
-	if err := os.Remove(w.tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := w.fs.Remove(w.tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return &Error{File: w.path, Err: err}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/weightcast/weightcast/dtype"
@@ -120,18 +121,33 @@ type Describer interface {
 }
 
 // MarshalJSON encodes the metadata in the wire format of docs/protocol.md.
-// The checksum travels as a hex string: 64-bit integers do not survive
-// JSON parsers that use doubles.
+// The checksum travels as a string of exactly 16 lower-case hex digits
+// (FormatChecksum): 64-bit integers do not survive JSON parsers that use
+// doubles.
 func (m *BucketMeta) MarshalJSON() ([]byte, error) {
 	type plain BucketMeta // drops the methods, so no recursion
 	var sum string
 	if m.HasChecksum {
-		sum = strconv.FormatUint(m.Checksum, 16)
+		sum = FormatChecksum(m.Checksum)
 	}
 	return json.Marshal(struct {
 		*plain
 		Checksum string `json:"checksum,omitempty"`
 	}{(*plain)(m), sum})
+}
+
+// FormatChecksum is the wire form of a bucket checksum: exactly 16
+// lower-case hex digits, leading zeros included.
+func FormatChecksum(sum uint64) string { return fmt.Sprintf("%016x", sum) }
+
+// ParseChecksum reads a checksum's wire form. It also takes the shorter
+// form without leading zeros that senders before the fixed width wrote,
+// and upper-case digits: 1 to 16 hex digits, nothing else.
+func ParseChecksum(s string) (uint64, error) {
+	if len(s) < 1 || len(s) > 16 || strings.IndexFunc(s, func(r rune) bool { return !strings.ContainsRune("0123456789abcdefABCDEF", r) }) >= 0 {
+		return 0, fmt.Errorf("malformed checksum %q: want 16 hex digits", s)
+	}
+	return strconv.ParseUint(s, 16, 64)
 }
 
 // EncodeMeta returns the wire encoding of m.
@@ -154,9 +170,9 @@ func DecodeMeta(b []byte) (*BucketMeta, error) {
 	}
 	m := (*BucketMeta)(&w.plain)
 	if w.Checksum != nil {
-		v, err := strconv.ParseUint(*w.Checksum, 16, 64)
+		v, err := ParseChecksum(*w.Checksum)
 		if err != nil {
-			return nil, fmt.Errorf("bucket %d: malformed checksum %q", m.Seq, *w.Checksum)
+			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
 		}
 		m.Checksum, m.HasChecksum = v, true
 	}

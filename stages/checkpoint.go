@@ -136,11 +136,34 @@ func OpenCheckpoint(path string, opts ...CheckpointOption) (*Checkpoint, error) 
 		})
 	}
 	c.info, err = describe(m, shards, names)
+	if err == nil {
+		err = checkDescription(path, c.info)
+	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// maxDescription is the most bytes a Checkpoint's encoded SourceInfo may
+// take: it travels in the metadata of every round's first bucket, which
+// receivers refuse past MaxMetaSize, and leaves the rest of that room to
+// the bucket's own entries.
+const maxDescription = MaxMetaSize / 2
+
+// checkDescription refuses, at open, a checkpoint whose description could
+// not reach the receivers, instead of failing each round late.
+func checkDescription(path string, info *SourceInfo) error {
+	b, err := json.Marshal(info)
+	if err != nil {
+		return &safetensors.Error{File: path, Err: fmt.Errorf("encoding the checkpoint's description: %w", err)}
+	}
+	if len(b) > maxDescription {
+		return &safetensors.Error{File: path, Err: fmt.Errorf("%w: the checkpoint's description (its metadata and every file's tensor names, dtypes and shapes) encodes to %d bytes, more than the %d bytes it may take in a round's first bucket metadata (receivers decode at most %d); shorten its __metadata__ or split its tensors over several checkpoints",
+			safetensors.ErrLimit, len(b), maxDescription, MaxMetaSize)}
+	}
+	return nil
 }
 
 // openShard opens the file of sf a second time for this Checkpoint's own

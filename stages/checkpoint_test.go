@@ -436,14 +436,16 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 					t.Fatalf("receiver %d succeeded in a round whose source failed", i+1)
 				}
 			}
-			// The first round's files are still there, whole.
+			// The first round's files are still there, whole, with
+			// nothing of the failed round beside them (the receivers
+			// aborted their sinks), and each receiver says so.
 			ref := t.TempDir()
 			makeShards(t, ref, 4, testShards(), true)
 			for i, o := range outs {
-				if err := sinks[i].(*SafetensorsSink).Abort(); err != nil {
-					t.Fatal(err)
-				}
 				sameFiles(t, ref, o)
+				if st := g.receivers[i].State(); st != StateIntact {
+					t.Errorf("receiver %d: state %v after a failed round that left its files as they were, want intact", i+1, st)
+				}
 			}
 		})
 	}
@@ -490,5 +492,21 @@ func TestCheckpointReadAhead(t *testing.T) {
 			}
 		}
 		ckpt.Close()
+	}
+}
+
+// TestCheckpointDescriptionLimit: a checkpoint whose description could
+// not travel in a round's first bucket is refused at open, naming the
+// checkpoint and both sizes; one that fits is not.
+func TestCheckpointDescriptionLimit(t *testing.T) {
+	info := &SourceInfo{Format: "safetensors", Metadata: map[string]string{"notes": strings.Repeat("a", maxDescription)}}
+	err := checkDescription("/models/m", info)
+	if !errors.Is(err, safetensors.ErrLimit) || !strings.Contains(err.Error(), "/models/m") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("more than the %d bytes", maxDescription)) {
+		t.Fatalf("want ErrLimit naming the checkpoint and the limit, got %.400v", err)
+	}
+	info.Metadata["notes"] = strings.Repeat("a", maxDescription-100)
+	if err := checkDescription("/models/m", info); err != nil {
+		t.Fatalf("a description under the limit: %.300v", err)
 	}
 }

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -83,11 +84,16 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 		switched, err = r.commit(ctx, sink, r.seq+uint64(stats.Buckets), version)
 	}
 	stats.Duration = time.Since(start)
+	if err != nil && stats.Buckets == 0 && errors.Is(err, transport.ErrEnded) {
+		// The root ended the run where this round would have begun:
+		// nothing failed, and nothing more will come.
+		return stats, r.end(fmt.Errorf("rank %d: no round after version %d: %w", r.cfg.Rank, r.Committed(), err))
+	}
 	if err != nil {
 		if a, ok := r.cfg.Subscriber.(transport.Aborter); ok {
 			a.Abort(err) // the root fails with this reason, not "rank r left"
 		}
-		if aerr := abort(leaves(sink)); aerr != nil {
+		if aerr := abort(leaves(sink)); aerr != nil { // nothing of the failed round stays behind
 			err = fmt.Errorf("%w; and dropping the failed round from the sink: %w", err, aerr)
 		}
 	}
@@ -108,6 +114,51 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	r.committed, r.state = version, StateIntact
 	r.wakeLocked()
 	return stats, nil
+}
+
+// end records the end of the run (err wraps transport.ErrEnded):
+// every later Sync returns it, the sink keeps the committed version.
+func (r *Receiver) end(err error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.broken, r.state = err, StateIntact
+	r.wakeLocked()
+	return err
+}
+
+// AwaitEnd waits for the root to end the run (docs/protocol.md, "End of a
+// run"): call it after the last round a receiver expects. It returns nil
+// when the root closes the metadata bus with every message acknowledged.
+// It fails when the root sends another round instead (the receiver is
+// then broken), and when the bus fails.
+func (r *Receiver) AwaitEnd(ctx context.Context) error {
+	r.mu.Lock()
+	broken, committed := r.broken, r.committed
+	r.mu.Unlock()
+	if broken != nil {
+		if errors.Is(broken, transport.ErrEnded) {
+			return nil
+		}
+		return fmt.Errorf("receiver %w: %w", ErrBroken, broken)
+	}
+	msg, err := r.cfg.Subscriber.Recv(ctx)
+	switch {
+	case err == nil:
+		err = fmt.Errorf("rank %d: expected the end of the run after version %d, but the root sent message %d (another round)", r.cfg.Rank, committed, msg.Seq)
+	case errors.Is(err, transport.ErrEnded):
+		r.end(fmt.Errorf("rank %d: no round after version %d: %w", r.cfg.Rank, committed, err))
+		return nil
+	default:
+		err = fmt.Errorf("rank %d: waiting for the end of the run after version %d: %w", r.cfg.Rank, committed, err)
+	}
+	if a, ok := r.cfg.Subscriber.(transport.Aborter); ok {
+		a.Abort(err) // the root learns why this rank stopped
+	}
+	r.mu.Lock()
+	r.broken = err
+	r.wakeLocked()
+	r.mu.Unlock()
+	return err
 }
 
 // commit waits for the root's commit message of version (message seq),

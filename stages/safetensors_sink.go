@@ -31,12 +31,20 @@ type SafetensorsOption func(*safetensorsOptions)
 type safetensorsOptions struct {
 	noSync   bool
 	fileName string
+	fs       safetensors.FS
 }
 
 // SafetensorsWithoutSync skips the fsync of each file and of the directory.
 // Use it for scratch output only: a crash may leave empty or partial files.
 func SafetensorsWithoutSync() SafetensorsOption {
 	return func(o *safetensorsOptions) { o.noSync = true }
+}
+
+// SafetensorsWithFS makes the sink write through fsys instead of the
+// operating system's file system (safetensors.OS), for tests that inject
+// faults such as a full disk.
+func SafetensorsWithFS(fsys safetensors.FS) SafetensorsOption {
+	return func(o *safetensorsOptions) { o.fs = fsys }
 }
 
 // SafetensorsFileName names the single file written for a round whose
@@ -73,16 +81,24 @@ func SafetensorsFileName(name string) SafetensorsOption {
 // then written twice); the last tensor is written in place.
 //
 // A round is written into a hidden directory inside dir (named
-// .weightcast-round-*). Each finished file is synced there; Commit checks
-// that every file was completed and writes the index there. Only once the
-// group has committed the round (Committed, which a Receiver calls) does
-// the sink rename the files into dir (the index last), remove files of its
-// earlier rounds that the new round does not have, and sync dir. So a round
-// that fails anywhere before its group commit leaves dir's earlier files
-// untouched (the sink HoldsShadowed): only a crash during Committed's
-// renames can leave a mix of two rounds' files. The next Begin, or Abort,
-// removes an unfinished round's directory. Used without a Receiver, call
-// Committed after Commit to put a round in place.
+// .weightcast-round-*). Each finished file is synced there. Commit (this
+// rank has every bucket) checks that every file was completed and writes
+// the index there; Committed (every receiver has every bucket: the version
+// is the group's) renames the files into dir (the index last), removes
+// files of this sink's earlier rounds that the new round does not have,
+// and syncs dir. So dir only ever holds versions the group committed, and
+// the sink HoldsShadowed: a round that fails anywhere before Committed
+// leaves dir's earlier files untouched. Only a failure during Committed's
+// renames (or a crash then) can leave a mix of two rounds' files; Holding
+// reports HoldsInPlace after such a failure. It needs a Receiver,
+// or a caller of Committed, to install a round: with a pipeline's Load
+// stage alone nothing becomes visible.
+//
+// Nothing of a failed round stays behind: the sink removes the round's
+// directory, with its spool files, as soon as one of its own calls fails
+// (a full disk, a round that does not match its description), and a
+// Receiver whose round fails elsewhere calls Abort before its Sync
+// returns.
 //
 // Tensors must arrive in source order (as Pack sends them); a tensor
 // missing, unexpected or out of order fails the round with an error naming
@@ -94,18 +110,26 @@ func WriteSafetensors(dir string, opts ...SafetensorsOption) *SafetensorsSink {
 			f(&o)
 		}
 	}
-	return &SafetensorsSink{dir: dir, opts: o}
+	fsys := o.fs
+	if fsys == nil {
+		fsys = safetensors.OS
+	}
+	return &SafetensorsSink{dir: dir, opts: o, fs: fsys}
 }
 
-// SafetensorsSink is the Sink returned by WriteSafetensors. Begin, Load and
-// Commit are called by one goroutine at a time (the load stage).
+// SafetensorsSink is the Sink returned by WriteSafetensors; it is a
+// Beginner, a Committer, a Holder and an Aborter. Its methods may be called
+// from several goroutines, one at a time (the load stage, then the
+// Receiver).
 type SafetensorsSink struct {
 	dir  string
 	opts safetensorsOptions
+	fs   safetensors.FS
 
 	mu      sync.Mutex
 	round   *stRound // the round being written, nil between rounds
-	written []string // base names of the files the last commit put in dir
+	written []string // base names of the files the last install put in dir
+	mixed   bool     // an install failed part way: dir holds two rounds' files
 	copyBuf []byte
 }
 
@@ -142,7 +166,7 @@ type stShard struct {
 	next     int                      // tensors completed
 	inTensor bool                     // a tensor's chunks are arriving
 
-	spill *os.File            // bytes received while the header is unknown
+	spill safetensors.FSFile  // bytes received while the header is unknown
 	w     *safetensors.Writer // once the header is known
 	done  bool
 }
@@ -152,35 +176,51 @@ type stShard struct {
 func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.abortLocked()
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	if err := s.abortLocked(); err != nil {
+		return err
+	}
+	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("safetensors sink: %w", err)
 	}
-	staging, err := os.MkdirTemp(s.dir, stagingPrefix+"*")
+	staging, err := s.fs.MkdirTemp(s.dir, stagingPrefix+"*")
 	if err != nil {
 		return fmt.Errorf("safetensors sink: creating the round's directory: %w", err)
 	}
 	r := &stRound{version: version, staging: staging}
 	s.round = r
+	return s.failLocked(s.begin(ctx, r, info))
+}
+
+func (s *SafetensorsSink) begin(ctx context.Context, r *stRound, info *SourceInfo) error {
 	if err := s.plan(r, info); err != nil {
-		s.abortLocked()
 		return err
 	}
 	// Files with no tensors are complete already.
 	for _, sh := range r.shards {
 		if !r.open && len(sh.want) == 0 {
 			if err := s.openWriter(ctx, r, sh, nil, 0); err != nil {
-				s.abortLocked()
 				return err
 			}
 			if err := s.closeShard(sh); err != nil {
-				s.abortLocked()
 				return err
 			}
 		}
 	}
 	r.skipDone()
 	return nil
+}
+
+// failLocked abandons the round when err is not nil, so that a failed call
+// leaves none of the round's files behind, and returns err (with the
+// clean-up's own failure, if any).
+func (s *SafetensorsSink) failLocked(err error) error {
+	if err == nil {
+		return nil
+	}
+	if aerr := s.abortLocked(); aerr != nil {
+		return fmt.Errorf("%w; removing the failed round's files: %v", err, aerr)
+	}
+	return err
 }
 
 // plan lays out the round's files from info, checking what came from the
@@ -288,10 +328,16 @@ func (r *stRound) skipDone() {
 func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.round == nil {
+	switch {
+	case s.round == nil:
 		return fmt.Errorf("safetensors sink: tensor %q arrived before Begin (the load stage calls Begin with a round's first bucket)", e.Name)
+	case s.round.finished:
+		return s.failLocked(fmt.Errorf("safetensors sink: tensor %q arrived after the round's Commit", e.Name))
 	}
-	r := s.round
+	return s.failLocked(s.load(ctx, s.round, e, data))
+}
+
+func (s *SafetensorsSink) load(ctx context.Context, r *stRound, e *Entry, data []byte) error {
 	if r.cur >= len(r.shards) {
 		return fmt.Errorf("safetensors sink: tensor %q arrived after every file of the source was complete; the round does not match its source description", e.Name)
 	}
@@ -365,7 +411,7 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error
 
 func (s *SafetensorsSink) spillWrite(r *stRound, sh *stShard, data []byte, off int64) error {
 	if sh.spill == nil {
-		f, err := os.CreateTemp(r.staging, ".spill-*")
+		f, err := s.fs.CreateTemp(r.staging, ".spill-*")
 		if err != nil {
 			return err
 		}
@@ -383,9 +429,7 @@ func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShar
 	if sh.metaKeys != nil {
 		opts = append(opts, safetensors.WithMetadataOrder(sh.metaKeys))
 	}
-	if s.opts.noSync {
-		opts = append(opts, safetensors.WithoutSync())
-	}
+	opts = append(opts, s.fileOptions()...)
 	w, err := safetensors.Create(filepath.Join(r.staging, sh.name), tensors, sh.meta, opts...)
 	if err != nil {
 		return fmt.Errorf("safetensors sink: %w", err)
@@ -410,16 +454,29 @@ func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShar
 		}
 		off += n
 	}
-	s.dropSpill(sh)
-	return nil
+	return s.dropSpill(sh)
 }
 
-func (s *SafetensorsSink) dropSpill(sh *stShard) {
-	if sh.spill != nil {
-		sh.spill.Close()
-		os.Remove(sh.spill.Name())
-		sh.spill = nil
+// fileOptions are the options of every file the sink writes.
+func (s *SafetensorsSink) fileOptions() []safetensors.Option {
+	opts := []safetensors.Option{safetensors.WithFS(s.fs)}
+	if s.opts.noSync {
+		opts = append(opts, safetensors.WithoutSync())
 	}
+	return opts
+}
+
+func (s *SafetensorsSink) dropSpill(sh *stShard) error {
+	if sh.spill == nil {
+		return nil
+	}
+	sh.spill.Close()
+	err := s.fs.Remove(sh.spill.Name())
+	sh.spill = nil
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // closeShard finishes the shard's file in the staging directory.
@@ -431,40 +488,20 @@ func (s *SafetensorsSink) closeShard(sh *stShard) error {
 	return nil
 }
 
-// Holding is HoldsShadowed: a round reaches dir only in Committed.
-func (s *SafetensorsSink) Holding() Holding { return HoldsShadowed }
-
-// Commit finishes writing the round: every file complete, the index
-// written, all still in the round's hidden directory.
+// Commit finishes the round in the staging directory: every file
+// complete, the index written. The round is then ready for Committed,
+// which puts it in place; until then dir holds the version before it.
 func (s *SafetensorsSink) Commit(ctx context.Context, version uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.round
-	if r == nil || r.version != version {
-		return fmt.Errorf("safetensors sink: commit of version %d without that round begun", version)
+	switch {
+	case r == nil:
+		return fmt.Errorf("safetensors sink: commit of version %d without a round begun", version)
+	case r.finished:
+		return fmt.Errorf("safetensors sink: version %d committed twice", version)
 	}
-	err := s.finishRound(ctx, r)
-	if err != nil {
-		s.abortLocked()
-	}
-	return err
-}
-
-// Committed puts the round of version, which the group has committed, in
-// place: the files renamed into the directory, stale files of earlier
-// rounds removed.
-func (s *SafetensorsSink) Committed(ctx context.Context, version uint64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.round
-	if r == nil || r.version != version || !r.finished {
-		return fmt.Errorf("safetensors sink: version %d was committed, but the sink has not finished writing it (a round loaded without Begin and Commit?)", version)
-	}
-	err := s.replace(ctx, r)
-	if err != nil {
-		s.abortLocked()
-	}
-	return err
+	return s.failLocked(s.finishRound(ctx, r))
 }
 
 // finishRound completes the files and writes the index in the round's
@@ -493,16 +530,32 @@ func (s *SafetensorsSink) finishRound(ctx context.Context, r *stRound) error {
 		}
 	}
 	if r.indexName != "" {
-		if err := s.writeFile(filepath.Join(r.staging, r.indexName), r.index); err != nil {
-			return err
+		if err := safetensors.WriteFileAtomic(filepath.Join(r.staging, r.indexName), r.index, s.fileOptions()...); err != nil {
+			return fmt.Errorf("safetensors sink: %w", err)
 		}
 	}
 	r.finished = true
 	return nil
 }
 
+// Committed puts the round of version, which Commit finished, in place:
+// its files are renamed into dir (the index last), files of the sink's
+// earlier rounds that it does not have are removed, and dir is synced.
+func (s *SafetensorsSink) Committed(ctx context.Context, version uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.round
+	switch {
+	case r == nil || !r.finished:
+		return fmt.Errorf("safetensors sink: version %d committed by the group before this sink finished it (Commit)", version)
+	case r.version != version:
+		return s.failLocked(fmt.Errorf("safetensors sink: the group committed version %d, but this sink holds version %d", version, r.version))
+	}
+	return s.failLocked(s.replace(r))
+}
+
 // replace renames the finished round's files into the directory.
-func (s *SafetensorsSink) replace(ctx context.Context, r *stRound) error {
+func (s *SafetensorsSink) replace(r *stRound) error {
 	var names []string
 	for _, sh := range r.shards {
 		names = append(names, sh.name)
@@ -510,24 +563,25 @@ func (s *SafetensorsSink) replace(ctx context.Context, r *stRound) error {
 	if r.indexName != "" {
 		names = append(names, r.indexName) // renamed last
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	for _, n := range names {
-		if err := os.Rename(filepath.Join(r.staging, n), filepath.Join(s.dir, n)); err != nil {
+	for i, n := range names {
+		if err := s.fs.Rename(filepath.Join(r.staging, n), filepath.Join(s.dir, n)); err != nil {
+			if i > 0 {
+				s.mixed = true
+			}
 			return fmt.Errorf("safetensors sink: moving %s into place: %w", n, err)
 		}
 	}
+	s.mixed = false
 	var errs []error
 	for _, old := range s.written {
 		if !slices.Contains(names, old) {
-			if err := os.Remove(filepath.Join(s.dir, old)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := s.fs.Remove(filepath.Join(s.dir, old)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}
 		}
 	}
 	s.written = names
-	errs = append(errs, os.Remove(r.staging), s.syncDir())
+	errs = append(errs, s.fs.Remove(r.staging), s.syncDir())
 	s.round = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("safetensors sink: round %d is in place, but: %w", r.version, err)
@@ -535,29 +589,23 @@ func (s *SafetensorsSink) replace(ctx context.Context, r *stRound) error {
 	return nil
 }
 
-func (s *SafetensorsSink) writeFile(path string, b []byte) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("safetensors sink: %w", err)
+// Holding is HoldsShadowed: a round reaches dir only in Committed, so a
+// failed round leaves dir's files as the last install put them; after an
+// install that failed part way, dir mixes two rounds: HoldsInPlace.
+func (s *SafetensorsSink) Holding() Holding {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mixed {
+		return HoldsInPlace
 	}
-	_, err = f.Write(b)
-	if err == nil && !s.opts.noSync {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("safetensors sink: writing %s: %w", path, err)
-	}
-	return nil
+	return HoldsShadowed
 }
 
 func (s *SafetensorsSink) syncDir() error {
 	if s.opts.noSync {
 		return nil
 	}
-	d, err := os.Open(s.dir)
+	d, err := s.fs.Open(s.dir)
 	if err != nil {
 		return err
 	}
@@ -568,9 +616,10 @@ func (s *SafetensorsSink) syncDir() error {
 	return err
 }
 
-// Abort abandons a round begun and not committed, removing its files; the
-// directory keeps the last committed round. A Receiver calls it after a
-// failed Sync (the sink is an Aborter); the next Begin does it too.
+// Abort abandons a round begun and not put in place, removing its files;
+// the directory keeps the last committed round. A Receiver calls it when
+// its round fails; call it yourself after a failed round of a pipeline of
+// your own (the next Begin does it otherwise).
 func (s *SafetensorsSink) Abort() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -583,13 +632,18 @@ func (s *SafetensorsSink) abortLocked() error {
 		return nil
 	}
 	s.round = nil
+	var errs []error
 	for _, sh := range r.shards {
-		s.dropSpill(sh)
+		errs = append(errs, s.dropSpill(sh))
 		if sh.w != nil {
-			sh.w.Abort()
+			errs = append(errs, sh.w.Abort())
 		}
 	}
-	return os.RemoveAll(r.staging)
+	errs = append(errs, s.fs.RemoveAll(r.staging))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("safetensors sink: removing the unfinished round's directory %s: %w", r.staging, err)
+	}
+	return nil
 }
 
 // Files returns the paths of the files the last committed round wrote, in

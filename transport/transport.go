@@ -204,6 +204,11 @@ var ErrTimeout = errors.New("timed out")
 // ErrPeerGone is wrapped by errors caused by a peer that disconnected or died.
 var ErrPeerGone = errors.New("peer gone")
 
+// ErrEnded is wrapped by a Subscriber's Recv error when the root closed
+// the metadata bus deliberately with every message acknowledged: between
+// two rounds, that ends the run (docs/protocol.md, "End of a run").
+var ErrEnded = errors.New("the root ended the run")
+
 // ErrClosed is returned by operations on a closed endpoint, publisher or subscriber.
 var ErrClosed = errors.New("transport: closed")
 

@@ -104,12 +104,11 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	if l.endpoint, err = transport.Open(ctx, transportName, tcfg); err != nil {
 		return nil, err
 	}
+	// The run ends as docs/protocol.md says: once every receiver has
+	// acknowledged the last commit, rank 0 closes its metadata bus (BYE,
+	// when l.close runs below) and its Group waits for the others to
+	// leave; each receiver leaves when it hears that BYE (runRank).
 	res, err := runRank(ctx, c, c.rank, l, dev, tracer, report)
-	if err == nil {
-		// Leave together: a rank that closed its lease while another is
-		// still finishing its last round would look like a lost peer.
-		err = group.Barrier(ctx, "done")
-	}
 	if cause := context.Cause(ctx); err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
 		err = fmt.Errorf("%w (cause: %v)", err, cause)
 	}

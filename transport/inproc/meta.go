@@ -25,6 +25,11 @@ type bus struct {
 	all     chan struct{} // closed when every subscriber has joined
 	gone    []chan struct{}
 	users   int
+	// The first Abort: its rank and reason, set before aborted is
+	// closed.
+	abortBy  int
+	abortErr error
+	aborted  chan struct{}
 }
 
 var buses = map[string]*bus{}
@@ -37,7 +42,7 @@ func getBus(cfg transport.Config) (*bus, error) {
 		b = &bus{group: cfg.Group, world: cfg.WorldSize, window: transport.DefaultWindow,
 			queues: make([]chan transport.Message, cfg.WorldSize), next: make([]uint64, cfg.WorldSize),
 			changed: make(chan struct{}), joined: make([]bool, cfg.WorldSize), all: make(chan struct{}),
-			gone: make([]chan struct{}, cfg.WorldSize)}
+			gone: make([]chan struct{}, cfg.WorldSize), aborted: make(chan struct{})}
 		for r := range b.queues {
 			b.queues[r] = make(chan transport.Message, b.window)
 			b.gone[r] = make(chan struct{})
@@ -73,6 +78,26 @@ func (b *bus) leave(rank int) {
 	if b.users == 0 && buses[b.group] == b {
 		delete(buses, b.group)
 	}
+}
+
+// abort records the first rank to give up and why, and wakes every waiter.
+func (b *bus) abort(rank int, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.abortErr != nil {
+		return
+	}
+	b.abortBy, b.abortErr = rank, err
+	close(b.aborted)
+}
+
+// abortedErr is the error a rank other than the one that aborted sees.
+func (b *bus) abortedErr(cfg transport.Config, op string, seq uint64) error {
+	who := fmt.Sprintf("rank %d", b.abortBy)
+	if b.abortBy == 0 {
+		who = "the root"
+	}
+	return metaErr(cfg, op, seq, true, b.abortBy, fmt.Errorf("round aborted: %s gave up: %v", who, b.abortErr))
 }
 
 func metaErr(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) error {
@@ -151,6 +176,11 @@ func (p *publisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
 // waitFor waits until ok(next[r]) holds for every receiver r.
 func (p *publisher) waitFor(ctx context.Context, timer *time.Timer, seq uint64, ok func(next uint64) bool) error {
 	for {
+		select {
+		case <-p.b.gone[0]:
+			return metaErr(p.cfg, "publish", seq, true, -1, transport.ErrClosed)
+		default:
+		}
 		p.b.mu.Lock()
 		lagging, changed := -1, p.b.changed
 		for r := 1; r < p.b.world; r++ {
@@ -173,6 +203,8 @@ func (p *publisher) waitFor(ctx context.Context, timer *time.Timer, seq uint64, 
 		}
 		select {
 		case <-changed:
+		case <-p.b.aborted:
+			return p.b.abortedErr(p.cfg, "publish", seq)
 		case <-ctx.Done():
 			return metaErr(p.cfg, "publish", seq, true, lagging, transport.ContextErr(ctx))
 		case <-timer.C:
@@ -188,6 +220,10 @@ func (p *publisher) Sync(ctx context.Context) error {
 	return p.waitFor(ctx, timer, p.next, func(next uint64) bool { return next >= p.next })
 }
 
+// Abort makes every subscriber's waits fail with err, the reason the
+// root gave up its round.
+func (p *publisher) Abort(err error) { p.b.abort(0, err) }
+
 func (p *publisher) Close() error {
 	p.once.Do(func() { p.b.leave(0) })
 	return nil
@@ -200,23 +236,56 @@ type subscriber struct {
 	once sync.Once
 }
 
+// Recv returns the next message. Messages queued before the root left or
+// the bus was aborted are still handed over.
 func (s *subscriber) Recv(ctx context.Context) (transport.Message, error) {
+	queue := s.b.queues[s.cfg.Rank]
+	select {
+	case m := <-queue:
+		return s.take(m)
+	default:
+	}
 	timer := time.NewTimer(s.cfg.WaitTimeout())
 	defer timer.Stop()
 	select {
-	case m := <-s.b.queues[s.cfg.Rank]:
-		if want := s.want.Load(); m.Seq != want {
-			return transport.Message{}, metaErr(s.cfg, "recv", m.Seq, true, 0, fmt.Errorf("expected message %d: metadata lost or reordered", want))
-		}
-		s.want.Add(1)
-		return m, nil
+	case m := <-queue:
+		return s.take(m)
 	case <-s.b.gone[0]:
-		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ErrPeerGone)
+		s.b.mu.Lock()
+		ended := s.b.next[s.cfg.Rank] == s.want.Load() // everything received is acknowledged
+		s.b.mu.Unlock()
+		if ended {
+			return s.last(metaErr(s.cfg, "recv", s.want.Load(), true, 0, fmt.Errorf("%w: the root closed the bus", transport.ErrEnded)))
+		}
+		return s.last(metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ErrPeerGone))
+	case <-s.b.aborted:
+		if s.b.abortBy != s.cfg.Rank {
+			return s.last(s.b.abortedErr(s.cfg, "recv", s.want.Load()))
+		}
+		return s.last(metaErr(s.cfg, "recv", s.want.Load(), true, -1, fmt.Errorf("this rank aborted: %v", s.b.abortErr)))
 	case <-ctx.Done():
 		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, transport.ContextErr(ctx))
 	case <-timer.C:
 		return transport.Message{}, metaErr(s.cfg, "recv", s.want.Load(), true, 0, fmt.Errorf("no metadata within %v: %w", s.cfg.WaitTimeout(), transport.ErrTimeout))
 	}
+}
+
+// last returns a message queued before the end of the bus, or err.
+func (s *subscriber) last(err error) (transport.Message, error) {
+	select {
+	case m := <-s.b.queues[s.cfg.Rank]:
+		return s.take(m)
+	default:
+		return transport.Message{}, err
+	}
+}
+
+func (s *subscriber) take(m transport.Message) (transport.Message, error) {
+	if want := s.want.Load(); m.Seq != want {
+		return transport.Message{}, metaErr(s.cfg, "recv", m.Seq, true, 0, fmt.Errorf("expected message %d: metadata lost or reordered", want))
+	}
+	s.want.Add(1)
+	return m, nil
 }
 
 func (s *subscriber) Ack(ctx context.Context, seq uint64) error {
@@ -231,6 +300,10 @@ func (s *subscriber) Ack(ctx context.Context, seq uint64) error {
 	s.b.changed = make(chan struct{})
 	return nil
 }
+
+// Abort makes the root's waits (and every other subscriber's) fail with
+// err, the reason this receiver gave up its round.
+func (s *subscriber) Abort(err error) { s.b.abort(s.cfg.Rank, err) }
 
 func (s *subscriber) Close() error {
 	s.once.Do(func() { s.b.leave(s.cfg.Rank) })

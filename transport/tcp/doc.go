@@ -65,7 +65,10 @@
 // group, this rank, the bucket and the rank at fault. A rank that fails
 // tells its neighbours: an abort frame goes downstream and a failure notice
 // upstream, so that every rank of the chain names the rank that vanished
-// (wrapping transport.ErrPeerGone), not just its neighbour. After any error
+// (wrapping transport.ErrPeerGone), not just its neighbour, and the reason.
+// A rank whose write a failure cut inside a frame first sends the rest of
+// that frame, so the notice still arrives at a frame boundary; only a link
+// that cannot take it is closed instead. After any error
 // the endpoint is broken and every later Broadcast returns the first error.
 // Close closes the connections (the neighbours see ErrPeerGone naming this
 // rank) and waits for a Broadcast in progress to return.

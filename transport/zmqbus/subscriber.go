@@ -246,7 +246,13 @@ func (s *subscriber) handle(frames [][]byte) {
 			s.failLocked(fmt.Errorf("%w: the root gave up: %s", sentinel, body))
 		}
 	case typeBye:
-		s.failLocked(fmt.Errorf("%w: the root closed the metadata bus", errPeerGone))
+		if s.acked == s.expect {
+			// Everything received is acknowledged: the root
+			// ended the bus on purpose (between rounds: the run).
+			s.failLocked(fmt.Errorf("%w: the root closed the metadata bus after message %d", transport.ErrEnded, s.acked))
+		} else {
+			s.failLocked(fmt.Errorf("%w: the root closed the metadata bus with %d of %d messages acknowledged", errPeerGone, s.acked, s.expect))
+		}
 	default:
 		s.violationLocked(fmt.Errorf("%w: unexpected %s from the root", ErrProtocol, typeName(h.typ)))
 	}

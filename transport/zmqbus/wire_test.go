@@ -339,6 +339,30 @@ func TestWireFakeRoot(t *testing.T) {
 			t.Fatalf("silent root noticed after %v, liveness 400ms", d)
 		}
 	})
+	t.Run("ByeEndsRun", func(t *testing.T) {
+		// BYE with every message acknowledged is the end of the run;
+		// BYE with a message still unacknowledged is a root gone.
+		for _, ack := range []bool{true, false} {
+			ctx := testContext(t, time.Minute)
+			root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, nil))
+			send(t, root, id, rawHeader(1, wData, 0, 0), []byte("bucket"))
+			if _, err := s.Recv(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if ack {
+				if err := s.Ack(ctx, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			send(t, root, id, rawHeader(1, wBye, 0, 1))
+			_, err := s.Recv(ctx)
+			if ack {
+				wantBusError(t, err, transport.ErrEnded, 0, "the root closed the metadata bus after message 1")
+			} else {
+				wantBusError(t, err, transport.ErrPeerGone, 0, "with 0 of 1 messages acknowledged")
+			}
+		}
+	})
 	t.Run("RootError", func(t *testing.T) {
 		ctx := testContext(t, time.Minute)
 		root, id, s := openWithFakeRoot(t, ctx, configs(t, 2, 10*time.Second, nil))
