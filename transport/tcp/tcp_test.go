@@ -546,6 +546,7 @@ func TestCancelMidFrame(t *testing.T) {
 	defer cancel()
 	const n = 64 << 20
 	bufs := hostBufs(t, 2, n)
+	cut := 0 // tries whose cancellation cut the frame
 	for i := range 5 {
 		eps := transporttest.OpenAll(t, ctx, Open, transporttest.Configs(fmt.Sprintf("%s-%d", t.Name(), i), 2, 30*time.Second))
 		cctx, ccancel := context.WithCancel(ctx)
@@ -558,14 +559,21 @@ func TestCancelMidFrame(t *testing.T) {
 		wg.Wait()
 		timer.Stop()
 		ccancel()
-		if rootErr == nil {
+		if rootErr == nil || err == nil {
+			// The cancellation came after the last byte left the root
+			// (it may still fail its acknowledgement wait): the receiver
+			// rightly has the whole bucket.
 			t.Logf("try %d: the bucket moved before the cancellation", i)
 			continue
 		}
+		cut++
 		var te *transport.Error
 		if d := time.Since(start); !errors.As(err, &te) || te.Peer != 0 || errors.Is(err, transport.ErrPeerGone) ||
 			!strings.Contains(err.Error(), "context canceled") || d > 5*time.Second {
 			t.Fatalf("try %d: receiver: want the root's cancellation naming rank 0, got %v after %v", i, err, d)
 		}
+	}
+	if cut == 0 {
+		t.Skip("no try's cancellation came before the bucket had moved; nothing was checked")
 	}
 }
