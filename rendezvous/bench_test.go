@@ -31,7 +31,7 @@ func BenchmarkJoin8(b *testing.B) {
 		var wg sync.WaitGroup
 		for r := range n {
 			wg.Go(func() {
-				s, err := rendezvous.DialEtcd(ctx, []string{e.ClientURL()})
+				s, err := rendezvous.DialEtcd(ctx, []string{e.ClientURL()}, 0)
 				if err != nil {
 					errs[r] = err
 					return

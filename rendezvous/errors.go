@@ -12,7 +12,8 @@ import (
 // is an *Error wrapping one of them; test with errors.Is.
 var (
 	// ErrTimeout: a wait ran past its deadline. The *Error lists the
-	// ranks that never came. It also matches transport.ErrTimeout.
+	// ranks that never came (from DialEtcd: etcd did not answer). It also
+	// matches transport.ErrTimeout.
 	ErrTimeout = errors.New("timed out")
 	// ErrGroupInUse: another run still holds the group name.
 	ErrGroupInUse = errors.New("group in use")
@@ -28,7 +29,7 @@ var (
 	// its own; the *Error's Detail says which.
 	ErrAborted = errors.New("run aborted")
 	// ErrInvalid: the options or arguments cannot describe a rank, a key
-	// or a barrier of a group.
+	// or a barrier of a group, or a store to dial.
 	ErrInvalid = errors.New("invalid options")
 	// ErrDuplicateKey: a rank published the same Exchange key twice.
 	ErrDuplicateKey = errors.New("key published twice")
@@ -38,7 +39,8 @@ var (
 
 // Error is the error of a failed rendezvous step. It names the group, the
 // run, the rank that reports it, the store key involved and the ranks at
-// fault, and says what to do about it.
+// fault, and says what to do about it. DialEtcd's errors have no group,
+// run or rank.
 type Error struct {
 	Group string
 	RunID string
@@ -59,7 +61,11 @@ type Error struct {
 // Error names the group, run, rank, key and ranks concerned, and what to do.
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "rendezvous: group %q run %q rank %d: %v", e.Group, e.RunID, e.Rank, e.Err)
+	if e.Group == "" && e.RunID == "" {
+		fmt.Fprintf(&b, "rendezvous: %v", e.Err)
+	} else {
+		fmt.Fprintf(&b, "rendezvous: group %q run %q rank %d: %v", e.Group, e.RunID, e.Rank, e.Err)
+	}
 	if len(e.Ranks) > 0 {
 		fmt.Fprintf(&b, " (rank%s %s)", plural(len(e.Ranks)), joinInts(e.Ranks))
 	}

@@ -21,16 +21,15 @@ import (
 // by the others about this long after its last keep-alive.
 const DefaultLeaseTTL = 10 * time.Second
 
-// DefaultDialTimeout bounds DialEtcd's first contact with the cluster
-// unless WithDialTimeout says otherwise.
+// DefaultDialTimeout bounds DialEtcd's first contact with the cluster when
+// its timeout is zero.
 const DefaultDialTimeout = 5 * time.Second
 
 // EtcdOption configures DialEtcd.
 type EtcdOption func(*etcdOptions)
 
 type etcdOptions struct {
-	ttl         time.Duration
-	dialTimeout time.Duration
+	ttl time.Duration
 }
 
 // WithLeaseTTL sets the TTL of the store's lease, rounded up to whole
@@ -38,11 +37,6 @@ type etcdOptions struct {
 // rounded up: 2 s at etcd's defaults, 1 s on an embedetcd server.
 func WithLeaseTTL(d time.Duration) EtcdOption {
 	return func(o *etcdOptions) { o.ttl = d }
-}
-
-// WithDialTimeout bounds the first contact with the cluster.
-func WithDialTimeout(d time.Duration) EtcdOption {
-	return func(o *etcdOptions) { o.dialTimeout = d }
 }
 
 // Etcd is the Store on an etcd v3 cluster. Create-if-absent is a
@@ -71,33 +65,52 @@ type Etcd struct {
 var _ Store = (*Etcd)(nil)
 
 // DialEtcd connects to the etcd cluster at endpoints ("host:port" or
-// "http://host:port") and checks that it answers within ctx and the dial
-// timeout. It starts only the etcd client's own connection goroutines,
-// and Close stops them.
-func DialEtcd(ctx context.Context, endpoints []string, opts ...EtcdOption) (*Etcd, error) {
-	o := etcdOptions{ttl: DefaultLeaseTTL, dialTimeout: DefaultDialTimeout}
+// "http://host:port") and checks that it answers within timeout (zero
+// means DefaultDialTimeout) and ctx. It starts only the etcd client's own
+// connection goroutines, and Close stops them.
+//
+// Its errors are *Error values (with no group or run): ErrTimeout when etcd
+// does not answer in time, ErrInvalid for options that cannot work, or the
+// context's or the client's error.
+func DialEtcd(ctx context.Context, endpoints []string, timeout time.Duration, opts ...EtcdOption) (*Etcd, error) {
+	o := etcdOptions{ttl: DefaultLeaseTTL}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if len(endpoints) == 0 {
-		return nil, errors.New("rendezvous: no etcd endpoints given; give the address of an etcd server (the demo: --rendezvous etcd://HOST:PORT) or start one in this process with package embedetcd")
+	if timeout == 0 {
+		timeout = DefaultDialTimeout
 	}
-	if o.ttl <= 0 {
-		return nil, fmt.Errorf("rendezvous: lease TTL %v must be positive", o.ttl)
+	where := strings.Join(endpoints, ",")
+	fail := func(err error, format string, args ...any) (*Etcd, error) {
+		return nil, &Error{Err: err, Detail: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case len(endpoints) == 0:
+		return fail(ErrInvalid, "no etcd endpoints given; give the address of an etcd server (the demo: --rendezvous etcd://HOST:PORT) or start one in this process with package embedetcd")
+	case o.ttl <= 0:
+		return fail(ErrInvalid, "lease TTL %v must be positive", o.ttl)
+	case timeout < 0:
+		return fail(ErrInvalid, "dial timeout %v is negative", timeout)
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
-		DialTimeout: o.dialTimeout,
+		DialTimeout: timeout,
 		Logger:      zap.NewNop(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rendezvous: connecting to etcd at %s: %w", strings.Join(endpoints, ","), err)
+		return fail(err, "connecting to etcd at %s", where)
 	}
-	pctx, cancel := context.WithTimeout(ctx, o.dialTimeout)
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := cli.Get(pctx, "/weightcast/", clientv3.WithCountOnly()); err != nil {
+	if _, err := cli.Get(pctx, KeyPrefix, clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("rendezvous: etcd at %s does not answer within %v: %w; check that it runs and that this host can reach it", strings.Join(endpoints, ","), o.dialTimeout, err)
+		switch {
+		case ctx.Err() != nil:
+			return fail(ctx.Err(), "connecting to etcd at %s: %v", where, err)
+		case pctx.Err() != nil:
+			return fail(ErrTimeout, "etcd at %s does not answer within %v (%v); check that it runs and that this host can reach it", where, timeout, err)
+		}
+		return fail(err, "etcd at %s refused the first request; check the address and the credentials", where)
 	}
 	return &Etcd{
 		client:    cli,

@@ -2,12 +2,15 @@ package rendezvous_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/transport"
 )
 
 // TestNoServerLinked checks that dialing etcd does not link the etcd
@@ -32,21 +35,48 @@ func TestNoServerLinked(t *testing.T) {
 		}
 	}
 }
+
+// TestDialEtcdUnreachable dials a stopped server and an address that
+// accepts connections but never answers: both fail within the timeout with
+// a rendezvous error that matches ErrTimeout and names the address.
 func TestDialEtcdUnreachable(t *testing.T) {
 	e := startEmbedded(t)
 	gone := e.ClientURL()
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	_, err := rendezvous.DialEtcd(context.Background(), []string{gone}, rendezvous.WithDialTimeout(500*time.Millisecond))
-	if err == nil || !strings.Contains(err.Error(), "does not answer") || !strings.Contains(err.Error(), gone) {
-		t.Fatalf("dial of a stopped server = %v; want an error naming it", err)
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // never accepts: the kernel completes the connections, nobody speaks
+	if err != nil {
+		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("dial with a 500ms timeout took %v", d)
+	defer silent.Close()
+	for _, addr := range []string{gone, silent.Addr().String()} {
+		start := time.Now()
+		_, err := rendezvous.DialEtcd(context.Background(), []string{addr}, 500*time.Millisecond)
+		took := time.Since(start)
+		var re *rendezvous.Error
+		switch {
+		case !errors.As(err, &re):
+			t.Fatalf("dial of %s = %v (%T); want a *rendezvous.Error", addr, err, err)
+		case !errors.Is(err, rendezvous.ErrTimeout) || !errors.Is(err, transport.ErrTimeout):
+			t.Errorf("dial of %s = %v; want it to match rendezvous.ErrTimeout and transport.ErrTimeout", addr, err)
+		case !strings.Contains(err.Error(), "does not answer within 500ms") || !strings.Contains(err.Error(), addr):
+			t.Errorf("dial of %s = %q; want it to name the address and the timeout", addr, err)
+		case strings.Contains(err.Error(), `group ""`):
+			t.Errorf("dial error %q names an empty group", err)
+		}
+		if took > 3*time.Second {
+			t.Errorf("dial of %s with a 500ms timeout took %v", addr, took)
+		}
 	}
-	if _, err := rendezvous.DialEtcd(context.Background(), nil); err == nil {
-		t.Fatal("dial with no endpoints succeeded")
+	// The caller's context bounds it too, and is reported as such.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = rendezvous.DialEtcd(ctx, []string{silent.Addr().String()}, time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rendezvous.ErrTimeout) {
+		t.Errorf("dial bounded by its context = %v; want the context's deadline, not the dial timeout", err)
+	}
+	if _, err := rendezvous.DialEtcd(context.Background(), nil, 0); !errors.Is(err, rendezvous.ErrInvalid) {
+		t.Fatalf("dial with no endpoints = %v; want ErrInvalid", err)
 	}
 }

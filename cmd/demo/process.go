@@ -38,7 +38,7 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 		}
 		defer emb.Close()
 	}
-	store, err := rendezvous.DialEtcd(ctx, []string{endpoint})
+	store, err := rendezvous.DialEtcd(ctx, []string{endpoint}, c.timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -83,7 +83,7 @@ func run(ctx context.Context, out io.Writer) error {
 // new for each launch. A receiver loads into model: a stages.HostModel, a
 // DeviceModel, WriteSafetensors(dir) or Callback(fn, commit).
 func syncRank(ctx context.Context, etcd []string, runID string, rank, n int, weights stages.Source, step uint64, model stages.Sink) (err error) {
-	store, err := rendezvous.DialEtcd(ctx, etcd)
+	store, err := rendezvous.DialEtcd(ctx, etcd, 10*time.Second)
 	if err != nil {
 		return err
 	}

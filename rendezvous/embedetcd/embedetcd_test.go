@@ -39,7 +39,7 @@ func dial(t testing.TB, endpoints []string, ttl time.Duration) *rendezvous.Etcd 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := rendezvous.DialEtcd(ctx, endpoints, rendezvous.WithLeaseTTL(ttl))
+	s, err := rendezvous.DialEtcd(ctx, endpoints, 0, rendezvous.WithLeaseTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func ExternalEtcd(t *testing.T) []string {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		s, err := rendezvous.DialEtcd(ctx, []string{client}, rendezvous.WithDialTimeout(time.Second))
+		s, err := rendezvous.DialEtcd(ctx, []string{client}, time.Second)
 		cancel()
 		if err == nil {
 			s.Close()
