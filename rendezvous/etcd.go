@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -310,6 +312,87 @@ func (s *Etcd) WaitAbsent(ctx context.Context, key string) error {
 			return err
 		}
 	}
+}
+
+// WaitChange implements Store. It watches key with the previous value of
+// each event: a delete's previous value names the lease that held the
+// key, and the lease's remaining time tells whether the lease ended (it
+// is gone) or a client deleted the key (it lives on).
+func (s *Etcd) WaitChange(ctx context.Context, key string, value []byte) (Change, []byte, error) {
+	const op = "wait for a change of"
+	if err := s.check(op, key); err != nil {
+		return 0, nil, err
+	}
+	for {
+		resp, err := s.client.Get(ctx, key)
+		if err != nil {
+			return 0, nil, s.wrap(ctx, op, key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return Gone, nil, nil
+		}
+		if v := resp.Kvs[0].Value; !bytes.Equal(v, value) {
+			return Rewritten, v, nil
+		}
+		if s.afterRead != nil {
+			s.afterRead()
+		}
+		ch, v, compacted, err := s.watchChange(ctx, op, key, resp.Header.Revision+1)
+		if err != nil || !compacted {
+			return ch, v, err
+		}
+	}
+}
+
+// watchChange watches key from revision rev for its first event.
+// compacted is true when rev was compacted away, so the caller reads
+// again.
+func (s *Etcd) watchChange(ctx context.Context, op, key string, rev int64) (ch Change, v []byte, compacted bool, err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range s.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithPrevKV()) {
+		if wr.CompactRevision != 0 {
+			return 0, nil, true, nil
+		}
+		if err := wr.Err(); err != nil {
+			return 0, nil, false, s.wrap(ctx, op, key, err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypePut {
+				return Rewritten, ev.Kv.Value, false, nil
+			}
+			if ev.PrevKv == nil || ev.PrevKv.Lease == 0 {
+				return Deleted, nil, false, nil
+			}
+			ttl, err := s.client.TimeToLive(ctx, clientv3.LeaseID(ev.PrevKv.Lease))
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound), err == nil && ttl.TTL < 0:
+				return LeaseEnded, nil, false, nil
+			case err != nil:
+				return 0, nil, false, s.wrap(ctx, op, key, fmt.Errorf("reading the lease of the deleted key: %w", err))
+			}
+			return Deleted, nil, false, nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, false, s.wrap(ctx, op, key, err)
+	}
+	return 0, nil, false, s.wrap(ctx, op, key, errors.New("watch ended without an answer"))
+}
+
+// DeleteIf implements Store: a transaction on the key's value.
+func (s *Etcd) DeleteIf(ctx context.Context, key string, value []byte) (bool, error) {
+	if err := s.check("delete", key); err != nil {
+		return false, err
+	}
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(key), "=", string(value))).
+		Then(clientv3.OpDelete(key)).
+		Commit()
+	if err != nil {
+		return false, s.wrap(ctx, "delete", key, err)
+	}
+	return resp.Succeeded, nil
 }
 
 // watch watches key from revision rev until an event of type typ and

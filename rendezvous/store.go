@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Store is the small key-value API the rendezvous is built on. Keys are
@@ -34,6 +35,15 @@ type Store interface {
 	// WaitAbsent blocks until key does not exist. It returns at once when
 	// key is absent already.
 	WaitAbsent(ctx context.Context, key string) error
+	// WaitChange blocks until key no longer holds value and says what
+	// happened: it was rewritten (the new value is returned), deleted by
+	// a client, or deleted because the lease holding it ended. It returns
+	// at once, with Gone, when key is absent already (the store cannot tell
+	// why), and with Rewritten when it holds another value already.
+	WaitChange(ctx context.Context, key string, value []byte) (Change, []byte, error)
+	// DeleteIf deletes key if it holds exactly value, and reports whether
+	// it did.
+	DeleteIf(ctx context.Context, key string, value []byte) (bool, error)
 	// Add atomically adds delta to the decimal counter under key (an
 	// absent key counts as 0) and returns the new value. Counters are not
 	// leased.
@@ -45,6 +55,36 @@ type Store interface {
 	// connection. It is idempotent; other methods return an error
 	// wrapping ErrStoreClosed after it.
 	Close() error
+}
+
+// Change is what WaitChange saw happen to a key.
+type Change int
+
+const (
+	// Rewritten: the key holds another value, or was written again.
+	Rewritten Change = iota + 1
+	// Deleted: a client deleted the key, while the lease holding it (if
+	// any) lived on.
+	Deleted
+	// LeaseEnded: the key went with the lease that held it: its owner
+	// closed its store, died, or lost the store for longer than the TTL.
+	LeaseEnded
+	// Gone: the key was absent when WaitChange was called.
+	Gone
+)
+
+func (c Change) String() string {
+	switch c {
+	case Rewritten:
+		return "rewritten"
+	case Deleted:
+		return "deleted"
+	case LeaseEnded:
+		return "lease ended"
+	case Gone:
+		return "gone"
+	}
+	return fmt.Sprintf("change %d", int(c))
 }
 
 // ErrStoreClosed is wrapped by errors from a Store used after Close.

@@ -1,6 +1,7 @@
 package rendezvoustest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,17 +18,53 @@ import (
 type Mem struct {
 	mu      sync.Mutex
 	kv      map[string]memValue
-	changed chan struct{} // closed and replaced on every change
+	tombs   map[string]tomb // the last deletion of each key
+	rev     int64           // counts changes
+	changed chan struct{}   // closed and replaced on every change
 }
 
 type memValue struct {
 	value []byte
 	owner *MemStore // the store whose lease holds the key; nil if none
+	rev   int64     // the change that wrote it
+}
+
+// tomb records why a key was deleted, for WaitChange.
+type tomb struct {
+	rev   int64
+	cause rendezvous.Change
 }
 
 // NewMem returns an empty key space.
 func NewMem() *Mem {
-	return &Mem{kv: map[string]memValue{}, changed: make(chan struct{})}
+	return &Mem{kv: map[string]memValue{}, tombs: map[string]tomb{}, changed: make(chan struct{})}
+}
+
+// Put writes key unconditionally, on no lease, as a client that is not a
+// rendezvous Store (an attacker, in tests) could.
+func (m *Mem) Put(key string, value []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rev++
+	m.kv[key] = memValue{value: clone(value), rev: m.rev}
+	m.notify()
+}
+
+// Delete deletes key, as a client that is not a rendezvous Store could.
+func (m *Mem) Delete(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.kv[key]; ok {
+		m.deleteLocked(key, rendezvous.Deleted)
+		m.notify()
+	}
+}
+
+// deleteLocked deletes key for cause. Callers hold m.mu and notify.
+func (m *Mem) deleteLocked(key string, cause rendezvous.Change) {
+	m.rev++
+	delete(m.kv, key)
+	m.tombs[key] = tomb{rev: m.rev, cause: cause}
 }
 
 // NewStore returns a store on m with its own lease, as one process would
@@ -76,7 +113,8 @@ func (s *MemStore) create(ctx context.Context, key string, value []byte, owner *
 	if v, ok := s.m.kv[key]; ok {
 		return false, clone(v.value), nil
 	}
-	s.m.kv[key] = memValue{value: clone(value), owner: owner}
+	s.m.rev++
+	s.m.kv[key] = memValue{value: clone(value), owner: owner, rev: s.m.rev}
 	s.m.notify()
 	return true, nil, nil
 }
@@ -179,7 +217,8 @@ func (s *MemStore) Add(ctx context.Context, key string, delta int64) (int64, err
 		}
 	}
 	cur += delta
-	s.m.kv[key] = memValue{value: []byte(strconv.FormatInt(cur, 10))}
+	s.m.rev++
+	s.m.kv[key] = memValue{value: []byte(strconv.FormatInt(cur, 10)), rev: s.m.rev}
 	s.m.notify()
 	return cur, nil
 }
@@ -199,11 +238,62 @@ func (s *MemStore) DeletePrefix(ctx context.Context, prefix string) error {
 	}
 	for k := range s.m.kv {
 		if strings.HasPrefix(k, prefix) {
-			delete(s.m.kv, k)
+			s.m.deleteLocked(k, rendezvous.Deleted)
 		}
 	}
 	s.m.notify()
 	return nil
+}
+
+// DeleteIf implements rendezvous.Store.
+func (s *MemStore) DeleteIf(ctx context.Context, key string, value []byte) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("mem delete %q: %w", key, err)
+	}
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	if s.closed {
+		return false, s.errClosed("delete", key)
+	}
+	v, ok := s.m.kv[key]
+	if !ok || !bytes.Equal(v.value, value) {
+		return false, nil
+	}
+	s.m.deleteLocked(key, rendezvous.Deleted)
+	s.m.notify()
+	return true, nil
+}
+
+// WaitChange implements rendezvous.Store.
+func (s *MemStore) WaitChange(ctx context.Context, key string, value []byte) (rendezvous.Change, []byte, error) {
+	var (
+		change rendezvous.Change
+		now    []byte
+		start  int64 = -1
+	)
+	err := s.await(ctx, "wait for a change of", key, func() bool {
+		v, ok := s.m.kv[key]
+		switch {
+		case start < 0 && !ok:
+			change = rendezvous.Gone
+		case start < 0 && !bytes.Equal(v.value, value):
+			change, now = rendezvous.Rewritten, clone(v.value)
+		case start < 0:
+			start = v.rev
+			return false
+		case s.m.tombs[key].rev > start: // deleted since, maybe written again
+			change = s.m.tombs[key].cause
+		case v.rev != start:
+			change, now = rendezvous.Rewritten, clone(v.value)
+		default:
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return change, now, nil
 }
 
 // Close implements rendezvous.Store: the store's leased keys are deleted
@@ -217,7 +307,7 @@ func (s *MemStore) Close() error {
 	s.closed = true
 	for k, v := range s.m.kv {
 		if v.owner == s {
-			delete(s.m.kv, k)
+			s.m.deleteLocked(k, rendezvous.LeaseEnded)
 		}
 	}
 	s.m.notify()

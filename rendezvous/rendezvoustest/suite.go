@@ -37,6 +37,9 @@ func TestStore(t *testing.T, open func(t *testing.T) rendezvous.Store) {
 		{"WaitCancel", testWaitCancel},
 		{"WaitAbsent", testWaitAbsent},
 		{"LeasedKeysGoWithOwner", testLeasedKeysGoWithOwner},
+		{"WaitChange", testWaitChange},
+		{"WaitChangeLeaseEnded", testWaitChangeLeaseEnded},
+		{"DeleteIf", testDeleteIf},
 		{"Add", testAdd},
 		{"AddConcurrent", testAddConcurrent},
 		{"AddNotACounter", testAddNotACounter},
@@ -271,6 +274,114 @@ func testWaitAbsent(t *testing.T, open func(*testing.T) rendezvous.Store, p stri
 	}
 }
 
+// waitChange runs WaitChange in the background; the returned function
+// waits (5 s at most) for its result.
+func waitChange(t *testing.T, ctx context.Context, s rendezvous.Store, key, value string) func() (rendezvous.Change, string) {
+	type result struct {
+		c   rendezvous.Change
+		v   []byte
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		c, v, err := s.WaitChange(ctx, key, []byte(value))
+		res <- result{c, v, err}
+	}()
+	return func() (rendezvous.Change, string) {
+		t.Helper()
+		select {
+		case r := <-res:
+			if r.err != nil {
+				t.Fatalf("wait for a change of %s: %v", key, r.err)
+			}
+			return r.c, string(r.v)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("wait for a change of %s did not return within 5s", key)
+			return 0, ""
+		}
+	}
+}
+
+func testWaitChange(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
+	ctx := ctxFor(t)
+	a, b := open(t), open(t)
+	if c, _, err := b.WaitChange(ctx, p+"absent", nil); err != nil || c != rendezvous.Gone {
+		t.Fatalf("wait for a change of an absent key = %v, %v; want Gone at once", c, err)
+	}
+	mustCreate(t, ctx, a, p+"k", "v1", true)
+	if c, v, err := b.WaitChange(ctx, p+"k", []byte("other")); err != nil || c != rendezvous.Rewritten || string(v) != "v1" {
+		t.Fatalf("wait for a change from a value the key does not hold = %v %q, %v; want Rewritten \"v1\" at once", c, v, err)
+	}
+	got := waitChange(t, ctx, b, p+"k", "v1")
+	mustCreate(t, ctx, a, p+"k-other", "v", true) // another key's change
+	time.Sleep(100 * time.Millisecond)
+	// A client (not the lease's end) deletes the leased key: Deleted.
+	if ok, err := b.DeleteIf(ctx, p+"k", []byte("v1")); !ok || err != nil {
+		t.Fatalf("delete-if of the right value = %v, %v", ok, err)
+	}
+	if c, _ := got(); c != rendezvous.Deleted {
+		t.Fatalf("a leased key deleted by a client while its lease lives: %v; want Deleted", c)
+	}
+	// An unleased key deleted by prefix: Deleted.
+	mustCreate(t, ctx, a, p+"dir/u", "u", false)
+	got = waitChange(t, ctx, b, p+"dir/u", "u")
+	time.Sleep(100 * time.Millisecond)
+	if err := a.DeletePrefix(ctx, p+"dir/"); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := got(); c != rendezvous.Deleted {
+		t.Fatalf("an unleased key deleted by prefix: %v; want Deleted", c)
+	}
+	// A wait that sees nothing ends with its context.
+	dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := b.WaitChange(dctx, p+"k-other", []byte("v")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait for a change that never comes = %v; want the context's deadline", err)
+	}
+}
+
+func testWaitChangeLeaseEnded(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
+	ctx := ctxFor(t)
+	a, b := open(t), open(t)
+	mustCreate(t, ctx, a, p+"leased", "v", true)
+	got := waitChange(t, ctx, b, p+"leased", "v")
+	time.Sleep(100 * time.Millisecond)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := got(); c != rendezvous.LeaseEnded {
+		t.Fatalf("a leased key whose owner closed its store: %v; want LeaseEnded", c)
+	}
+}
+
+func testDeleteIf(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
+	ctx := ctxFor(t)
+	a, b := open(t), open(t)
+	if ok, err := b.DeleteIf(ctx, p+"absent", nil); ok || err != nil {
+		t.Fatalf("delete-if of an absent key = %v, %v", ok, err)
+	}
+	if ok, err := b.DeleteIf(ctx, p+"absent", []byte("")); ok || err != nil {
+		t.Fatalf("delete-if of an absent key with an empty value = %v, %v", ok, err)
+	}
+	mustCreate(t, ctx, a, p+"k", "v", true)
+	mustCreate(t, ctx, a, p+"k2", "v", false)
+	if ok, err := b.DeleteIf(ctx, p+"k", []byte("w")); ok || err != nil {
+		t.Fatalf("delete-if of another value = %v, %v", ok, err)
+	}
+	if _, ok := mustGet(t, ctx, b, p+"k"); !ok {
+		t.Fatal("delete-if of another value deleted the key")
+	}
+	if ok, err := b.DeleteIf(ctx, p+"k", []byte("v")); !ok || err != nil {
+		t.Fatalf("delete-if of the value = %v, %v", ok, err)
+	}
+	if _, ok := mustGet(t, ctx, b, p+"k"); ok {
+		t.Fatal("delete-if of the value left the key")
+	}
+	if _, ok := mustGet(t, ctx, b, p+"k2"); !ok {
+		t.Fatal("delete-if deleted another key")
+	}
+}
+
 func testLeasedKeysGoWithOwner(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
 	ctx := ctxFor(t)
 	a, b := open(t), open(t)
@@ -428,6 +539,8 @@ func testClose(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
 	_, checks["list"] = s.List(ctx, p)
 	_, checks["wait"] = s.Wait(ctx, p+"k")
 	checks["wait absent"] = s.WaitAbsent(ctx, p+"k")
+	_, _, checks["wait change"] = s.WaitChange(ctx, p+"k", []byte("v"))
+	_, checks["delete if"] = s.DeleteIf(ctx, p+"k", []byte("v"))
 	_, checks["add"] = s.Add(ctx, p+"n", 1)
 	checks["delete prefix"] = s.DeletePrefix(ctx, p)
 	for op, err := range checks {
