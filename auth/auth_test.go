@@ -128,6 +128,19 @@ func TestOpenRecord(t *testing.T) {
 	if got, err := k.OpenRecord("/e", k.SignRecord("/e", nil)); err != nil || len(got) != 0 {
 		t.Fatalf("an empty signed value opened as %q, %v", got, err)
 	}
+	// Without a secret (nil Keys) values are stored as they are, and a
+	// signed record is refused: its writer has a secret the reader lacks.
+	var none *auth.Keys
+	if got := none.SignRecord(key, value); !bytes.Equal(got, value) {
+		t.Fatalf("SignRecord without a secret = %q", got)
+	}
+	if got, err := none.OpenRecord(key, value); err != nil || !bytes.Equal(got, value) {
+		t.Fatalf("OpenRecord without a secret = %q, %v", got, err)
+	}
+	var re *auth.RecordError
+	if _, err := none.OpenRecord(key, signed); !errors.As(err, &re) || !re.NoSecret || !strings.Contains(err.Error(), "this process has none") {
+		t.Fatalf("OpenRecord of a signed record without a secret = %v; want a *RecordError saying this process has none", err)
+	}
 	tampered := append([]byte(nil), signed...)
 	tampered[20] ^= 1
 	badHex := append([]byte(nil), signed...)

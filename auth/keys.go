@@ -13,8 +13,9 @@ import (
 const KeySize = 32
 
 // Keys are the keys of one run of one group, derived from its secret by
-// Secret.RunKeys. A nil *Keys means the group runs without a secret; its
-// methods must not be called then. Keys are safe for concurrent use.
+// Secret.RunKeys. A nil *Keys means the group runs without a secret:
+// SignRecord and OpenRecord work on it (see there), the other methods must
+// not be called. Keys are safe for concurrent use.
 type Keys struct {
 	group, runID string
 	record       [KeySize]byte
@@ -42,14 +43,19 @@ const RecordOverhead = len(recordTag) + 2*KeySize
 // RecordError is a record that does not verify. It wraps ErrFailed.
 type RecordError struct {
 	Key string
-	// Unsigned is true when the record carries no MAC at all, false when
-	// its MAC does not verify.
+	// Unsigned: the record carries no MAC, and the reader has a secret.
 	Unsigned bool
+	// NoSecret: the record carries a MAC, and the reader has no secret.
+	// When neither is set, the MAC does not verify.
+	NoSecret bool
 }
 
 func (e *RecordError) Error() string {
-	if e.Unsigned {
+	switch {
+	case e.Unsigned:
 		return fmt.Sprintf("authentication failed: the record at key %q is not signed, so a process without the group secret wrote it", e.Key)
+	case e.NoSecret:
+		return fmt.Sprintf("authentication failed: the record at key %q is signed with a group secret, and this process has none", e.Key)
 	}
 	return fmt.Sprintf("authentication failed: the record at key %q is signed with another key: a process without this run's secret wrote or changed it, or the ranks were given different secrets", e.Key)
 }
@@ -68,8 +74,12 @@ func (k *Keys) recordMAC(key string, value []byte) []byte {
 
 // SignRecord returns value followed by its MAC under store key key
 // (HMAC-SHA256 over the key's length, the key and the value, with the
-// run's record key), as it is written to the store.
+// run's record key), as it is written to the store. On nil Keys (no
+// secret) it returns value.
 func (k *Keys) SignRecord(key string, value []byte) []byte {
+	if k == nil {
+		return value
+	}
 	out := make([]byte, 0, len(value)+RecordOverhead)
 	out = append(out, value...)
 	out = append(out, recordTag...)
@@ -79,10 +89,19 @@ func (k *Keys) SignRecord(key string, value []byte) []byte {
 // OpenRecord checks a record that SignRecord made for key and returns its
 // value. A record that is not signed, or whose MAC does not verify (it was
 // signed for another key, in another run, with another secret, or changed),
-// fails with a *RecordError.
+// fails with a *RecordError. On nil Keys (no secret) it returns the record
+// as it is, unless the record is signed: its writer had a secret that this
+// reader lacks.
 func (k *Keys) OpenRecord(key string, signed []byte) ([]byte, error) {
 	n := len(signed) - RecordOverhead
-	if n < 0 || string(signed[n:n+len(recordTag)]) != recordTag {
+	tagged := n >= 0 && string(signed[n:n+len(recordTag)]) == recordTag
+	if k == nil {
+		if tagged {
+			return nil, &RecordError{Key: key, NoSecret: true}
+		}
+		return signed, nil
+	}
+	if !tagged {
 		return nil, &RecordError{Key: key, Unsigned: true}
 	}
 	got := make([]byte, KeySize)

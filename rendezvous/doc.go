@@ -28,9 +28,12 @@
 //
 //	/weightcast/<group>/<run>/ranks/<rank>
 //	    The rank's liveness key, on the rank's lease: JSON
-//	    {"world_size", "endpoints", "host", "pid"}. Created if absent; a
-//	    second process with the same rank fails with ErrDuplicateRank.
-//	    Group.PeerGone fires when one of these disappears.
+//	    {"world_size", "endpoints", "host", "pid", "lease"} ("lease": the
+//	    lease's id in hex). Created if absent; a second process with the
+//	    same rank fails with ErrDuplicateRank. Group.PeerGone fires when
+//	    one of these disappears (ErrPeerGone when its lease ended,
+//	    ErrTampered when it was deleted while the lease lives) or is
+//	    rewritten (ErrTampered).
 //
 //	/weightcast/<group>/<run>/seen/<rank>
 //	    Empty, on no lease; created right after the liveness key. It
@@ -51,8 +54,9 @@
 //
 //	/weightcast/<group>/<run>/join/<rank>, .../join/count, .../join/done
 //	    The join barrier, on no lease: each rank creates its arrival key
-//	    and adds 1 to the decimal counter; the rank that brings it to the
-//	    world size creates "done", which every rank waits for.
+//	    and adds 1 to the decimal counter; a rank that brings it to the
+//	    world size and finds every rank's arrival key creates "done",
+//	    which every rank waits for.
 //
 //	/weightcast/<group>/<run>/barrier/<name>/...
 //	    Group.Barrier(name), laid out as the join barrier. Names are
@@ -65,7 +69,24 @@
 // Because every key of a run is under its run id, keys a crashed run
 // leaves behind never block a new run; the new run's rank 0, once it holds
 // the owner key, deletes the runs that have no live rank left. Rank 0's
-// Group.Close deletes its own run's keys.
+// Group.Close deletes its own run's keys that live on no lease; the
+// leased ones go with their ranks' leases.
+//
+// # Signed records
+//
+// With a group secret (JoinOptions.Auth, the run's keys from
+// auth.Secret.RunKeys), every value a rank writes under its run's prefix
+// is signed: the value is followed by "\nwcmac1:" and 64 hex digits of an
+// HMAC-SHA256 over the key's length (4 bytes, big-endian), the key and
+// the value, with the run's record key. A rank refuses a record that does
+// not verify: one squatting on a key a rank writes is deleted and
+// replaced, one a rank waits for is waited past, and a wait that ends
+// while the key holds only such records fails with ErrAuth
+// ("authentication failed") naming the key, so ranks given different
+// secrets (or a secret and none) fail at the join deadline saying so. The
+// owner key and the barrier counters are not signed: forging them can
+// delay a run (as deleting keys can) but not join it. A rank without a
+// secret refuses signed records.
 //
 // # Waiting and liveness
 //
@@ -76,10 +97,13 @@
 // Each Store holds one lease (TTL 10 s by default, WithLeaseTTL), kept
 // alive by its client; Close revokes it, and a killed process's lease
 // expires after the TTL, deleting its liveness key, which the other
-// ranks' Groups see as ErrPeerGone.
+// ranks' Groups see as ErrPeerGone. A liveness key deleted while the
+// lease named in it lives, or rewritten, was tampered with: no rank
+// deletes or rewrites another's, and the Groups say exactly that
+// (ErrTampered, "rank 2's record was deleted").
 //
 // Errors are *Error values naming the group, run, reporting rank, the key
 // and the ranks at fault, wrapping ErrTimeout, ErrGroupInUse,
-// ErrDuplicateRank, ErrWorldSizeMismatch, ErrPeerGone, ErrAborted,
-// ErrInvalid, ErrDuplicateKey or ErrClosed.
+// ErrDuplicateRank, ErrWorldSizeMismatch, ErrPeerGone, ErrAuth,
+// ErrTampered, ErrAborted, ErrInvalid, ErrDuplicateKey or ErrClosed.
 package rendezvous

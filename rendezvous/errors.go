@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -35,6 +36,13 @@ var (
 	ErrDuplicateKey = errors.New("key published twice")
 	// ErrClosed: the Group was used after Close.
 	ErrClosed = errors.New("group closed")
+	// ErrAuth: with a group secret, the only records found where one was
+	// needed do not verify (another secret, or none, wrote them). It is
+	// auth.ErrFailed: "authentication failed".
+	ErrAuth = auth.ErrFailed
+	// ErrTampered: a rank's record was deleted or rewritten while its
+	// rank lived, by something other than that rank.
+	ErrTampered = errors.New("record deleted or rewritten")
 )
 
 // Error is the error of a failed rendezvous step. It names the group, the

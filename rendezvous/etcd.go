@@ -314,10 +314,8 @@ func (s *Etcd) WaitAbsent(ctx context.Context, key string) error {
 	}
 }
 
-// WaitChange implements Store. It watches key with the previous value of
-// each event: a delete's previous value names the lease that held the
-// key, and the lease's remaining time tells whether the lease ended (it
-// is gone) or a client deleted the key (it lives on).
+// WaitChange implements Store: it reads key and, if it still holds
+// value, watches it from the read's revision + 1 for its first event.
 func (s *Etcd) WaitChange(ctx context.Context, key string, value []byte) (Change, []byte, error) {
 	const op = "wait for a change of"
 	if err := s.check(op, key); err != nil {
@@ -329,55 +327,52 @@ func (s *Etcd) WaitChange(ctx context.Context, key string, value []byte) (Change
 			return 0, nil, s.wrap(ctx, op, key, err)
 		}
 		if len(resp.Kvs) == 0 {
-			return Gone, nil, nil
+			return Deleted, nil, nil
 		}
 		if v := resp.Kvs[0].Value; !bytes.Equal(v, value) {
 			return Rewritten, v, nil
 		}
-		if s.afterRead != nil {
-			s.afterRead()
+		ev, err := s.watch(ctx, op, key, resp.Header.Revision+1, anyEvent)
+		if err != nil {
+			return 0, nil, err
 		}
-		ch, v, compacted, err := s.watchChange(ctx, op, key, resp.Header.Revision+1)
-		if err != nil || !compacted {
-			return ch, v, err
+		switch {
+		case ev == nil: // compacted: read again
+		case ev.Type == clientv3.EventTypePut:
+			return Rewritten, ev.Kv.Value, nil
+		default:
+			return Deleted, nil, nil
 		}
 	}
 }
 
-// watchChange watches key from revision rev for its first event.
-// compacted is true when rev was compacted away, so the caller reads
-// again.
-func (s *Etcd) watchChange(ctx context.Context, op, key string, rev int64) (ch Change, v []byte, compacted bool, err error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for wr := range s.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithPrevKV()) {
-		if wr.CompactRevision != 0 {
-			return 0, nil, true, nil
-		}
-		if err := wr.Err(); err != nil {
-			return 0, nil, false, s.wrap(ctx, op, key, err)
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypePut {
-				return Rewritten, ev.Kv.Value, false, nil
-			}
-			if ev.PrevKv == nil || ev.PrevKv.Lease == 0 {
-				return Deleted, nil, false, nil
-			}
-			ttl, err := s.client.TimeToLive(ctx, clientv3.LeaseID(ev.PrevKv.Lease))
-			switch {
-			case errors.Is(err, rpctypes.ErrLeaseNotFound), err == nil && ttl.TTL < 0:
-				return LeaseEnded, nil, false, nil
-			case err != nil:
-				return 0, nil, false, s.wrap(ctx, op, key, fmt.Errorf("reading the lease of the deleted key: %w", err))
-			}
-			return Deleted, nil, false, nil
-		}
+// Lease implements Store.
+func (s *Etcd) Lease(ctx context.Context) (int64, error) {
+	if err := s.check("grant lease of", "this store"); err != nil {
+		return 0, err
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, nil, false, s.wrap(ctx, op, key, err)
+	id, err := s.lease(ctx)
+	if err != nil {
+		return 0, s.wrap(ctx, "grant lease of", "this store", err)
 	}
-	return 0, nil, false, s.wrap(ctx, op, key, errors.New("watch ended without an answer"))
+	return int64(id), nil
+}
+
+// LeaseAlive implements Store: a lease that etcd no longer knows has
+// ended.
+func (s *Etcd) LeaseAlive(ctx context.Context, id int64) (bool, error) {
+	key := fmt.Sprintf("lease %x", id)
+	if err := s.check("read", key); err != nil {
+		return false, err
+	}
+	ttl, err := s.client.TimeToLive(ctx, clientv3.LeaseID(id))
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return false, nil
+	case err != nil:
+		return false, s.wrap(ctx, "read", key, err)
+	}
+	return ttl.TTL > 0, nil
 }
 
 // DeleteIf implements Store: a transaction on the key's value.
@@ -395,9 +390,12 @@ func (s *Etcd) DeleteIf(ctx context.Context, key string, value []byte) (bool, er
 	return resp.Succeeded, nil
 }
 
-// watch watches key from revision rev until an event of type typ and
-// returns it. It returns nil, nil when rev was compacted away, so the
-// caller reads again.
+// anyEvent makes watch return the first event of any type.
+const anyEvent mvccpb.Event_EventType = -1
+
+// watch watches key from revision rev until an event of type typ (or of
+// any type: anyEvent) and returns it. It returns nil, nil when rev was
+// compacted away, so the caller reads again.
 func (s *Etcd) watch(ctx context.Context, op, key string, rev int64, typ mvccpb.Event_EventType) (*clientv3.Event, error) {
 	if s.afterRead != nil {
 		s.afterRead()
@@ -412,7 +410,7 @@ func (s *Etcd) watch(ctx context.Context, op, key string, rev int64, typ mvccpb.
 			return nil, s.wrap(ctx, op, key, err)
 		}
 		for _, ev := range wr.Events {
-			if ev.Type == typ {
+			if typ == anyEvent || ev.Type == typ {
 				return ev, nil
 			}
 		}

@@ -18,12 +18,11 @@ import (
 // transport.Exchange of the rank's transports. Its methods are safe for
 // concurrent use.
 type Group struct {
-	store     Store
-	opts      JoinOptions
-	keys      keys
+	member
 	timeout   time.Duration
 	uniqueID  [128]byte
 	endpoints []map[string]string // per rank
+	records   []watched           // per rank
 
 	// ctx is canceled when the group breaks (cause: the *Error) or
 	// closes (cause: errGroupClosed); every wait of the Group ends with it.
@@ -41,18 +40,24 @@ type Group struct {
 
 var _ transport.Exchange = (*Group)(nil)
 
+// watched is what watchRank watches of one rank: its record as stored,
+// and the lease that holds it (0 when the record names none).
+type watched struct {
+	record []byte
+	lease  int64
+}
+
 var errGroupClosed = errors.New("group closed by this rank")
 
-func newGroup(store Store, opts JoinOptions, timeout time.Duration, uid [128]byte, endpoints []map[string]string) *Group {
+func newGroup(m member, timeout time.Duration, uid [128]byte, endpoints []map[string]string, records []watched) *Group {
 	g := &Group{
-		store: store, opts: opts, keys: keys{opts.Group, opts.RunID}, timeout: timeout,
-		uniqueID: uid, endpoints: endpoints, gone: make(chan struct{}),
+		member: m, timeout: timeout, uniqueID: uid, endpoints: endpoints, records: records, gone: make(chan struct{}),
 	}
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
-	for r := range opts.WorldSize {
+	for r := range m.opts.WorldSize {
 		g.watchers.Go(func() { g.watchRank(r) })
 	}
-	if lw, ok := store.(interface{ LeaseLost() <-chan struct{} }); ok {
+	if lw, ok := m.store.(interface{ LeaseLost() <-chan struct{} }); ok {
 		if lost := lw.LeaseLost(); lost != nil {
 			g.watchers.Go(func() { g.watchLease(lost) })
 		}
@@ -135,26 +140,36 @@ func (g *Group) broken(err *Error) {
 	})
 }
 
-func (g *Group) errorf(sentinel error, key string, ranks []int, format string, args ...any) *Error {
-	return &Error{Group: g.opts.Group, RunID: g.opts.RunID, Rank: g.opts.Rank, Key: key, Ranks: ranks,
-		Err: sentinel, Detail: fmt.Sprintf(format, args...)}
-}
-
-// watchRank breaks the group when rank r's liveness key disappears.
+// watchRank breaks the group when rank r's record changes: it went with
+// r's lease (r ended or lost etcd), or something other than r deleted or
+// rewrote it (a rank writes its record once and never deletes it, and
+// rank 0 deletes only the keys that live on no lease).
 func (g *Group) watchRank(r int) {
 	key := g.keys.rank(r)
-	err := g.store.WaitAbsent(g.ctx, key)
+	change, _, err := g.store.WaitChange(g.ctx, key, g.records[r].record)
+	deletedLive := false // deleted while its lease lives
+	if err == nil && change == Deleted && g.records[r].lease != 0 {
+		ctx, cancel := context.WithTimeout(g.ctx, cleanupTimeout)
+		deletedLive, err = g.store.LeaseAlive(ctx, g.records[r].lease)
+		cancel()
+	}
 	if g.ctx.Err() != nil {
 		return // closed, or another rank's watcher was first
 	}
-	if err != nil {
-		g.broken(g.errorf(err, key, []int{r}, "watching rank %d's liveness key failed, so this rank cannot tell whether rank %d lives", r, r))
-		return
+	whose := fmt.Sprintf("rank %d's", r)
+	if r == g.opts.Rank {
+		whose = "this rank's own"
 	}
 	switch {
-	case r != 0 && g.rootGone():
-		// Rank 0 deletes the whole run at Close, and its lease holds
-		// the root record; either way the run is over.
+	case err != nil:
+		g.broken(g.errorf(err, key, []int{r}, "watching rank %d's liveness key failed, so this rank cannot tell whether rank %d lives", r, r))
+	case change == Rewritten:
+		g.broken(g.errorf(ErrTampered, key, []int{r}, "%s record was rewritten while the rank lived; ranks write their record once, so something else wrote to etcd under %s (use a group secret and etcd's TLS client certificates to keep others out)", whose, KeyPrefix))
+	case deletedLive:
+		g.broken(g.errorf(ErrTampered, key, []int{r}, "%s record was deleted while the rank's lease lived; no rank deletes it, so something else deleted keys under %s (use etcd's TLS client certificates to keep others out)", whose, KeyPrefix))
+	case r != g.opts.Rank && (r == 0 || g.rootGone()):
+		// Rank 0's lease holds the root record; once it is gone the run
+		// is over, whichever rank's departure this watcher saw first.
 		g.broken(g.errorf(ErrPeerGone, g.keys.rank(0), []int{0}, "rank 0 ended the run (closed the group) or died"))
 	case r == g.opts.Rank:
 		g.broken(g.errorf(ErrPeerGone, key, []int{r}, "this rank's own liveness key disappeared: its lease expired after it lost contact with etcd for longer than the lease TTL"))
@@ -191,6 +206,7 @@ func (g *Group) waitError(ctx, wctx context.Context, err error, key, what string
 		cause = context.Cause(g.ctx)
 	}
 	var broke *Error
+	var refused *refusedError
 	switch {
 	case g.closed.Load():
 		return g.errorf(ErrClosed, key, nil, "%s after Close", what)
@@ -199,6 +215,8 @@ func (g *Group) waitError(ctx, wctx context.Context, err error, key, what string
 		e.Key = key
 		e.Detail = fmt.Sprintf("%s (while %s)", broke.Detail, what)
 		return &e
+	case errors.As(err, &refused):
+		return g.refusedAuthError(refused)
 	case ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded), errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return timeout()
 	default:
@@ -237,7 +255,7 @@ func (g *Group) Put(ctx context.Context, key string, value []byte) error {
 	sk := g.keys.data(g.opts.Rank, key)
 	wctx, cancel := g.bound(ctx)
 	defer cancel()
-	created, _, err := g.store.CreateLeased(wctx, sk, value)
+	created, _, err := g.createRecord(wctx, sk, value, true)
 	if err != nil {
 		return g.waitError(ctx, wctx, err, sk, fmt.Sprintf("publishing %q", key), func() *Error {
 			return g.errorf(ErrTimeout, sk, nil, "publishing %q took longer than %v; check that etcd is reachable", key, g.timeout)
@@ -262,7 +280,7 @@ func (g *Group) Get(ctx context.Context, rank int, key string) ([]byte, error) {
 	sk := g.keys.data(rank, key)
 	wctx, cancel := g.bound(ctx)
 	defer cancel()
-	v, err := g.store.Wait(wctx, sk)
+	v, err := g.waitRecord(wctx, sk)
 	if err != nil {
 		return nil, g.waitError(ctx, wctx, err, sk, fmt.Sprintf("waiting for rank %d's %q", rank, key), func() *Error {
 			return g.errorf(ErrTimeout, sk, []int{rank}, "rank %d did not publish %q within %v; check that it is alive and opens the same transport", rank, key, g.timeout)
@@ -282,7 +300,7 @@ func (g *Group) Barrier(ctx context.Context, name string) error {
 	prefix := g.keys.barrier(name)
 	wctx, cancel := g.bound(ctx)
 	defer cancel()
-	err := barrier(wctx, g.store, prefix, g.opts.Rank, g.opts.WorldSize)
+	err := g.barrier(wctx, prefix)
 	switch {
 	case err == nil:
 		return nil
@@ -296,9 +314,12 @@ func (g *Group) Barrier(ctx context.Context, name string) error {
 	return g.waitError(ctx, wctx, err, prefix+"done", fmt.Sprintf("in barrier %q", name), func() *Error {
 		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer lcancel()
-		missing, lerr := missingRanks(lctx, g.store, prefix, g.opts.WorldSize)
+		missing, l, lerr := g.missingRanks(lctx, prefix)
 		if lerr != nil {
 			return g.errorf(ErrTimeout, prefix, nil, "barrier %q did not complete within %v, and listing who arrived failed: %v", name, g.timeout, lerr)
+		}
+		if len(l.refused) > 0 {
+			return g.authError(prefix, l.refused, fmt.Sprintf("barrier %q did not complete within %v: the marker of %s is", name, g.timeout, rankList(l.refused)), l.unsigned)
 		}
 		return g.errorf(ErrTimeout, prefix, missing, "%s never reached barrier %q within %v", rankList(missing), name, g.timeout)
 	})
@@ -306,8 +327,9 @@ func (g *Group) Barrier(ctx context.Context, name string) error {
 
 // Close leaves the group: it stops watching the ranks, rank 0 waits (a few
 // seconds at most) for the other ranks to leave and then deletes the run's
-// keys, and the store is closed, which revokes this rank's lease
-// (and with rank 0's, the group's owner key). It is idempotent.
+// keys that live on no lease, and the store is closed, which revokes this
+// rank's lease and so deletes its leased keys (and with rank 0's, the
+// group's owner key). It is idempotent.
 func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
 		g.closed.Store(true)
@@ -324,9 +346,16 @@ func (g *Group) Close() error {
 				}
 			}
 			cancel()
+			// Delete the keys that live on no lease. The leased ones
+			// (every rank's record, data, rank 0's root record) go with
+			// their rank's lease: a rank that sees another's record
+			// deleted while that rank's lease lives reports tampering.
 			ctx, cancel = context.WithTimeout(context.Background(), cleanupTimeout)
-			if err := g.store.DeletePrefix(ctx, g.keys.runPrefix()); err != nil {
-				errs = append(errs, fmt.Errorf("rendezvous: deleting run %q of group %q: %w", g.opts.RunID, g.opts.Group, err))
+			for _, prefix := range g.keys.unleased() {
+				if err := g.store.DeletePrefix(ctx, prefix); err != nil {
+					errs = append(errs, fmt.Errorf("rendezvous: deleting run %q of group %q: %w", g.opts.RunID, g.opts.Group, err))
+					break
+				}
 			}
 			cancel()
 		}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/weightcast/weightcast/auth"
 )
 
 // DefaultTimeout bounds Join, and each later wait of a Group, when
@@ -45,6 +47,14 @@ type JoinOptions struct {
 	// UniqueID makes the group's 128-byte unique id on rank 0 (the NCCL
 	// unique id, for one). Nil means 128 random bytes.
 	UniqueID func() ([128]byte, error)
+	// Auth, when not nil, are this run's keys, derived from the group
+	// secret by auth.Secret.RunKeys(Group, RunID). Every record this
+	// rank writes under the run's keys is then signed with them, and every
+	// record it reads must verify: one that does not is refused (and, on
+	// a key a rank writes, replaced), and a wait that finds only such
+	// records fails with ErrAuth. Every rank of a run is given keys of the
+	// same secret, or none.
+	Auth *auth.Keys
 	// HeldWait is how long rank 0 waits for a group held by another run
 	// to be let go before failing with ErrGroupInUse: a killed run's hold
 	// ends when its lease expires, a live run's does not. Zero means
@@ -87,6 +97,8 @@ func (o JoinOptions) validate() string {
 		return fmt.Sprintf("rank %d is outside [0, %d) for world size %d", o.Rank, o.WorldSize, o.WorldSize)
 	case o.Timeout < 0:
 		return fmt.Sprintf("timeout %v is negative", o.Timeout)
+	case o.Auth != nil && (o.Auth.Group() != o.Group || o.Auth.RunID() != o.RunID):
+		return fmt.Sprintf("the keys in Auth belong to group %q run %q, not to group %q run %q; derive them with RunKeys(group, run id) of this run", o.Auth.Group(), o.Auth.RunID(), o.Group, o.RunID)
 	}
 	for name := range o.Endpoints {
 		if name == "" {
@@ -102,6 +114,18 @@ type rankRecord struct {
 	Endpoints map[string]string `json:"endpoints,omitempty"`
 	Host      string            `json:"host,omitempty"`
 	PID       int               `json:"pid,omitempty"`
+	// Lease is the id of the lease that holds the key, in hex: when the
+	// key disappears while the lease lives, something deleted it.
+	Lease string `json:"lease,omitempty"`
+}
+
+// lease is the record's lease id, or 0 when it names none.
+func (r rankRecord) lease() int64 {
+	id, err := strconv.ParseUint(r.Lease, 16, 64)
+	if err != nil {
+		return 0
+	}
+	return int64(id)
 }
 
 func (r rankRecord) holder() string {
@@ -126,10 +150,12 @@ type abortRecord struct {
 }
 
 var abortKinds = map[string]error{
-	"group-in-use":        ErrGroupInUse,
-	"duplicate-rank":      ErrDuplicateRank,
-	"world-size-mismatch": ErrWorldSizeMismatch,
-	"peer-gone":           ErrPeerGone,
+	"group-in-use":          ErrGroupInUse,
+	"duplicate-rank":        ErrDuplicateRank,
+	"world-size-mismatch":   ErrWorldSizeMismatch,
+	"peer-gone":             ErrPeerGone,
+	"authentication-failed": ErrAuth,
+	"tampered":              ErrTampered,
 }
 
 func abortKind(err error) string {
@@ -143,14 +169,7 @@ func abortKind(err error) string {
 
 // joiner carries one rank through Join.
 type joiner struct {
-	store Store
-	opts  JoinOptions
-	keys  keys
-}
-
-func (j *joiner) errorf(sentinel error, key string, ranks []int, format string, args ...any) *Error {
-	return &Error{Group: j.opts.Group, RunID: j.opts.RunID, Rank: j.opts.Rank, Key: key, Ranks: ranks,
-		Err: sentinel, Detail: fmt.Sprintf(format, args...)}
+	member
 }
 
 // Join makes this process rank opts.Rank of run opts.RunID of group
@@ -162,10 +181,12 @@ func (j *joiner) errorf(sentinel error, key string, ranks []int, format string, 
 // Join takes ownership of store: the Group closes it, and Join closes it
 // when it fails. Failures are *Error values wrapping ErrTimeout (naming
 // the ranks that never came), ErrGroupInUse, ErrDuplicateRank,
-// ErrWorldSizeMismatch, ErrPeerGone, ErrAborted or ErrInvalid. When one
-// rank sees a failure it records it in the run, so every other rank
-// waiting in Join fails with the same error at once rather than at the
-// deadline.
+// ErrWorldSizeMismatch, ErrPeerGone, ErrAuth, ErrAborted or ErrInvalid.
+// When one rank sees a failure it records it in the run, so every other
+// rank waiting in Join fails with the same error at once rather than at
+// the deadline. Ranks given different group secrets fail with ErrAuth
+// (authentication failed) at the deadline, naming the records that did
+// not verify.
 func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err error) {
 	if store == nil {
 		return nil, errors.New("rendezvous: Join with a nil store")
@@ -175,7 +196,7 @@ func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err err
 			store.Close()
 		}
 	}()
-	j := &joiner{store: store, opts: opts, keys: keys{opts.Group, opts.RunID}}
+	j := &joiner{member{store: store, opts: opts, keys: keys{opts.Group, opts.RunID}}}
 	if msg := opts.validate(); msg != "" {
 		return nil, j.errorf(ErrInvalid, "", nil, "%s", msg)
 	}
@@ -189,7 +210,9 @@ func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err err
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		if v, err := store.Wait(actx, j.keys.abort()); err == nil {
+		// A record that does not verify is waited past: a stranger
+		// cannot end the run by writing one.
+		if v, err := j.waitRecord(actx, j.keys.abort()); err == nil {
 			abort(j.fromAbort(v))
 		}
 	}()
@@ -203,11 +226,14 @@ func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err err
 		return g, nil
 	}
 	var own, other *Error
+	var refused *refusedError
 	switch {
 	case errors.As(err, &own):
 		return nil, own // a failure this rank found; fail recorded it for the others
 	case errors.As(context.Cause(actx), &other):
 		return nil, other // another rank's failure ended this rank's wait
+	case errors.As(err, &refused):
+		return nil, j.refusedAuthError(refused) // waited in vain for a record that verifies
 	case ctx.Err() == nil && jctx.Err() != nil, errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return nil, j.timeoutError(ctx, timeout, err)
 	default:
@@ -236,14 +262,14 @@ func (j *joiner) join(ctx context.Context, timeout time.Duration) (*Group, error
 	if err != nil {
 		return nil, err
 	}
-	if err := barrier(ctx, j.store, j.keys.joinBarrier(), o.Rank, o.WorldSize); err != nil {
+	if err := j.barrier(ctx, j.keys.joinBarrier()); err != nil {
 		return nil, err
 	}
-	endpoints, err := j.readRanks(ctx)
+	endpoints, records, err := j.readRanks(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return newGroup(j.store, o, timeout, uid, endpoints), nil
+	return newGroup(j.member, timeout, uid, endpoints, records), nil
 }
 
 // claimGroup makes rank 0's lease hold the group's owner key. A group held
@@ -319,21 +345,26 @@ func (j *joiner) deleteDeadRuns(ctx context.Context) {
 // register creates this rank's liveness key, with its world size and
 // endpoints, on its lease.
 func (j *joiner) register(ctx context.Context) error {
+	lease, err := j.store.Lease(ctx)
+	if err != nil {
+		return err
+	}
 	host, _ := os.Hostname()
-	rec := rankRecord{WorldSize: j.opts.WorldSize, Endpoints: j.opts.Endpoints, Host: host, PID: os.Getpid()}
+	rec := rankRecord{WorldSize: j.opts.WorldSize, Endpoints: j.opts.Endpoints, Host: host, PID: os.Getpid(),
+		Lease: strconv.FormatUint(uint64(lease), 16)}
 	val, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
 	key := j.keys.rank(j.opts.Rank)
-	created, existing, err := j.store.CreateLeased(ctx, key, val)
+	created, existing, err := j.createRecord(ctx, key, val, true)
 	if err != nil {
 		return err
 	}
 	if created {
 		// A marker that outlives this rank's lease, so a rank that
 		// gives up at the deadline still counts as having come.
-		_, _, err := j.store.Create(ctx, j.keys.seen()+strconv.Itoa(j.opts.Rank), nil)
+		_, _, err := j.createRecord(ctx, j.keys.seen()+strconv.Itoa(j.opts.Rank), nil, false)
 		return err
 	}
 	other, _ := decodeRankRecord(existing) // only for the message
@@ -357,7 +388,7 @@ func (j *joiner) publishRoot(ctx context.Context) ([128]byte, error) {
 		return uid, err
 	}
 	key := j.keys.root()
-	created, _, err := j.store.CreateLeased(ctx, key, val)
+	created, _, err := j.createRecord(ctx, key, val, true)
 	if err != nil {
 		return uid, err
 	}
@@ -371,7 +402,7 @@ func (j *joiner) publishRoot(ctx context.Context) ([128]byte, error) {
 func (j *joiner) readRoot(ctx context.Context) ([128]byte, error) {
 	var uid [128]byte
 	key := j.keys.root()
-	val, err := j.store.Wait(ctx, key)
+	val, err := j.waitRecord(ctx, key)
 	if err != nil {
 		return uid, err
 	}
@@ -387,37 +418,45 @@ func (j *joiner) readRoot(ctx context.Context) ([128]byte, error) {
 	return uid, nil
 }
 
-// readRanks reads every rank's record after the join barrier.
-func (j *joiner) readRanks(ctx context.Context) ([]map[string]string, error) {
-	recs, err := j.store.List(ctx, j.keys.ranks())
+// readRanks reads every rank's record after the join barrier: their
+// endpoints, and what the Group watches: the records as stored and the
+// leases that hold them.
+func (j *joiner) readRanks(ctx context.Context) ([]map[string]string, []watched, error) {
+	l, err := j.rankRecords(ctx, j.keys.ranks())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if len(l.refused) > 0 {
+		// Every rank checked its own record when it registered: this
+		// one was rewritten since.
+		return nil, nil, j.fail(j.authError(j.keys.ranks(), l.refused, fmt.Sprintf("the record of %s is", rankList(l.refused)), l.unsigned))
 	}
 	n := j.opts.WorldSize
 	endpoints := make([]map[string]string, n)
+	records := make([]watched, n)
 	var missing, mismatch []int
 	for r := range n {
-		val, ok := recs[j.keys.rank(r)]
+		val, ok := l.valid[r]
 		if !ok {
 			missing = append(missing, r)
 			continue
 		}
 		rec, err := decodeRankRecord(val)
 		if err != nil {
-			return nil, j.errorf(ErrInvalid, j.keys.rank(r), []int{r}, "rank %d's record is malformed (%v); is another program using the %s keys?", r, err, KeyPrefix)
+			return nil, nil, j.errorf(ErrInvalid, j.keys.rank(r), []int{r}, "rank %d's record is malformed (%v); is another program using the %s keys?", r, err, KeyPrefix)
 		}
 		if rec.WorldSize != n {
 			mismatch = append(mismatch, r)
 		}
-		endpoints[r] = rec.Endpoints
+		endpoints[r], records[r] = rec.Endpoints, watched{record: l.raw[r], lease: rec.lease()}
 	}
 	if len(mismatch) > 0 {
-		return nil, j.fail(j.errorf(ErrWorldSizeMismatch, j.keys.ranks(), mismatch, "these ranks were started with a world size other than %d; start every rank with the same world size", n))
+		return nil, nil, j.fail(j.errorf(ErrWorldSizeMismatch, j.keys.ranks(), mismatch, "these ranks were started with a world size other than %d; start every rank with the same world size", n))
 	}
 	if len(missing) > 0 {
-		return nil, j.fail(j.errorf(ErrPeerGone, j.keys.ranks(), missing, "these ranks joined and then left before the group formed; check their logs"))
+		return nil, nil, j.fail(j.errorf(ErrPeerGone, j.keys.ranks(), missing, "these ranks joined and then left before the group formed; check their logs"))
 	}
-	return endpoints, nil
+	return endpoints, records, nil
 }
 
 // fail records e in the run's abort key, so the ranks still waiting in
@@ -430,7 +469,7 @@ func (j *joiner) fail(e *Error) *Error {
 	val, err := json.Marshal(rec)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		j.store.Create(ctx, j.keys.abort(), val)
+		j.createRecord(ctx, j.keys.abort(), val, false)
 		cancel()
 	}
 	return e
@@ -451,40 +490,30 @@ func (j *joiner) fromAbort(val []byte) *Error {
 }
 
 // timeoutError names the ranks that never came: those not registered, or
-// if all registered, those that never reached the join barrier.
+// if all registered, those that never reached the join barrier. Ranks
+// whose records are there but do not verify were started with another
+// group secret (or were impersonated), and are reported as such.
 func (j *joiner) timeoutError(ctx context.Context, timeout time.Duration, cause error) *Error {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	n := j.opts.WorldSize
 	where, prefix := "joined", j.keys.seen()
-	missing, err := missingRanks(lctx, j.store, prefix, n)
+	missing, l, err := j.missingRanks(lctx, prefix)
 	if err == nil && len(missing) == 0 {
 		where, prefix = "reached the join barrier", j.keys.joinBarrier()
-		missing, err = missingRanks(lctx, j.store, prefix, n)
+		missing, l, err = j.missingRanks(lctx, prefix)
 	}
 	if err != nil {
 		return j.errorf(ErrTimeout, j.keys.ranks(), nil, "the group did not form within %v (%v), and listing its ranks failed: %v", timeout, cause, err)
+	}
+	if len(l.refused) > 0 {
+		return j.authError(prefix, l.refused, fmt.Sprintf("the group did not form within %v: what %s wrote at %s is", timeout, rankList(l.refused), prefix), l.unsigned)
 	}
 	hint := fmt.Sprintf("start them with --group %s, run id %q and world size %d against the same etcd, or raise the timeout", j.opts.Group, j.opts.RunID, n)
 	if slices.Contains(missing, 0) {
 		hint += "; rank 0 creates the group, so nothing proceeds without it"
 	}
 	return j.errorf(ErrTimeout, prefix, missing, "%s never %s within %v; %s", rankList(missing), where, timeout, hint)
-}
-
-// missingRanks lists the ranks in [0, n) with no key prefix+rank.
-func missingRanks(ctx context.Context, s Store, prefix string, n int) ([]int, error) {
-	present, err := s.List(ctx, prefix)
-	if err != nil {
-		return nil, err
-	}
-	var missing []int
-	for r := range n {
-		if _, ok := present[prefix+strconv.Itoa(r)]; !ok {
-			missing = append(missing, r)
-		}
-	}
-	return missing, nil
 }
 
 func rankList(r []int) string {
@@ -494,29 +523,39 @@ func rankList(r []int) string {
 	return "ranks " + joinInts(r)
 }
 
-// barrier makes rank wait until all n ranks entered the barrier under
-// prefix: each creates prefix<rank> and counts itself in prefix"count";
-// the last one creates prefix"done", which all wait for. The keys live on
-// no lease: prefix<rank> must outlive a rank that gave up, to tell who
-// never came, and "done" one that left right after creating it.
-func barrier(ctx context.Context, s Store, prefix string, rank, n int) error {
-	arrived, _, err := s.Create(ctx, prefix+strconv.Itoa(rank), nil)
+// barrier makes this rank wait until every rank of the run entered the
+// barrier under prefix: each creates prefix<rank> and counts itself in
+// prefix"count"; a rank that brings the count to the world size, and finds
+// every rank's marker there, creates prefix"done", which all wait for. The
+// keys live on no lease: prefix<rank> must outlive a rank that gave up, to
+// tell who never came, and "done" one that left right after creating it.
+// The counter is only a hint (it is not signed): "done" is created only
+// once every marker, signed with a secret, is there.
+func (m *member) barrier(ctx context.Context, prefix string) error {
+	rank, n := m.opts.Rank, m.opts.WorldSize
+	arrived, _, err := m.createRecord(ctx, prefix+strconv.Itoa(rank), nil, false)
 	if err != nil {
 		return err
 	}
 	if !arrived {
 		return fmt.Errorf("rank %d entered barrier %s twice: %w", rank, strings.TrimSuffix(prefix, "/"), errBarrierReused)
 	}
-	count, err := s.Add(ctx, prefix+"count", 1)
+	count, err := m.store.Add(ctx, prefix+"count", 1)
 	if err != nil {
 		return err
 	}
-	if count == int64(n) {
-		if _, _, err := s.Create(ctx, prefix+"done", nil); err != nil {
+	if count >= int64(n) {
+		missing, _, err := m.missingRanks(ctx, prefix)
+		if err != nil {
 			return err
 		}
+		if len(missing) == 0 {
+			if _, _, err := m.createRecord(ctx, prefix+"done", nil, false); err != nil {
+				return err
+			}
+		}
 	}
-	_, err = s.Wait(ctx, prefix+"done")
+	_, err = m.waitRecord(ctx, prefix+"done")
 	return err
 }
 

@@ -26,6 +26,11 @@ func (k keys) root() string        { return k.runPrefix() + "root" }
 func (k keys) abort() string       { return k.runPrefix() + "abort" }
 func (k keys) joinBarrier() string { return k.runPrefix() + "join/" }
 
+// unleased are the prefixes of the run's keys that live on no lease.
+func (k keys) unleased() []string {
+	return []string{k.seen(), k.joinBarrier(), k.runPrefix() + "barrier/", k.abort()}
+}
+
 func (k keys) barrier(name string) string { return k.runPrefix() + "barrier/" + name + "/" }
 
 func (k keys) data(rank int, key string) string {

@@ -35,12 +35,16 @@ type Store interface {
 	// WaitAbsent blocks until key does not exist. It returns at once when
 	// key is absent already.
 	WaitAbsent(ctx context.Context, key string) error
-	// WaitChange blocks until key no longer holds value and says what
-	// happened: it was rewritten (the new value is returned), deleted by
-	// a client, or deleted because the lease holding it ended. It returns
-	// at once, with Gone, when key is absent already (the store cannot tell
-	// why), and with Rewritten when it holds another value already.
+	// WaitChange blocks until key no longer holds value and says how:
+	// it holds another value (the new value is returned), or it was
+	// deleted. It returns at once when that is so already.
 	WaitChange(ctx context.Context, key string, value []byte) (Change, []byte, error)
+	// Lease returns the id of this Store's lease, granting it on first
+	// use as CreateLeased does.
+	Lease(ctx context.Context) (int64, error)
+	// LeaseAlive reports whether the lease with this id (of any Store on
+	// the same backend) is still alive.
+	LeaseAlive(ctx context.Context, id int64) (bool, error)
 	// DeleteIf deletes key if it holds exactly value, and reports whether
 	// it did.
 	DeleteIf(ctx context.Context, key string, value []byte) (bool, error)
@@ -63,14 +67,9 @@ type Change int
 const (
 	// Rewritten: the key holds another value, or was written again.
 	Rewritten Change = iota + 1
-	// Deleted: a client deleted the key, while the lease holding it (if
-	// any) lived on.
+	// Deleted: the key is gone: a client deleted it, or the lease that
+	// held it ended.
 	Deleted
-	// LeaseEnded: the key went with the lease that held it: its owner
-	// closed its store, died, or lost the store for longer than the TTL.
-	LeaseEnded
-	// Gone: the key was absent when WaitChange was called.
-	Gone
 )
 
 func (c Change) String() string {
@@ -79,10 +78,6 @@ func (c Change) String() string {
 		return "rewritten"
 	case Deleted:
 		return "deleted"
-	case LeaseEnded:
-		return "lease ended"
-	case Gone:
-		return "gone"
 	}
 	return fmt.Sprintf("change %d", int(c))
 }

@@ -18,9 +18,9 @@ import (
 type Mem struct {
 	mu      sync.Mutex
 	kv      map[string]memValue
-	tombs   map[string]tomb // the last deletion of each key
-	rev     int64           // counts changes
-	changed chan struct{}   // closed and replaced on every change
+	rev     int64               // counts changes
+	leases  map[int64]*MemStore // every store's lease, by id
+	changed chan struct{}       // closed and replaced on every change
 }
 
 type memValue struct {
@@ -29,15 +29,9 @@ type memValue struct {
 	rev   int64     // the change that wrote it
 }
 
-// tomb records why a key was deleted, for WaitChange.
-type tomb struct {
-	rev   int64
-	cause rendezvous.Change
-}
-
 // NewMem returns an empty key space.
 func NewMem() *Mem {
-	return &Mem{kv: map[string]memValue{}, tombs: map[string]tomb{}, changed: make(chan struct{})}
+	return &Mem{kv: map[string]memValue{}, leases: map[int64]*MemStore{}, changed: make(chan struct{})}
 }
 
 // Put writes key unconditionally, on no lease, as a client that is not a
@@ -55,21 +49,26 @@ func (m *Mem) Delete(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.kv[key]; ok {
-		m.deleteLocked(key, rendezvous.Deleted)
+		m.deleteLocked(key)
 		m.notify()
 	}
 }
 
-// deleteLocked deletes key for cause. Callers hold m.mu and notify.
-func (m *Mem) deleteLocked(key string, cause rendezvous.Change) {
+// deleteLocked deletes key. Callers hold m.mu and notify.
+func (m *Mem) deleteLocked(key string) {
 	m.rev++
 	delete(m.kv, key)
-	m.tombs[key] = tomb{rev: m.rev, cause: cause}
 }
 
 // NewStore returns a store on m with its own lease, as one process would
 // have. Closing it deletes its leased keys.
-func (m *Mem) NewStore() *MemStore { return &MemStore{m: m} }
+func (m *Mem) NewStore() *MemStore {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := &MemStore{m: m, lease: int64(len(m.leases) + 1)}
+	m.leases[s.lease] = s
+	return s
+}
 
 // notify wakes every waiter. Callers hold m.mu.
 func (m *Mem) notify() {
@@ -80,6 +79,7 @@ func (m *Mem) notify() {
 // MemStore is one owner's rendezvous.Store on a Mem.
 type MemStore struct {
 	m      *Mem
+	lease  int64
 	closed bool // guarded by m.mu
 }
 
@@ -238,7 +238,7 @@ func (s *MemStore) DeletePrefix(ctx context.Context, prefix string) error {
 	}
 	for k := range s.m.kv {
 		if strings.HasPrefix(k, prefix) {
-			s.m.deleteLocked(k, rendezvous.Deleted)
+			s.m.deleteLocked(k)
 		}
 	}
 	s.m.notify()
@@ -259,7 +259,7 @@ func (s *MemStore) DeleteIf(ctx context.Context, key string, value []byte) (bool
 	if !ok || !bytes.Equal(v.value, value) {
 		return false, nil
 	}
-	s.m.deleteLocked(key, rendezvous.Deleted)
+	s.m.deleteLocked(key)
 	s.m.notify()
 	return true, nil
 }
@@ -274,18 +274,12 @@ func (s *MemStore) WaitChange(ctx context.Context, key string, value []byte) (re
 	err := s.await(ctx, "wait for a change of", key, func() bool {
 		v, ok := s.m.kv[key]
 		switch {
-		case start < 0 && !ok:
-			change = rendezvous.Gone
-		case start < 0 && !bytes.Equal(v.value, value):
-			change, now = rendezvous.Rewritten, clone(v.value)
-		case start < 0:
-			start = v.rev
-			return false
-		case s.m.tombs[key].rev > start: // deleted since, maybe written again
-			change = s.m.tombs[key].cause
-		case v.rev != start:
+		case !ok:
+			change = rendezvous.Deleted
+		case start < 0 && !bytes.Equal(v.value, value), start >= 0 && v.rev != start:
 			change, now = rendezvous.Rewritten, clone(v.value)
 		default:
+			start = v.rev
 			return false
 		}
 		return true
@@ -294,6 +288,31 @@ func (s *MemStore) WaitChange(ctx context.Context, key string, value []byte) (re
 		return 0, nil, err
 	}
 	return change, now, nil
+}
+
+// Lease implements rendezvous.Store.
+func (s *MemStore) Lease(ctx context.Context) (int64, error) {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	if s.closed {
+		return 0, s.errClosed("grant lease of", "this store")
+	}
+	return s.lease, nil
+}
+
+// LeaseAlive implements rendezvous.Store: a store's lease lives until it
+// is closed.
+func (s *MemStore) LeaseAlive(ctx context.Context, id int64) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("mem read lease %x: %w", id, err)
+	}
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	if s.closed {
+		return false, s.errClosed("read", fmt.Sprintf("lease %x", id))
+	}
+	owner, ok := s.m.leases[id]
+	return ok && !owner.closed, nil
 }
 
 // Close implements rendezvous.Store: the store's leased keys are deleted
@@ -307,7 +326,7 @@ func (s *MemStore) Close() error {
 	s.closed = true
 	for k, v := range s.m.kv {
 		if v.owner == s {
-			s.m.deleteLocked(k, rendezvous.LeaseEnded)
+			s.m.deleteLocked(k)
 		}
 	}
 	s.m.notify()

@@ -38,7 +38,7 @@ func TestStore(t *testing.T, open func(t *testing.T) rendezvous.Store) {
 		{"WaitAbsent", testWaitAbsent},
 		{"LeasedKeysGoWithOwner", testLeasedKeysGoWithOwner},
 		{"WaitChange", testWaitChange},
-		{"WaitChangeLeaseEnded", testWaitChangeLeaseEnded},
+		{"Lease", testLease},
 		{"DeleteIf", testDeleteIf},
 		{"Add", testAdd},
 		{"AddConcurrent", testAddConcurrent},
@@ -305,8 +305,8 @@ func waitChange(t *testing.T, ctx context.Context, s rendezvous.Store, key, valu
 func testWaitChange(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
 	ctx := ctxFor(t)
 	a, b := open(t), open(t)
-	if c, _, err := b.WaitChange(ctx, p+"absent", nil); err != nil || c != rendezvous.Gone {
-		t.Fatalf("wait for a change of an absent key = %v, %v; want Gone at once", c, err)
+	if c, _, err := b.WaitChange(ctx, p+"absent", nil); err != nil || c != rendezvous.Deleted {
+		t.Fatalf("wait for a change of an absent key = %v, %v; want Deleted at once", c, err)
 	}
 	mustCreate(t, ctx, a, p+"k", "v1", true)
 	if c, v, err := b.WaitChange(ctx, p+"k", []byte("other")); err != nil || c != rendezvous.Rewritten || string(v) != "v1" {
@@ -315,12 +315,11 @@ func testWaitChange(t *testing.T, open func(*testing.T) rendezvous.Store, p stri
 	got := waitChange(t, ctx, b, p+"k", "v1")
 	mustCreate(t, ctx, a, p+"k-other", "v", true) // another key's change
 	time.Sleep(100 * time.Millisecond)
-	// A client (not the lease's end) deletes the leased key: Deleted.
 	if ok, err := b.DeleteIf(ctx, p+"k", []byte("v1")); !ok || err != nil {
 		t.Fatalf("delete-if of the right value = %v, %v", ok, err)
 	}
 	if c, _ := got(); c != rendezvous.Deleted {
-		t.Fatalf("a leased key deleted by a client while its lease lives: %v; want Deleted", c)
+		t.Fatalf("a deleted key: %v; want Deleted", c)
 	}
 	// An unleased key deleted by prefix: Deleted.
 	mustCreate(t, ctx, a, p+"dir/u", "u", false)
@@ -340,17 +339,37 @@ func testWaitChange(t *testing.T, open func(*testing.T) rendezvous.Store, p stri
 	}
 }
 
-func testWaitChangeLeaseEnded(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
+func testLease(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
 	ctx := ctxFor(t)
 	a, b := open(t), open(t)
 	mustCreate(t, ctx, a, p+"leased", "v", true)
+	ida, err := a.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := a.Lease(ctx); err != nil || again != ida {
+		t.Fatalf("a second Lease = %x, %v; want the same lease %x", again, err, ida)
+	}
+	idb, err := b.Lease(ctx)
+	if err != nil || idb == ida {
+		t.Fatalf("another store's lease = %x, %v; want its own", idb, err)
+	}
+	if alive, err := b.LeaseAlive(ctx, ida); err != nil || !alive {
+		t.Fatalf("a live store's lease alive = %v, %v", alive, err)
+	}
 	got := waitChange(t, ctx, b, p+"leased", "v")
 	time.Sleep(100 * time.Millisecond)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if c, _ := got(); c != rendezvous.LeaseEnded {
-		t.Fatalf("a leased key whose owner closed its store: %v; want LeaseEnded", c)
+	if c, _ := got(); c != rendezvous.Deleted {
+		t.Fatalf("a leased key whose owner closed its store: %v; want Deleted", c)
+	}
+	if alive, err := b.LeaseAlive(ctx, ida); err != nil || alive {
+		t.Fatalf("a closed store's lease alive = %v, %v", alive, err)
+	}
+	if alive, err := b.LeaseAlive(ctx, 0x7eadbeef); err != nil || alive {
+		t.Fatalf("a lease that never was alive = %v, %v", alive, err)
 	}
 }
 
@@ -541,6 +560,8 @@ func testClose(t *testing.T, open func(*testing.T) rendezvous.Store, p string) {
 	checks["wait absent"] = s.WaitAbsent(ctx, p+"k")
 	_, _, checks["wait change"] = s.WaitChange(ctx, p+"k", []byte("v"))
 	_, checks["delete if"] = s.DeleteIf(ctx, p+"k", []byte("v"))
+	_, checks["lease"] = s.Lease(ctx)
+	_, checks["lease alive"] = s.LeaseAlive(ctx, 1)
 	_, checks["add"] = s.Add(ctx, p+"n", 1)
 	checks["delete prefix"] = s.DeletePrefix(ctx, p)
 	for op, err := range checks {
