@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/mem"
 )
 
@@ -32,6 +34,20 @@ type Config struct {
 	Timeout time.Duration
 	// Options holds transport-specific settings ("chunk": "4MiB", ...).
 	Options map[string]string
+	// Auth, when not nil, are the run's keys derived from the group secret
+	// (auth.Secret.RunKeys of this group and run): every connection
+	// between ranks then opens with a challenge and response that proves
+	// both ends hold the secret, and a peer that does not is refused. Nil
+	// means no secret. Every rank of a group is given keys of the same
+	// secret, or none.
+	Auth *auth.Keys
+	// TLS, when not nil, runs the connections that cross the network (the
+	// tcp chain, the metadata bus) over mutual TLS 1.3 with this rank's
+	// certificate and authority. Nil means plain TCP.
+	TLS *auth.TLS
+	// Logger receives the transports' warnings (connections refused before
+	// their handshake completed, rate-limited). Nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // DefaultTimeout is the wait bound used when Config.Timeout is zero.
@@ -56,6 +72,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("transport: rank %d outside [0, %d) for world size %d", c.Rank, c.WorldSize, c.WorldSize)
 	case c.Device == nil:
 		return errors.New("transport: no device in config")
+	case c.Auth != nil && c.Auth.Group() != c.Group:
+		return fmt.Errorf("transport: the keys in Auth belong to group %q, not %q; derive them with RunKeys of this group and run", c.Auth.Group(), c.Group)
 	}
 	return nil
 }
