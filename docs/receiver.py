@@ -324,10 +324,11 @@ class Bus:
 
 # ---------------------------------------------------------------- tcp byte transport
 
-MAGIC, VERSION = 0x77637470, 1
-HELLO_FIXED = struct.Struct(">IHIIH")  # magic, version, rank, world, group length
+MAGIC, VERSION = 0x77637470, 2
+HELLO_FIXED = struct.Struct(">IHBii32sH")  # magic, version, flags, rank, world, nonce, group length
 FRAME = struct.Struct(">IHBBQQQ")  # magic, version, kind, code, seq, a, b
 BUCKET, CHUNK, ABORT, TACK, NACK = 1, 2, 3, 4, 5
+FLAG_SECRET = 1  # this receiver has no group secret, so it never sets it
 
 
 class Chain:
@@ -350,56 +351,80 @@ class Chain:
 
     def hello(self):
         g = self.group.encode()
-        return HELLO_FIXED.pack(MAGIC, VERSION, self.rank, self.world, len(g)) + g
+        # flags 0: no group secret; a fresh nonce; no extra data
+        return HELLO_FIXED.pack(MAGIC, VERSION, 0, self.rank, self.world, os.urandom(32), len(g)) + g + struct.pack(">H", 0)
 
     def read_hello(self, c):
-        magic, version, rank, world, glen = HELLO_FIXED.unpack(read_exact(c, HELLO_FIXED.size))
+        """(version, flags, rank, world, group), or None for no peer of this protocol."""
+        magic, version = struct.unpack(">IH", read_exact(c, 6))
         if magic != MAGIC:
             return None
-        return version, rank, world, read_exact(c, glen).decode()
+        if version != VERSION:
+            return version, 0, -1, -1, ""  # another layout: read no further
+        flags, rank, world, _nonce, glen = struct.unpack(">Bii32sH", read_exact(c, HELLO_FIXED.size - 6))
+        group = read_exact(c, glen).decode()
+        (elen,) = struct.unpack(">H", read_exact(c, 2))
+        read_exact(c, elen)
+        return version, flags, rank, world, group
 
     def verdict(self, h, want):
-        version, rank, world, group = h
+        """(status, reason): status 0 accepts, 1 refuses, 2 refuses for the secret."""
+        version, flags, rank, world, group = h
         if version != VERSION:
-            return "rank %d speaks version %d, rank %d speaks %d" % (rank, version, self.rank, VERSION)
+            return 1, "the other end speaks tcp protocol version %d, this one %d" % (version, VERSION)
         if group != self.group:
-            return "rank %d belongs to group %r, rank %d to %r" % (rank, group, self.rank, self.group)
+            return 1, "rank %d belongs to group %r, rank %d to %r" % (rank, group, self.rank, self.group)
         if world != self.world:
-            return "rank %d says the group has %d ranks, rank %d says %d" % (rank, world, self.rank, self.world)
+            return 1, "rank %d says the group has %d ranks, rank %d says %d" % (rank, world, self.rank, self.world)
+        if flags & FLAG_SECRET:
+            return 2, "authentication failed: rank %d has a group secret and rank %d has none" % (rank, self.rank)
         if rank != want:
-            return "rank %d connected where rank %d was expected" % (rank, want)
-        return ""
+            return 1, "rank %d connected where rank %d was expected" % (rank, want)
+        return 0, ""
 
     @staticmethod
-    def encode_verdict(reject):
-        m = reject.encode()[:4096]
-        return struct.pack(">BH", 1 if reject else 0, len(m)) + m
+    def encode_verdict(v):
+        status, reason = v
+        m = reason.encode()[:4096]
+        return struct.pack(">BH", status, len(m)) + m
 
     @staticmethod
     def read_verdict(c):
+        """The other end's reason to refuse, or "" when it accepts."""
         status, n = struct.unpack(">BH", read_exact(c, 3))
         msg = read_exact(c, n).decode(errors="replace")
-        return msg or "rejected without a reason" if status else ""
+        return (msg or "refused without a reason") if status else ""
 
     def handshake(self, c, peer, dialer):
-        """Handshake (tcp); None when the connection is no peer of this protocol."""
+        """Handshake (tcp), without a group secret (no proofs); None when the
+        connection is no peer of this protocol."""
         if dialer:
             c.sendall(self.hello())
             h = self.read_hello(c)
             if h is None:
                 raise Failure("rank %d's address answered with something else" % peer)
-            theirs = self.read_verdict(c)
+            theirs = self.read_verdict(c) if h[0] == VERSION else ""
+            if theirs:
+                raise Failure("tcp handshake with rank %d refused: %s" % (peer, theirs))
             mine = self.verdict(h, peer)
             c.sendall(self.encode_verdict(mine))
+            if mine[0]:
+                raise Failure("tcp handshake with rank %d refused: %s" % (peer, mine[1]))
+            final = self.read_verdict(c)
+            if final:
+                raise Failure("tcp handshake with rank %d refused: %s" % (peer, final))
         else:
             h = self.read_hello(c)
             if h is None:
                 return None
             mine = self.verdict(h, peer)
             c.sendall(self.hello() + self.encode_verdict(mine))
-            theirs = self.read_verdict(c) if not mine else ""
-        if mine or theirs:
-            raise Failure("tcp handshake with rank %d refused: %s" % (peer, mine or theirs))
+            if mine[0]:
+                raise Failure("tcp handshake with rank %d refused: %s" % (peer, mine[1]))
+            theirs = self.read_verdict(c)
+            if theirs:
+                raise Failure("tcp handshake with rank %d refused: %s" % (peer, theirs))
+            c.sendall(self.encode_verdict((0, "")))
         return c
 
     def accept(self, ln):
@@ -410,8 +435,8 @@ class Chain:
             try:
                 if self.handshake(c, self.rank - 1, dialer=False) is not None:
                     return c
-            except (OSError, struct.error):
-                pass  # not a peer of this protocol: wait on
+            except (OSError, struct.error, Failure):
+                pass  # a stranger, or a handshake refused: wait on for the real predecessor
             c.close()
 
     def read(self, c, n):

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/auth/authtest"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
 
@@ -89,7 +91,7 @@ func BenchmarkBroadcast(b *testing.B) {
 	for _, receivers := range []int{1, 3} {
 		for _, bucket := range []int{64 << 20, 256 << 20} {
 			b.Run(fmt.Sprintf("receivers=%d/bucket=%dMiB", receivers, bucket>>20), func(b *testing.B) {
-				benchBroadcast(b, receivers+1, bucket, nil)
+				benchBroadcast(b, receivers+1, bucket, nil, nil)
 			})
 		}
 	}
@@ -100,18 +102,40 @@ func BenchmarkChunk(b *testing.B) {
 	for _, receivers := range []int{1, 3} {
 		for _, chunk := range []string{"64KiB", "256KiB", "1MiB", "4MiB", "16MiB"} {
 			b.Run(fmt.Sprintf("receivers=%d/chunk=%s", receivers, chunk), func(b *testing.B) {
-				benchBroadcast(b, receivers+1, 64<<20, map[string]string{OptChunk: chunk})
+				benchBroadcast(b, receivers+1, 64<<20, map[string]string{OptChunk: chunk}, nil)
 			})
 		}
 	}
 }
 
-func benchBroadcast(b *testing.B, world, bucket int, opts map[string]string) {
+// BenchmarkTLS runs the chain over mutual TLS 1.3 (AES-GCM, with a group
+// secret for the handshake) against plain TCP, 64 MiB buckets.
+func BenchmarkTLS(b *testing.B) {
+	ca, secret := authtest.NewCA(b), authtest.Secret(b)
+	for _, receivers := range []int{1, 3} {
+		for _, tls := range []bool{false, true} {
+			name := map[bool]string{false: "plain", true: "tls"}[tls]
+			b.Run(fmt.Sprintf("receivers=%d/%s", receivers, name), func(b *testing.B) {
+				benchBroadcast(b, receivers+1, 64<<20, nil, func(c *transport.Config) {
+					if tls {
+						c.TLS = ca.TLS(b)
+						c.Auth = authtest.Keys(b, secret, c.Group, "bench")
+					}
+				})
+			})
+		}
+	}
+}
+
+func benchBroadcast(b *testing.B, world, bucket int, opts map[string]string, edit func(*transport.Config)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cfgs := transporttest.Configs(b.Name(), world, time.Minute)
 	for r := range cfgs {
 		cfgs[r].Options = opts
+		if edit != nil {
+			edit(&cfgs[r])
+		}
 	}
 	eps := transporttest.OpenAll(b, ctx, Open, cfgs)
 	bufs := make([][2]mem.Buffer, world)

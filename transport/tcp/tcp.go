@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,8 +19,11 @@ import (
 	"github.com/dustin/go-humanize"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/internal/ratelog"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/internal/handshake"
 )
 
 // Name is the registry name of this transport.
@@ -40,9 +44,16 @@ const (
 )
 
 // ErrHandshake is wrapped by Open errors from a connection whose peer does
-// not belong to this group: another group name, world size, rank or
-// protocol version.
-var ErrHandshake = errors.New("handshake rejected")
+// not belong to this group: another group name, world size, rank,
+// protocol version or group secret (those wrap auth.ErrFailed too).
+var ErrHandshake = handshake.ErrRejected
+
+// proto is the handshake of the chain's connections.
+var proto = handshake.Protocol{Name: Name, Magic: magic, Version: version}
+
+// maxHandshake bounds one connection's handshake (TLS and ours) within
+// the wait for it.
+const maxHandshake = 10 * time.Second
 
 func init() { transport.Register(Name, Open) }
 
@@ -96,6 +107,7 @@ type endpoint struct {
 	up   net.Conn      // from rank-1; nil on the root
 	upR  *bufio.Reader // reads up
 	down net.Conn      // to rank+1; nil on the tail
+	log  *ratelog.Logger
 
 	// Touched only by the goroutine running Broadcast (and the goroutines
 	// it starts and joins), under mu.
@@ -118,8 +130,11 @@ type endpoint struct {
 // a TCP port and publishes its address under AddrKey through cfg.Exchange;
 // every rank but the tail dials its successor, and every receiver accepts
 // exactly one connection, from its predecessor. A handshake checks that both
-// ends agree on the group, the world size and their ranks. Each wait (the
-// successor's address, the predecessor's connection, the handshake) is
+// ends agree on the group, the world size and their ranks, and with
+// cfg.Auth proves that both hold the group secret; with cfg.TLS the
+// connection is mutual TLS 1.3 first. A receiver refuses (and logs) every
+// connection whose handshake fails and keeps waiting for its predecessor.
+// Each wait (the successor's address, the predecessor's connection) is
 // bounded by cfg.WaitTimeout() and by ctx.
 //
 // Buffers must be host memory (cfg.Device of kind mem.KindHost).
@@ -143,7 +158,8 @@ func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error)
 	if err != nil {
 		return nil, fail(-1, err)
 	}
-	e := &endpoint{cfg: cfg, rank: cfg.Rank, world: cfg.WorldSize, timeout: cfg.WaitTimeout(), chunk: opts.chunk}
+	e := &endpoint{cfg: cfg, rank: cfg.Rank, world: cfg.WorldSize, timeout: cfg.WaitTimeout(), chunk: opts.chunk,
+		log: ratelog.New(cfg.Logger, 0)}
 
 	var ln *net.TCPListener
 	if e.rank > 0 {
@@ -273,48 +289,82 @@ func guard(ctx context.Context, c net.Conn, d time.Duration) (stop func(), err e
 	return func() { after(); c.SetDeadline(time.Time{}) }, nil
 }
 
-// acceptPrev accepts the connection of rank-1. A connection that does not
-// speak this protocol at all is dropped and the wait goes on; a peer of this
-// protocol with another group, world size or rank fails Open on both sides.
+// side is what this rank says of itself in a handshake on a connection
+// whose TLS channel binding is binding (nil on plain TCP).
+func (e *endpoint) side(binding []byte) handshake.Side {
+	return handshake.Side{Group: e.cfg.Group, Rank: e.rank, World: e.world, Keys: e.cfg.Auth, Binding: binding}
+}
+
+// wantRank accepts a hello from rank want only.
+func (e *endpoint) wantRank(want int) handshake.Check {
+	return func(h handshake.Hello) string {
+		if h.Rank != want {
+			return fmt.Sprintf("rank %d connected where rank %d's neighbour must be rank %d: give every rank a distinct rank", h.Rank, e.rank, want)
+		}
+		return ""
+	}
+}
+
+// secure runs the TLS handshake on c when the config has TLS (as the
+// server when server is set, else as the client of host), and returns the
+// connection to use and its channel binding.
+func (e *endpoint) secure(ctx context.Context, c net.Conn, server bool, host string) (net.Conn, []byte, error) {
+	if e.cfg.TLS == nil {
+		return c, nil, nil
+	}
+	var tc *tls.Conn
+	if server {
+		tc = tls.Server(c, e.cfg.TLS.Server())
+	} else {
+		tc = tls.Client(c, e.cfg.TLS.Client(host))
+	}
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	b, err := auth.TLSBinding(tc.ConnectionState())
+	return tc, b, err
+}
+
+// acceptPrev accepts the connection of rank-1. Every connection whose
+// handshake fails (a stranger, a port scan, a peer of another group,
+// world size, rank or secret) is refused, logged, and the wait goes on:
+// nothing that has not proved to be rank-1 can end it.
 func (e *endpoint) acceptPrev(ctx context.Context, ln *net.TCPListener) (net.Conn, error) {
 	prev := e.rank - 1
 	fail := func(err error) error {
 		return &transport.Error{Transport: Name, Group: e.cfg.Group, Rank: e.rank, Op: "open", Peer: prev, Err: err}
 	}
-	ln.SetDeadline(deadline(ctx, e.timeout))
-	stop := context.AfterFunc(ctx, func() { ln.SetDeadline(past) })
-	defer stop()
-	var dropped []string
-	for {
-		if err := ctxErr(ctx); err != nil {
-			return nil, fail(fmt.Errorf("waiting for rank %d to connect to %s: %w", prev, ln.Addr(), err))
-		}
-		c, err := ln.Accept()
+	wctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	addr := ln.Addr()
+	a := handshake.Admission{Want: 1, Bound: min(e.timeout, maxHandshake), Log: e.log,
+		What: fmt.Sprintf("tcp transport, group %q rank %d waiting for rank %d on %s", e.cfg.Group, e.rank, prev, addr)}
+	got, refused, err := handshake.Admit(wctx, ln, a, func(hctx context.Context, c net.Conn) (net.Conn, error) {
+		sc, binding, err := e.secure(hctx, c, true, "")
 		if err != nil {
-			if cerr := ctxErr(ctx); cerr != nil {
-				return nil, fail(fmt.Errorf("waiting for rank %d to connect to %s: %w", prev, ln.Addr(), cerr))
-			}
-			if isTimeout(err) {
-				note := ""
-				if len(dropped) > 0 {
-					note = fmt.Sprintf(" (dropped connections that were not rank %d: %s)", prev, strings.Join(dropped, "; "))
-				}
-				return nil, fail(fmt.Errorf("rank %d did not connect to %s within %v%s: %w", prev, ln.Addr(), e.timeout, note, transport.ErrTimeout))
-			}
-			return nil, fail(fmt.Errorf("accepting rank %d's connection on %s: %w", prev, ln.Addr(), err))
+			return nil, err
 		}
-		err = e.handshake(ctx, c, prev, false)
-		if err == nil {
-			return c, nil
+		if _, err := handshake.Accept(sc, proto, e.side(binding), e.wantRank(prev)); err != nil {
+			return nil, err
 		}
-		c.Close()
-		var np notPeer
-		if errors.As(err, &np) {
-			dropped = append(dropped, fmt.Sprintf("%s: %v", c.RemoteAddr(), np.err))
-			continue
-		}
-		return nil, fail(err)
+		return sc, nil
+	})
+	if err == nil {
+		return got[0].Value, nil
 	}
+	note := ""
+	if refused.N > 0 {
+		note = " (" + refused.String() + ")"
+	}
+	switch {
+	case ctxErr(ctx) != nil:
+		return nil, fail(fmt.Errorf("waiting for rank %d to connect to %s%s: %w", prev, addr, note, ctxErr(ctx)))
+	case errors.Is(err, context.DeadlineExceeded) && refused.Auth:
+		return nil, fail(fmt.Errorf("rank %d did not connect to %s within %v%s: %w (%w)", prev, addr, e.timeout, note, transport.ErrTimeout, auth.ErrFailed))
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, fail(fmt.Errorf("rank %d did not connect to %s within %v%s: %w", prev, addr, e.timeout, note, transport.ErrTimeout))
+	}
+	return nil, fail(fmt.Errorf("accepting rank %d's connection on %s: %w", prev, addr, err))
 }
 
 // dialNext looks up rank+1's address and connects to it.
@@ -351,97 +401,41 @@ func (e *endpoint) dialNext(ctx context.Context) (net.Conn, error) {
 		}
 		return nil, fail(err)
 	}
-	if err := e.handshake(ctx, c, next, true); err != nil {
+	sc, err := e.introduce(ctx, c, next, string(addr))
+	if err != nil {
 		c.Close()
-		var np notPeer
-		if errors.As(err, &np) {
-			err = fmt.Errorf("rank %d's published address %s answered, but %v; check the exchange and the %s option", next, addr, np.err, OptAdvertise)
-		}
 		return nil, fail(err)
 	}
-	return c, nil
+	return sc, nil
 }
 
-// notPeer wraps a handshake failure of a connection that does not speak this
-// protocol.
-type notPeer struct{ err error }
-
-func (n notPeer) Error() string { return n.err.Error() }
-
-// check returns why h, the hello of the peer that should be rank want, does
-// not fit this rank, or "".
-func (e *endpoint) check(h hello, want int) string {
-	switch {
-	case h.version != version:
-		return fmt.Sprintf("rank %d speaks tcp transport protocol version %d, rank %d speaks %d: run the same weightcast release on every rank", h.rank, h.version, e.rank, version)
-	case h.group != e.cfg.Group:
-		return fmt.Sprintf("rank %d belongs to group %q, rank %d to group %q: start every rank of a group with the same group name", h.rank, h.group, e.rank, e.cfg.Group)
-	case h.world != e.world:
-		return fmt.Sprintf("rank %d says the group has %d ranks, rank %d says %d: start every rank with the same world size", h.rank, h.world, e.rank, e.world)
-	case h.rank != want:
-		return fmt.Sprintf("rank %d connected where rank %d's neighbour must be rank %d: give every rank a distinct rank", h.rank, e.rank, want)
-	}
-	return ""
-}
-
-// handshake introduces this rank to peer on c (see wire.go) and fails
-// unless both ends accept each other.
-func (e *endpoint) handshake(ctx context.Context, c net.Conn, peer int, dialer bool) error {
-	stop, err := guard(ctx, c, e.timeout)
+// introduce runs TLS (with the config's TLS) and the handshake on c, the
+// connection to rank next at addr, and returns the connection to use.
+func (e *endpoint) introduce(ctx context.Context, c net.Conn, next int, addr string) (net.Conn, error) {
+	hctx, cancel := context.WithTimeout(ctx, min(e.timeout, maxHandshake))
+	defer cancel()
+	stop, err := guard(hctx, c, e.timeout)
 	if err != nil {
-		return fmt.Errorf("handshake with rank %d: %w", peer, err)
+		return nil, fmt.Errorf("handshake with rank %d: %w", next, err)
 	}
 	defer stop()
-	ioErr := func(err error) error {
-		if errors.Is(err, errProtocol) {
-			return fmt.Errorf("handshake with rank %d at %s: %w", peer, c.RemoteAddr(), err)
-		}
-		return ioError(ctx, err, peer, e.timeout, fmt.Sprintf("handshake with rank %d at %s", peer, c.RemoteAddr()))
+	host, _, _ := net.SplitHostPort(addr)
+	sc, binding, err := e.secure(hctx, c, false, host)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d at %s: %w; give every rank the same TLS settings, with certificates valid for the addresses they publish", next, addr, ioError(ctx, err, next, e.timeout, "TLS"))
 	}
-	me := hello{version: version, rank: e.rank, world: e.world, group: e.cfg.Group}.encode()
-	var mine, theirs string
-	if dialer {
-		if _, err := c.Write(me); err != nil {
-			return ioErr(err)
-		}
-		h, err := readHello(c)
-		if errors.Is(err, errNotPeer) {
-			return notPeer{err}
-		}
-		if err != nil {
-			return ioErr(err)
-		}
-		if theirs, err = readVerdict(c); err != nil {
-			return ioErr(err)
-		}
-		mine = e.check(h, peer)
-		if _, err := c.Write(encodeVerdict(mine)); err != nil && mine == "" && theirs == "" {
-			return ioErr(err)
-		}
-	} else {
-		h, err := readHello(c)
-		if err != nil {
-			// Whatever this is, it is not a live predecessor: a
-			// stranger, or a peer that died before saying hello.
-			return notPeer{err}
-		}
-		mine = e.check(h, peer)
-		if _, err := c.Write(append(me, encodeVerdict(mine)...)); err != nil && mine == "" {
-			return ioErr(err)
-		}
-		if mine == "" {
-			if theirs, err = readVerdict(c); err != nil {
-				return ioErr(err)
-			}
-		}
-	}
+	_, err = handshake.Dial(sc, proto, e.side(binding), e.wantRank(next))
 	switch {
-	case mine != "":
-		return fmt.Errorf("%w: %s", ErrHandshake, mine)
-	case theirs != "":
-		return fmt.Errorf("%w by rank %d: %s", ErrHandshake, peer, theirs)
+	case err == nil:
+		return sc, nil
+	case e.cfg.TLS == nil && isGone(err):
+		return nil, fmt.Errorf("handshake with rank %d at %s: it closed the connection (%v); if it runs with TLS, give this rank the same TLS settings: %w", next, addr, err, transport.ErrPeerGone)
+	case errors.Is(err, handshake.ErrNotPeer):
+		return nil, fmt.Errorf("rank %d's published address %s answered, but %v; check the exchange and the %s option", next, addr, err, OptAdvertise)
+	case errors.Is(err, handshake.ErrRejected), errors.Is(err, handshake.ErrMalformed):
+		return nil, fmt.Errorf("handshake with rank %d at %s: %w", next, addr, err)
 	}
-	return nil
+	return nil, ioError(hctx, err, next, e.timeout, fmt.Sprintf("handshake with rank %d at %s", next, addr))
 }
 
 // Close closes the endpoint's connections, so that its neighbours see

@@ -15,6 +15,7 @@ import (
 
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/internal/handshake"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
 
@@ -170,6 +171,10 @@ func openPair(t *testing.T, ctx context.Context, cfgs []transport.Config) []erro
 	return errs
 }
 
+// TestHandshakeRejects starts two ranks that disagree on the group or the
+// world size: the dialer fails at once, naming the disagreement; the
+// receiver, which cannot trust a peer that failed its handshake, refuses
+// the connection and keeps waiting, and its timeout names what it refused.
 func TestHandshakeRejects(t *testing.T) {
 	cases := []struct {
 		name string
@@ -184,38 +189,37 @@ func TestHandshakeRejects(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cfgs := transporttest.Configs(t.Name(), 2, 10*time.Second)
+			cfgs[1].Timeout = 2 * time.Second
 			c.edit(cfgs)
 			start := time.Now()
 			errs := openPair(t, ctx, cfgs)
-			if d := time.Since(start); d > 5*time.Second {
+			if d := time.Since(start); d > 8*time.Second {
 				t.Errorf("rejection took %v", d)
 			}
-			for r, err := range errs {
-				var te *transport.Error
-				if !errors.As(err, &te) || !errors.Is(err, ErrHandshake) || !strings.Contains(err.Error(), c.want) {
-					t.Errorf("rank %d: want a handshake rejection mentioning %q, got %v", r, c.want, err)
-					continue
-				}
-				t.Logf("rank %d: %v", r, err)
+			var te *transport.Error
+			if err := errs[0]; !errors.As(err, &te) || !errors.Is(err, ErrHandshake) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("dialer: want a handshake rejection mentioning %q, got %v", c.want, err)
 			}
+			if err := errs[1]; !errors.Is(err, transport.ErrTimeout) || !strings.Contains(err.Error(), "refused 1 connection") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("receiver: want a timeout naming the refused connection and %q, got %v", c.want, err)
+			}
+			t.Logf("dialer: %v", errs[0])
+			t.Logf("receiver: %v", errs[1])
 		})
 	}
 }
 
 // TestHandshakeWrongRank dials a receiver pretending to be a rank that is
-// not its predecessor, and checks that both ends learn why.
+// not its predecessor: the pretender hears why, the receiver refuses it and
+// opens with its real predecessor.
 func TestHandshakeWrongRank(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfgs := transporttest.Configs(t.Name(), 3, 10*time.Second)
-	done := make(chan error, 1)
-	go func() {
-		ep, err := Open(ctx, cfgs[2])
-		if ep != nil {
-			ep.Close()
-		}
-		done <- err
-	}()
+	eps := make([]transport.Endpoint, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() { eps[2], errs[2] = Open(ctx, cfgs[2]) })
 	addr, err := cfgs[0].Exchange.Get(ctx, 2, AddrKey)
 	if err != nil {
 		t.Fatal(err)
@@ -224,20 +228,26 @@ func TestHandshakeWrongRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write(hello{version: version, rank: 0, world: 3, group: cfgs[0].Group}.encode())
-	h, err := readHello(c)
-	if err != nil || h.rank != 2 {
-		t.Fatalf("receiver's hello: %+v, %v", h, err)
+	_, err = handshake.Dial(c, proto, handshake.Side{Group: cfgs[0].Group, Rank: 0, World: 3}, func(handshake.Hello) string { return "" })
+	c.Close()
+	if !errors.Is(err, ErrHandshake) || !strings.Contains(err.Error(), "rank 0 connected where rank 2's neighbour must be rank 1") {
+		t.Fatalf("the pretender heard %v", err)
 	}
-	verdict, err := readVerdict(c)
-	if err != nil || !strings.Contains(verdict, "rank 0 connected where rank 2's neighbour must be rank 1") {
-		t.Fatalf("receiver's verdict: %q, %v", verdict, err)
+	for _, r := range []int{0, 1} {
+		wg.Go(func() { eps[r], errs[r] = Open(ctx, cfgs[r]) })
 	}
-	err = <-done
-	if !errors.Is(err, ErrHandshake) || !strings.Contains(err.Error(), "distinct rank") {
-		t.Fatalf("receiver: want a handshake error about ranks, got %v", err)
+	wg.Wait()
+	for r := range eps {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		defer eps[r].Close()
+	}
+	bufs := hostBufs(t, 3, 100)
+	copy(bufs[0].Host(), "hello")
+	if err := errors.Join(broadcastAll(ctx, eps, 0, bufs, 5)...); err != nil {
+		t.Fatal(err)
 	}
 }
 

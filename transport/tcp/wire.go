@@ -5,20 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/weightcast/weightcast/transport/internal/handshake"
 )
 
 // The wire format. Every integer is big-endian.
 //
-// Handshake, once per connection (rank r dials rank r+1):
-//
-//	hello:   magic u32 | version u16 | rank u32 | world u32 | group length u16 | group
-//	verdict: status u8 (0 accept, 1 reject) | message length u16 | message
-//
-//	dialer → acceptor: hello
-//	acceptor → dialer: hello, verdict on the dialer's hello
-//	dialer → acceptor: verdict on the acceptor's hello
-//
-// Frames, afterwards, each a 32-byte header possibly followed by a payload:
+// Each connection (rank r dials rank r+1) opens with the handshake of
+// package transport/internal/handshake, with this magic and version (over
+// TLS 1.3 first when the config has TLS). Frames follow, each a 32-byte
+// header possibly followed by a payload:
 //
 //	magic u32 | version u16 | kind u8 | code u8 | seq u64 | a u64 | b u64
 //
@@ -29,16 +25,13 @@ import (
 // a kindNack. Abort and nack frames carry a = culprit rank + 1 (0: unknown),
 // b = message length, code = what went wrong, followed by the message.
 const (
-	magic        uint32 = 0x77637470 // "wctp"
-	version      uint16 = 1
-	frameLen            = 32
-	helloLen            = 16 // fixed part of a hello
-	maxGroup            = 1024
-	maxMsg              = 4096
-	maxChunk            = 1 << 30
-	minChunk            = 1 << 10
-	statusOK            = 0
-	statusReject        = 1
+	magic    uint32 = 0x77637470 // "wctp"
+	version  uint16 = 2          // 2: the handshake with nonces and proofs
+	frameLen        = 32
+	maxGroup        = handshake.MaxGroup
+	maxMsg          = 4096
+	maxChunk        = 1 << 30
+	minChunk        = 1 << 10
 )
 
 type kind uint8
@@ -142,91 +135,4 @@ func notice(k kind, code uint8, seq uint64, culprit int, msg string) []byte {
 	frame{kind: k, code: code, seq: seq, a: uint64(culprit + 1), b: uint64(len(msg))}.put(p)
 	copy(p[frameLen:], msg)
 	return p
-}
-
-// hello is what each side of a new connection says about itself.
-type hello struct {
-	version uint16
-	rank    int
-	world   int
-	group   string
-}
-
-func (h hello) encode() []byte {
-	p := make([]byte, helloLen+len(h.group))
-	binary.BigEndian.PutUint32(p[0:], magic)
-	binary.BigEndian.PutUint16(p[4:], h.version)
-	binary.BigEndian.PutUint32(p[6:], uint32(h.rank))
-	binary.BigEndian.PutUint32(p[10:], uint32(h.world))
-	binary.BigEndian.PutUint16(p[14:], uint16(len(h.group)))
-	copy(p[helloLen:], h.group)
-	return p
-}
-
-// errNotPeer marks a connection whose first bytes are not a hello of this
-// transport (a port scanner, a health check, another program).
-var errNotPeer = errors.New("not a weightcast tcp peer")
-
-func readHello(r io.Reader) (hello, error) {
-	var p [helloLen]byte
-	if _, err := io.ReadFull(r, p[:]); err != nil {
-		return hello{}, err
-	}
-	if m := binary.BigEndian.Uint32(p[0:]); m != magic {
-		return hello{}, fmt.Errorf("%w: greeting starts with %#08x", errNotPeer, m)
-	}
-	h := hello{
-		version: binary.BigEndian.Uint16(p[4:]),
-		rank:    int(int32(binary.BigEndian.Uint32(p[6:]))),
-		world:   int(int32(binary.BigEndian.Uint32(p[10:]))),
-	}
-	gl := int(binary.BigEndian.Uint16(p[14:]))
-	if gl > maxGroup {
-		return hello{}, fmt.Errorf("%w: group name of %d bytes, the limit is %d", errProtocol, gl, maxGroup)
-	}
-	g := make([]byte, gl)
-	if _, err := io.ReadFull(r, g); err != nil {
-		return hello{}, err
-	}
-	h.group = string(g)
-	return h, nil
-}
-
-func encodeVerdict(reject string) []byte {
-	if len(reject) > maxMsg {
-		reject = reject[:maxMsg]
-	}
-	p := make([]byte, 3+len(reject))
-	if reject != "" {
-		p[0] = statusReject
-	}
-	binary.BigEndian.PutUint16(p[1:], uint16(len(reject)))
-	copy(p[3:], reject)
-	return p
-}
-
-// readVerdict returns the peer's rejection message, or "" when it accepted.
-func readVerdict(r io.Reader) (string, error) {
-	var p [3]byte
-	if _, err := io.ReadFull(r, p[:]); err != nil {
-		return "", err
-	}
-	ml := int(binary.BigEndian.Uint16(p[1:]))
-	if ml > maxMsg {
-		return "", fmt.Errorf("%w: verdict message of %d bytes, the limit is %d", errProtocol, ml, maxMsg)
-	}
-	msg := make([]byte, ml)
-	if _, err := io.ReadFull(r, msg); err != nil {
-		return "", err
-	}
-	switch p[0] {
-	case statusOK:
-		return "", nil
-	case statusReject:
-		if ml == 0 {
-			return "rejected without a reason", nil
-		}
-		return string(msg), nil
-	}
-	return "", fmt.Errorf("%w: verdict status %d", errProtocol, p[0])
 }
