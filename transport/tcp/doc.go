@@ -28,11 +28,30 @@
 // ::) must be told, with the "advertise" option, the host (or host:port) the
 // previous rank should dial. Each rank except the tail looks up its
 // successor's address and dials it; each receiver accepts exactly one
-// connection, from its predecessor. A handshake (protocol magic and version,
-// group name, sender rank, world size) rejects a peer of another group,
-// world size or rank on both ends with an error wrapping ErrHandshake; a
-// connection that does not speak the protocol at all is dropped and the
-// receiver keeps waiting.
+// connection, from its predecessor.
+//
+// Each connection opens with a handshake (the one of the ipc side channel
+// too): both ends send a hello (magic, version, group, rank, world size, a
+// fresh nonce) and a verdict on the other's. With a group secret
+// (Config.Auth) each end also proves, with an HMAC over both nonces and
+// everything the hellos said, that it holds the secret, so neither a
+// stranger nor a replayed handshake gets in. The dialer trusts the address
+// it dials (with a secret, the rendezvous record that named it is signed)
+// and fails Open with the reason when its peer refuses it or does not fit:
+// another group, world size, rank, protocol version or secret (errors
+// wrap ErrHandshake, and auth.ErrFailed for the secret). A receiver trusts
+// nothing that has not completed the handshake: it runs each accepted
+// connection's handshake in a goroutine of its own (bounded by 10 s),
+// refuses and logs (rate-limited, Config.Logger) every connection that
+// fails it, and keeps waiting for its predecessor, so no stranger can
+// take a rank's place, stall the receiver or fail the group; a timeout
+// names what it refused.
+//
+// With Config.TLS every connection is mutual TLS 1.3 first (each end
+// verifies the other's certificate against the authority; the dialer
+// checks it names the host it dialed), and the handshake's proofs cover
+// the TLS channel binding, so a relay between two ranks cannot pass them
+// on.
 //
 // # Broadcast
 //
