@@ -24,10 +24,21 @@
 // The side channel is one TCP connection per receiver on the loopback
 // interface (option "bind" picks another local address). The root
 // publishes its address under AddrKey through Config.Exchange and, in
-// Open, waits until every receiver has connected and sent a hello (group,
-// rank, world size, process id); a hello from another group, with another
-// world size or a duplicate rank is refused with a reason both sides
-// report. Frames are length-prefixed and limited to 4 KiB.
+// Open, waits until every receiver has connected and completed the
+// handshake of the tcp chain (hellos with group, rank, world size, process
+// id and device, fresh nonces both ways, and with Config.Auth proofs that
+// both ends hold the group secret). A connection whose handshake fails (a
+// stranger, a peer of another group, world size or secret, a rank out of
+// range or taken) hears why, is logged (rate-limited) and closed, and the
+// root keeps waiting: nothing that has not proved itself gets a rank's
+// place, a bucket's handle, or can fail the group. A receiver fails Open
+// with the root's reason. Frames are length-prefixed and limited to 4 KiB.
+//
+// Security: the side channel stays on one host and is not encrypted; a
+// receiver that passed the handshake maps the root's buffers. CUDA IPC
+// itself is not authenticated: any process of the host that can obtain a
+// handle can map the memory, so the per-bucket MAC catches tampering with
+// the bytes on this path but not reading them.
 //
 // # Failures
 //

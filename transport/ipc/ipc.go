@@ -10,9 +10,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/internal/ratelog"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/internal/handshake"
 )
 
 // Name is the registry name of this transport.
@@ -105,6 +108,13 @@ type root struct {
 	once   sync.Once
 }
 
+// proto is the handshake of the side channel.
+var proto = handshake.Protocol{Name: Name, Magic: magic, Version: version}
+
+// maxHandshake bounds one connection's handshake within the wait for the
+// receivers.
+const maxHandshake = 10 * time.Second
+
 func openRoot(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice) (transport.Endpoint, error) {
 	bind := "127.0.0.1"
 	if v := cfg.Options["bind"]; v != "" {
@@ -121,76 +131,80 @@ func openRoot(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice) (t
 		ln.Close()
 		return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("publishing the side channel address: %w", explain(err)))
 	}
-	stop := context.AfterFunc(wctx, func() { ln.Close() })
-	defer stop()
 	r := &root{cfg: cfg, dev: dev, peers: make([]*peer, cfg.WorldSize-1), handles: map[uint64]gpu.IPCHandle{}, done: make(chan struct{})}
-	joined := 0
-	for joined < cfg.WorldSize-1 {
-		c, err := ln.Accept()
-		if err != nil {
-			ln.Close()
-			r.closeConns()
-			missing := []int{}
-			for i, p := range r.peers {
-				if p == nil {
-					missing = append(missing, i+1)
-				}
-			}
-			return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("ranks %v never connected: %w", missing, explain(err)))
-		}
-		p, err := r.admit(wctx, c)
-		if err != nil {
-			c.Close()
-			continue // a stranger or a bad hello: keep waiting for the real ranks
-		}
-		r.peers[p.rank-1] = p
-		joined++
+	if err := r.admitAll(wctx, ln, explain); err != nil {
+		return nil, err
 	}
-	ln.Close()
 	for _, p := range r.peers {
+		if p.pid != os.Getpid() {
+			r.remote = true
+		}
 		r.wg.Go(func() { r.read(p) })
 	}
 	return r, nil
 }
 
-// admit reads a receiver's hello and answers it.
-func (r *root) admit(ctx context.Context, c net.Conn) (*peer, error) {
-	deadline, _ := ctx.Deadline()
-	c.SetDeadline(deadline)
-	defer c.SetDeadline(time.Time{})
-	typ, payload, err := readFrame(c)
+// admitAll waits until every receiver has connected to ln and completed
+// the handshake, and fills r.peers. A connection whose handshake fails (a
+// stranger, another group, world size or secret, a rank taken or out of
+// range) is refused and logged, and the wait goes on: nothing that has
+// not proved to be a receiver can take a rank's place or end the wait.
+// explain turns the wait's expiry into ErrTimeout.
+func (r *root) admitAll(ctx context.Context, ln net.Listener, explain func(error) error) error {
+	var mu sync.Mutex
+	taken := make([]bool, r.cfg.WorldSize)
+	me := handshake.Side{Group: r.cfg.Group, Rank: 0, World: r.cfg.WorldSize, Extra: rootExtra(os.Getpid()), Keys: r.cfg.Auth}
+	check := func(h handshake.Hello) string {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case h.Rank < 1 || h.Rank >= r.cfg.WorldSize:
+			return fmt.Sprintf("rank %d outside [1, %d): rank 0 is the root", h.Rank, r.cfg.WorldSize)
+		case taken[h.Rank]:
+			return fmt.Sprintf("rank %d joined twice; give every rank a distinct rank", h.Rank)
+		}
+		return ""
+	}
+	a := handshake.Admission{Want: r.cfg.WorldSize - 1, Bound: min(r.cfg.WaitTimeout(), maxHandshake), Log: ratelog.New(r.cfg.Logger, 0),
+		What: fmt.Sprintf("ipc root of group %q", r.cfg.Group)}
+	got, refused, err := handshake.Admit(ctx, ln, a, func(_ context.Context, c net.Conn) (*peer, error) {
+		h, err := handshake.Accept(c, proto, me, check)
+		if err != nil {
+			return nil, err
+		}
+		pid, _, err := decodeReceiverExtra(h.Extra)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d's hello: %w", h.Rank, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if taken[h.Rank] {
+			return nil, fmt.Errorf("rank %d joined twice", h.Rank)
+		}
+		taken[h.Rank] = true
+		return &peer{rank: h.Rank, pid: pid, conn: c, acks: make(chan ack, 4), gone: make(chan struct{})}, nil
+	})
 	if err != nil {
-		return nil, err
+		var missing []int
+		for rank := 1; rank < r.cfg.WorldSize; rank++ {
+			if !taken[rank] {
+				missing = append(missing, rank)
+			}
+		}
+		note := ""
+		if refused.N > 0 {
+			note = " (" + refused.String() + ")"
+		}
+		err = explain(err)
+		if refused.Auth {
+			err = fmt.Errorf("%w (%w)", err, auth.ErrFailed)
+		}
+		return terr(r.cfg, "open", 0, false, -1, fmt.Errorf("ranks %v never connected%s: %w", missing, note, err))
 	}
-	if typ != frameHello {
-		return nil, fmt.Errorf("%w: type %d before hello", errFrame, typ)
+	for _, x := range got {
+		r.peers[x.Value.rank-1] = x.Value
 	}
-	h, err := decodeHello(payload)
-	if err != nil {
-		return nil, err
-	}
-	var reason string
-	switch {
-	case h.group != r.cfg.Group:
-		reason = fmt.Sprintf("group %q dialed the root of group %q", h.group, r.cfg.Group)
-	case h.world != r.cfg.WorldSize:
-		reason = fmt.Sprintf("world size mismatch: rank %d says %d, the root says %d", h.rank, h.world, r.cfg.WorldSize)
-	case h.rank < 1 || h.rank >= r.cfg.WorldSize:
-		reason = fmt.Sprintf("rank %d outside [1, %d)", h.rank, r.cfg.WorldSize)
-	case r.peers[h.rank-1] != nil:
-		reason = fmt.Sprintf("rank %d joined twice; give every rank a distinct rank", h.rank)
-	}
-	if reason != "" {
-		writeFrame(c, frameWelcome, welcome{ok: false, rootPID: os.Getpid(), msg: reason}.encode())
-		return nil, errors.New(reason)
-	}
-	if err := writeFrame(c, frameWelcome, welcome{ok: true, rootPID: os.Getpid()}.encode()); err != nil {
-		return nil, err
-	}
-	if h.pid != os.Getpid() {
-		r.remote = true
-	}
-	return &peer{rank: h.rank, pid: h.pid, conn: c, acks: make(chan ack, 4), gone: make(chan struct{})}, nil
+	return nil
 }
 
 // read delivers a receiver's acks until its connection ends.
@@ -370,55 +384,70 @@ func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice
 	fail := func(err error) (transport.Endpoint, error) {
 		return nil, terr(cfg, "open", 0, false, 0, err)
 	}
-	wctx, cancel, explain := bounded(ctx, cfg, "connecting to the root")
-	defer cancel()
-	raw, err := cfg.Exchange.Get(wctx, 0, AddrKey)
+	c, rootPID, err := dialRoot(ctx, cfg, dev.Ordinal())
 	if err != nil {
-		return fail(fmt.Errorf("waiting for the root's address: %w", explain(err)))
-	}
-	var info rootInfo
-	if err := json.Unmarshal(raw, &info); err != nil || info.Addr == "" {
-		return fail(fmt.Errorf("the root published %q under %q, which is no ipc address (is the root using another transport?)", raw, AddrKey))
-	}
-	var d net.Dialer
-	c, err := d.DialContext(wctx, "tcp", info.Addr)
-	if err != nil {
-		return fail(fmt.Errorf("dialing the root at %s: %w", info.Addr, explain(err)))
-	}
-	deadline, _ := wctx.Deadline()
-	c.SetDeadline(deadline)
-	h := hello{rank: cfg.Rank, world: cfg.WorldSize, pid: os.Getpid(), device: dev.Ordinal(), group: cfg.Group}
-	if err := writeFrame(c, frameHello, h.encode()); err != nil {
-		c.Close()
-		return fail(fmt.Errorf("greeting the root: %w", explain(err)))
-	}
-	typ, payload, err := readFrame(c)
-	if err != nil {
-		c.Close()
-		return fail(fmt.Errorf("waiting for the root's welcome: %w", explain(err)))
-	}
-	w, err := decodeWelcome(payload)
-	if err == nil && typ != frameWelcome {
-		err = fmt.Errorf("%w: type %d instead of welcome", errFrame, typ)
-	}
-	if err != nil {
-		c.Close()
 		return fail(err)
 	}
-	if !w.ok {
-		c.Close()
-		return fail(fmt.Errorf("the root refused this rank: %s", w.msg))
-	}
-	c.SetDeadline(time.Time{})
 	s, err := dev.NewStream()
 	if err != nil {
 		c.Close()
 		return fail(err)
 	}
-	r := &receiver{cfg: cfg, dev: dev, conn: c, rootPID: w.rootPID, stream: s,
+	r := &receiver{cfg: cfg, dev: dev, conn: c, rootPID: rootPID, stream: s,
 		opened: map[gpu.IPCHandle]mem.Buffer{}, frames: make(chan bucketMsg, 4), gone: make(chan struct{}), done: make(chan struct{})}
 	r.wg.Go(r.read)
 	return r, nil
+}
+
+// dialRoot finds the root's side channel through cfg.Exchange, connects
+// and runs the handshake as cfg.Rank on device, and returns the
+// connection and the root's process id.
+func dialRoot(ctx context.Context, cfg transport.Config, device int) (net.Conn, int, error) {
+	wctx, cancel, explain := bounded(ctx, cfg, "connecting to the root")
+	defer cancel()
+	raw, err := cfg.Exchange.Get(wctx, 0, AddrKey)
+	if err != nil {
+		return nil, 0, fmt.Errorf("waiting for the root's address: %w", explain(err))
+	}
+	var info rootInfo
+	if err := json.Unmarshal(raw, &info); err != nil || info.Addr == "" {
+		return nil, 0, fmt.Errorf("the root published %q under %q, which is no ipc address (is the root using another transport?)", raw, AddrKey)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(wctx, "tcp", info.Addr)
+	if err != nil {
+		return nil, 0, fmt.Errorf("dialing the root at %s: %w", info.Addr, explain(err))
+	}
+	hctx, hcancel := context.WithTimeout(wctx, maxHandshake)
+	defer hcancel()
+	deadline, _ := hctx.Deadline()
+	c.SetDeadline(deadline)
+	stop := context.AfterFunc(hctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	me := handshake.Side{Group: cfg.Group, Rank: cfg.Rank, World: cfg.WorldSize, Extra: receiverExtra(os.Getpid(), device), Keys: cfg.Auth}
+	h, err := handshake.Dial(c, proto, me, func(h handshake.Hello) string {
+		if h.Rank != 0 {
+			return fmt.Sprintf("the root's side channel at %s answered as rank %d", info.Addr, h.Rank)
+		}
+		return ""
+	})
+	stopped := stop()
+	if err == nil {
+		var pid int
+		if pid, err = decodeRootExtra(h.Extra); err == nil {
+			c.SetDeadline(time.Time{})
+			return c, pid, nil
+		}
+	}
+	c.Close()
+	switch {
+	case errors.Is(err, handshake.ErrRejected):
+		return nil, 0, fmt.Errorf("handshake with the root at %s: %w", info.Addr, err)
+	case !stopped && ctx.Err() == nil:
+		return nil, 0, fmt.Errorf("the root at %s did not complete the handshake within %v: %w", info.Addr, min(cfg.WaitTimeout(), maxHandshake), transport.ErrTimeout)
+	case !stopped:
+		return nil, 0, fmt.Errorf("handshake with the root at %s: %w", info.Addr, transport.ContextErr(ctx))
+	}
+	return nil, 0, fmt.Errorf("handshake with the root at %s: %w", info.Addr, err)
 }
 
 // read delivers the root's bucket frames until the connection ends.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -18,13 +17,14 @@ import (
 // These tests need no GPU.
 
 func TestFramesRoundTrip(t *testing.T) {
-	h := hello{rank: 3, world: 5, pid: 4242, device: -1, group: "g1"}
-	if got, err := decodeHello(h.encode()); err != nil || got != h {
-		t.Fatalf("hello: %+v, %v", got, err)
+	if pid, dev, err := decodeReceiverExtra(receiverExtra(4242, -1)); err != nil || pid != 4242 || dev != -1 {
+		t.Fatalf("receiver's extra: %d %d, %v", pid, dev, err)
 	}
-	w := welcome{ok: true, rootPID: 7, msg: "hi"}
-	if got, err := decodeWelcome(w.encode()); err != nil || got != w {
-		t.Fatalf("welcome: %+v, %v", got, err)
+	if pid, err := decodeRootExtra(rootExtra(7)); err != nil || pid != 7 {
+		t.Fatalf("root's extra: %d, %v", pid, err)
+	}
+	if _, _, err := decodeReceiverExtra(rootExtra(7)); !errors.Is(err, errFrame) {
+		t.Fatalf("a short receiver's extra: %v", err)
 	}
 	m := bucketMsg{seq: 9, n: 100, bufLen: 4096, addr: 0x7f00_0000_1000}
 	m.handle[0], m.handle[63] = 1, 2
@@ -46,11 +46,6 @@ func TestFramesRejected(t *testing.T) {
 	if _, err := decodeBucket(bad.encode()[:20]); !errors.Is(err, errFrame) {
 		t.Errorf("short bucket frame: %v", err)
 	}
-	h := hello{rank: 1, world: 2}.encode()
-	h[0] ^= 0xFF
-	if _, err := decodeHello(h); !errors.Is(err, errFrame) || !strings.Contains(err.Error(), "magic") {
-		t.Errorf("hello with a wrong magic: %v", err)
-	}
 	var b bytes.Buffer
 	if err := writeFrame(&b, frameAck, make([]byte, maxFrame)); err == nil {
 		t.Error("oversized frame written")
@@ -70,53 +65,6 @@ func TestOpenNeedsCUDA(t *testing.T) {
 	}
 	if _, err := transport.Open(context.Background(), Name, transport.Config{Group: "g", Rank: 0, WorldSize: 1, Device: mem.Host{}}); err == nil {
 		t.Fatal("a world of one opened")
-	}
-}
-
-// TestRootRefusesStrangers dials a root's side channel with wrong hellos:
-// each is refused with its reason, and the root keeps waiting for real
-// ranks, until its bound ends with ErrTimeout naming the missing rank.
-func TestRootRefusesStrangers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cfg := transport.Config{Group: "g", Rank: 0, WorldSize: 3, Timeout: time.Second}
-	r := &root{cfg: cfg, peers: make([]*peer, 2), done: make(chan struct{})}
-	cases := []struct {
-		h    hello
-		want string
-	}{
-		{hello{rank: 1, world: 3, group: "other"}, "group"},
-		{hello{rank: 1, world: 4, group: "g"}, "world size"},
-		{hello{rank: 3, world: 3, group: "g"}, "outside"},
-	}
-	for _, c := range cases {
-		cl, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		sv, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := writeFrame(cl, frameHello, c.h.encode()); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, aerr := r.admit(ctx, sv)
-		cancel()
-		_, payload, err := readFrame(cl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, _ := decodeWelcome(payload)
-		if aerr == nil || w.ok || !strings.Contains(w.msg, c.want) {
-			t.Errorf("hello %+v: admit %v, welcome %+v; want a refusal about %q", c.h, aerr, w, c.want)
-		}
-		cl.Close()
-		sv.Close()
 	}
 }
 

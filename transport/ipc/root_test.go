@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/internal/handshake"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
 
@@ -32,7 +34,7 @@ func (f fakeDeviceBuf) Free() error        { return nil }
 
 // fakeReceiver joins the root as rank and answers each bucket with
 // answer(seq), which returns the ack to send, or false to hang up.
-func fakeReceiver(ctx context.Context, x transport.Exchange, group string, rank, world int, answer func(m bucketMsg) (ack, bool)) error {
+func fakeReceiver(ctx context.Context, x transport.Exchange, group string, keys *auth.Keys, rank, world int, answer func(m bucketMsg) (ack, bool)) error {
 	raw, err := x.Get(ctx, 0, AddrKey)
 	if err != nil {
 		return err
@@ -46,14 +48,12 @@ func fakeReceiver(ctx context.Context, x transport.Exchange, group string, rank,
 		return err
 	}
 	defer c.Close()
-	if err := writeFrame(c, frameHello, hello{rank: rank, world: world, pid: os.Getpid(), group: group}.encode()); err != nil {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	me := handshake.Side{Group: group, Rank: rank, World: world, Extra: receiverExtra(os.Getpid(), 0), Keys: keys}
+	if _, err := handshake.Dial(c, proto, me, func(handshake.Hello) string { return "" }); err != nil {
 		return err
 	}
-	if _, p, err := readFrame(c); err != nil {
-		return err
-	} else if w, _ := decodeWelcome(p); !w.ok {
-		return errors.New(w.msg)
-	}
+	c.SetDeadline(time.Time{})
 	for {
 		_, p, err := readFrame(c)
 		if err != nil {
@@ -82,7 +82,7 @@ func openFakeGroup(t *testing.T, world int, timeout time.Duration, answer func(r
 	var wg sync.WaitGroup
 	for r := 1; r < world; r++ {
 		wg.Go(func() {
-			if err := fakeReceiver(context.Background(), cfgs[r].Exchange, cfgs[r].Group, r, world, func(m bucketMsg) (ack, bool) { return answer(r, m) }); err != nil {
+			if err := fakeReceiver(context.Background(), cfgs[r].Exchange, cfgs[r].Group, nil, r, world, func(m bucketMsg) (ack, bool) { return answer(r, m) }); err != nil {
 				t.Errorf("fake rank %d: %v", r, err)
 			}
 		})

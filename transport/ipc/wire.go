@@ -10,17 +10,19 @@ import (
 )
 
 // The side channel between the root and each receiver is one TCP
-// connection on the loopback interface. Every frame is a 4-byte
-// little-endian length (of what follows), a 1-byte type and a payload;
-// integers are little-endian.
+// connection on the loopback interface. It opens with the handshake of
+// package transport/internal/handshake (the receiver initiates), whose
+// extra data is the receiver's process id (u32) and device ordinal (i32),
+// and the root's process id (u32), little-endian. Then every frame is a
+// 4-byte little-endian length (of what follows), a 1-byte type and a
+// payload; integers are little-endian. (Types 1 and 2 were the hello and
+// welcome of version 1.)
 const (
-	frameHello   = 1 // receiver → root: magic, version, rank, world, pid, device, group
-	frameWelcome = 2 // root → receiver: status, root pid, message
-	frameBucket  = 3 // root → receiver: seq, n, buffer length, address, handle
-	frameAck     = 4 // receiver → root: seq, status, message
+	frameBucket = 3 // root → receiver: seq, n, buffer length, address, handle
+	frameAck    = 4 // receiver → root: seq, status, message
 
 	magic   = 0x50494357 // "WCIP"
-	version = 1
+	version = 2          // 2: the shared handshake with nonces and proofs
 
 	// maxFrame bounds every frame read: the largest is a bucket frame
 	// (97 bytes) or a message carrying an error text.
@@ -98,55 +100,26 @@ func (r *reader) done() error {
 	return nil
 }
 
-type hello struct {
-	rank, world int
-	pid         int
-	device      int
-	group       string
+// receiverExtra is the receiver's extra handshake data: its process id
+// and device ordinal.
+func receiverExtra(pid, device int) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(pid))
+	return binary.LittleEndian.AppendUint32(b, uint32(int32(device)))
 }
 
-func (h hello) encode() []byte {
-	b := binary.LittleEndian.AppendUint32(nil, magic)
-	b = binary.LittleEndian.AppendUint32(b, version)
-	b = binary.LittleEndian.AppendUint32(b, uint32(h.rank))
-	b = binary.LittleEndian.AppendUint32(b, uint32(h.world))
-	b = binary.LittleEndian.AppendUint32(b, uint32(h.pid))
-	b = binary.LittleEndian.AppendUint32(b, uint32(int32(h.device)))
-	return text(b, h.group)
-}
-
-func decodeHello(p []byte) (hello, error) {
+func decodeReceiverExtra(p []byte) (pid, device int, err error) {
 	r := reader{b: p}
-	m, v := r.u32(), r.u32()
-	h := hello{rank: int(r.u32()), world: int(r.u32()), pid: int(r.u32()), device: int(int32(r.u32())), group: r.text()}
-	if err := r.done(); err != nil {
-		return h, err
-	}
-	if m != magic || v != version {
-		return h, fmt.Errorf("%w: hello with magic %#x version %d, want %#x version %d (another program, or another weightcast version, dialed the root)", errFrame, m, v, magic, version)
-	}
-	return h, nil
+	pid, device = int(r.u32()), int(int32(r.u32()))
+	return pid, device, r.done()
 }
 
-type welcome struct {
-	ok      bool
-	rootPID int
-	msg     string
-}
+// rootExtra is the root's extra handshake data: its process id.
+func rootExtra(pid int) []byte { return binary.LittleEndian.AppendUint32(nil, uint32(pid)) }
 
-func (w welcome) encode() []byte {
-	b := []byte{0}
-	if w.ok {
-		b[0] = 1
-	}
-	b = binary.LittleEndian.AppendUint32(b, uint32(w.rootPID))
-	return text(b, w.msg)
-}
-
-func decodeWelcome(p []byte) (welcome, error) {
+func decodeRootExtra(p []byte) (pid int, err error) {
 	r := reader{b: p}
-	w := welcome{ok: r.u8() == 1, rootPID: int(r.u32()), msg: r.text()}
-	return w, r.done()
+	pid = int(r.u32())
+	return pid, r.done()
 }
 
 // bucketMsg tells a receiver where bucket seq's n bytes are: at addr in
