@@ -6,7 +6,7 @@ PKGS := ./...
 
 # Each fuzz target runs for FUZZTIME; `make test` runs their seed corpora.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./stages:FuzzDecodeMeta ./stages:FuzzDecodeCommit ./safetensors:FuzzParseHeader ./transport/zmqbus:FuzzDecode ./rendezvous:FuzzRecords
+FUZZ_TARGETS := ./stages:FuzzDecodeMeta ./stages:FuzzDecodeCommit ./safetensors:FuzzParseHeader ./transport/zmqbus:FuzzDecode ./rendezvous:FuzzRecords ./auth:FuzzOpenRecord ./transport/internal/handshake:FuzzHandshake ./transport/zmqbus:FuzzReady
 
 all: build
 

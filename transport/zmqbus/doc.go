@@ -11,10 +11,24 @@
 //   - a readiness handshake: each receiver says HELLO (group, rank, world
 //     size, protocol version, size limit, liveness) and waits for WELCOME;
 //     the root's first Publish waits until every receiver has joined, so a
-//     receiver that connects late still gets message 0. A HELLO from
-//     another group, with another world size, a rank out of range or one
-//     already joined is answered with an ERROR frame, and both sides fail
-//     with the same reason (ErrHandshake).
+//     receiver that connects late still gets message 0. With a group
+//     secret (Config.Auth) the HELLO carries the receiver's nonce, the root
+//     answers with a CHALLENGE (its nonce and its proof: an HMAC over both
+//     nonces, the group, run, ranks, world size, protocol version and TLS
+//     channel binding), the receiver checks it and answers with its own
+//     PROOF, and only then is it welcomed: neither a stranger nor a replay
+//     gets in.
+//   - no one-packet denial of service: a connection that has not joined
+//     cannot fail the bus. A HELLO that does not fit (another group, world
+//     size, version or secret, a rank out of range or joined already), a
+//     wrong proof, or any malformed, oversized or unexpected frame from it
+//     gets an ERROR about itself alone (never another rank's identity),
+//     and its connection is closed and logged (rate-limited,
+//     Config.Logger); a misconfigured receiver fails with that reason
+//     (ErrHandshake, and auth.ErrFailed for the secret), and a root that
+//     waits in vain for a rank names what it refused. The guard under
+//     zmq4 gives each peer identity one connection: a second connection
+//     announcing a connected peer's routing identity is refused.
 //   - sequence numbers and acknowledgements: Publish blocks while
 //     transport.DefaultWindow messages are unacknowledged by some receiver;
 //     a gap, duplicate or reordering on either side is an error
@@ -31,6 +45,11 @@
 //
 // The frames are a fixed little-endian header plus a payload, so a libzmq
 // client in any language can join; docs/protocol.md describes them.
+//
+// TLS: zmq4 v0.17.0 offers only the NULL and PLAIN security mechanisms (no
+// CURVE), so with Config.TLS the bus runs ZMTP over mutual TLS 1.3 inside
+// its own zmq4 transport, and the root publishes tcp+tls://host:port. A
+// libzmq client cannot join such a bus (libzmq has no TLS transport).
 //
 // Options (transport.Config.Options; other keys are ignored):
 //

@@ -3,16 +3,20 @@ package zmqbus
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	ztransport "github.com/go-zeromq/zmq4/transport"
+
+	"github.com/weightcast/weightcast/auth"
 )
 
 // guardScheme is the zmq4 transport name under which this package dials
@@ -26,6 +30,17 @@ import (
 // it follows the ZMTP framing of the bytes zmq4 reads and fails the read
 // that would deliver an oversized frame length (before zmq4 allocates), and
 // it bounds the handshake with a deadline.
+//
+// It also gives the bus what zmq4 does not: a connection of its own per
+// peer identity. zmq4's ROUTER sends a message to every connection whose
+// peer announced the routing identity it is addressed to, and cannot close
+// one connection; the guard reads each accepted connection's identity from
+// its ZMTP READY command, refuses a second live connection with the same
+// one, and lets the publisher close the connection of an identity (a
+// stranger that failed its handshake) through the socket's registry. And
+// zmq4 has no security mechanism but NULL and PLAIN (no CURVE): with TLS
+// settings the guard runs TLS 1.3 under ZMTP, and the registry keeps each
+// connection's channel binding for the bus's handshake proofs.
 const guardScheme = "weightcast-tcp"
 
 // guardConfig is the per-socket configuration of the guard, passed to the
@@ -34,7 +49,78 @@ type guardConfig struct {
 	maxFrame   uint64        // largest data frame
 	maxMessage uint64        // largest sum of the frames of one message
 	maxParts   int           // most frames in one message
-	handshake  time.Duration // bound on the ZMTP greeting and READY exchange
+	handshake  time.Duration // bound on the TLS handshake, and on the ZMTP greeting and READY exchange
+	tls        *tls.Config   // TLS under ZMTP: the server's config on a listener, the client's on a dialer; nil for plain TCP
+	reg        *registry     // the socket's connections; nil: not kept
+}
+
+// registry is one socket's live connections: by the peer's identity on a
+// listener, the one it dialed on a dialer.
+type registry struct {
+	mu     sync.Mutex
+	byID   map[string]*guardConn
+	dialed *guardConn
+	tlsErr error // a TLS handshake of Dial that failed, for the caller's error
+}
+
+func newRegistry() *registry { return &registry{byID: map[string]*guardConn{}} }
+
+// add records g under id, unless a live connection has it.
+func (r *registry) add(id string, g *guardConn) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.byID[id]; dup {
+		return fmt.Errorf("%w: a second connection announced the routing identity of a connected peer", ErrProtocol)
+	}
+	r.byID[id] = g
+	return nil
+}
+
+func (r *registry) remove(g *guardConn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byID[g.id] == g {
+		delete(r.byID, g.id)
+	}
+}
+
+// drop closes the connection of identity id, if there is one.
+func (r *registry) drop(id string) {
+	r.mu.Lock()
+	g := r.byID[id]
+	r.mu.Unlock()
+	if g != nil {
+		g.Close()
+	}
+}
+
+// binding is the TLS channel binding of the connection of identity id,
+// or of the dialed connection when id is empty; nil on plain TCP.
+func (r *registry) binding(id string) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.dialed
+	if id != "" {
+		g = r.byID[id]
+	}
+	if g == nil {
+		return nil
+	}
+	return g.binding
+}
+
+func (r *registry) dialFailed(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tlsErr == nil {
+		r.tlsErr = err
+	}
+}
+
+func (r *registry) dialError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tlsErr
 }
 
 type guardKey struct{}
@@ -76,7 +162,46 @@ func (guardTransport) Dial(ctx context.Context, d ztransport.Dialer, addr string
 	if err != nil {
 		return nil, err
 	}
-	return newGuardConn(c, guardFrom(ctx), nil), nil
+	cfg := guardFrom(ctx)
+	conn, binding, err := secure(c, cfg, false)
+	if err != nil {
+		c.Close()
+		if cfg.reg != nil {
+			cfg.reg.dialFailed(err)
+		}
+		return nil, err
+	}
+	g := newGuardConn(conn, cfg, nil)
+	g.binding = binding
+	if cfg.reg != nil {
+		cfg.reg.mu.Lock()
+		cfg.reg.dialed = g
+		cfg.reg.mu.Unlock()
+	}
+	return g, nil
+}
+
+// secure runs the TLS handshake on c when cfg has TLS settings, within
+// the handshake bound, and returns the connection ZMTP runs on and its
+// channel binding.
+func secure(c net.Conn, cfg guardConfig, server bool) (net.Conn, []byte, error) {
+	if cfg.tls == nil {
+		return c, nil, nil
+	}
+	if cfg.handshake > 0 {
+		c.SetDeadline(time.Now().Add(cfg.handshake))
+	}
+	var tc *tls.Conn
+	if server {
+		tc = tls.Server(c, cfg.tls)
+	} else {
+		tc = tls.Client(c, cfg.tls)
+	}
+	if err := tc.Handshake(); err != nil {
+		return nil, nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	b, err := auth.TLSBinding(tc.ConnectionState())
+	return tc, b, err
 }
 
 func (guardTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -84,7 +209,7 @@ func (guardTransport) Listen(ctx context.Context, addr string) (net.Listener, er
 	if err != nil {
 		return nil, err
 	}
-	l := &guardListener{inner: inner, cfg: guardFrom(ctx), ready: make(chan *guardConn), done: make(chan struct{}), shaking: map[*guardConn]struct{}{}}
+	l := &guardListener{inner: inner, cfg: guardFrom(ctx), ready: make(chan *guardConn), done: make(chan struct{}), shaking: map[net.Conn]struct{}{}}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -108,8 +233,9 @@ func (guardTransport) Addr(ep string) (string, error) {
 // runs the ZMTP handshake of each accepted connection inside its one
 // accept loop, so a client that connects and stays silent (a health check,
 // a port scan) would stall every later receiver. The listener hands zmq4 a
-// connection only once its peer has sent the 10-byte ZMTP signature,
-// within the handshake bound. Its goroutines end when it is closed.
+// connection only once it has completed TLS (with TLS settings) and its
+// peer has sent the 10-byte ZMTP signature, within the handshake bound.
+// Its goroutines end when it is closed.
 type guardListener struct {
 	inner net.Listener
 	cfg   guardConfig
@@ -119,7 +245,7 @@ type guardListener struct {
 
 	mu      sync.Mutex
 	closed  bool
-	shaking map[*guardConn]struct{} // connections not yet through the ZMTP handshake
+	shaking map[net.Conn]struct{} // accepted connections not yet through the ZMTP handshake
 }
 
 func (l *guardListener) acceptLoop() {
@@ -138,23 +264,31 @@ func (l *guardListener) acceptLoop() {
 			}
 			return // the listener is broken; zmq4 sees no more connections
 		}
-		g := newGuardConn(c, l.cfg, l.untrack)
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
 			c.Close()
 			return
 		}
-		l.shaking[g] = struct{}{}
+		l.shaking[c] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
-		go l.screen(g)
+		go l.screen(c)
 	}
 }
 
-// screen waits for the ZMTP signature, then queues g for Accept.
-func (l *guardListener) screen(g *guardConn) {
+// screen runs TLS on c (with TLS settings), waits for the ZMTP signature,
+// then queues c's guardConn for Accept.
+func (l *guardListener) screen(c net.Conn) {
 	defer l.wg.Done()
+	conn, binding, err := secure(c, l.cfg, true)
+	if err != nil {
+		l.untrack(c)
+		c.Close()
+		return
+	}
+	g := newGuardConn(conn, l.cfg, func(*guardConn) { l.untrack(c) })
+	g.binding, g.accepted = binding, true
 	sig, err := g.br.Peek(10)
 	if err != nil || sig[0] != 0xFF || sig[9] != 0x7F {
 		g.finishHandshake(false)
@@ -176,9 +310,9 @@ func (l *guardListener) Accept() (net.Conn, error) {
 	}
 }
 
-func (l *guardListener) untrack(g *guardConn) {
+func (l *guardListener) untrack(c net.Conn) {
 	l.mu.Lock()
-	delete(l.shaking, g)
+	delete(l.shaking, c)
 	l.mu.Unlock()
 }
 
@@ -195,8 +329,8 @@ func (l *guardListener) Close() error {
 	}
 	l.closed = true
 	close(l.done)
-	for g := range l.shaking {
-		g.Conn.Close()
+	for c := range l.shaking {
+		c.Close()
 	}
 	l.mu.Unlock()
 	err := l.inner.Close()
@@ -231,6 +365,9 @@ type framer struct {
 	size     [8]byte
 	sizeHave int
 	sizeNeed int
+	// body, when set, is given the bytes of every frame body as they
+	// pass.
+	body func(flags byte, b []byte)
 }
 
 func newFramer() framer { return framer{state: stGreeting, left: zmtpGreeting} }
@@ -285,6 +422,9 @@ func (f *framer) feed(b []byte, check func(flags byte, size uint64) error, end f
 			}
 		case stBody:
 			k := min(f.left, uint64(len(b)-i))
+			if f.body != nil {
+				f.body(f.flags, b[i:i+int(k)])
+			}
 			i += int(k)
 			f.left -= k
 			if f.left == 0 {
@@ -317,11 +457,15 @@ const (
 // body separately.
 type guardConn struct {
 	net.Conn
-	cfg    guardConfig
-	onDone func(*guardConn) // handshake finished or failed; may be nil
-	br     *bufio.Reader
-	once   sync.Once
-	shaken atomic.Bool // greeting and the peer's first command (READY) read
+	cfg      guardConfig
+	onDone   func(*guardConn) // handshake finished or failed; may be nil
+	br       *bufio.Reader
+	once     sync.Once
+	shaken   atomic.Bool // greeting and the peer's first command (READY) read
+	accepted bool        // accepted by a listener: its peer's identity is registered
+	binding  []byte      // TLS channel binding; nil on plain TCP
+	id       string      // the peer's routing identity, from its READY
+	ready    []byte      // the body of the peer's first command, while it arrives
 
 	// read side: used by the one goroutine that reads
 	rf       framer
@@ -337,10 +481,26 @@ type guardConn struct {
 
 func newGuardConn(c net.Conn, cfg guardConfig, onDone func(*guardConn)) *guardConn {
 	g := &guardConn{Conn: c, cfg: cfg, onDone: onDone, br: bufio.NewReaderSize(c, readBuffer), rf: newFramer(), wf: newFramer()}
+	g.rf.body = g.readBody
 	if cfg.handshake > 0 {
 		c.SetDeadline(time.Now().Add(cfg.handshake))
 	}
 	return g
+}
+
+// readBody keeps the body of the peer's first command (its READY).
+func (g *guardConn) readBody(flags byte, b []byte) {
+	if !g.shaken.Load() && flags&flagCommand != 0 {
+		g.ready = append(g.ready, b...)
+	}
+}
+
+// Close closes the connection and forgets its identity.
+func (g *guardConn) Close() error {
+	if g.accepted && g.cfg.reg != nil && g.id != "" {
+		g.cfg.reg.remove(g)
+	}
+	return g.Conn.Close()
 }
 
 func (g *guardConn) finishHandshake(ok bool) {
@@ -363,7 +523,11 @@ func (g *guardConn) Read(p []byte) (int, error) {
 		return 0, g.err
 	}
 	n, err := g.br.Read(p)
-	if k, lerr := g.rf.feed(p[:n], g.check, g.readEnd); lerr != nil {
+	k, lerr := g.rf.feed(p[:n], g.check, g.readEnd)
+	if lerr == nil && g.err != nil { // readEnd refused the peer
+		lerr, k = g.err, 0
+	}
+	if lerr != nil {
 		// Deliver the bytes before the last byte of the offending size
 		// field only: zmq4's io.ReadFull then asks again and gets lerr,
 		// before it allocates anything.
@@ -412,11 +576,72 @@ func (g *guardConn) readEnd(flags byte, _ int) {
 	case flags&flagCommand != 0:
 		if !g.shaken.Load() {
 			g.shaken.Store(true)
+			if err := g.register(); err != nil {
+				g.err = err
+				g.finishHandshake(false)
+				return
+			}
 			g.finishHandshake(true)
 		}
 	case flags&flagMore == 0:
 		g.parts, g.msgBytes = 0, 0
 	}
+}
+
+// register records an accepted connection under the routing identity of
+// its peer's READY command: it refuses a connection without one, or with
+// the identity of a live connection.
+func (g *guardConn) register() error {
+	ready := g.ready
+	g.ready = nil
+	if !g.accepted || g.cfg.reg == nil {
+		return nil
+	}
+	id, err := readyIdentity(ready)
+	switch {
+	case err != nil:
+		return err
+	case id == "":
+		return fmt.Errorf("%w: the peer announced no routing identity", ErrProtocol)
+	}
+	g.id = id
+	if err := g.cfg.reg.add(id, g); err != nil {
+		g.id = ""
+		return err
+	}
+	return nil
+}
+
+// readyIdentity reads the Identity property of a ZMTP READY command body
+// (RFC 23: a name of a length byte and bytes, then properties of a name
+// of a length byte and bytes and a value of a 4-byte big-endian length and
+// bytes; property names are case-insensitive).
+func readyIdentity(b []byte) (string, error) {
+	bad := fmt.Errorf("%w: malformed ZMTP READY command", ErrProtocol)
+	if len(b) < 1 || len(b) < 1+int(b[0]) {
+		return "", bad
+	}
+	if name := string(b[1 : 1+b[0]]); name != "READY" {
+		return "", fmt.Errorf("%w: first ZMTP command %q, want READY", ErrProtocol, name)
+	}
+	b = b[1+b[0]:]
+	for len(b) > 0 {
+		kl := int(b[0])
+		if len(b) < 1+kl+4 {
+			return "", bad
+		}
+		key := string(b[1 : 1+kl])
+		vl := binary.BigEndian.Uint32(b[1+kl:])
+		b = b[1+kl+4:]
+		if uint64(vl) > uint64(len(b)) {
+			return "", bad
+		}
+		if strings.EqualFold(key, "Identity") {
+			return string(b[:vl]), nil
+		}
+		b = b[vl:]
+	}
+	return "", nil
 }
 
 // Write gathers the pieces of one message and sends them in one writev

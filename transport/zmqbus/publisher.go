@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/internal/ratelog"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -35,19 +37,66 @@ type peer struct {
 type publisher struct {
 	busSocket
 	addr string
+	reg  *registry // the ROUTER's connections, by peer identity
+	log  *ratelog.Logger
 
 	// guarded by mu
-	peers  []peer // by rank; peers[0] unused
-	byID   map[string]int
-	joined int
-	next   uint64           // next sequence number to publish
-	fatal  *transport.Error // first failure that ends the bus
+	peers   []peer // by rank; peers[0] unused
+	byID    map[string]int
+	joined  int
+	pending map[string]*pendingHello // receivers challenged, by identity
+	refused refusals                 // connections refused before they joined
+	next    uint64                   // next sequence number to publish
+	fatal   *transport.Error         // first failure that ends the bus
+}
+
+// pendingHello is a receiver the root challenged and awaits the proof of.
+type pendingHello struct {
+	hello   hello
+	nonce   auth.Nonce // the root's
+	started time.Time
+}
+
+// maxPending bounds the challenges outstanding at once.
+const maxPending = 64
+
+// refusals describes the connections the root refused before they
+// joined, for the timeout of a wait for a receiver.
+type refusals struct {
+	n     int
+	notes []string
+	auth  bool
+}
+
+func (r *refusals) add(err error) {
+	r.n++ // callers broadcast: a wait's timeout message names the refusals
+	if len(r.notes) < 4 {
+		r.notes = append(r.notes, err.Error())
+	}
+	r.auth = r.auth || errors.Is(err, auth.ErrFailed)
+}
+
+func (r refusals) String() string {
+	if r.n == 0 {
+		return ""
+	}
+	s := fmt.Sprintf(" (refused %d connection(s) that did not join: %s", r.n, strings.Join(r.notes, "; "))
+	if r.n > len(r.notes) {
+		s += "; …"
+	}
+	return s + ")"
 }
 
 // OpenPublisher opens the root's side of the metadata bus of cfg.Group:
 // it binds a ZeroMQ ROUTER socket to tcp://<bind>:0, publishes the bound
 // address under AddrKey through cfg.Exchange, and accepts the receivers'
-// HELLOs from then on. cfg.Rank must be 0.
+// HELLOs from then on. cfg.Rank must be 0. With cfg.Auth every receiver
+// must prove it holds the group secret before it joins; with cfg.TLS the
+// bus runs over mutual TLS 1.3 and the address is published as
+// tcp+tls://host:port. A connection that fails to join (a stranger, a
+// malformed or oversized frame, another version, group, world size or
+// secret, a rank that has joined) hears why in an ERROR, is closed and
+// logged; it never fails the bus.
 //
 // Options (cfg.Options): "bind" (host to bind, default 127.0.0.1),
 // "advertise" (host to publish instead, required when binding 0.0.0.0 or
@@ -78,10 +127,14 @@ func OpenPublisher(ctx context.Context, cfg transport.Config) (transport.Publish
 		host = opts.bind
 	}
 
-	sctx, cancel := context.WithCancel(withGuard(context.Background(), guardConfig{
-		maxFrame: controlLimit, maxMessage: 2 * controlLimit, maxParts: 4, handshake: opts.handshake,
-	}))
-	sock := zmq4.NewRouter(sctx, zmq4.WithTimeout(cfg.WaitTimeout()))
+	reg := newRegistry()
+	gcfg := guardConfig{maxFrame: controlLimit, maxMessage: 2 * controlLimit, maxParts: 4, handshake: opts.handshake, reg: reg}
+	scheme := "tcp://"
+	if cfg.TLS != nil {
+		gcfg.tls, scheme = cfg.TLS.Server(), tlsScheme
+	}
+	sctx, cancel := context.WithCancel(withGuard(context.Background(), gcfg))
+	sock := zmq4.NewRouter(sctx, zmq4.WithTimeout(cfg.WaitTimeout()), zmq4.WithLogger(quietZMQ))
 	if err := sock.Listen(guardScheme + "://" + net.JoinHostPort(opts.bind, "0")); err != nil {
 		sock.Close()
 		cancel()
@@ -94,9 +147,12 @@ func OpenPublisher(ctx context.Context, cfg transport.Config) (transport.Publish
 		return fail(fmt.Errorf("metadata socket bound to %v, not a TCP address", sock.Addr()))
 	}
 	p := &publisher{
-		addr:  "tcp://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)),
-		peers: make([]peer, cfg.WorldSize),
-		byID:  map[string]int{},
+		addr:    scheme + net.JoinHostPort(host, strconv.Itoa(tcp.Port)),
+		reg:     reg,
+		log:     ratelog.New(cfg.Logger, 0),
+		peers:   make([]peer, cfg.WorldSize),
+		byID:    map[string]int{},
+		pending: map[string]*pendingHello{},
 	}
 	p.adopt(cfg, opts, sock, cancel)
 	p.start(sideHooks{
@@ -163,23 +219,7 @@ func (p *publisher) handle(id []byte, frames [][]byte) {
 	}
 	r, known := p.byID[string(id)]
 	if !known {
-		switch {
-		case errors.Is(derr, errVersion):
-			p.rejectLocked(id, -1, &codedError{codeVersion, fmt.Sprintf("a receiver (identity %q) speaks metadata protocol version %d, this root speaks %d; run the same weightcast version on every rank", id, h.version, ProtocolVersion)})
-		case derr == nil && h.typ == typeHello:
-			p.helloLocked(id, body, now)
-		case derr == nil && (h.typ == typeBye || h.typ == typeError):
-			// a rejected receiver closing or giving up: answering could
-			// start an exchange of ERRORs
-		default:
-			// A stranger that never joined: tell it, but do not fail the
-			// group for a connection that is not one of its ranks.
-			why := fmt.Sprintf("unknown receiver %q: send HELLO first", id)
-			if derr != nil {
-				why = derr.Error()
-			}
-			p.out.push(zmq4.NewMsgFrom(id, encodeHeader(typeError, codeProtocol, 0), errorText(why)))
-		}
+		p.strangerLocked(id, h, body, derr, now)
 		return
 	}
 	pr := &p.peers[r]
@@ -208,64 +248,148 @@ func (p *publisher) handle(id []byte, frames [][]byte) {
 			pr.gone = fmt.Errorf("%w: rank %d closed its subscriber", errPeerGone, r)
 			p.broadcastLocked()
 		}
-	case typeHello:
-		p.rejectLocked(id, r, &codedError{codeDuplicate, fmt.Sprintf("rank %d (identity %q) said HELLO twice", r, id)})
 	default:
 		p.abortLocked(busError(p.cfg, "recv", h.seq, true, r, fmt.Errorf("%w: unexpected %s from rank %d", ErrProtocol, typeName(h.typ), r)), codeProtocol)
 	}
 }
 
-// helloLocked admits a receiver or rejects it, failing the bus: a HELLO
-// that does not fit means the group is misconfigured.
+// strangerLocked handles a message from a connection that has not joined:
+// a HELLO, or the PROOF answering the root's challenge, or anything else,
+// which is refused. Nothing a stranger sends fails the bus.
+func (p *publisher) strangerLocked(id []byte, h header, body []byte, derr error, now time.Time) {
+	switch {
+	case errors.Is(derr, errVersion):
+		p.refuseLocked(id, &codedError{codeVersion, fmt.Sprintf("this receiver speaks metadata protocol version %d, the root speaks %d; run the same weightcast version on every rank", h.version, ProtocolVersion)})
+	case derr != nil:
+		p.refuseLocked(id, &codedError{errCode(derr, codeProtocol), derr.Error()})
+	case h.typ == typeHello:
+		p.helloLocked(id, body, now)
+	case h.typ == typeProof:
+		p.proofLocked(id, body, now)
+	case h.typ == typeError && h.code == codeAuth:
+		// a receiver that found this root's proof wrong: another secret
+		delete(p.pending, string(id))
+		err := fmt.Errorf("%w: the receiver said: %s", errAuth, errorText(string(body)))
+		p.refused.add(err)
+		p.broadcastLocked()
+		p.log.Warn("metadata bus refused a receiver that did not join", "group", p.cfg.Group, "identity", string(id), "error", err.Error())
+		p.reg.drop(string(id))
+	case h.typ == typeBye || h.typ == typeError:
+		// a refused receiver closing or giving up: answering could start
+		// an exchange of ERRORs
+		delete(p.pending, string(id))
+		p.reg.drop(string(id))
+	default:
+		p.refuseLocked(id, &codedError{codeProtocol, fmt.Sprintf("%s from a receiver that has not joined (identity %q): send HELLO first", typeName(h.typ), id)})
+	}
+}
+
+// refuseLocked tells the connection of identity id why it cannot join,
+// closes it once that is sent, and logs it. Its reason says nothing of the
+// other receivers.
+func (p *publisher) refuseLocked(id []byte, err *codedError) {
+	delete(p.pending, string(id))
+	p.refused.add(err)
+	p.broadcastLocked()
+	p.log.Warn("metadata bus refused a receiver that did not join", "group", p.cfg.Group, "identity", string(id), "error", err.Error())
+	key := string(id)
+	p.out.pushThen(zmq4.NewMsgFrom(id, encodeHeader(typeError, err.code, 0), errorText(err.msg)), func() { p.reg.drop(key) })
+}
+
+// helloLocked checks a HELLO from a connection that has not joined: one
+// that fits joins (or, with a group secret, is challenged), one that does
+// not is refused.
 func (p *publisher) helloLocked(id, body []byte, now time.Time) {
 	m, err := decodeHello(body)
 	if err != nil {
-		p.rejectLocked(id, -1, &codedError{codeProtocol, err.Error()})
+		p.refuseLocked(id, &codedError{codeProtocol, err.Error()})
+		return
+	}
+	if _, dup := p.pending[string(id)]; dup {
+		p.refuseLocked(id, &codedError{codeProtocol, "HELLO twice"})
 		return
 	}
 	rank, world := int(m.rank), p.cfg.WorldSize
-	reject := func(code uint32, format string, args ...any) {
-		peerRank := rank
-		if rank <= 0 || rank >= world {
-			peerRank = -1
-		}
-		p.rejectLocked(id, peerRank, &codedError{code, fmt.Sprintf(format, args...)})
+	refuse := func(code uint32, format string, args ...any) {
+		p.refuseLocked(id, &codedError{code, fmt.Sprintf(format, args...)})
 	}
 	switch {
 	case m.group != p.cfg.Group:
-		reject(codeGroup, "rank %d of group %q reached the root of group %q at %s; check the group name and where the address came from", m.rank, m.group, p.cfg.Group, p.addr)
+		refuse(codeGroup, "rank %d of group %q reached the root of group %q at %s; check the group name and where the address came from", m.rank, m.group, p.cfg.Group, p.addr)
 	case int(m.world) != world:
-		reject(codeWorldSize, "world size mismatch: rank %d says %d, the root was opened with %d; give every rank the same world size", m.rank, m.world, world)
+		refuse(codeWorldSize, "world size mismatch: rank %d says %d, the root was opened with %d; give every rank the same world size", m.rank, m.world, world)
 	case rank <= 0 || rank >= world:
-		reject(codeRank, "rank %d is outside [1, %d): rank 0 is the root and receivers are 1..%d", m.rank, world, world-1)
+		refuse(codeRank, "rank %d is outside [1, %d): rank 0 is the root and receivers are 1..%d", m.rank, world, world-1)
 	case !strings.HasPrefix(string(id), "r"+strconv.Itoa(rank)+"."):
-		reject(codeRank, "routing identity %q does not encode rank %d (want the prefix \"r%d.\")", id, rank, rank)
+		refuse(codeRank, "routing identity %q does not encode rank %d (want the prefix \"r%d.\")", id, rank, rank)
 	case p.peers[rank].joined:
-		reject(codeDuplicate, "rank %d joined twice (first as identity %q, now as %q); give every receiver a distinct rank, and restart the group rather than rejoin a rank", rank, p.peers[rank].id, id)
+		refuse(codeDuplicate, "rank %d has joined already; give every receiver a distinct rank, and restart the group rather than rejoin a rank", rank)
+	case m.nonce != nil && p.cfg.Auth == nil:
+		refuse(codeAuth, "authentication failed: rank %d has a group secret and the root has none; give every rank the same secret, or none", rank)
+	case m.nonce == nil && p.cfg.Auth != nil:
+		refuse(codeAuth, "authentication failed: rank %d has no group secret and the root has one; give every rank the same secret, or none", rank)
+	case p.cfg.Auth == nil:
+		p.joinLocked(id, m, now)
+	case len(p.pending) >= maxPending:
+		refuse(codeProtocol, "%d receivers are being authenticated already; try again", maxPending)
 	default:
-		pr := &p.peers[rank]
-		*pr = peer{
-			id: append([]byte(nil), id...), joined: true, maxMsg: m.maxMessage, lastSeen: now, lastSent: now,
-			interval: sendInterval(p.opts.heartbeat, time.Duration(m.livenessMS)*time.Millisecond),
-		}
-		p.byID[string(pr.id)] = rank
-		p.joined++
-		p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeWelcome, 0, 0), welcome{
-			window: transport.DefaultWindow, heartbeatMS: millis(p.opts.heartbeat), livenessMS: millis(p.opts.liveness),
-		}.encode()))
-		p.broadcastLocked()
+		ph := &pendingHello{hello: m, nonce: auth.NewNonce(), started: now}
+		proof := p.cfg.Auth.Prove(auth.Responder, transcript(rank, world, *m.nonce, ph.nonce, p.reg.binding(string(id))))
+		p.pending[string(id)] = ph
+		p.out.push(zmq4.NewMsgFrom(id, encodeHeader(typeChallenge, 0, 0), challenge{nonce: ph.nonce, proof: proof}.encode()))
 	}
 }
 
-// rejectLocked answers a HELLO with an ERROR frame and fails the bus with
-// the same reason.
-func (p *publisher) rejectLocked(id []byte, rank int, err *codedError) {
-	p.out.push(zmq4.NewMsgFrom(id, encodeHeader(typeError, err.code, 0), errorText(err.msg)))
-	p.abortLocked(busError(p.cfg, "handshake", 0, false, rank, err), err.code)
+// proofLocked checks the proof of a receiver the root challenged: a
+// receiver that proves it holds the group secret joins.
+func (p *publisher) proofLocked(id, body []byte, now time.Time) {
+	ph, ok := p.pending[string(id)]
+	if !ok {
+		p.refuseLocked(id, &codedError{codeProtocol, "PROOF without a challenge: send HELLO first"})
+		return
+	}
+	delete(p.pending, string(id))
+	proof, err := decodeProof(body)
+	if err != nil {
+		p.refuseLocked(id, &codedError{codeProtocol, err.Error()})
+		return
+	}
+	m := ph.hello
+	t := transcript(int(m.rank), p.cfg.WorldSize, *m.nonce, ph.nonce, p.reg.binding(string(id)))
+	switch {
+	case p.cfg.Auth.Verify(auth.Initiator, t, proof) != nil:
+		p.refuseLocked(id, &codedError{codeAuth, fmt.Sprintf("authentication failed: rank %d did not prove that it holds this run's group secret (another secret, or a replayed or relayed handshake)", m.rank)})
+	case p.peers[m.rank].joined:
+		p.refuseLocked(id, &codedError{codeDuplicate, fmt.Sprintf("rank %d has joined already", m.rank)})
+	default:
+		p.joinLocked(id, m, now)
+	}
 }
 
-// tickLocked sends heartbeats and declares silent receivers gone.
+// joinLocked admits the receiver of identity id, which said HELLO m (and
+// proved itself, with a group secret).
+func (p *publisher) joinLocked(id []byte, m hello, now time.Time) {
+	pr := &p.peers[m.rank]
+	*pr = peer{
+		id: append([]byte(nil), id...), joined: true, maxMsg: m.maxMessage, lastSeen: now, lastSent: now,
+		interval: sendInterval(p.opts.heartbeat, time.Duration(m.livenessMS)*time.Millisecond),
+	}
+	p.byID[string(pr.id)] = int(m.rank)
+	p.joined++
+	p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeWelcome, 0, 0), welcome{
+		window: transport.DefaultWindow, heartbeatMS: millis(p.opts.heartbeat), livenessMS: millis(p.opts.liveness),
+	}.encode()))
+	p.broadcastLocked()
+}
+
+// tickLocked sends heartbeats, declares silent receivers gone, and
+// refuses receivers that did not answer their challenge in time.
 func (p *publisher) tickLocked(now time.Time) {
+	for id, ph := range p.pending {
+		if now.Sub(ph.started) > p.opts.handshake {
+			p.refuseLocked([]byte(id), &codedError{codeProtocol, fmt.Sprintf("no PROOF within %v of the challenge", p.opts.handshake)})
+		}
+	}
 	changed := false
 	for r := 1; r < len(p.peers) && !p.closing; r++ {
 		pr := &p.peers[r]
@@ -293,6 +417,7 @@ type waitState struct {
 	err  error
 	what string // what is awaited, for timeout messages
 	peer int    // the rank awaited, or -1
+	auth bool   // connections that failed authentication were refused meanwhile
 }
 
 // wait re-evaluates cond (with mu held) on every state change until it is
@@ -317,6 +442,9 @@ func (p *publisher) wait(ctx context.Context, op string, seq uint64, hasSeq bool
 		case <-ctx.Done():
 			return busError(p.cfg, op, seq, hasSeq, st.peer, fmt.Errorf("waiting for %s: %w", st.what, transport.ContextErr(ctx)))
 		case <-timer.C:
+			if st.auth {
+				return busError(p.cfg, op, seq, hasSeq, st.peer, fmt.Errorf("waited %v for %s: %w (%w)", timeout, st.what, errTimeout, auth.ErrFailed))
+			}
 			return busError(p.cfg, op, seq, hasSeq, st.peer, fmt.Errorf("waited %v for %s: %w", timeout, st.what, errTimeout))
 		}
 	}
@@ -355,7 +483,7 @@ func (p *publisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
 			}
 		}
 		if len(missing) > 0 {
-			return waitState{what: "HELLO from receiver rank(s) " + strings.Join(missing, ", "), peer: -1}
+			return waitState{what: "HELLO from receiver rank(s) " + strings.Join(missing, ", ") + p.refused.String(), peer: -1, auth: p.refused.auth}
 		}
 		for r := 1; r < len(p.peers); r++ {
 			if n := uint64(len(data)); n > p.peers[r].maxMsg {

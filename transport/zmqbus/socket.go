@@ -116,11 +116,14 @@ func (b *busSocket) read(handle func([][]byte), failed func(error)) {
 // hears of every failed send.
 func (b *busSocket) write(failed func(zmq4.Msg, error)) {
 	send := func() {
-		for _, m := range b.out.take() {
-			if err := b.sock.SendMulti(m); err != nil {
+		for _, o := range b.out.take() {
+			if err := b.sock.SendMulti(o.m); err != nil {
 				b.mu.Lock()
-				failed(m, err)
+				failed(o.m, err)
 				b.mu.Unlock()
+			}
+			if o.after != nil {
+				o.after()
 			}
 		}
 	}
@@ -190,15 +193,25 @@ func (b *busSocket) shutdown(bye func()) {
 // DATA per receiver plus control messages).
 type outbox struct {
 	mu   sync.Mutex
-	q    []zmq4.Msg
+	q    []outMsg
 	wake chan struct{} // capacity 1; never closed
+}
+
+// outMsg is a message to send, and what to do once it is sent (or its
+// send failed), if anything.
+type outMsg struct {
+	m     zmq4.Msg
+	after func()
 }
 
 func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
 
-func (o *outbox) push(m zmq4.Msg) {
+func (o *outbox) push(m zmq4.Msg) { o.pushThen(m, nil) }
+
+// pushThen queues m, and after for the writer to run once m is sent.
+func (o *outbox) pushThen(m zmq4.Msg, after func()) {
 	o.mu.Lock()
-	o.q = append(o.q, m)
+	o.q = append(o.q, outMsg{m, after})
 	o.mu.Unlock()
 	select {
 	case o.wake <- struct{}{}:
@@ -206,7 +219,7 @@ func (o *outbox) push(m zmq4.Msg) {
 	}
 }
 
-func (o *outbox) take() []zmq4.Msg {
+func (o *outbox) take() []outMsg {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	q := o.q

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -21,25 +23,33 @@ import (
 type subscriber struct {
 	busSocket
 
+	reg   *registry   // its one connection
+	nonce *auth.Nonce // sent in HELLO with a group secret; nil without
+
 	// guarded by mu
-	err      *transport.Error // first failure; the bus is dead after it
-	welcomed bool
-	window   uint64
-	interval time.Duration // how often to heartbeat the root
-	lastSeen time.Time     // last frame from the root
-	lastSent time.Time     // last heartbeat to the root
-	queue    []transport.Message
-	expect   uint64 // next sequence number due from the root
-	received uint64 // messages handed out by Recv
-	acked    uint64 // messages acknowledged
-	sendErr  error  // a failed send, reported by tick unless the reader reports the cause first
+	err        *transport.Error // first failure; the bus is dead after it
+	challenged bool             // the root proved it holds the secret
+	welcomed   bool
+	window     uint64
+	interval   time.Duration // how often to heartbeat the root
+	lastSeen   time.Time     // last frame from the root
+	lastSent   time.Time     // last heartbeat to the root
+	queue      []transport.Message
+	expect     uint64 // next sequence number due from the root
+	received   uint64 // messages handed out by Recv
+	acked      uint64 // messages acknowledged
+	sendErr    error  // a failed send, reported by tick unless the reader reports the cause first
 }
 
 // OpenSubscriber opens a receiver's side of the metadata bus of
 // cfg.Group: it reads the root's address from cfg.Exchange (key AddrKey
 // of rank 0), connects a ZeroMQ DEALER whose routing identity is
 // "r<rank>.<random hex>", says HELLO and waits for the root's WELCOME or
-// its ERROR. cfg.Rank must be 1 or more.
+// its ERROR. cfg.Rank must be 1 or more. With cfg.Auth the HELLO carries a
+// nonce, the root must answer with a CHALLENGE that proves it holds the
+// group secret, and this rank proves it in turn; with cfg.TLS the
+// connection is mutual TLS 1.3 (the root must publish a tcp+tls://
+// address).
 //
 // Options (cfg.Options): "max_message" (default 64MiB), "heartbeat"
 // (default 1s) and "liveness" (default 3 heartbeats, at most
@@ -71,22 +81,36 @@ func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscr
 		return fail(fmt.Errorf("finding the root's metadata address (%q of rank 0): %w", AddrKey, err))
 	}
 	addr := string(raw)
-	hostPort, ok := strings.CutPrefix(addr, "tcp://")
-	if !ok {
-		return fail(fmt.Errorf("the root published metadata address %q; want tcp://host:port", addr))
+	hostPort, plain := strings.CutPrefix(addr, "tcp://")
+	if !plain {
+		var ok bool
+		if hostPort, ok = strings.CutPrefix(addr, tlsScheme); !ok {
+			return fail(fmt.Errorf("the root published metadata address %q; want tcp://host:port or %shost:port", addr, tlsScheme))
+		}
+	}
+	switch {
+	case plain && cfg.TLS != nil:
+		return fail(fmt.Errorf("%w: the root serves the metadata bus at %s without TLS, and this rank has TLS settings; give every rank the same TLS settings", ErrHandshake, addr))
+	case !plain && cfg.TLS == nil:
+		return fail(fmt.Errorf("%w: the root serves the metadata bus at %s over TLS, and this rank has no TLS settings; give every rank the same TLS settings", ErrHandshake, addr))
 	}
 
 	frame := max(opts.maxMessage, controlLimit)
-	sctx, cancel := context.WithCancel(withGuard(context.Background(), guardConfig{
-		maxFrame: frame, maxMessage: frame + controlLimit, maxParts: 4, handshake: opts.handshake,
-	}))
-	id := fmt.Sprintf("r%d.%016x", cfg.Rank, rand.Uint64())
+	reg := newRegistry()
+	gcfg := guardConfig{maxFrame: frame, maxMessage: frame + controlLimit, maxParts: 4, handshake: opts.handshake, reg: reg}
+	if cfg.TLS != nil {
+		host, _, _ := net.SplitHostPort(hostPort)
+		gcfg.tls = cfg.TLS.Client(host)
+	}
+	sctx, cancel := context.WithCancel(withGuard(context.Background(), gcfg))
+	id := fmt.Sprintf("r%d.%016x%016x", cfg.Rank, rand.Uint64(), rand.Uint64())
 	sock := zmq4.NewDealer(sctx,
 		zmq4.WithID(zmq4.SocketIdentity(id)),
 		zmq4.WithDialerRetry(100*time.Millisecond),
 		zmq4.WithDialerMaxRetries(-1), // bounded by octx instead
 		zmq4.WithDialerTimeout(cfg.WaitTimeout()),
 		zmq4.WithTimeout(cfg.WaitTimeout()),
+		zmq4.WithLogger(quietZMQ),
 	)
 	stopDial := context.AfterFunc(octx, cancel)
 	err = sock.Dial(guardScheme + "://" + hostPort)
@@ -96,11 +120,18 @@ func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscr
 	if err != nil {
 		sock.Close()
 		cancel()
+		if terr := reg.dialError(); terr != nil {
+			err = fmt.Errorf("%w (last TLS failure: %v; give every rank the same TLS settings, with certificates valid for the addresses they publish)", err, terr)
+		}
 		return fail(fmt.Errorf("connecting to the root at %s: %w", addr, err))
 	}
 
 	now := time.Now()
-	s := &subscriber{lastSeen: now, lastSent: now}
+	s := &subscriber{lastSeen: now, lastSent: now, reg: reg}
+	if cfg.Auth != nil {
+		n := auth.NewNonce()
+		s.nonce = &n
+	}
 	s.adopt(cfg, opts, sock, cancel)
 	s.start(sideHooks{
 		handle:     s.handle,
@@ -111,7 +142,7 @@ func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscr
 
 	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeHello, 0, 0), hello{
 		rank: uint32(cfg.Rank), world: uint32(cfg.WorldSize), maxMessage: opts.maxMessage,
-		heartbeatMS: millis(opts.heartbeat), livenessMS: millis(opts.liveness), group: cfg.Group,
+		heartbeatMS: millis(opts.heartbeat), livenessMS: millis(opts.liveness), group: cfg.Group, nonce: s.nonce,
 	}.encode()))
 	for {
 		s.mu.Lock()
@@ -207,9 +238,15 @@ func (s *subscriber) handle(frames [][]byte) {
 		return
 	}
 	switch h.typ {
+	case typeChallenge:
+		s.challengeLocked(body)
 	case typeWelcome:
 		if s.welcomed {
 			s.violationLocked(fmt.Errorf("%w: WELCOME twice", ErrProtocol))
+			return
+		}
+		if s.nonce != nil && !s.challenged {
+			s.authFailedLocked("the root welcomed this rank without proving that it holds the group secret: it runs without one (or is not the root); give every rank the same secret, or none")
 			return
 		}
 		w, err := decodeWelcome(body)
@@ -241,7 +278,7 @@ func (s *subscriber) handle(frames [][]byte) {
 	case typeError:
 		sentinel := codeError(h.code)
 		if errors.Is(sentinel, ErrHandshake) && !s.welcomed {
-			s.failLocked(fmt.Errorf("%w by the root: %s", ErrHandshake, body))
+			s.failLocked(fmt.Errorf("%w by the root: %s", sentinel, body))
 		} else {
 			s.failLocked(fmt.Errorf("%w: the root gave up: %s", sentinel, body))
 		}
@@ -256,6 +293,39 @@ func (s *subscriber) handle(frames [][]byte) {
 	default:
 		s.violationLocked(fmt.Errorf("%w: unexpected %s from the root", ErrProtocol, typeName(h.typ)))
 	}
+}
+
+// challengeLocked checks the root's proof in its CHALLENGE and answers
+// with this rank's proof.
+func (s *subscriber) challengeLocked(body []byte) {
+	switch {
+	case s.welcomed || s.challenged:
+		s.violationLocked(fmt.Errorf("%w: CHALLENGE after the handshake", ErrProtocol))
+		return
+	case s.nonce == nil:
+		s.authFailedLocked("the root asked this rank to prove that it holds a group secret, and this rank has none; give every rank the same secret, or none")
+		return
+	}
+	c, err := decodeChallenge(body)
+	if err != nil {
+		s.violationLocked(err)
+		return
+	}
+	t := transcript(s.cfg.Rank, s.cfg.WorldSize, *s.nonce, c.nonce, s.reg.binding(""))
+	if s.cfg.Auth.Verify(auth.Responder, t, c.proof[:]) != nil {
+		s.authFailedLocked("the root did not prove that it holds this run's group secret (another secret, or a replayed or relayed handshake)")
+		return
+	}
+	s.challenged = true
+	proof := s.cfg.Auth.Prove(auth.Initiator, t)
+	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeProof, 0, 0), proof[:]))
+}
+
+// authFailedLocked fails the bus because the root did not authenticate,
+// and tells the root why.
+func (s *subscriber) authFailedLocked(why string) {
+	s.failLocked(fmt.Errorf("%w: %s", errAuth, why))
+	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeError, codeAuth, 0), errorText("authentication failed: "+why)))
 }
 
 // tickLocked reports a failed send, sends heartbeats and declares a silent

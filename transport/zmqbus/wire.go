@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
+
+	"github.com/weightcast/weightcast/auth"
 )
 
 // ProtocolVersion is the version of the frame format this package speaks,
@@ -20,6 +22,8 @@ const (
 	typeHeartbeat byte = 5 // both ways: still alive
 	typeError     byte = 6 // both ways: the sender gives up, with a reason
 	typeBye       byte = 7 // both ways: the sender closes deliberately
+	typeChallenge byte = 8 // root → receiver, with a group secret: the root's nonce and proof
+	typeProof     byte = 9 // receiver → root, with a group secret: the receiver's proof
 )
 
 func typeName(t byte) string {
@@ -38,21 +42,26 @@ func typeName(t byte) string {
 		return "ERROR"
 	case typeBye:
 		return "BYE"
+	case typeChallenge:
+		return "CHALLENGE"
+	case typeProof:
+		return "PROOF"
 	}
 	return fmt.Sprintf("type %d", t)
 }
 
 // Error codes carried by ERROR frames (header bytes 4..7).
 const (
-	codeProtocol  uint32 = 1 // malformed frame, bad sequence number, unexpected message
-	codeVersion   uint32 = 2 // unsupported protocol version
-	codeGroup     uint32 = 3 // HELLO for another group
-	codeWorldSize uint32 = 4 // HELLO with another world size
-	codeRank      uint32 = 5 // rank out of range, or identity that does not match it
-	codeDuplicate uint32 = 6 // rank already joined
-	codeTooLarge  uint32 = 7 // message over a size limit
-	codePeerGone  uint32 = 8 // the root aborts because some rank is gone
-	codeAborted   uint32 = 9 // the root's round failed for another reason (the text says which)
+	codeProtocol  uint32 = 1  // malformed frame, bad sequence number, unexpected message
+	codeVersion   uint32 = 2  // unsupported protocol version
+	codeGroup     uint32 = 3  // HELLO for another group
+	codeWorldSize uint32 = 4  // HELLO with another world size
+	codeRank      uint32 = 5  // rank out of range, or identity that does not match it
+	codeDuplicate uint32 = 6  // rank already joined
+	codeTooLarge  uint32 = 7  // message over a size limit
+	codePeerGone  uint32 = 8  // the root aborts because some rank is gone
+	codeAborted   uint32 = 9  // the root's round failed for another reason (the text says which)
+	codeAuth      uint32 = 10 // authentication failed: another group secret, or none where one is needed
 )
 
 const (
@@ -109,7 +118,7 @@ func decodeHeader(b []byte) (header, error) {
 // frameCount is how many frames (header included) each type carries.
 func frameCount(typ byte) int {
 	switch typ {
-	case typeHello, typeWelcome, typeData, typeError:
+	case typeHello, typeWelcome, typeData, typeError, typeChallenge, typeProof:
 		return 2
 	case typeAck, typeHeartbeat, typeBye:
 		return 1
@@ -141,13 +150,16 @@ func decode(frames [][]byte) (header, []byte, error) {
 	return h, body, nil
 }
 
-// hello is the body of a HELLO message.
+// hello is the body of a HELLO message. A receiver with a group secret
+// appends its nonce after the group name, asking the root to
+// authenticate.
 type hello struct {
 	rank, world uint32
 	maxMessage  uint64
 	heartbeatMS uint32
 	livenessMS  uint32
 	group       string
+	nonce       *auth.Nonce // nil: no group secret
 }
 
 func (m hello) encode() []byte {
@@ -159,6 +171,9 @@ func (m hello) encode() []byte {
 	binary.LittleEndian.PutUint32(b[20:], m.livenessMS)
 	binary.LittleEndian.PutUint16(b[24:], uint16(len(m.group)))
 	copy(b[helloLen:], m.group)
+	if m.nonce != nil {
+		b = append(b, m.nonce[:]...)
+	}
 	return b
 }
 
@@ -185,7 +200,48 @@ func decodeHello(b []byte) (hello, error) {
 		return m, fmt.Errorf("%w: HELLO with a zero max_message, heartbeat_ms or liveness_ms", ErrProtocol)
 	}
 	m.group = string(b[helloLen : helloLen+n])
+	switch rest := b[helloLen+n:]; len(rest) {
+	case 0:
+	case auth.NonceSize:
+		m.nonce = new(auth.Nonce)
+		copy(m.nonce[:], rest)
+	default:
+		return m, fmt.Errorf("%w: HELLO with %d bytes after its group name, want none or a %d-byte nonce", ErrProtocol, len(rest), auth.NonceSize)
+	}
 	return m, nil
+}
+
+// challenge is the body of a CHALLENGE: the root's nonce and its proof.
+type challenge struct {
+	nonce auth.Nonce
+	proof [auth.KeySize]byte
+}
+
+func (m challenge) encode() []byte { return append(m.nonce[:], m.proof[:]...) }
+
+func decodeChallenge(b []byte) (challenge, error) {
+	var m challenge
+	if len(b) != auth.NonceSize+auth.KeySize {
+		return m, fmt.Errorf("%w: CHALLENGE body of %d bytes, want %d", ErrProtocol, len(b), auth.NonceSize+auth.KeySize)
+	}
+	copy(m.nonce[:], b)
+	copy(m.proof[:], b[auth.NonceSize:])
+	return m, nil
+}
+
+func decodeProof(b []byte) ([]byte, error) {
+	if len(b) != auth.KeySize {
+		return nil, fmt.Errorf("%w: PROOF body of %d bytes, want %d", ErrProtocol, len(b), auth.KeySize)
+	}
+	return b, nil
+}
+
+// transcript is what the bus handshake's proofs cover, for receiver rank
+// of a world whose nonces are these, on a connection with this TLS
+// binding.
+func transcript(rank, world int, receiver, root auth.Nonce, binding []byte) auth.Transcript {
+	return auth.Transcript{Protocol: "zmqbus", Version: ProtocolVersion, Initiator: rank, Responder: 0, World: world,
+		InitiatorNonce: receiver, ResponderNonce: root, Binding: binding}
 }
 
 // welcome is the body of a WELCOME message.
@@ -241,9 +297,15 @@ func codeError(code uint32) error {
 		return ErrTooLarge
 	case codeVersion, codeGroup, codeWorldSize, codeRank, codeDuplicate:
 		return ErrHandshake
+	case codeAuth:
+		return errAuth
 	}
 	return ErrProtocol
 }
+
+// errAuth is a refused handshake about the group secret: it matches
+// ErrHandshake and auth.ErrFailed.
+var errAuth = fmt.Errorf("%w: %w", ErrHandshake, auth.ErrFailed)
 
 // errCode maps a local error to the code of the ERROR frame that reports it.
 func errCode(err error, fallback uint32) uint32 {
@@ -270,4 +332,9 @@ type codedError struct {
 }
 
 func (e *codedError) Error() string { return ErrHandshake.Error() + ": " + e.msg }
-func (e *codedError) Unwrap() error { return ErrHandshake }
+func (e *codedError) Unwrap() error {
+	if e.code == codeAuth {
+		return errAuth
+	}
+	return ErrHandshake
+}

@@ -3,6 +3,8 @@ package zmqbus
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"math"
 	"net"
 	"strings"
@@ -17,8 +19,17 @@ import (
 const Name = "zmq"
 
 // AddrKey is the Exchange key under which the root publishes the bus
-// address ("tcp://host:port").
+// address: "tcp://host:port", or "tcp+tls://host:port" when the bus runs
+// over TLS.
 const AddrKey = "meta.addr"
+
+// tlsScheme starts the address of a bus over TLS (which plain libzmq
+// peers cannot join).
+const tlsScheme = "tcp+tls://"
+
+// quietZMQ takes zmq4's own log lines: every connection it drops is one
+// the guard refused, and the bus logs what matters of those itself.
+var quietZMQ = log.New(io.Discard, "", 0)
 
 // Default liveness settings; see the package documentation.
 const (
