@@ -16,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
+
+	"github.com/weightcast/weightcast/auth"
 )
 
 // DefaultLeaseTTL is the lease TTL of an Etcd store unless WithLeaseTTL
@@ -32,6 +34,15 @@ type EtcdOption func(*etcdOptions)
 
 type etcdOptions struct {
 	ttl time.Duration
+	tls *auth.TLS
+}
+
+// WithTLS makes the client speak TLS 1.3 to etcd, verifying the server's
+// certificate against the authority of t and presenting t's certificate
+// (for etcd's --client-cert-auth). Endpoints are then host:port or
+// https://host:port.
+func WithTLS(t *auth.TLS) EtcdOption {
+	return func(o *etcdOptions) { o.tls = t }
 }
 
 // WithLeaseTTL sets the TTL of the store's lease, rounded up to whole
@@ -94,11 +105,25 @@ func DialEtcd(ctx context.Context, endpoints []string, timeout time.Duration, op
 	case timeout < 0:
 		return fail(ErrInvalid, "dial timeout %v is negative", timeout)
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: timeout,
-		Logger:      zap.NewNop(),
-	})
+	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: timeout, Logger: zap.NewNop()}
+	hint := "check that it runs and that this host can reach it"
+	if o.tls != nil {
+		for _, ep := range endpoints {
+			if strings.HasPrefix(ep, "http://") || strings.HasPrefix(ep, "unix://") {
+				return fail(ErrInvalid, "endpoint %s would not use TLS; give https://host:port or host:port with TLS settings", ep)
+			}
+		}
+		cfg.TLS = o.tls.Client("")
+		hint += ", that it serves TLS, and that its certificate and this rank's come from the same authority"
+	} else {
+		for _, ep := range endpoints {
+			if strings.HasPrefix(ep, "https://") {
+				return fail(ErrInvalid, "endpoint %s needs TLS settings (the demo: --tls-ca, --tls-cert, --tls-key)", ep)
+			}
+		}
+		hint += " (without TLS: if etcd serves TLS, give this rank TLS settings)"
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return fail(err, "connecting to etcd at %s", where)
 	}
@@ -110,7 +135,7 @@ func DialEtcd(ctx context.Context, endpoints []string, timeout time.Duration, op
 		case ctx.Err() != nil:
 			return fail(ctx.Err(), "connecting to etcd at %s: %v", where, err)
 		case pctx.Err() != nil:
-			return fail(ErrTimeout, "etcd at %s does not answer within %v (%v); check that it runs and that this host can reach it", where, timeout, err)
+			return fail(ErrTimeout, "etcd at %s does not answer within %v (%v); %s", where, timeout, err, hint)
 		}
 		return fail(err, "etcd at %s refused the first request; check the address and the credentials", where)
 	}

@@ -3,6 +3,7 @@ package embedetcd
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -11,10 +12,12 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/internal/owned"
 )
 
@@ -34,6 +37,10 @@ type Options struct {
 	// standard error, and none once Close has begun (a stopping server
 	// reports its closed listeners as errors).
 	Logger *zap.Logger
+	// TLS, when set, makes the server serve clients over TLS 1.3 with
+	// this certificate and key, and require client certificates signed by
+	// the CA (clients dial https://). Zero means plain HTTP.
+	TLS auth.TLSFiles
 }
 
 // DirPrefix starts the name of every temporary data directory Start
@@ -75,7 +82,17 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		cfg.UnsafeNoFsync = true
 	}
 	e.dataDir = cfg.Dir
-	clientURL := url.URL{Scheme: "http", Host: addr}
+	scheme := "http"
+	if !opts.TLS.IsZero() {
+		if _, err := opts.TLS.Load(); err != nil { // says which file is wrong before etcd does
+			e.removeTmp()
+			return nil, fmt.Errorf("embedetcd: %w", err)
+		}
+		scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: opts.TLS.Cert, KeyFile: opts.TLS.Key, TrustedCAFile: opts.TLS.CA,
+			ClientCertAuth: true, MinVersion: tls.VersionTLS13}
+	}
+	clientURL := url.URL{Scheme: scheme, Host: addr}
 	peerURL := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	cfg.Name = "weightcast"
 	cfg.ListenClientUrls = []url.URL{clientURL}
@@ -109,7 +126,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if host.IsUnspecified() { // a wildcard listens on loopback too
 		host = net.IPv4(127, 0, 0, 1)
 	}
-	e.clientURL = (&url.URL{Scheme: "http", Host: net.JoinHostPort(host.String(), fmt.Sprint(bound.Port))}).String()
+	e.clientURL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host.String(), fmt.Sprint(bound.Port))}).String()
 
 	select {
 	case <-etcd.Server.ReadyNotify():
@@ -123,7 +140,8 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 }
 
-// ClientURL is the URL clients on this host dial ("http://127.0.0.1:port").
+// ClientURL is the URL clients on this host dial ("http://127.0.0.1:port",
+// or https:// with TLS).
 // When Addr was a wildcard, other hosts use this host's name with the same
 // port.
 func (e *Server) ClientURL() string { return e.clientURL }

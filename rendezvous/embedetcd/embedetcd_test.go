@@ -2,6 +2,7 @@ package embedetcd_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/auth/authtest"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 )
@@ -100,5 +103,49 @@ func TestGivenAddrAndDir(t *testing.T) {
 	}
 	if _, err := embedetcd.Start(ctx, embedetcd.Options{Addr: "nonsense"}); err == nil {
 		t.Fatal("an address without a port was accepted")
+	}
+}
+
+// TestTLS serves clients over TLS with client certificates: a client with
+// a certificate of the same authority reads and writes; one without TLS,
+// or with another authority's certificate, gets nothing.
+func TestTLS(t *testing.T) {
+	ca := authtest.NewCA(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e, err := embedetcd.Start(ctx, embedetcd.Options{TLS: ca.Issue(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if !strings.HasPrefix(e.ClientURL(), "https://127.0.0.1:") {
+		t.Fatalf("client URL %q; want https://", e.ClientURL())
+	}
+	s, err := rendezvous.DialEtcd(ctx, []string{e.ClientURL()}, 5*time.Second, rendezvous.WithTLS(ca.TLS(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, _, err := s.Create(ctx, "/tls", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, err := s.Get(ctx, "/tls"); err != nil || !ok || string(v) != "v" {
+		t.Fatalf("get over TLS: %q %v %v", v, ok, err)
+	}
+	hostPort := strings.TrimPrefix(e.ClientURL(), "https://")
+	if _, err := rendezvous.DialEtcd(ctx, []string{e.ClientURL()}, time.Second); !errors.Is(err, rendezvous.ErrInvalid) || !strings.Contains(err.Error(), "needs TLS settings") {
+		t.Errorf("an https endpoint without TLS settings: %v", err)
+	}
+	if _, err := rendezvous.DialEtcd(ctx, []string{hostPort}, time.Second); !errors.Is(err, rendezvous.ErrTimeout) || !strings.Contains(err.Error(), "if etcd serves TLS") {
+		t.Errorf("a plain client of a TLS server: %v; want a timeout hinting at TLS", err)
+	}
+	if _, err := rendezvous.DialEtcd(ctx, []string{hostPort}, time.Second, rendezvous.WithTLS(authtest.NewCA(t).TLS(t))); !errors.Is(err, rendezvous.ErrTimeout) {
+		t.Errorf("a client of another authority: %v; want it refused", err)
+	}
+	if _, err := rendezvous.DialEtcd(ctx, []string{"http://" + hostPort}, time.Second, rendezvous.WithTLS(ca.TLS(t))); !errors.Is(err, rendezvous.ErrInvalid) {
+		t.Errorf("an http endpoint with TLS settings: %v; want ErrInvalid", err)
+	}
+	if _, err := embedetcd.Start(ctx, embedetcd.Options{TLS: auth.TLSFiles{CA: "/nonexistent", Cert: "/x", Key: "/y"}}); err == nil || !strings.Contains(err.Error(), "/nonexistent") {
+		t.Errorf("start with missing TLS files: %v", err)
 	}
 }
