@@ -14,6 +14,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/pflag"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
@@ -52,6 +53,12 @@ type config struct {
 	advertise  string
 	hostEtcd   string // address rank 0 serves an embedded etcd on (torchrun style)
 	localRank  int    // LOCAL_RANK: which of this host's GPUs a rank started across hosts takes; -1 unset
+
+	// Security: the group secret and the TLS settings, read by parseConfig.
+	secretFile string
+	secret     *auth.Secret // nil: no secret
+	tlsFiles   auth.TLSFiles
+	tls        *auth.TLS // nil: plain connections
 
 	// Set by the launcher for the rank processes it starts.
 	child      bool
@@ -124,6 +131,10 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group `NAME` (no '/' or spaces); one run at a time may hold a group")
 	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
 	fs.StringVar(&c.advertise, "advertise", "", "`ADDRESS` other hosts reach this one at; sockets then bind every interface")
+	fs.StringVar(&c.secretFile, "secret-file", "", "read the group secret from `PATH` (mode 0600; or "+auth.SecretFileEnv+"): every rank must prove it, every record is signed")
+	fs.StringVar(&c.tlsFiles.CA, "tls-ca", "", "with --tls-cert and --tls-key: mutual TLS 1.3 for etcd, the tcp chain and the metadata bus, trusting the CA certificates in `FILE`")
+	fs.StringVar(&c.tlsFiles.Cert, "tls-cert", "", "this host's certificate `FILE`, valid for the address other ranks dial it by")
+	fs.StringVar(&c.tlsFiles.Key, "tls-key", "", "the private key `FILE` of --tls-cert")
 	// Set by the launcher for the rank processes it starts.
 	fs.BoolVar(&c.child, "child", false, "internal: run as a rank process started by the launcher")
 	fs.Int64Var(&c.traceEpoch, "trace-epoch", 0, "internal: trace time origin, Unix nanoseconds")
@@ -338,6 +349,19 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 			return nil, err
 		}
 	}
+	if c.secretFile == "" {
+		c.secretFile = getenv(auth.SecretFileEnv)
+	}
+	if c.secretFile != "" {
+		if c.secret, err = auth.ReadSecretFile(c.secretFile); err != nil {
+			return nil, fmt.Errorf("--secret-file: %w", err)
+		}
+	}
+	if !c.tlsFiles.IsZero() {
+		if c.tls, err = c.tlsFiles.Load(); err != nil {
+			return nil, fmt.Errorf("--tls-ca, --tls-cert, --tls-key: %w", err)
+		}
+	}
 	return c, nil
 }
 
@@ -397,6 +421,12 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 	}
 	if traceOut != "" {
 		args = append(args, "--trace-out", traceOut)
+	}
+	if c.secretFile != "" {
+		args = append(args, "--secret-file", c.secretFile)
+	}
+	if !c.tlsFiles.IsZero() {
+		args = append(args, "--tls-ca", c.tlsFiles.CA, "--tls-cert", c.tlsFiles.Cert, "--tls-key", c.tlsFiles.Key)
 	}
 	if c.modelPath != "" {
 		args = append(args, "--model", c.modelPath)

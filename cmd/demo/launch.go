@@ -50,7 +50,7 @@ func launchLocal(ctx context.Context, c *config, transportName string, tracer *p
 		return nil, fmt.Errorf("making the launcher's work directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	emb, err := embedetcd.Start(ctx, embedetcd.Options{})
+	emb, err := embedetcd.Start(ctx, embedetcd.Options{TLS: c.tlsFiles})
 	if err != nil {
 		if sig, ok := stoppedBy(ctx); ok {
 			return nil, sig

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
@@ -32,18 +33,24 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 		return nil, err
 	}
 	if c.hostEtcd != "" {
-		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: c.hostEtcd})
+		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: c.hostEtcd, TLS: c.tlsFiles})
 		if err != nil {
 			return nil, fmt.Errorf("serving the rendezvous on %s: %w", c.hostEtcd, err)
 		}
 		defer emb.Close()
 	}
-	store, err := rendezvous.DialEtcd(ctx, []string{endpoint}, c.timeout)
+	var keys *auth.Keys // the run's keys from the group secret; nil without one
+	if c.secret != nil {
+		if keys, err = c.secret.RunKeys(c.group, c.runID); err != nil {
+			return nil, err
+		}
+	}
+	store, err := rendezvous.DialEtcd(ctx, []string{endpoint}, c.timeout, rendezvous.WithTLS(c.tls))
 	if err != nil {
 		return nil, err
 	}
 	group, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
-		Group: c.group, RunID: c.runID, Rank: c.rank, WorldSize: c.worldSize, Timeout: c.timeout,
+		Group: c.group, RunID: c.runID, Rank: c.rank, WorldSize: c.worldSize, Timeout: c.timeout, Auth: keys,
 	})
 	if err != nil {
 		return nil, err // Join closed the store
@@ -79,7 +86,8 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	if cl, ok := dev.(interface{ Close() error }); ok {
 		defer cl.Close() // after the transport and the buffers, deferred below
 	}
-	cfg := transport.Config{Group: c.group, Rank: c.rank, WorldSize: c.worldSize, Device: dev, Exchange: group, Timeout: c.timeout}
+	cfg := transport.Config{Group: c.group, Rank: c.rank, WorldSize: c.worldSize, Device: dev, Exchange: group, Timeout: c.timeout,
+		Auth: keys, TLS: c.tls}
 	// Sockets other hosts connect to (the metadata bus, the tcp chain)
 	// listen on every interface and publish --advertise. ipc and nccl
 	// find their peers themselves.
@@ -112,7 +120,27 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	if cause := context.Cause(ctx); err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
 		err = fmt.Errorf("%w (cause: %v)", err, cause)
 	}
+	if err != nil && errors.Is(err, transport.ErrPeerGone) {
+		err = tamperedCause(err, group)
+	}
 	return res, err
+}
+
+// tamperedCause adds to err, a transport's lost peer, what the rendezvous
+// saw meanwhile if that was tampering: a peer that stopped because its
+// etcd record was deleted or rewritten closes its connections before its
+// neighbours' rendezvous watches report it, so they wait for that briefly.
+func tamperedCause(err error, group *rendezvous.Group) error {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-group.PeerGone():
+	case <-t.C:
+	}
+	if gerr := group.Err(); errors.Is(gerr, rendezvous.ErrTampered) && !strings.Contains(err.Error(), gerr.Error()) {
+		return fmt.Errorf("%w (the rendezvous: %v)", err, gerr)
+	}
+	return err
 }
 
 // How long a rank process that was asked to stop takes at most to end its
