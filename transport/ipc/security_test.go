@@ -53,11 +53,11 @@ func TestRootRefusesStrangers(t *testing.T) {
 	secret := authtest.Secret(t)
 	cfgs := transporttest.Configs(t.Name(), 3, 10*time.Second)
 	for r := range cfgs {
-		cfgs[r].Auth = authtest.Keys(t, secret, cfgs[r].Group, "run")
+		cfgs[r].Auth = authtest.Keys(t, secret, cfgs[r].Group, authtest.Run)
 	}
 	cfgs[0].Device = &gpu.CUDADevice{}
-	var logs syncLog
-	cfgs[0].Logger = logs.logger()
+	var logs authtest.LogBuffer
+	cfgs[0].Logger = logs.Logger()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	type opened struct {
@@ -71,7 +71,7 @@ func TestRootRefusesStrangers(t *testing.T) {
 		openc <- opened{ep, err}
 	}()
 	g, keys := cfgs[0].Group, cfgs[1].Auth
-	other := authtest.Keys(t, authtest.Secret(t), g, "run")
+	other := authtest.Keys(t, authtest.Secret(t), g, authtest.Run)
 	side := func(group string, rank, world int, k *auth.Keys) *handshake.Side {
 		return &handshake.Side{Group: group, Rank: rank, World: world, Extra: receiverExtra(1, 0), Keys: k}
 	}
@@ -132,9 +132,9 @@ func TestRootRefusesStrangers(t *testing.T) {
 // that too.
 func TestRootDifferentSecret(t *testing.T) {
 	cfgs := transporttest.Configs(t.Name(), 2, time.Second)
-	cfgs[0].Auth = authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, "run")
+	cfgs[0].Auth = authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, authtest.Run)
 	cfgs[0].Device = &gpu.CUDADevice{}
-	other := authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, "run")
+	other := authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, authtest.Run)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rerr error
@@ -158,7 +158,7 @@ func TestRootDifferentSecret(t *testing.T) {
 // secret: the receiver fails with "authentication failed".
 func TestReceiverRefusesFakeRoot(t *testing.T) {
 	cfgs := transporttest.Configs(t.Name(), 2, 5*time.Second)
-	k := authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, "run")
+	k := authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, authtest.Run)
 	cfgs[1].Auth = k
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -178,7 +178,7 @@ func TestReceiverRefusesFakeRoot(t *testing.T) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		fake := handshake.Side{Group: cfgs[0].Group, Rank: 0, World: 2, Extra: rootExtra(1), Keys: authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, "run")}
+		fake := handshake.Side{Group: cfgs[0].Group, Rank: 0, World: 2, Extra: rootExtra(1), Keys: authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, authtest.Run)}
 		handshake.Accept(c, proto, fake, func(handshake.Hello) string { return "" })
 	})
 	_, _, err = dialRoot(ctx, cfgs[1], 0)

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -18,20 +16,6 @@ import (
 	"github.com/weightcast/weightcast/transport/internal/handshake"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
-
-// secured gives every config keys of secret (when not nil) and TLS
-// settings from ca (when not nil).
-func secured(t *testing.T, cfgs []transport.Config, secret *auth.Secret, ca *authtest.CA) []transport.Config {
-	for r := range cfgs {
-		if secret != nil {
-			cfgs[r].Auth = authtest.Keys(t, secret, cfgs[r].Group, "run")
-		}
-		if ca != nil {
-			cfgs[r].TLS = ca.TLS(t)
-		}
-	}
-	return cfgs
-}
 
 // chainWorks opens every rank and moves one bucket down the chain.
 func chainWorks(t *testing.T, ctx context.Context, cfgs []transport.Config) {
@@ -60,7 +44,7 @@ func TestChainSecured(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			chainWorks(t, ctx, secured(t, transporttest.Configs(t.Name(), 3, 10*time.Second), c.secret, c.ca))
+			chainWorks(t, ctx, authtest.Secure(t, transporttest.Configs(t.Name(), 3, 10*time.Second), c.secret, c.ca))
 		})
 	}
 }
@@ -77,7 +61,7 @@ func TestDifferentSecrets(t *testing.T) {
 			cfgs := transporttest.Configs(t.Name(), 2, 2*time.Second)
 			for r := range cfgs {
 				if s[r] != nil {
-					cfgs[r].Auth = authtest.Keys(t, s[r], cfgs[r].Group, "run")
+					cfgs[r].Auth = authtest.Keys(t, s[r], cfgs[r].Group, authtest.Run)
 				}
 			}
 			errs := openPair(t, ctx, cfgs)
@@ -106,9 +90,9 @@ func TestStrangerRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			cfgs := secured(t, transporttest.Configs(t.Name(), 2, 10*time.Second), c.secret, c.ca)
-			var logs syncBuffer
-			cfgs[1].Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			cfgs := authtest.Secure(t, transporttest.Configs(t.Name(), 2, 10*time.Second), c.secret, c.ca)
+			var logs authtest.LogBuffer
+			cfgs[1].Logger = logs.Logger()
 			var (
 				rx    transport.Endpoint
 				rxErr error
@@ -143,7 +127,7 @@ func TestStrangerRefused(t *testing.T) {
 				// Knows everything but the secret: claims rank 0 with a key
 				// of its own.
 				stranger(func(c net.Conn) {
-					keys := authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, "run")
+					keys := authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, authtest.Run)
 					_, err := handshake.Dial(c, proto, handshake.Side{Group: cfgs[0].Group, Rank: 0, World: 2, Keys: keys}, func(handshake.Hello) string { return "" })
 					if !errors.Is(err, auth.ErrFailed) {
 						t.Errorf("a stranger with another secret heard %v; want authentication failed", err)
@@ -195,23 +179,3 @@ func TestTLSMismatch(t *testing.T) {
 		})
 	}
 }
-
-// syncBuffer is a bytes.Buffer safe for concurrent use, for logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-var _ = fmt.Sprint

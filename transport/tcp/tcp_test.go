@@ -182,7 +182,7 @@ func TestHandshakeRejects(t *testing.T) {
 		want string
 	}{
 		{"group", func(c []transport.Config) { c[1].Group = "other-group" }, `group "other-group"`},
-		{"world", func(c []transport.Config) { c[1].WorldSize = 3 }, "start every rank with the same world size"},
+		{"world", func(c []transport.Config) { c[0].WorldSize = 3 }, "start every rank with the same world size"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -17,38 +16,6 @@ import (
 	"github.com/weightcast/weightcast/transport"
 )
 
-// withSecret gives every config the run keys of secret, and TLS settings
-// from ca when it is not nil.
-func withSecret(t *testing.T, cfgs []transport.Config, secret *auth.Secret, ca *authtest.CA) []transport.Config {
-	for r := range cfgs {
-		if secret != nil {
-			cfgs[r].Auth = authtest.Keys(t, secret, cfgs[r].Group, "run")
-		}
-		if ca != nil {
-			cfgs[r].TLS = ca.TLS(t)
-		}
-	}
-	return cfgs
-}
-
-// syncLog collects log lines from several goroutines.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestBusSecured(t *testing.T) {
 	secret, ca := authtest.Secret(t), authtest.NewCA(t)
 	for name, c := range map[string]struct {
@@ -57,7 +24,7 @@ func TestBusSecured(t *testing.T) {
 	}{"secret": {secret, nil}, "TLS": {nil, ca}, "TLS and secret": {secret, ca}} {
 		t.Run(name, func(t *testing.T) {
 			ctx := testContext(t, time.Minute)
-			cfgs := withSecret(t, configs(t, 3, 10*time.Second, nil), c.secret, c.ca)
+			cfgs := authtest.Secure(t, configs(t, 3, 10*time.Second, nil), c.secret, c.ca)
 			pub, subs := openAll(t, ctx, cfgs)
 			if c.ca != nil && !strings.HasPrefix(rootAddr(t, ctx, cfgs[1]), tlsScheme) {
 				t.Fatalf("a TLS root published %q", rootAddr(t, ctx, cfgs[1]))
@@ -88,7 +55,7 @@ func TestBusDifferentSecrets(t *testing.T) {
 			cfgs := configs(t, 2, 2*time.Second, nil)
 			for r := range cfgs {
 				if s[r] != nil {
-					cfgs[r].Auth = authtest.Keys(t, s[r], cfgs[r].Group, "run")
+					cfgs[r].Auth = authtest.Keys(t, s[r], cfgs[r].Group, authtest.Run)
 				}
 			}
 			pub := openPublisher(t, ctx, cfgs[0])
@@ -111,10 +78,10 @@ func TestBusDifferentSecrets(t *testing.T) {
 // it is refused, and the real rank 1 joins and gets every message.
 func TestBusStrangerTakeover(t *testing.T) {
 	ctx := testContext(t, time.Minute)
-	cfgs := withSecret(t, configs(t, 2, 10*time.Second, nil), authtest.Secret(t), nil)
+	cfgs := authtest.Secure(t, configs(t, 2, 10*time.Second, nil), authtest.Secret(t), nil)
 	pub := openPublisher(t, ctx, cfgs[0])
 	stranger := cfgs[1]
-	stranger.Auth = authtest.Keys(t, authtest.Secret(t), cfgs[1].Group, "run")
+	stranger.Auth = authtest.Keys(t, authtest.Secret(t), cfgs[1].Group, authtest.Run)
 	if _, err := OpenSubscriber(ctx, stranger); !errors.Is(err, auth.ErrFailed) {
 		t.Fatalf("a stranger claiming rank 1: %v; want authentication failed", err)
 	}
@@ -164,9 +131,9 @@ func TestStrangerCannotFailTheBus(t *testing.T) {
 	for name, secret := range map[string]*auth.Secret{"no secret": nil, "secret": authtest.Secret(t)} {
 		t.Run(name, func(t *testing.T) {
 			ctx := testContext(t, time.Minute)
-			cfgs := withSecret(t, configs(t, 2, 10*time.Second, nil), secret, nil)
-			var logs syncLog
-			cfgs[0].Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			cfgs := authtest.Secure(t, configs(t, 2, 10*time.Second, nil), secret, nil)
+			var logs authtest.LogBuffer
+			cfgs[0].Logger = logs.Logger()
 			pub, subs := openAll(t, ctx, cfgs)
 			p := pub.(*publisher)
 			p.mu.Lock()
@@ -219,7 +186,7 @@ func TestStrangerCannotFailTheBus(t *testing.T) {
 func TestBusReplay(t *testing.T) {
 	ctx := testContext(t, time.Minute)
 	secret := authtest.Secret(t)
-	cfgs := withSecret(t, configs(t, 2, time.Second, nil), secret, nil)
+	cfgs := authtest.Secure(t, configs(t, 2, time.Second, nil), secret, nil)
 	pub := openPublisher(t, ctx, cfgs[0])
 	old, oldRoot := auth.NewNonce(), auth.NewNonce()
 	recorded := cfgs[1].Auth.Prove(auth.Initiator, transcript(1, 2, old, oldRoot, nil))
@@ -255,7 +222,7 @@ func TestBusReplay(t *testing.T) {
 // CHALLENGE recorded from an earlier handshake: the receiver refuses it.
 func TestReceiverRefusesReplayedChallenge(t *testing.T) {
 	ctx := testContext(t, time.Minute)
-	cfgs := withSecret(t, configs(t, 2, 5*time.Second, nil), authtest.Secret(t), nil)
+	cfgs := authtest.Secure(t, configs(t, 2, 5*time.Second, nil), authtest.Secret(t), nil)
 	root := fakeRoot(t, ctx, cfgs[0])
 	errc := make(chan error, 1)
 	go func() {
