@@ -263,3 +263,15 @@ func TestBusTLSMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestGuardRefusesAnonymous: a peer that announces no routing identity
+// cannot be told apart from others, so the root closes its connection.
+func TestGuardRefusesAnonymous(t *testing.T) {
+	ctx := testContext(t, time.Minute)
+	cfgs := configs(t, 2, 10*time.Second, nil)
+	pub := openPublisher(t, ctx, cfgs[0])
+	if got := strangerConn(t, ctx, cfgs[1], "", rawHeader(1, wHello, 0, 0), rawHello(1, 2, 1<<20, 1000, 3000, cfgs[0].Group)); bytes.Contains(got, []byte("WC")) {
+		t.Fatalf("the root answered a peer without identity: %q", got)
+	}
+	roundTrip(t, ctx, pub, openSubscriber(t, ctx, cfgs[1]))
+}

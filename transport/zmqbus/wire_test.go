@@ -462,7 +462,7 @@ func TestGuardProtectsRoot(t *testing.T) {
 	cfgs := configs(t, 2, 10*time.Second, nil)
 	pub := openPublisher(t, ctx, cfgs[0])
 	c := dialRoot(t, ctx, cfgs[1])
-	out := append(zmtpReady("DEALER", ""), 0x2) // LONG frame of 1 TiB
+	out := append(zmtpReady("DEALER", "r1.big"), 0x2) // LONG frame of 1 TiB
 	out = binary.BigEndian.AppendUint64(out, 1<<40)
 	if _, err := c.Write(out); err != nil {
 		t.Fatal(err)
