@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,21 +22,33 @@ import (
 //     and/or/xor/shl take only .b types, add/sub/mul/min/max only .u/.s;
 //   - immediates fit the operand's width and appear only where nvcc puts
 //     them (the last source, selp's values, mov's source);
-//   - bra.uni is never guarded by a predicate (it must not diverge);
+//   - bra.uni is never guarded by a predicate (it must not diverge), nor
+//     is a shfl.sync or bar.sync; loads and stores carry only cache
+//     qualifiers of the forms the PTX ISA gives, in its order;
 //   - at run time, no register is read before it is written, every memory
 //     access lies inside a region given to the kernel and is aligned to
 //     its full size (a vector access to the vector's size), and nothing is
-//     written to a region marked read-only.
+//     written to a region marked read-only; blocks have at most the
+//     threads of the kernel's .maxntid.
 //
 // Each instruction is executed as the PTX ISA defines it, at its type's
 // width: results are truncated to the width, shifts past the width give 0
 // (shr.s the sign), setp compares signed for .s types, loads zero-extend
-// into a wider register, stores write the low bytes. Threads run one
-// after another, to completion: the kernels use no shared memory, no
-// barriers, and threads that touch the same memory only do so through
-// red (atomic) operations, so any order gives the same result. The PTX
-// compiler's own checks happen on a GPU only (the GPU tests, and the
-// self-test each device runs before using a kernel).
+// into a wider register, stores write the low bytes.
+//
+// Each thread of a block runs on its own until it returns or reaches a
+// collective instruction: shfl.sync (the lanes of a warp exchange
+// registers) or bar.sync (the threads of the block wait for each other).
+// Once every thread it involves waits at it, the block executes it for
+// all of them; what would hang or be undefined on a GPU is refused: a
+// warp's lanes at different instructions or exited, a partial warp, a
+// barrier that some threads exited before. Otherwise threads run one
+// after another: threads touch the same global memory only through red
+// (atomic) operations, and a block's shared memory (whose bytes must be
+// written before they are read) only on either side of a barrier, so any
+// order gives the same result. The PTX compiler's own checks happen on a
+// GPU only (the GPU tests, and the self-test each device runs before
+// using a kernel).
 
 // The special registers, at fixed register numbers.
 const (
@@ -84,6 +97,10 @@ const (
 	cLd
 	cSt
 	cRed
+	cShfl   // shfl.sync.bfly.b32, executed by the block for a whole warp
+	cBar    // bar.sync 0, executed by the block for all its threads
+	cPack   // mov.b64 d, {lo, hi}
+	cUnpack // mov.b64 {lo, hi}, a
 )
 
 type ptxInst struct {
@@ -95,6 +112,7 @@ type ptxInst struct {
 	srcW   uint   // cCvt: the source type's width
 	signed bool   // the instruction type is .sN (cCvt: the source type)
 	vec    int    // ld, st: elements (1, 2 or 4)
+	shared bool   // ld, st: of shared memory (else global)
 	guard  int    // predicate register, -1 for none
 	negate bool
 	args   []ptxArg
@@ -112,6 +130,10 @@ type ptxKernel struct {
 	insts     []ptxInst
 	labels    map[string]int
 	counts    []int // executions of each instruction, over every run
+
+	shared     map[string]uint64 // the .shared arrays' addresses
+	sharedSize int               // bytes of shared memory a block has
+	maxntid    int               // .maxntid: the most threads a block may have (0: any)
 }
 
 // parsePTX parses the one kernel of a PTX file and checks it statically;
@@ -127,7 +149,7 @@ func parsePTX(t testing.TB, file, src string) *ptxKernel {
 
 // compilePTX is parsePTX returning its error.
 func compilePTX(file, src string) (*ptxKernel, error) {
-	k := &ptxKernel{file: file, regIdx: map[string]int{}, labels: map[string]int{}}
+	k := &ptxKernel{file: file, regIdx: map[string]int{}, labels: map[string]int{}, shared: map[string]uint64{}}
 	for i, n := range ptxSpecialNames {
 		k.regIdx[n] = i
 		k.regName = append(k.regName, n)
@@ -194,6 +216,44 @@ func compilePTX(file, src string) (*ptxKernel, error) {
 			k.params = append(k.params, f[2])
 			k.paramSize = append(k.paramSize, size[f[1]])
 			continue
+		case k.name != "" && !inParams && !inBody && strings.HasPrefix(line, ".maxntid "):
+			dims := strings.Split(strings.TrimPrefix(line, ".maxntid "), ",")
+			x, err := strconv.Atoi(strings.TrimSpace(dims[0]))
+			if len(dims) != 3 || err != nil || x <= 0 || x > 1024 || strings.TrimSpace(dims[1]) != "1" || strings.TrimSpace(dims[2]) != "1" {
+				return fail("want .maxntid N, 1, 1 with N at most 1024")
+			}
+			k.maxntid = x
+			continue
+		case k.name != "" && !inParams && !inBody && strings.HasPrefix(line, ".minnctapersm "):
+			if n, err := strconv.Atoi(strings.TrimPrefix(line, ".minnctapersm ")); err != nil || n <= 0 {
+				return fail("want .minnctapersm N")
+			}
+			if k.maxntid == 0 {
+				return fail(".minnctapersm without .maxntid before it means nothing to ptxas")
+			}
+			continue
+		case strings.HasPrefix(line, ".shared "):
+			f := strings.Fields(strings.TrimSuffix(line, ";"))
+			var align, size int
+			var name string
+			ok := len(f) == 5 && strings.HasSuffix(line, ";") && f[1] == ".align" && f[3] == ".b8"
+			if ok {
+				var sz string
+				align, _ = strconv.Atoi(f[2])
+				name, sz, ok = strings.Cut(f[4], "[")
+				size, _ = strconv.Atoi(strings.TrimSuffix(sz, "]"))
+				ok = ok && strings.HasSuffix(sz, "]") && name != "" && size > 0 && align > 0 && align <= 16 && align&(align-1) == 0
+			}
+			if !ok {
+				return fail("bad shared array (want .shared .align N .b8 name[size];)")
+			}
+			if _, dup := k.shared[name]; dup {
+				return fail("shared array %s declared twice", name)
+			}
+			off := (k.sharedSize + align - 1) &^ (align - 1)
+			k.shared[name] = ptxSharedBase + uint64(off)
+			k.sharedSize = off + size
+			continue
 		case line == "{":
 			inBody = true
 			continue
@@ -231,7 +291,7 @@ func compilePTX(file, src string) (*ptxKernel, error) {
 		if !inBody {
 			return fail("instruction outside the kernel body")
 		}
-		if label, rest, ok := strings.Cut(line, ":"); ok && !strings.ContainsAny(label, " \t[") {
+		if label, rest, ok := strings.Cut(line, ":"); ok && !strings.ContainsAny(label, " \t[.") {
 			if _, dup := k.labels[label]; dup {
 				return fail("label defined twice")
 			}
@@ -385,10 +445,93 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		}
 		return nil
 	case "mov":
+		if strings.Contains(argText, "{") {
+			// mov.b64 d, {lo, hi} and mov.b64 {lo, hi}, a: a 64-bit
+			// register as two 32-bit halves, the low one first.
+			if in.op != "mov.b64" {
+				return fmt.Errorf("%s: only mov.b64 moves a {vector}", in.op)
+			}
+			if err := want(2); err != nil {
+				return err
+			}
+			in.width = 64
+			at, role, code := 1, roleDst, cPack
+			if strings.HasPrefix(args[0], "{") {
+				at, role, code = 0, roleReg, cUnpack
+			}
+			v, err := k.vector(args[at], 32, 2)
+			if err != nil {
+				return fmt.Errorf("%s: %w", in.op, err)
+			}
+			r, err := k.operand(args[1-at], role, 64, false)
+			if err != nil {
+				return fmt.Errorf("%s: %w", in.op, err)
+			}
+			in.code, in.args = code, []ptxArg{r, v}
+			if code == cUnpack {
+				in.args = []ptxArg{v, r}
+			}
+			return nil
+		}
 		if err := typedOp(cMov, 2, "", 1, "usb"); err != nil {
 			return err
 		}
+		if a, ok := k.shared[strings.TrimSpace(argText[strings.LastIndex(argText, ",")+1:])]; ok && len(args) == 2 {
+			// mov.u32 d, name: the address of a shared array.
+			if in.width != 32 {
+				return fmt.Errorf("%s: the address of shared array %s is 32-bit: use mov.u32", in.op, args[1])
+			}
+			d, err := k.operand(args[0], roleDst, 32, false)
+			if err != nil {
+				return err
+			}
+			in.args = []ptxArg{d, {kind: argImm, imm: a, text: args[1]}}
+			return nil
+		}
 		return operands([]int{roleDst, roleSrc}, []uint{0, 0})
+	case "shfl":
+		// shfl.sync.bfly.b32 d, a, b, c, membermask: each lane of the warp
+		// takes a from lane ^ b (see ptxKernel.shfl).
+		if in.op != "shfl.sync.bfly.b32" {
+			return fmt.Errorf("%s: the interpreter knows shfl.sync.bfly.b32 only", in.op)
+		}
+		if in.guard >= 0 {
+			return fmt.Errorf("%s under a predicate may leave lanes out of the shuffle", in.op)
+		}
+		in.code, in.width = cShfl, 32
+		if err := want(5); err != nil {
+			return err
+		}
+		d, err := k.operand(args[0], roleDst, 32, false)
+		if err != nil {
+			return fmt.Errorf("operand 1 of %s: %w", in.op, err)
+		}
+		a, err := k.operand(args[1], roleReg, 32, false)
+		if err != nil {
+			return fmt.Errorf("operand 2 of %s: %w", in.op, err)
+		}
+		b, err := k.operand(args[2], roleSrc, 32, true)
+		if err != nil {
+			return fmt.Errorf("operand 3 of %s: %w", in.op, err)
+		}
+		c, err := parseImm(args[3], 32)
+		if err != nil {
+			return fmt.Errorf("operand 4 of %s (an immediate clamp): %w", in.op, err)
+		}
+		if m, err := parseImm(args[4], 32); err != nil || m != 0xffffffff {
+			return fmt.Errorf("%s: the interpreter knows full-warp shuffles only (membermask 0xffffffff)", in.op)
+		}
+		in.args = []ptxArg{d, a, b, {kind: argImm, imm: c, text: args[3]}}
+		return nil
+	case "bar":
+		if in.op != "bar.sync" || argText != "0" {
+			return fmt.Errorf("%s %s: the interpreter knows bar.sync 0 only", in.op, argText)
+		}
+		if in.guard >= 0 {
+			return fmt.Errorf("bar.sync under a predicate may leave threads out of the barrier")
+		}
+		in.code = cBar
+		return nil
 	case "cvta":
 		// cvta.to.global.u64: global addresses are generic ones here.
 		if in.op != "cvta.to.global.u64" {
@@ -502,7 +645,7 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		if parts[0] == "st" {
 			in.code = cSt
 		}
-		if len(parts) < 3 || len(parts) > 4 {
+		if len(parts) < 3 {
 			return fmt.Errorf("unknown %s", in.op)
 		}
 		if err := typed(parts[len(parts)-1], "usb"); err != nil {
@@ -511,19 +654,17 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		if in.signed {
 			return fmt.Errorf("%s: the interpreter does not sign-extend loads", in.op)
 		}
+		quals := parts[2 : len(parts)-1]
 		in.vec = 1
-		if len(parts) == 4 {
-			switch parts[2] {
-			case "v2":
-				in.vec = 2
-			case "v4":
-				in.vec = 4
-			default:
-				return fmt.Errorf("%s: bad vector", in.op)
-			}
+		if n := len(quals); n > 0 && (quals[n-1] == "v2" || quals[n-1] == "v4") {
+			in.vec = int(quals[n-1][1] - '0')
+			quals = quals[:n-1]
 			if uint(in.vec)*in.width > 128 {
 				return fmt.Errorf("%s: vectors hold at most 128 bits", in.op)
 			}
+		}
+		if err := cacheQualifiers(parts[0], parts[1], quals); err != nil {
+			return fmt.Errorf("%s: %w", in.op, err)
 		}
 		if err := want(2); err != nil {
 			return err
@@ -557,10 +698,16 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 			in.args = []ptxArg{d, {kind: argParam, reg: p, text: addr}}
 			return nil
 		case "global":
+		case "shared":
+			in.shared = true
 		default:
-			return fmt.Errorf("%s: only .param and .global", in.op)
+			return fmt.Errorf("%s: only .param, .global and .shared", in.op)
 		}
-		a, err := k.address(addr)
+		aw := uint(64)
+		if in.shared {
+			aw = 32 // shared addresses are 32-bit (mov.u32 of the array's name)
+		}
+		a, err := k.address(addr, aw)
 		if err != nil {
 			return err
 		}
@@ -584,20 +731,8 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 				return fmt.Errorf("%s: %w", in.op, err)
 			}
 		} else {
-			if !strings.HasPrefix(val, "{") {
-				return fmt.Errorf("%s wants a {vector} of registers", in.op)
-			}
-			v = ptxArg{kind: argVec, text: val}
-			for _, r := range strings.Split(strings.Trim(val, "{}"), ",") {
-				r = strings.TrimSpace(r)
-				i, ok := k.regIdx[r]
-				if !ok || k.regWidth[i] != in.width || i < ptxSpecials {
-					return fmt.Errorf("%s: %s is no declared %d-bit register", in.op, r, in.width)
-				}
-				v.vec = append(v.vec, i)
-			}
-			if len(v.vec) != in.vec {
-				return fmt.Errorf("%s wants %d registers, got %d", in.op, in.vec, len(v.vec))
+			if v, err = k.vector(val, in.width, in.vec); err != nil {
+				return fmt.Errorf("%s: %w", in.op, err)
 			}
 		}
 		if in.code == cSt {
@@ -614,7 +749,7 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		if err := want(2); err != nil {
 			return err
 		}
-		a, err := k.address(args[0])
+		a, err := k.address(args[0], 64)
 		if err != nil {
 			return err
 		}
@@ -679,15 +814,65 @@ func parseImm(a string, width uint) (uint64, error) {
 	return v, err
 }
 
-// address parses [%rdN] or [%rdN+imm].
-func (k *ptxKernel) address(a string) (ptxArg, error) {
+// vector parses a {vector} of n declared registers of width bits.
+func (k *ptxKernel) vector(text string, width uint, n int) (ptxArg, error) {
+	if !strings.HasPrefix(text, "{") || !strings.HasSuffix(text, "}") {
+		return ptxArg{}, fmt.Errorf("want a {vector} of registers, got %s", text)
+	}
+	v := ptxArg{kind: argVec, text: text}
+	for _, r := range strings.Split(strings.Trim(text, "{}"), ",") {
+		r = strings.TrimSpace(r)
+		i, ok := k.regIdx[r]
+		if !ok || k.regWidth[i] != width || i < ptxSpecials {
+			return ptxArg{}, fmt.Errorf("%s is no declared %d-bit register", r, width)
+		}
+		v.vec = append(v.vec, i)
+	}
+	if len(v.vec) != n {
+		return ptxArg{}, fmt.Errorf("want %d registers, got %d", n, len(v.vec))
+	}
+	return v, nil
+}
+
+// cacheQualifiers checks the qualifiers between a load's or store's state
+// space and its vector and type (op is "ld" or "st") against the forms of
+// the PTX ISA the interpreter knows: ld.global{.nc}{.L1::eviction}{.L2::
+// prefetch size} and st.global{.cop or .L1::eviction}. They change no
+// result, only what the caches keep.
+func cacheQualifiers(op, space string, quals []string) error {
+	if len(quals) == 0 {
+		return nil
+	}
+	if space != "global" {
+		return fmt.Errorf("no cache qualifiers on .%s", space)
+	}
+	l1 := []string{"L1::no_allocate", "L1::evict_first", "L1::evict_last", "L1::evict_normal"}
+	order := [][]string{{"nc"}, l1, {"L2::64B", "L2::128B", "L2::256B"}}
+	if op == "st" {
+		order = [][]string{append([]string{"cs", "cg", "wb", "wt"}, l1...)}
+	}
+	i := 0
+	for _, q := range quals {
+		for i < len(order) && !slices.Contains(order[i], q) {
+			i++
+		}
+		if i == len(order) {
+			return fmt.Errorf("qualifier .%s unknown here or out of order", q)
+		}
+		i++
+	}
+	return nil
+}
+
+// address parses [%rN] or [%rN+imm], %rN a register of width bits.
+func (k *ptxKernel) address(a string, width uint) (ptxArg, error) {
 	if !strings.HasPrefix(a, "[") || !strings.HasSuffix(a, "]") {
 		return ptxArg{}, fmt.Errorf("want an [address], got %s", a)
 	}
 	reg, off, _ := strings.Cut(strings.Trim(a, "[]"), "+")
 	r, ok := k.regIdx[reg]
-	if !ok || k.regWidth[r] != 64 {
-		return ptxArg{}, fmt.Errorf("address register %s is no declared 64-bit register", reg)
+	if !ok || k.regWidth[r] != width {
+		return ptxArg{}, fmt.Errorf("address register %s is no declared %d-bit register", reg, width)
 	}
 	op := ptxArg{kind: argMem, reg: r, text: a}
 	if off != "" {
@@ -760,6 +945,10 @@ func (m *ptxMemory) at(addr uint64, n int, write bool) ([]byte, error) {
 	return nil, fmt.Errorf("illegal address %#x (%d bytes): outside every region", addr, n)
 }
 
+// ptxSharedBase is the address of a block's shared memory: its arrays lie
+// from there, in the order they are declared.
+const ptxSharedBase = 0x1000
+
 // ptxLimit bounds the instructions one thread may run.
 const ptxLimit = 50_000_000
 
@@ -781,25 +970,25 @@ func (k *ptxKernel) runBlocks(mem *ptxMemory, blocks, threads int, which []int, 
 			return fmt.Errorf("parameter %s = %d does not fit 32 bits", k.params[i], p)
 		}
 	}
+	if k.maxntid > 0 && threads > k.maxntid {
+		return fmt.Errorf("%s: blocks of %d threads, past the kernel's .maxntid %d (the launch would fail)", k.file, threads, k.maxntid)
+	}
 	if which == nil {
 		which = make([]int, blocks)
 		for b := range which {
 			which[b] = b
 		}
 	}
-	regs := make([]uint64, len(k.regName))
-	set := make([]bool, len(k.regName))
+	ths := make([]ptxThread, threads)
+	for i := range ths {
+		ths[i].regs, ths[i].set = make([]uint64, len(k.regName)), make([]bool, len(k.regName))
+	}
 	for _, b := range which {
 		if b < 0 || b >= blocks {
 			return fmt.Errorf("%s: block %d of a grid of %d", k.file, b, blocks)
 		}
-		for th := range threads {
-			clear(set)
-			regs[ptxTid], regs[ptxNtid], regs[ptxCtaid], regs[ptxNctaid] = uint64(th), uint64(threads), uint64(b), uint64(blocks)
-			set[ptxTid], set[ptxNtid], set[ptxCtaid], set[ptxNctaid] = true, true, true, true
-			if err := k.thread(mem, params, regs, set); err != nil {
-				return fmt.Errorf("%s: block %d thread %d: %w", k.file, b, th, err)
-			}
+		if err := k.runBlock(mem, b, blocks, ths, params); err != nil {
+			return fmt.Errorf("%s: block %d %w", k.file, b, err)
 		}
 	}
 	return nil
@@ -831,7 +1020,188 @@ func sext(v uint64, w uint) int64 {
 	return int64(v<<(64-w)) >> (64 - w)
 }
 
-func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) error {
+// ptxThread is one thread of a block: its registers and the instruction
+// it stands at.
+type ptxThread struct {
+	regs  []uint64
+	set   []bool // which registers were written
+	pc    int
+	steps int
+	done  bool // it returned
+}
+
+// runBlock executes block b of a grid of blocks, one thread of ths per
+// thread of the block. Each thread runs on its own until it returns or
+// reaches a collective instruction (shfl.sync, bar.sync), where it waits;
+// once no thread can go on alone, the block executes the collectives its
+// threads wait at (collective), and they go on.
+func (k *ptxKernel) runBlock(mem *ptxMemory, b, blocks int, ths []ptxThread, params []uint64) error {
+	for i := range ths {
+		th := &ths[i]
+		clear(th.set)
+		th.pc, th.steps, th.done = 0, 0, false
+		th.regs[ptxTid], th.regs[ptxNtid], th.regs[ptxCtaid], th.regs[ptxNctaid] = uint64(i), uint64(len(ths)), uint64(b), uint64(blocks)
+		th.set[ptxTid], th.set[ptxNtid], th.set[ptxCtaid], th.set[ptxNctaid] = true, true, true, true
+	}
+	sh := &ptxShared{data: make([]byte, k.sharedSize), written: make([]bool, k.sharedSize)}
+	for {
+		live := 0
+		for i := range ths {
+			th := &ths[i]
+			if th.done {
+				continue
+			}
+			if err := k.runThread(th, mem, sh, params); err != nil {
+				return fmt.Errorf("thread %d: %w", i, err)
+			}
+			if !th.done {
+				live++
+			}
+		}
+		if live == 0 {
+			return nil
+		}
+		if err := k.collective(ths); err != nil {
+			return err
+		}
+	}
+}
+
+// collective executes the collective instructions that the live threads
+// of a block wait at: a warp's shfl.sync once all 32 of its lanes wait at
+// it, else a bar.sync once every thread of the block waits at it. It fails
+// where that can never happen, as the GPU would hang or give undefined
+// results: a warp's lanes at different instructions or exited, a partial
+// warp, a barrier some threads exited before or wait at elsewhere.
+func (k *ptxKernel) collective(ths []ptxThread) error {
+	shuffled := false
+	for w := 0; w*32 < len(ths); w++ {
+		lanes := ths[w*32 : min(len(ths), w*32+32)]
+		at := -1 // a lane waiting at a shfl.sync
+		for i := range lanes {
+			if !lanes[i].done && k.insts[lanes[i].pc].code == cShfl {
+				at = i
+				break
+			}
+		}
+		if at < 0 {
+			continue
+		}
+		pc := lanes[at].pc
+		in := &k.insts[pc]
+		fail := func(format string, a ...any) error {
+			return fmt.Errorf("line %d (%s): %s", in.line, in.op, fmt.Sprintf(format, a...))
+		}
+		if len(lanes) != 32 {
+			return fail("a warp of %d threads: a full-warp shuffle needs 32", len(lanes))
+		}
+		for i := range lanes {
+			switch l := &lanes[i]; {
+			case l.done:
+				return fail("lane %d of warp %d has exited", i, w)
+			case l.pc != pc:
+				return fail("lane %d of warp %d waits at line %d: the warp diverged", i, w, k.insts[l.pc].line)
+			}
+		}
+		if err := k.shfl(in, lanes); err != nil {
+			return fail("%v", err)
+		}
+		k.counts[pc] += len(lanes)
+		shuffled = true
+	}
+	if shuffled {
+		return nil
+	}
+	at, exited := -1, 0
+	for i := range ths {
+		switch {
+		case ths[i].done:
+			exited++
+		case at < 0:
+			at = i
+		case ths[i].pc != ths[at].pc:
+			return fmt.Errorf("thread %d waits at line %d, thread %d at line %d: every thread must reach the same bar.sync", at, k.insts[ths[at].pc].line, i, k.insts[ths[i].pc].line)
+		}
+	}
+	pc := ths[at].pc
+	if exited > 0 {
+		return fmt.Errorf("line %d (bar.sync): %d threads of the block exited before the barrier", k.insts[pc].line, exited)
+	}
+	for i := range ths {
+		ths[i].pc++
+	}
+	k.counts[pc] += len(ths)
+	return nil
+}
+
+// shfl executes shfl.sync.bfly.b32 d, a, b, c for the 32 lanes of a warp,
+// as the PTX ISA defines it: lane i takes a of lane i ^ b, or its own a
+// where that lane lies past the clamp c names.
+func (k *ptxKernel) shfl(in *ptxInst, lanes []ptxThread) error {
+	var a, d [32]uint64
+	for i := range lanes {
+		r := in.args[1].reg
+		if !lanes[i].set[r] {
+			return fmt.Errorf("lane %d reads %s before it is written", i, in.args[1].text)
+		}
+		a[i] = lanes[i].regs[r]
+	}
+	c := in.args[3].imm
+	cval, segmask := c&31, c>>8&31
+	for i := range lanes {
+		b := in.args[2].imm
+		if in.args[2].kind == argReg {
+			if !lanes[i].set[in.args[2].reg] {
+				return fmt.Errorf("lane %d reads %s before it is written", i, in.args[2].text)
+			}
+			b = lanes[i].regs[in.args[2].reg]
+		}
+		maxLane := uint64(i)&segmask | cval&^segmask
+		j := uint64(i) ^ b&31
+		if j > maxLane {
+			j = uint64(i)
+		}
+		d[i] = a[j]
+	}
+	for i := range lanes {
+		r := in.args[0].reg
+		lanes[i].regs[r], lanes[i].set[r] = d[i], true
+		lanes[i].pc++
+	}
+	return nil
+}
+
+// ptxShared is a block's shared memory, and which of its bytes a thread of
+// the block wrote: the kernel must not read any other.
+type ptxShared struct {
+	data    []byte
+	written []bool
+}
+
+// at returns the n bytes of shared memory at addr, checking alignment,
+// bounds and, for reads, that they were written.
+func (s *ptxShared) at(addr uint64, n int, write bool) ([]byte, error) {
+	if addr%uint64(n) != 0 {
+		return nil, fmt.Errorf("misaligned %d-byte shared access at %#x", n, addr)
+	}
+	off := addr - ptxSharedBase
+	if addr < ptxSharedBase || off+uint64(n) > uint64(len(s.data)) {
+		return nil, fmt.Errorf("shared address %#x (%d bytes) outside the block's %d bytes", addr, n, len(s.data))
+	}
+	for i := off; i < off+uint64(n); i++ {
+		if write {
+			s.written[i] = true
+		} else if !s.written[i] {
+			return nil, fmt.Errorf("reads shared memory at %#x before a thread of the block wrote it", addr)
+		}
+	}
+	return s.data[off : off+uint64(n)], nil
+}
+
+// runThread executes th from where it stands until it returns or reaches a
+// collective instruction, which it leaves to the block (th.pc stays on it).
+func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, params []uint64) error {
+	regs, set := th.regs, th.set
 	var in *ptxInst
 	get := func(a *ptxArg) (uint64, error) {
 		if a.kind == argImm {
@@ -858,18 +1228,22 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 		if !set[a.reg] {
 			return 0, fmt.Errorf("address register %s read before it is written", k.regName[a.reg])
 		}
-		return regs[a.reg] + a.imm, nil
+		return mask(regs[a.reg]+a.imm, k.regWidth[a.reg]), nil
 	}
-	for pc, steps := 0, 0; ; steps++ {
+	for ; ; th.steps++ {
+		pc := th.pc
 		if pc >= len(k.insts) {
 			return fmt.Errorf("ran off the end of the kernel")
 		}
-		if steps > ptxLimit {
-			return fmt.Errorf("no ret after %d instructions", steps)
+		if th.steps > ptxLimit {
+			return fmt.Errorf("no ret after %d instructions", th.steps)
 		}
 		in = &k.insts[pc]
+		if in.code == cShfl || in.code == cBar {
+			return nil
+		}
 		k.counts[pc]++
-		pc++
+		th.pc++
 		if in.guard >= 0 {
 			if !set[in.guard] {
 				return fmt.Errorf("line %d: predicate %s read before it is written", in.line, k.regName[in.guard])
@@ -883,7 +1257,7 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 			case cRet:
 				return errRet
 			case cBra:
-				pc = in.target
+				th.pc = in.target
 			case cLdParam:
 				put(&in.args[0], params[in.args[1].reg])
 			case cMov:
@@ -1010,6 +1384,25 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 					return err
 				}
 				put(&in.args[0], funnel(in.code, in.sub, uint32(a), uint32(b), uint32(c)))
+			case cPack:
+				// mov.b64 d, {lo, hi}
+				var v uint64
+				for i, r := range in.args[1].vec {
+					if !set[r] {
+						return fmt.Errorf("reads %s before it is written", k.regName[r])
+					}
+					v |= regs[r] << (32 * i)
+				}
+				put(&in.args[0], v)
+			case cUnpack:
+				// mov.b64 {lo, hi}, a
+				v, err := get(&in.args[1])
+				if err != nil {
+					return err
+				}
+				for i, r := range in.args[0].vec {
+					regs[r], set[r] = v>>(32*i)&0xffffffff, true
+				}
 			case cClz:
 				a, err := get(&in.args[1])
 				if err != nil {
@@ -1026,7 +1419,12 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 					return err
 				}
 				size := int(in.width / 8)
-				m, err := mem.at(a, size*in.vec, in.code == cSt)
+				var m []byte
+				if in.shared {
+					m, err = sh.at(a, size*in.vec, in.code == cSt)
+				} else {
+					m, err = mem.at(a, size*in.vec, in.code == cSt)
+				}
 				if err != nil {
 					return err
 				}
@@ -1065,6 +1463,7 @@ func (k *ptxKernel) thread(mem *ptxMemory, params, regs []uint64, set []bool) er
 			return nil
 		}()
 		if err == errRet {
+			th.done = true
 			return nil
 		}
 		if err != nil {
@@ -1235,6 +1634,112 @@ func TestPTXInterpreterSemantics(t *testing.T) {
 		}
 		if got := binary.LittleEndian.Uint64(out); got != c.want {
 			t.Errorf("%q: %#x, want %#x", c.body, got, c.want)
+		}
+	}
+}
+
+// collectivePTX is a kernel of the interpreter's tests of shuffles,
+// barriers and shared memory: each thread's value t·(2^32+1)+1 (both
+// halves busy) is added over its warp with five butterfly shuffles of
+// the halves, lane 0 of each warp writes the warp's sum to shared memory,
+// and after a barrier every thread adds the first nwarps sums and stores
+// the total at p + 8t. pre is placed before the shuffles (labels STEP0 to
+// STEP4 start their five steps), post after the barrier.
+func collectivePTX(maxntid, nwarps int, pre, post string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(\n.param .u64 p\n)\n.maxntid %d, 1, 1\n.minnctapersm 2\n{\n", maxntid)
+	b.WriteString(".reg .pred %p<2>;\n.reg .b32 %r<12>;\n.reg .b64 %rd<8>;\n.shared .align 8 .b8 warps[64];\n")
+	b.WriteString("ld.param.u64 %rd1, [p];\nmov.u32 %r1, %tid.x;\ncvt.u64.u32 %rd2, %r1;\nmul.lo.u64 %rd3, %rd2, 4294967297;\nadd.u64 %rd3, %rd3, 1;\n")
+	b.WriteString(pre)
+	for i, lanes := range []int{16, 8, 4, 2, 1} {
+		fmt.Fprintf(&b, "STEP%d:\nmov.b64 {%%r2, %%r3}, %%rd3;\nshfl.sync.bfly.b32 %%r4, %%r2, %d, 31, 0xffffffff;\nshfl.sync.bfly.b32 %%r5, %%r3, %d, 31, -1;\nmov.b64 %%rd4, {%%r4, %%r5};\nadd.u64 %%rd3, %%rd3, %%rd4;\n", i, lanes, lanes)
+	}
+	b.WriteString("and.b32 %r6, %r1, 31;\nshr.u32 %r7, %r1, 5;\nsetp.ne.u32 %p1, %r6, 0;\n@%p1 bra WAIT;\nmov.u32 %r8, warps;\nshl.b32 %r9, %r7, 3;\nadd.u32 %r8, %r8, %r9;\nst.shared.u64 [%r8], %rd3;\nWAIT:\nbar.sync 0;\n")
+	b.WriteString(post)
+	b.WriteString("mov.u32 %r8, warps;\nmov.u64 %rd5, 0;\n")
+	for w := range nwarps {
+		fmt.Fprintf(&b, "ld.shared.u64 %%rd6, [%%r8+%d];\nadd.u64 %%rd5, %%rd5, %%rd6;\n", 8*w)
+	}
+	b.WriteString("shl.b64 %rd7, %rd2, 3;\nadd.s64 %rd7, %rd1, %rd7;\nst.global.u64 [%rd7], %rd5;\nret;\n}\n")
+	return b.String()
+}
+
+// TestPTXInterpreterCollectives runs shuffles, a barrier and shared memory
+// (collectivePTX) on blocks of one to four warps, and checks that what the
+// GPU would hang on or leave undefined is refused: lanes that leave a
+// shuffle, partial warps, a barrier some threads exited before, shared
+// memory read before it is written, a block larger than .maxntid.
+func TestPTXInterpreterCollectives(t *testing.T) {
+	const p = 0x10000
+	run := func(src string, threads int) ([]byte, error) {
+		k, err := compilePTX("collective.ptx", src)
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		out := make([]byte, 8*threads)
+		mem := &ptxMemory{}
+		mem.add(p, out)
+		return out, k.run(mem, 2, threads, p)
+	}
+	for _, threads := range []int{32, 64, 128} {
+		out, err := run(collectivePTX(128, threads/32, "", ""), threads)
+		if err != nil {
+			t.Fatalf("%d threads: %v", threads, err)
+		}
+		var want uint64
+		for i := range uint64(threads) {
+			want += i*(1<<32+1) + 1
+		}
+		for i := range threads {
+			if got := binary.LittleEndian.Uint64(out[8*i:]); got != want {
+				t.Fatalf("%d threads: thread %d has %#x, want %#x", threads, i, got, want)
+			}
+		}
+	}
+	for name, c := range map[string]struct {
+		src     string
+		threads int
+		want    string
+	}{
+		"lanes leave":      {collectivePTX(128, 1, "setp.eq.u32 %p1, %r1, 3;\n@%p1 bra STEP1;\n", ""), 32, "lane 3 of warp 0 waits at line"},
+		"lanes exit":       {collectivePTX(128, 1, "setp.eq.u32 %p1, %r1, 5;\n@%p1 ret;\n", ""), 32, "lane 5 of warp 0 has exited"},
+		"partial warp":     {collectivePTX(128, 1, "", ""), 48, "a warp of 16 threads"},
+		"barrier exited":   {collectivePTX(128, 1, "", "setp.ge.u32 %p1, %r1, 32;\n@%p1 ret;\nbar.sync 0;\n"), 64, "32 threads of the block exited before the barrier"},
+		"unwritten shared": {collectivePTX(128, 3, "", ""), 64, "before a thread of the block wrote it"},
+		"past .maxntid":    {collectivePTX(64, 2, "", ""), 96, "past the kernel's .maxntid 64"},
+	} {
+		if _, err := run(c.src, c.threads); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: ran with %v, want an error saying %q", name, err, c.want)
+		}
+	}
+	for body, want := range map[string]string{
+		"shfl.sync.down.b32 %r1, %r2, 1, 31, -1;":      "shfl.sync.bfly.b32 only",
+		"shfl.sync.bfly.b32 %r1, %r2, 1, 31, 0xffff;":  "full-warp shuffles only",
+		"@%p1 shfl.sync.bfly.b32 %r1, %r2, 1, 31, -1;": "under a predicate",
+		"shfl.sync.bfly.b32 %r1, %r2, 1, %r3, -1;":     "an immediate clamp",
+		"bar.sync 1;": "bar.sync 0 only",
+		".shared .align 8 .b8 s[8];\nmov.u64 %rd1, s;":            "is 32-bit",
+		".shared .align 8 .b8 s[8];\nld.shared.u64 %rd1, [%rd2];": "no declared 32-bit register",
+		"ld.shared.nc.u32 %r1, [%r2];":                            "no cache qualifiers on .shared",
+		"ld.global.L2::256B.nc.u64 %rd1, [%rd2];":                 "out of order",
+		"st.global.nc.u64 [%rd1], %rd2;":                          "unknown here",
+		"mov.b32 {%r1, %r2}, %rd1;":                               "only mov.b64",
+		"mov.b64 {%r1, %rd2}, %rd1;":                              "no declared 32-bit register",
+		".shared .align 3 .b8 s[8];":                              "bad shared array",
+	} {
+		if _, err := compilePTX("snippet.ptx", ptxSnippet(body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want an error saying %q", body, err, want)
+		}
+	}
+	if _, err := compilePTX("snippet.ptx", strings.Replace(ptxSnippet("ret;"), ")\n{", ")\n.minnctapersm 2\n{", 1)); err == nil || !strings.Contains(err.Error(), "without .maxntid") {
+		t.Errorf(".minnctapersm alone: %v", err)
+	}
+	for _, body := range []string{
+		"ld.param.u64 %rd1, [p];\nld.global.nc.L1::no_allocate.L2::256B.v2.u64 {%rd2, %rd3}, [%rd1+32];\nst.global.cs.v2.u64 [%rd1], {%rd2, %rd3};",
+		"ld.param.u64 %rd1, [p];\nld.global.L1::no_allocate.u64 %rd2, [%rd1+32];\nst.global.L1::no_allocate.u64 [%rd1], %rd2;",
+	} {
+		if _, err := runSnippet(t, body); err != nil {
+			t.Errorf("%q: %v", body, err)
 		}
 	}
 }
