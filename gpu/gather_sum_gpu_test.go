@@ -23,20 +23,12 @@ func testGatherSum(tb testing.TB, s *Stream) (*Gather, *Checksummer) {
 	return g, testChecksummer(tb, s)
 }
 
-// fusedCase is one CopySum of a test: its layout, the bytes expected in the
-// summed buffer and on the other side, and its pending sum.
-type fusedCase struct {
-	l                     sumLayout
-	summedAt, otherAt     int // the layout's offsets in the test's buffers
-	wantSummed, wantOther []byte
-	sum                   *PendingSum
-}
-
 // TestGatherSumGPU runs random layouts both ways (copies into the summed
 // buffer and out of it) on device memory, several CopySums outstanding at
-// once, with the default pieces and with pieces of 16 KiB, plus 20,000
-// copies of 64 bytes (several launches, the descriptor ring wrapping) and
-// copies of 64 MiB, and compares the bytes and the sums with checksum.Sum.
+// once (runSumSequence), with the default pieces and with pieces of
+// 16 KiB, plus 20,000 copies of 64 bytes (several launches, the
+// descriptor ring wrapping) and copies of 64 MiB, and compares the bytes
+// and the sums with checksum.Sum.
 func TestGatherSumGPU(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
@@ -63,78 +55,58 @@ func TestGatherSumGPU(t *testing.T) {
 	}
 	layouts = append(layouts, sumLayout{SumDst, 128 * 20000, 80 * 20000, many}, sumLayout{SumSrc, 128*20000 - 64, 80 * 20000, many})
 	layouts = append(layouts, sumLayout{SumDst, 128<<20 + 3, 64<<20 + 16, [][3]int{{0, 0, 64 << 20}, {64<<20 + 64, 16, 64<<20 - 61}}})
+	queue := func(fc *fusedCase) error {
+		var b CopyBatch
+		sb, ob := summed.DevicePtr()+uint64(fc.summedAt), other.DevicePtr()+uint64(fc.otherAt)
+		for _, cp := range fc.l.copies {
+			at, o, n := uint64(cp[0]), uint64(cp[1]), int64(cp[2])
+			if fc.l.side == SumDst {
+				b.Add(sb+at, ob+o, n)
+			} else {
+				b.Add(ob+o, sb+at, n)
+			}
+		}
+		v, err := d.View(sb, fc.l.n)
+		if err != nil {
+			return err
+		}
+		p, err := g.CopySum(ctx, &b, SumOf{Buf: v, N: int64(fc.l.n), Side: fc.l.side, Sums: c})
+		if err != nil {
+			return err
+		}
+		fc.wait = func() (uint64, error) {
+			defer p.Close()
+			return p.Wait(ctx)
+		}
+		return nil
+	}
+	check := func(cases []*fusedCase) error {
+		for _, fc := range cases {
+			sum, err := fc.wait()
+			if err != nil {
+				return err
+			}
+			gotSummed, gotOther := make([]byte, fc.l.n), make([]byte, fc.l.other)
+			if err := s.CopyDtoHPtr(gotSummed, summed.DevicePtr()+uint64(fc.summedAt)); err != nil {
+				return err
+			}
+			if err := s.CopyDtoHPtr(gotOther, other.DevicePtr()+uint64(fc.otherAt)); err != nil {
+				return err
+			}
+			if err := s.Sync(ctx); err != nil {
+				return err
+			}
+			if err := fc.check(sum, gotSummed, gotOther); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for round, chunk := range []uint64{GatherChunk, 16 << 10} {
 		g.chunk = chunk
-		var cases []*fusedCase
-		summedAt, otherAt := 0, 0
-		flush := func() {
-			for _, fc := range cases {
-				got, err := fc.sum.Wait(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				fc.sum.Close()
-				if want := checksum.Sum(fc.wantSummed); got != want {
-					t.Fatalf("round %d: %d copies, side %d, %d bytes: the fused checksum is %#x, want %#x", round, len(fc.l.copies), fc.l.side, fc.l.n, got, want)
-				}
-				gotSummed, gotOther := make([]byte, fc.l.n), make([]byte, fc.l.other)
-				if err := s.CopyDtoHPtr(gotSummed, summed.DevicePtr()+uint64(fc.summedAt)); err != nil {
-					t.Fatal(err)
-				}
-				if err := s.CopyDtoHPtr(gotOther, other.DevicePtr()+uint64(fc.otherAt)); err != nil {
-					t.Fatal(err)
-				}
-				syncStream(t, s)
-				if i := diffAt(gotSummed, fc.wantSummed); i >= 0 {
-					t.Fatalf("round %d: byte %d of the summed buffer is %#x, want %#x", round, i, gotSummed[i], fc.wantSummed[i])
-				}
-				if i := diffAt(gotOther, fc.wantOther); i >= 0 {
-					t.Fatalf("round %d: byte %d of the other side is %#x, want %#x", round, i, gotOther[i], fc.wantOther[i])
-				}
-			}
-			cases, summedAt, otherAt = nil, 0, 0
+		if err := runSumSequence(hostSummed, hostOther, layouts, queue, check); err != nil {
+			t.Fatalf("round %d (pieces of %d bytes): %v", round, chunk, err)
 		}
-		for _, l := range layouts {
-			if summedAt+l.n > size || otherAt+l.other > size {
-				flush()
-			}
-			fc := &fusedCase{l: l, summedAt: summedAt, otherAt: otherAt,
-				wantSummed: append([]byte(nil), hostSummed[summedAt:summedAt+l.n]...),
-				wantOther:  append([]byte(nil), hostOther[otherAt:otherAt+l.other]...)}
-			var b CopyBatch
-			sb, ob := summed.DevicePtr()+uint64(summedAt), other.DevicePtr()+uint64(otherAt)
-			for _, cp := range l.copies {
-				at, o, n := cp[0], cp[1], cp[2]
-				if l.side == SumDst {
-					b.Add(sb+uint64(at), ob+uint64(o), int64(n))
-					copy(fc.wantSummed[at:at+n], fc.wantOther[o:o+n])
-				} else {
-					b.Add(ob+uint64(o), sb+uint64(at), int64(n))
-					copy(fc.wantOther[o:o+n], fc.wantSummed[at:at+n])
-				}
-			}
-			v, err := d.View(sb, l.n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fc.sum, err = g.CopySum(ctx, &b, SumOf{Buf: v, N: int64(l.n), Side: l.side, Sums: c}); err != nil {
-				t.Fatal(err)
-			}
-			cases = append(cases, fc)
-			// The next layout's bytes start where this one's end, on a
-			// 16-byte boundary.
-			summedAt, otherAt = (summedAt+l.n+15)&^15, (otherAt+l.other+15)&^15
-		}
-		flush()
-		// The bytes are as the copies left them: the next round starts
-		// from what the device holds.
-		if err := s.CopyDtoH(hostSummed, summed, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CopyDtoH(hostOther, other, 0); err != nil {
-			t.Fatal(err)
-		}
-		syncStream(t, s)
 	}
 }
 
