@@ -85,8 +85,12 @@ func TestMACGPU(t *testing.T) {
 }
 
 // TestMACGPUScratch grows the MACer's scratch while MACs that use the old
-// one are outstanding (small, large, larger, small again), checks every
-// value, and that outgrown scratch is freed once its MACs are done.
+// one are outstanding (small, large, larger, small again) and checks every
+// value, and what holds however fast the GPU is: the scratch grew twice,
+// to twice the largest need; each outgrown scratch is either retired
+// (waiting for the stream to pass its last use) or freed, and freed only
+// with the MACs that used it done; once every MAC is done, the next Queue
+// frees all of it.
 func TestMACGPUScratch(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
@@ -97,15 +101,36 @@ func TestMACGPUScratch(t *testing.T) {
 	defer cancel()
 	sizes := []int{3000, 1 << 20, size, 5000, size - 1}
 	var macs []*PendingMAC
+	var scratch []mem.Buffer // every scratch the MACer had, in order
+	users := map[mem.Buffer][]*PendingMAC{}
 	for _, n := range sizes {
 		p, err := m.Queue(buf, int64(n), &macCheckKey)
 		if err != nil {
 			t.Fatal(err)
 		}
 		macs = append(macs, p)
+		if len(scratch) == 0 || scratch[len(scratch)-1] != m.scratch {
+			scratch = append(scratch, m.scratch)
+		}
+		users[m.scratch] = append(users[m.scratch], p)
 	}
-	if len(m.old) != 2 || m.scratch.Len() != 2*size/mac.ChunkSize*macCVBytes {
-		t.Fatalf("%d outgrown scratch buffers and %d bytes of scratch after growing twice", len(m.old), m.scratch.Len())
+	if want := 2 * size / mac.ChunkSize * macCVBytes; len(scratch) != 3 || m.scratch.Len() != want {
+		t.Fatalf("the scratch was %d buffers, the last of %d bytes; want 3, the last of %d", len(scratch), m.scratch.Len(), want)
+	}
+	retired := map[mem.Buffer]bool{}
+	for _, r := range m.old {
+		retired[r.buf] = true
+	}
+	for i, b := range scratch[:2] {
+		freed := b.DevicePtr() == 0
+		if freed == retired[b] {
+			t.Fatalf("outgrown scratch %d: freed %v, retired %v; want one or the other", i, freed, retired[b])
+		}
+		for _, p := range users[b] {
+			if done, err := p.slot.ev.Query(); freed && (!done || err != nil) {
+				t.Fatalf("outgrown scratch %d was freed while a MAC of %d bytes that used it was still running (%v)", i, p.n, err)
+			}
+		}
 	}
 	for i, p := range macs {
 		got, err := p.Wait(ctx)
@@ -124,6 +149,14 @@ func TestMACGPUScratch(t *testing.T) {
 	defer p.Close()
 	if len(m.old) != 0 {
 		t.Fatalf("%d outgrown scratch buffers kept after their MACs were done", len(m.old))
+	}
+	for i, b := range scratch[:2] {
+		if b.DevicePtr() != 0 {
+			t.Fatalf("outgrown scratch %d not freed after its MACs were done", i)
+		}
+	}
+	if m.scratch != scratch[2] || m.scratch.DevicePtr() == 0 {
+		t.Fatal("the scratch in use changed or was freed")
 	}
 }
 
