@@ -12,13 +12,15 @@ import (
 
 const benchBytes = 1 << 30
 
-func benchCopy(b *testing.B, d *CUDADevice, run func(s *Stream) error) {
+// benchCopy runs one copy benchmark on a new stream of d: each operation
+// is run, which copies bytes bytes, then a wait for the stream.
+func benchCopy(b *testing.B, d *CUDADevice, bytes int64, run func(s *Stream) error) {
 	s := testStream(b, d)
 	if err := run(s); err != nil { // warm up
 		b.Fatal(err)
 	}
 	syncStream(b, s)
-	b.SetBytes(benchBytes)
+	b.SetBytes(bytes)
 	b.ResetTimer()
 	for range b.N {
 		if err := run(s); err != nil {
@@ -26,7 +28,7 @@ func benchCopy(b *testing.B, d *CUDADevice, run func(s *Stream) error) {
 		}
 		syncStream(b, s)
 	}
-	b.ReportMetric(float64(benchBytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
 
 // benchScattered is the benchmark of many small copies: each operation
@@ -59,26 +61,26 @@ func BenchmarkCopyHtoDPinned(b *testing.B) {
 	d := testDevice(b)
 	src := alloc(b, d.PinnedHost(), benchBytes)
 	dst := alloc(b, d, benchBytes)
-	benchCopy(b, d, func(s *Stream) error { return s.CopyHtoD(dst, 0, src.Host()) })
+	benchCopy(b, d, benchBytes, func(s *Stream) error { return s.CopyHtoD(dst, 0, src.Host()) })
 }
 
 func BenchmarkCopyDtoHPinned(b *testing.B) {
 	d := testDevice(b)
 	src := alloc(b, d, benchBytes)
 	dst := alloc(b, d.PinnedHost(), benchBytes)
-	benchCopy(b, d, func(s *Stream) error { return s.CopyDtoH(dst.Host(), src, 0) })
+	benchCopy(b, d, benchBytes, func(s *Stream) error { return s.CopyDtoH(dst.Host(), src, 0) })
 }
 
 func BenchmarkCopyHtoDPageable(b *testing.B) {
 	d := testDevice(b)
 	src := make([]byte, benchBytes)
 	dst := alloc(b, d, benchBytes)
-	benchCopy(b, d, func(s *Stream) error { return s.CopyHtoD(dst, 0, src) })
+	benchCopy(b, d, benchBytes, func(s *Stream) error { return s.CopyHtoD(dst, 0, src) })
 }
 
 func BenchmarkCopyDtoD(b *testing.B) {
 	d := testDevice(b)
 	src := alloc(b, d, benchBytes)
 	dst := alloc(b, d, benchBytes)
-	benchCopy(b, d, func(s *Stream) error { return s.CopyDtoD(dst, 0, src, 0, benchBytes) })
+	benchCopy(b, d, benchBytes, func(s *Stream) error { return s.CopyDtoD(dst, 0, src, 0, benchBytes) })
 }

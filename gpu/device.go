@@ -25,7 +25,7 @@ type CUDADevice struct {
 	name    string
 	closed  atomic.Bool
 
-	kernels deviceKernels // the hand-written kernels, their spare descriptor memory, and the multiprocessor count
+	kernels deviceKernels // the kernels, their spare descriptor memory, and the multiprocessor count
 }
 
 var _ mem.Device = (*CUDADevice)(nil)

@@ -165,21 +165,21 @@ func BenchmarkGather64x16MiB(b *testing.B) {
 	}
 	b.Run("plain1GiB", func(b *testing.B) {
 		src := alloc(b, d, each*count)
-		benchCopy(b, d, func(s *Stream) error { return s.CopyDtoD(dst, 0, src, 0, each*count) })
+		benchCopy(b, d, each*count, func(s *Stream) error { return s.CopyDtoD(dst, 0, src, 0, each*count) })
 	})
 	b.Run("batch", func(b *testing.B) {
 		var cb CopyBatch
-		benchCopy(b, d, func(s *Stream) error { fill(&cb); return s.CopyBatch(&cb) })
+		benchCopy(b, d, each*count, func(s *Stream) error { fill(&cb); return s.CopyBatch(&cb) })
 	})
 	b.Run("perCopy", func(b *testing.B) {
 		cb := CopyBatch{PerCopy: true}
-		benchCopy(b, d, func(s *Stream) error { fill(&cb); return s.CopyBatch(&cb) })
+		benchCopy(b, d, each*count, func(s *Stream) error { fill(&cb); return s.CopyBatch(&cb) })
 	})
 	for _, chunk := range []uint64{GatherChunk, 16 << 10, 256 << 10, 1 << 20} {
 		b.Run(fmt.Sprintf("kernel-chunk=%dKiB", chunk>>10), func(b *testing.B) {
 			var g *Gather
 			var cb CopyBatch
-			benchCopy(b, d, func(s *Stream) error {
+			benchCopy(b, d, each*count, func(s *Stream) error {
 				if g == nil {
 					g = testGather(b, s)
 					if ok, why := g.Kernel(); !ok {

@@ -13,21 +13,57 @@ import (
 // before using it).
 
 // TestGatherPTX parses the embedded kernel and runs it on random copies
-// (sizes 1 byte to 150 KiB, random alignments) described exactly as Gather
-// describes them to the GPU, in small descriptor slots and pieces of
-// 16 KiB (so that copies span several pieces).
+// (runGatherPTX) in small descriptor slots and pieces of 16 KiB (so that
+// copies span several pieces).
 func TestGatherPTX(t *testing.T) {
-	k := parsePTX(t, "gather.ptx", gatherPTX)
-	if k.name != "wc_gather" || len(k.params) != 2 || k.paramSize[0] != 8 || k.paramSize[1] != 4 {
-		t.Fatalf("kernel %s(%v): want wc_gather(u64 ranges, u32 count)", k.name, k.params)
-	}
+	k := gatherPTXKernel(t, "gather.ptx", gatherPTX)
 	rng := rand.New(rand.NewPCG(1, 2))
-	const size = 1 << 20
-	const srcBase, dstBase, descBase = 0x7f0000000000, 0x7f1000000000, 0x7f2000000000
-	src, dst := make([]byte, size), make([]byte, size)
-	for i := range src {
-		src[i] = byte(rng.Uint32())
+	runGatherPTX(t, k, rng, 1<<20, 16<<10, 50, []int{32, 64, 256})
+	// A grid larger than count leaves the extra blocks idle.
+	mem := &ptxMemory{}
+	mem.add(ptxGatherDescBase, make([]byte, 24))
+	if err := k.run(mem, 4, 32, ptxGatherDescBase, 0); err != nil {
+		t.Fatalf("blocks past count: %v", err)
 	}
+}
+
+// TestGatherVariantsPTX runs each variant of the gather kernels that the
+// benchmarks compare (gatherVariants), plain and fused, in the
+// interpreter, so that a benchmark measures only kernels that copy and
+// sum right.
+func TestGatherVariantsPTX(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, v := range gatherVariants {
+		plain, fused := v, v
+		plain.sum, fused.sum = false, true
+		runGatherPTX(t, gatherPTXKernel(t, "gather.ptx "+v.String(), plain.ptx()), rng, 256<<10, 16<<10, 20, []int{32, 64})
+		k := gatherSumPTXKernelOf(t, "gather_sum.ptx "+v.String(), fused.ptx())
+		for i := range 4 {
+			runGatherSumPTX(t, k, rng, randomSumLayout(rng, SumSide(i%2), 20000+rng.IntN(20000), 16<<10), 16<<10, 7, []int{32, 64}[i/2])
+		}
+	}
+}
+
+const ptxGatherSrcBase, ptxGatherDstBase, ptxGatherDescBase = 0x7f0000000000, 0x7f1000000000, 0x7f2000000000
+
+// gatherPTXKernel parses a plain gather kernel (file names it).
+func gatherPTXKernel(t *testing.T, file, src string) *ptxKernel {
+	t.Helper()
+	k := parsePTX(t, file, src)
+	if k.name != "wc_gather" || len(k.params) != 2 || k.paramSize[0] != 8 || k.paramSize[1] != 4 {
+		t.Fatalf("%s: kernel %s(%v): want wc_gather(u64 ranges, u32 count)", file, k.name, k.params)
+	}
+	return k
+}
+
+// runGatherPTX runs the plain gather kernel k on random copies (sizes 1
+// byte to 150 KiB, random alignments) into a destination of size bytes,
+// described exactly as Gather describes them to the GPU (slots of
+// slotRanges ranges, pieces of chunk bytes), on blocks of each of threads
+// in turn, and compares every byte of the destination.
+func runGatherPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, size, chunk, slotRanges int, threads []int) {
+	t.Helper()
+	src, dst := randomBytes(rng, size), make([]byte, size)
 	want := make([]byte, size)
 	var b CopyBatch
 	for at := 0; ; {
@@ -46,15 +82,13 @@ func TestGatherPTX(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			s &^= 15
 		}
-		b.Add(dstBase+uint64(at), srcBase+uint64(s), int64(n))
+		b.Add(ptxGatherDstBase+uint64(at), ptxGatherSrcBase+uint64(s), int64(n))
 		copy(want[at:at+n], src[s:s+n])
 		at += n
 	}
-	t.Logf("%d copies, %d bytes", b.Len(), b.Bytes())
-	const slotRanges = 50
 	words := make([]uint64, slotRanges*gatherWords)
 	desc := make([]byte, len(words)*8)
-	sp := rangeSplitter{b: &b, chunk: 16 << 10}
+	sp := rangeSplitter{b: &b, chunk: uint64(chunk)}
 	launches := 0
 	for !sp.done() {
 		n := sp.fill(words)
@@ -62,25 +96,18 @@ func TestGatherPTX(t *testing.T) {
 			binary.LittleEndian.PutUint64(desc[8*i:], w)
 		}
 		mem := &ptxMemory{}
-		mem.addRegion(srcBase, src, true, "source")
-		mem.add(dstBase, dst)
-		mem.add(descBase, desc[:n*gatherWords*8])
+		mem.addRegion(ptxGatherSrcBase, src, true, "source")
+		mem.add(ptxGatherDstBase, dst)
+		mem.addRegion(ptxGatherDescBase, desc[:n*gatherWords*8], true, "ranges")
 		// A few threads keep the interpreter fast; the loops do not care
 		// how many there are.
-		threads := []int{32, 64, 256}[launches%3]
-		if err := k.run(mem, n, threads, descBase, uint64(n)); err != nil {
-			t.Fatalf("launch %d: %v", launches, err)
+		if err := k.run(mem, n, threads[launches%len(threads)], ptxGatherDescBase, uint64(n)); err != nil {
+			t.Fatalf("%s: launch %d: %v", k.file, launches, err)
 		}
 		launches++
 	}
 	if i := diffAt(dst, want); i >= 0 {
-		t.Fatalf("after %d launches, byte %d is %#x, want %#x", launches, i, dst[i], want[i])
-	}
-	// A grid larger than count leaves the extra blocks idle.
-	mem := &ptxMemory{}
-	mem.add(descBase, make([]byte, 24))
-	if err := k.run(mem, 4, 32, descBase, 0); err != nil {
-		t.Fatalf("blocks past count: %v", err)
+		t.Fatalf("%s: %d copies of %d bytes, after %d launches: byte %d is %#x, want %#x", k.file, b.Len(), b.Bytes(), launches, i, dst[i], want[i])
 	}
 }
 

@@ -193,131 +193,217 @@ func TestGatherSumGPURefuses(t *testing.T) {
 	}
 }
 
-// benchFused runs one fused-copy benchmark on a stream of d: each
-// operation hands the copies fill adds to op and waits for the stream (and
-// the sum op returns, if any); it reports GB/s of bytes copied. perSM sets
-// the fused kernel's blocks per multiprocessor (0: the default).
-func benchFused(b *testing.B, d *CUDADevice, perSM int, fill func(*CopyBatch), op func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error)) {
-	var g *Gather
-	var c *Checksummer
-	var cb CopyBatch
-	ctx := context.Background()
-	benchCopy(b, d, func(s *Stream) error {
-		if g == nil {
-			g, c = testGatherSum(b, s)
-			g.sumPerSM = perSM
-		}
-		fill(&cb)
-		p, err := op(s, g, c, &cb)
-		if err != nil || p == nil {
-			return err
-		}
-		defer p.Close()
-		_, err = p.Wait(ctx)
-		return err
-	})
+// fusedLayout is the layout of a fused-copy benchmark: a bucket and the
+// tensors that fill copies into it (SumDst, pack) or out of it (SumSrc,
+// load).
+type fusedLayout struct {
+	bucket mem.Buffer
+	copies int
+	bytes  int64 // copied per operation; the bucket's size
+	fill   func(cb *CopyBatch, side SumSide)
 }
 
-// BenchmarkGatherSum64x16MiB fills a 1 GiB bucket from 64 buffers of
-// 16 MiB (pack) and copies it out into them (load), each way: the gather
-// kernel alone; the gather kernel, then the checksum kernel over the
-// bucket; and CopySum, which sums as it copies. It reports GB/s of bytes
-// copied; compare with BenchmarkGather64x16MiB/plain1GiB (one plain copy).
-func BenchmarkGatherSum64x16MiB(b *testing.B) {
-	d := testDevice(b)
-	const each, count = 16 << 20, 64
-	srcs := make([]mem.Buffer, count)
-	for i := range srcs {
-		srcs[i] = alloc(b, d, each)
+// newFusedLayout allocates a bucket of count tensors of size bytes and
+// the tensors, each in its own allocation or, for many, every other size
+// bytes of one.
+func newFusedLayout(b *testing.B, d *CUDADevice, count, size int) *fusedLayout {
+	l := &fusedLayout{bucket: alloc(b, d, count*size), copies: count, bytes: int64(count * size)}
+	tensors := make([]uint64, count)
+	if count > 64 {
+		scattered := alloc(b, d, 2*count*size)
+		for i := range tensors {
+			tensors[i] = scattered.DevicePtr() + uint64(2*i*size)
+		}
+	} else {
+		for i := range tensors {
+			tensors[i] = alloc(b, d, size).DevicePtr()
+		}
 	}
-	bucket := alloc(b, d, each*count)
+	l.fill = func(cb *CopyBatch, side SumSide) {
+		for i, t := range tensors {
+			at := l.bucket.DevicePtr() + uint64(i*size)
+			if side == SumDst {
+				cb.Add(at, t, int64(size))
+			} else {
+				cb.Add(t, at, int64(size))
+			}
+		}
+	}
+	return l
+}
+
+// fusedOp queues one operation of a fused-copy benchmark: the copies of
+// cb, and the sum of of.Buf (nil where it sums nothing).
+type fusedOp func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error)
+
+// The ways the benchmarks copy and sum: the gather kernel alone; the
+// gather kernel and the checksum kernel over the bucket (after the copies
+// into it, before those out of it); CopySum, which sums as it copies.
+var fusedOps = []struct {
+	name string
+	op   fusedOp
+}{
+	{"gather", func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
+		return nil, g.Copy(context.Background(), cb)
+	}},
+	{"gather+checksum", func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
+		if of.Side == SumSrc {
+			p, err := c.Queue(of.Buf, of.N)
+			if err != nil {
+				return nil, err
+			}
+			return p, g.Copy(context.Background(), cb)
+		}
+		if err := g.Copy(context.Background(), cb); err != nil {
+			return nil, err
+		}
+		return c.Queue(of.Buf, of.N)
+	}},
+	{"fused", func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
+		return g.CopySum(context.Background(), cb, of)
+	}},
+}
+
+// benchFused runs one fused-copy benchmark of l's copies, side says which
+// way, on a new stream of d with the Gather that gather makes: each
+// operation hands the copies to op and waits for the stream and for the
+// sum, if any. The first operation, a warm-up, also checks the sum
+// against the checksum kernel's of the bucket. It reports GB/s of bytes
+// copied and, for many copies, µs per copy (queueing included).
+func benchFused(b *testing.B, d *CUDADevice, l *fusedLayout, side SumSide, gather func(*Stream) *Gather, op fusedOp) {
+	s := testStream(b, d)
+	g, c := gather(s), testChecksummer(b, s)
+	of := SumOf{Buf: l.bucket, N: l.bytes, Side: side, Sums: c}
+	var cb CopyBatch
 	ctx := context.Background()
-	for _, side := range []SumSide{SumDst, SumSrc} {
-		name := map[SumSide]string{SumDst: "pack", SumSrc: "load"}[side]
-		fill := func(cb *CopyBatch) {
-			for i, t := range srcs {
-				if side == SumDst {
-					cb.Add(bucket.DevicePtr()+uint64(i*each), t.DevicePtr(), each)
-				} else {
-					cb.Add(t.DevicePtr(), bucket.DevicePtr()+uint64(i*each), each)
+	run := func(check bool) {
+		l.fill(&cb, side)
+		p, err := op(g, c, &cb, of)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if p != nil {
+			sum, err := p.Wait(ctx)
+			p.Close()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if check {
+				ref, err := c.Queue(l.bucket, l.bytes)
+				if err != nil {
+					b.Fatal(err)
+				}
+				want, err := ref.Wait(ctx)
+				ref.Close()
+				if err != nil || sum != want {
+					b.Fatalf("the sum is %#x, the checksum kernel's %#x (%v)", sum, want, err)
 				}
 			}
 		}
-		b.Run(name+"/gather", func(b *testing.B) {
-			benchFused(b, d, 0, fill, func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error) {
-				return nil, g.Copy(ctx, cb)
-			})
-		})
-		b.Run(name+"/gather+checksum", func(b *testing.B) {
-			benchFused(b, d, 0, fill, func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error) {
-				if side == SumSrc {
-					p, err := c.Queue(bucket, each*count)
-					if err != nil {
-						return nil, err
-					}
-					return p, g.Copy(ctx, cb)
-				}
-				if err := g.Copy(ctx, cb); err != nil {
-					return nil, err
-				}
-				return c.Queue(bucket, each*count)
-			})
-		})
-		b.Run(name+"/fused", func(b *testing.B) {
-			benchFused(b, d, 0, fill, func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error) {
-				return g.CopySum(ctx, cb, SumOf{Buf: bucket, N: each * count, Side: side, Sums: c})
-			})
-		})
+		syncStream(b, s)
 	}
+	run(true)
+	b.SetBytes(l.bytes)
+	b.ResetTimer()
+	for range b.N {
+		run(false)
+	}
+	b.ReportMetric(float64(l.bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	if l.copies > 64 {
+		b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*l.copies), "µs/copy")
+	}
+}
+
+// sides names the benchmarks' two ways.
+var sides = []struct {
+	name string
+	side SumSide
+}{{"pack", SumDst}, {"load", SumSrc}}
+
+// BenchmarkGatherSum64x16MiB fills a 1 GiB bucket from 64 buffers of
+// 16 MiB (pack) and copies it out into them (load), each way of fusedOps,
+// and reports GB/s of bytes copied; compare with
+// BenchmarkGather64x16MiB/plain1GiB (one plain copy).
+func BenchmarkGatherSum64x16MiB(b *testing.B) {
+	benchFusedOps(b, 64, 16<<20)
 }
 
 // BenchmarkGatherSum4KiB packs 100,000 scattered 4 KiB tensors into a
-// bucket (and copies them out of it), each way as BenchmarkGatherSum64x16MiB
-// does, and reports GB/s of bytes copied and µs per copy.
+// bucket (and copies them out of it), each way of fusedOps, and reports
+// GB/s of bytes copied and µs per copy.
 func BenchmarkGatherSum4KiB(b *testing.B) {
+	benchFusedOps(b, 100_000, 4<<10)
+}
+
+func benchFusedOps(b *testing.B, count, size int) {
 	d := testDevice(b)
-	const count, size = 100_000, 4 << 10
-	scattered := alloc(b, d, count*2*size)
-	bucket := alloc(b, d, count*size)
-	ctx := context.Background()
-	for _, side := range []SumSide{SumDst, SumSrc} {
-		name := map[SumSide]string{SumDst: "pack", SumSrc: "load"}[side]
-		fill := func(cb *CopyBatch) {
-			for i := range count {
-				at, t := bucket.DevicePtr()+uint64(i*size), scattered.DevicePtr()+uint64(2*i*size)
-				if side == SumDst {
-					cb.Add(at, t, size)
-				} else {
-					cb.Add(t, at, size)
-				}
-			}
-		}
-		ops := map[string]func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error){
-			"gather": func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error) {
-				return nil, g.Copy(ctx, cb)
-			},
-			"gather+checksum": func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error) {
-				if err := g.Copy(ctx, cb); err != nil {
-					return nil, err
-				}
-				return c.Queue(bucket, count*size)
-			},
-			"fused": func(s *Stream, g *Gather, c *Checksummer, cb *CopyBatch) (*PendingSum, error) {
-				return g.CopySum(ctx, cb, SumOf{Buf: bucket, N: count * size, Side: side, Sums: c})
-			},
-		}
-		for _, op := range []string{"gather", "gather+checksum", "fused"} {
-			b.Run(fmt.Sprintf("%s/%s", name, op), func(b *testing.B) {
-				benchFused(b, d, 0, fill, ops[op])
-				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*count), "µs/copy")
-			})
-		}
-		// Fewer blocks add their sums into the slots fewer times.
-		for _, perSM := range []int{2, 4, 16} {
-			b.Run(fmt.Sprintf("%s/fused-blocksPerSM=%d", name, perSM), func(b *testing.B) {
-				benchFused(b, d, perSM, fill, ops["fused"])
-				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*count), "µs/copy")
+	l := newFusedLayout(b, d, count, size)
+	for _, sd := range sides {
+		for _, op := range fusedOps {
+			b.Run(sd.name+"/"+op.name, func(b *testing.B) {
+				benchFused(b, d, l, sd.side, func(s *Stream) *Gather { g, _ := testGatherSum(b, s); return g }, op.op)
 			})
 		}
 	}
+}
+
+// BenchmarkGatherVariants runs the variants of the gather kernels
+// (gatherVariants, each as the plain and the fused kernel) on one tensor
+// of 1 GiB, 64 of 16 MiB (in pieces of GatherChunk and of 1 MiB) and
+// 100,000 of 4 KiB, each way, to choose the embedded ones
+// (gatherDefault, gatherSumDefault). It reports GB/s of bytes copied.
+func BenchmarkGatherVariants(b *testing.B) {
+	d := testDevice(b)
+	for _, c := range []struct {
+		name        string
+		count, size int
+		chunks      []uint64
+	}{
+		{"1x1GiB", 1, 1 << 30, []uint64{GatherChunk, 1 << 20}},
+		{"64x16MiB", 64, 16 << 20, []uint64{GatherChunk, 1 << 20}},
+		{"100000x4KiB", 100_000, 4 << 10, []uint64{GatherChunk}},
+	} {
+		l := newFusedLayout(b, d, c.count, c.size)
+		for _, sd := range sides {
+			for _, chunk := range c.chunks {
+				for _, v := range gatherVariants {
+					for _, op := range []int{0, 2} { // gather, fused
+						name := fmt.Sprintf("%s/%s/chunk=%dKiB/%v/%s", c.name, sd.name, chunk>>10, v, fusedOps[op].name)
+						b.Run(name, func(b *testing.B) {
+							benchFused(b, d, l, sd.side, func(s *Stream) *Gather {
+								g := variantGather(b, s, v)
+								g.chunk = chunk
+								return g
+							}, fusedOps[op].op)
+						})
+					}
+				}
+			}
+		}
+	}
+}
+
+// variantGather returns a Gather of s whose kernels are the variant v of
+// the gather kernels, plain and fused, loaded from their generated PTX in
+// place of the embedded ones (without self-test: benchFused checks the
+// sums), and unloaded when b ends, after the Gather's Close.
+func variantGather(b *testing.B, s *Stream, v gatherGen) *Gather {
+	d := s.Device()
+	var ks [2]*loadedKernel
+	for i, sum := range []bool{false, true} {
+		gv, entry := v, "wc_gather"
+		gv.sum = sum
+		if sum {
+			entry = "wc_gather_sum"
+		}
+		k, err := d.loadPTX(entry+" "+gv.String(), gv.ptx(), entry, ErrNoGatherKernel)
+		if err != nil {
+			b.Fatal(err)
+		}
+		closeAtEnd(b, func() error { return k.unload(d) })
+		ks[i] = k
+	}
+	g := testGather(b, s)
+	g.k, g.sumK, g.sumLoaded = ks[0], ks[1], true
+	return g
 }

@@ -27,9 +27,16 @@ const (
 
 func gatherSumPTXKernel(t *testing.T) *ptxKernel {
 	t.Helper()
-	k := parsePTX(t, "gather_sum.ptx", gatherSumPTX)
+	return gatherSumPTXKernelOf(t, "gather_sum.ptx", gatherSumPTX)
+}
+
+// gatherSumPTXKernelOf parses a fused gather and checksum kernel (file
+// names it).
+func gatherSumPTXKernelOf(t *testing.T, file, src string) *ptxKernel {
+	t.Helper()
+	k := parsePTX(t, file, src)
 	if k.name != "wc_gather_sum" || len(k.params) != 5 || k.paramSize[1] != 4 || k.paramSize[3] != 4 {
-		t.Fatalf("kernel %s(%v): want wc_gather_sum(u64 ranges, u32 count, u64 base, u32 side, u64 slots)", k.name, k.params)
+		t.Fatalf("%s: kernel %s(%v): want wc_gather_sum(u64 ranges, u32 count, u64 base, u32 side, u64 slots)", file, k.name, k.params)
 	}
 	return k
 }
@@ -161,16 +168,16 @@ func runSumSequence(summed, other []byte, layouts []sumLayout, queue func(fc *fu
 
 // ptxSumDevice runs the fused copies of a sequence through the kernel in
 // the interpreter, on two byte slices that stand for the device buffers:
-// in launches of at most slotRanges ranges of at most chunk bytes, on
-// grids of at most blocks blocks of threads threads.
+// in launches of at most slotRanges ranges of at most chunk bytes, one
+// block of threads threads per range.
 type ptxSumDevice struct {
-	k                                  *ptxKernel
-	summed, other                      []byte
-	chunk, slotRanges, blocks, threads int
+	k                          *ptxKernel
+	summed, other              []byte
+	chunk, slotRanges, threads int
 }
 
 func (d *ptxSumDevice) queue(fc *fusedCase) error {
-	sum, err := ptxCopySum(d.k, d.summed[fc.summedAt:fc.summedAt+fc.l.n], d.other[fc.otherAt:fc.otherAt+fc.l.other], fc.l, d.chunk, d.slotRanges, d.blocks, d.threads)
+	sum, err := ptxCopySum(d.k, d.summed[fc.summedAt:fc.summedAt+fc.l.n], d.other[fc.otherAt:fc.otherAt+fc.l.other], fc.l, d.chunk, d.slotRanges, d.threads)
 	fc.wait = func() (uint64, error) { return sum, err }
 	return nil
 }
@@ -191,7 +198,7 @@ func (d *ptxSumDevice) check(cases []*fusedCase) error {
 // ptxCopySum runs the layout l through the kernel, as CopySum describes it
 // to the GPU (see ptxSumDevice), between summed and other (the layout's
 // regions: nothing past them may be read) and returns the fused checksum.
-func ptxCopySum(k *ptxKernel, summed, other []byte, l sumLayout, chunk, slotRanges, blocks, threads int) (uint64, error) {
+func ptxCopySum(k *ptxKernel, summed, other []byte, l sumLayout, chunk, slotRanges, threads int) (uint64, error) {
 	var b CopyBatch
 	for _, c := range l.copies {
 		s, o, n := c[0], c[1], c[2]
@@ -218,7 +225,7 @@ func ptxCopySum(k *ptxKernel, summed, other []byte, l sumLayout, chunk, slotRang
 		mem.addRegion(ptxSumOtherBase, other, l.side == SumDst, "other side")
 		mem.addRegion(ptxSumDescBase, desc[:n*gatherSumWords*8], true, "ranges")
 		mem.add(ptxSumSlotsBase, slots)
-		if err := k.run(mem, min(n, blocks), threads, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase); err != nil {
+		if err := k.run(mem, n, threads, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase); err != nil {
 			return 0, fmt.Errorf("%d copies, side %d, %d bytes: launch %d: %w", len(l.copies), l.side, l.n, launch, err)
 		}
 	}
@@ -231,10 +238,10 @@ func ptxCopySum(k *ptxKernel, summed, other []byte, l sumLayout, chunk, slotRang
 
 // runGatherSumPTX runs the layout l through the kernel (see ptxSumDevice)
 // from random bytes, and checks the bytes copied and the sum.
-func runGatherSumPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, l sumLayout, chunk, slotRanges, blocks, threads int) {
+func runGatherSumPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, l sumLayout, chunk, slotRanges, threads int) {
 	t.Helper()
 	summed, other := randomBytes(rng, l.n), randomBytes(rng, l.other)
-	d := &ptxSumDevice{k: k, summed: bytes.Clone(summed), other: bytes.Clone(other), chunk: chunk, slotRanges: slotRanges, blocks: blocks, threads: threads}
+	d := &ptxSumDevice{k: k, summed: bytes.Clone(summed), other: bytes.Clone(other), chunk: chunk, slotRanges: slotRanges, threads: threads}
 	if err := runSumSequence(summed, other, []sumLayout{l}, d.queue, d.check); err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +267,7 @@ func TestGatherSumPTXSequence(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 42))
 	const size = 48 << 10
 	summed, other := randomBytes(rng, size), randomBytes(rng, size)
-	d := &ptxSumDevice{k: k, summed: bytes.Clone(summed), other: bytes.Clone(other), chunk: 4096, slotRanges: 5, blocks: 3, threads: 32}
+	d := &ptxSumDevice{k: k, summed: bytes.Clone(summed), other: bytes.Clone(other), chunk: 4096, slotRanges: 5, threads: 32}
 	layouts := []sumLayout{
 		randomSumLayout(rng, SumSrc, 16<<10, 4096),
 		randomSumLayout(rng, SumDst, 16<<10, 4096),
@@ -274,9 +281,8 @@ func TestGatherSumPTXSequence(t *testing.T) {
 }
 
 // TestGatherSumPTX runs random layouts both ways (copies into the summed
-// buffer and out of it) under small pieces and descriptor slots, grids
-// smaller than the ranges (so that blocks stride over them) and blocks of
-// 7 to 256 threads.
+// buffer and out of it) under small pieces and descriptor slots and
+// blocks of one to eight warps.
 func TestGatherSumPTX(t *testing.T) {
 	k := gatherSumPTXKernel(t)
 	rng := rand.New(rand.NewPCG(31, 32))
@@ -284,11 +290,11 @@ func TestGatherSumPTX(t *testing.T) {
 		side := SumSide(i % 2)
 		chunk := []int{1024, 4096, 256}[i%3]
 		l := randomSumLayout(rng, side, 10000+rng.IntN(30000), chunk)
-		threads := []int{32, 64, 7, 32}[i%4]
+		threads := []int{32, 64, 96, 32}[i%4]
 		if i == 9 {
 			threads = 256
 		}
-		runGatherSumPTX(t, k, rng, l, chunk, 1+rng.IntN(60), 1+rng.IntN(8), threads)
+		runGatherSumPTX(t, k, rng, l, chunk, 1+rng.IntN(60), threads)
 	}
 }
 
@@ -312,7 +318,7 @@ func TestGatherSumPTXEdges(t *testing.T) {
 		{SumDst, 600, 700, [][3]int{{0, 1, 7}, {8, 9, 15}, {24, 48, 16}, {40, 64, 17}, {64, 100, 31}, {96, 200, 400}}},
 		{SumSrc, 600, 700, [][3]int{{0, 1, 7}, {8, 9, 15}, {24, 48, 16}, {40, 64, 17}, {64, 100, 31}, {96, 200, 400}}},
 	} {
-		runGatherSumPTX(t, k, rng, l, 256, 3, 2, []int{32, 16}[i%2])
+		runGatherSumPTX(t, k, rng, l, 256, 3, []int{32, 64}[i%2])
 	}
 }
 
@@ -340,7 +346,7 @@ func TestGatherSumPTXLoads(t *testing.T) {
 		{"a copy ending mid-word", sumLayout{SumDst, 1024, 1024, [][3]int{{0, 0, 1001}}}, 1, 62, 3, 9 + 8},
 	} {
 		k.resetCounts()
-		runGatherSumPTX(t, k, rng, c.l, 4096, 10, 1, threads)
+		runGatherSumPTX(t, k, rng, c.l, 4096, 10, threads)
 		got := [3]int{k.executed("ld.global.v2.u64"), k.executed("ld.global.u64"), k.executed("ld.global.u8")}
 		if want := [3]int{c.v2 + 2*threads*c.ranges, c.u64, c.u8}; got != want {
 			t.Errorf("%s: %d 16-byte, %d 8-byte and %d byte loads, want %v", c.name, got[0], got[1], got[2], want)
@@ -456,6 +462,108 @@ func TestGatherSumCheckCases(t *testing.T) {
 	k := gatherSumPTXKernel(t)
 	rng := rand.New(rand.NewPCG(39, 40))
 	for _, c := range gatherSumCheck {
-		runGatherSumPTX(t, k, rng, sumLayout{c.side, c.n, gatherSumCheckSize, c.copies}, gatherCheckChunk, gatherSumSlotRanges, 4, 32)
+		runGatherSumPTX(t, k, rng, sumLayout{c.side, c.n, gatherSumCheckSize, c.copies}, gatherCheckChunk, gatherSumSlotRanges, 32)
 	}
+}
+
+// TestGatherSumPTXLarge runs the layout of 128 MiB that TestGatherSumGPU
+// once failed on (two copies of 64 MiB with a gap of 64 bytes between
+// them, the second ending 3 bytes into a word) at full size in pieces of
+// GatherChunk: only the blocks of the first and last pieces of each copy
+// and those next to them, in memory mapped only where those blocks may
+// read and write, so that the test stays fast. It checks their copies and
+// their part of the sum against the checksum's definition (wordSums), at
+// word indices past 2^24 and descriptors far into the slot, where 32-bit
+// arithmetic would break.
+func TestGatherSumPTXLarge(t *testing.T) {
+	k := gatherSumPTXKernel(t)
+	l := sumLayout{SumDst, 128<<20 + 3, 64<<20 + 16, [][3]int{{0, 0, 64 << 20}, {64<<20 + 64, 16, 64<<20 - 61}}}
+	var b CopyBatch
+	for _, c := range l.copies {
+		b.Add(ptxSumBufBase+uint64(c[0]), ptxSumOtherBase+uint64(c[1]), int64(c[2]))
+	}
+	sp, err := newSumSplitter(&b, ptxSumBufBase, uint64(l.n), l.side, GatherChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	words := make([]uint64, gatherSumSlotRanges*gatherSumWords)
+	n := sp.fill(words)
+	if !sp.done() || n != 512 {
+		t.Fatalf("%d ranges in the first slot (done %v), want all 512", n, sp.done())
+	}
+	desc := make([]byte, n*gatherSumWords*8)
+	for i, w := range words[:n*gatherSumWords] {
+		binary.LittleEndian.PutUint64(desc[8*i:], w)
+	}
+	mem := &ptxMemory{}
+	mem.addRegion(ptxSumDescBase, desc, true, "ranges")
+	slots := make([]byte, checksumSlots*8)
+	mem.add(ptxSumSlotsBase, slots)
+	// byteAt gives the bytes of both buffers by their offsets, so that the
+	// windows of overlapping sources agree.
+	byteAt := func(buf, off uint64) byte { return byte(((buf<<40 + off) * 0x9e3779b97f4a7c15) >> 56) }
+	which := []int{0, 1, 254, 255, 256, 257, 510, 511}
+	type window struct {
+		summed, want []byte
+	}
+	var wins []window
+	var want uint64
+	for _, r := range which {
+		w := words[r*gatherSumWords : (r+1)*gatherSumWords]
+		src, dst, size, sum := w[0], w[1], w[2], w[3]
+		from := make([]byte, size)
+		for i := range from {
+			from[i] = byteAt(2, src-ptxSumOtherBase+uint64(i))
+		}
+		mem.addRegion(src, from, true, fmt.Sprintf("range %d's source", r))
+		win := window{summed: make([]byte, sum)}
+		for i := range win.summed {
+			win.summed[i] = byteAt(1, dst-ptxSumBufBase+uint64(i))
+		}
+		mem.addRegion(dst, win.summed, false, fmt.Sprintf("range %d's summed bytes", r))
+		win.want = bytes.Clone(win.summed)
+		copy(win.want, from)
+		wins = append(wins, win)
+		want += wordSums(win.want, (dst-ptxSumBufBase)/8)
+	}
+	if err := k.runBlocks(mem, n, 64, which, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase); err != nil {
+		t.Fatal(err)
+	}
+	for i, win := range wins {
+		if j := diffAt(win.summed, win.want); j >= 0 {
+			t.Fatalf("range %d: byte %d is %#x, want %#x", which[i], j, win.summed[j], win.want[j])
+		}
+	}
+	var got uint64
+	for i := range checksumSlots {
+		got += binary.LittleEndian.Uint64(slots[8*i:])
+	}
+	if got != want {
+		t.Fatalf("the blocks %v added %#x into the slots, want %#x", which, got, want)
+	}
+	// wordSums is the definition checksum.Sum finishes (the last window
+	// ends in a partial word).
+	if last := wins[len(wins)-1].want; checksum.Finish(wordSums(last, 0), int64(len(last))) != checksum.Sum(last) {
+		t.Fatal("wordSums disagrees with checksum.Sum")
+	}
+}
+
+// wordSums returns the sum of the checksum's word contributions (see
+// package checksum) of b, whose first word is word first of its buffer:
+// fmix64(w_i + (i+1)·φ) for each word w_i, the last one zero-padded.
+func wordSums(b []byte, first uint64) uint64 {
+	fmix64 := func(k uint64) uint64 {
+		k ^= k >> 33
+		k *= 0xff51afd7ed558ccd
+		k ^= k >> 33
+		k *= 0xc4ceb9fe1a85ec53
+		return k ^ k>>33
+	}
+	var s uint64
+	for i := 0; i < len(b); i += 8 {
+		var w [8]byte
+		copy(w[:], b[i:])
+		s += fmix64(binary.LittleEndian.Uint64(w[:]) + (first+uint64(i/8)+1)*0x9e3779b97f4a7c15)
+	}
+	return s
 }

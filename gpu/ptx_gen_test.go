@@ -10,7 +10,8 @@ import (
 
 // This file holds the generator of the kernels whose PTX is generated
 // rather than written by hand (mac_chunks.ptx, mac_parents.ptx,
-// gather_sum.ptx: unrolled code reads better as the Go that writes it).
+// gather.ptx and gather_sum.ptx: unrolled code reads better as the Go that
+// writes it, and the two gather kernels share their copy loops).
 // TestPTXGenerated fails when a committed file differs from what its
 // generator writes; `go generate ./gpu` rewrites them (it runs that test
 // with -write-ptx).
@@ -21,7 +22,8 @@ func TestPTXGenerated(t *testing.T) {
 	for _, f := range []struct{ name, committed, generated string }{
 		{"mac_chunks.ptx", macChunksPTX, genMACChunks()},
 		{"mac_parents.ptx", macParentsPTX, genMACParents()},
-		{"gather_sum.ptx", gatherSumPTX, genGatherSum()},
+		{"gather.ptx", gatherPTX, gatherDefault.ptx()},
+		{"gather_sum.ptx", gatherSumPTX, gatherSumDefault.ptx()},
 	} {
 		if *writePTX {
 			if err := os.WriteFile(f.name, []byte(f.generated), 0o644); err != nil {

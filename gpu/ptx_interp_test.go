@@ -11,9 +11,9 @@ import (
 )
 
 // This file holds a small interpreter of the PTX subset that the package's
-// hand-written kernels (gather.ptx, checksum.ptx, cast.ptx, ...) are written
-// in, so that their text and logic are checked where no GPU is. It checks
-// what the PTX assembler would refuse and what would fault on a GPU:
+// kernels (gather.ptx, checksum.ptx, cast.ptx, ...) are written in, so
+// that their text and logic are checked where no GPU is. It checks what
+// the PTX assembler would refuse and what would fault on a GPU:
 //
 //   - every register is declared, every label defined once, every
 //     instruction known, and each operand has the width (register class)
