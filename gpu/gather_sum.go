@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -296,8 +297,8 @@ func (g *Gather) CopySum(ctx context.Context, b *CopyBatch, of SumOf) (*PendingS
 // order is nil); the ranges handed out cover the summed bytes below pos.
 type sumSplitter struct {
 	b     *CopyBatch
+	sides []uint64 // the copies' addresses in the summed buffer: b.dsts or b.srcs
 	order []int
-	side  SumSide
 	base  uint64 // the summed buffer's address
 	n     uint64 // the bytes summed
 	chunk uint64
@@ -311,116 +312,101 @@ type sumSplitter struct {
 // in it inside its first n bytes, starting on its words, not overlapping)
 // and returns their splitter.
 func newSumSplitter(b *CopyBatch, base, n uint64, side SumSide, chunk uint64) (*sumSplitter, error) {
-	sp := &sumSplitter{b: b, side: side, base: base, n: n, chunk: chunk}
 	if base%8 != 0 {
 		return nil, fmt.Errorf("the summed buffer at %#x is not 8-byte aligned", base)
 	}
+	sides := b.dsts
+	if side == SumSrc {
+		sides = b.srcs
+	}
+	sp := &sumSplitter{b: b, sides: sides, base: base, n: n, chunk: chunk}
+	// One pass checks each copy and, while they come in order, that none
+	// overlaps the one before; a copy that fails any check takes the
+	// slow path, which says which.
 	sorted := true
-	for i := range b.sizes {
-		a, size := sp.sideAddr(i), b.sizes[i]
-		if a < base || a-base > n || size > n-(a-base) {
-			return nil, fmt.Errorf("copy %d (%d bytes at %#x) is not inside the %d summed bytes at %#x", i, size, a, n, base)
-		}
-		if (a-base)%8 != 0 {
-			return nil, fmt.Errorf("copy %d starts %d bytes into the summed buffer, not on an 8-byte word; the fused checksum needs word-aligned copies (use Copy, then Checksummer.Queue)", i, a-base)
-		}
-		if i > 0 && a < sp.sideAddr(i-1) {
+	sizes := b.sizes[:len(sides)]
+	var start, end uint64 // the copy before, in the summed buffer
+	for i, a := range sides {
+		off, size := a-base, sizes[i] // off wraps past n for a < base
+		if off > n || size > n-off || off%8 != 0 || (sorted && off < end) {
+			switch {
+			case off > n || size > n-off:
+				return nil, fmt.Errorf("copy %d (%d bytes at %#x) is not inside the %d summed bytes at %#x", i, size, a, n, base)
+			case off%8 != 0:
+				return nil, fmt.Errorf("copy %d starts %d bytes into the summed buffer, not on an 8-byte word; the fused checksum needs word-aligned copies (use Copy, then Checksummer.Queue)", i, off)
+			case off >= start:
+				return nil, fmt.Errorf("copies %d and %d overlap in the summed buffer", i-1, i)
+			}
 			sorted = false
 		}
+		start, end = off, off+size
 	}
-	if !sorted {
-		sp.order = make([]int, len(b.sizes))
-		for i := range sp.order {
-			sp.order[i] = i
-		}
-		slices.SortFunc(sp.order, func(x, y int) int { return cmpUint64(sp.sideAddr(x), sp.sideAddr(y)) })
+	if sorted {
+		return sp, nil
 	}
-	for k := 1; k < len(b.sizes); k++ {
-		prev, cur := sp.copyAt(k-1), sp.copyAt(k)
-		if sp.sideAddr(prev)+b.sizes[prev] > sp.sideAddr(cur) {
+	sp.order = make([]int, len(sides))
+	for i := range sp.order {
+		sp.order[i] = i
+	}
+	slices.SortFunc(sp.order, func(x, y int) int { return cmp.Compare(sides[x], sides[y]) })
+	for k := 1; k < len(sp.order); k++ {
+		prev, cur := sp.order[k-1], sp.order[k]
+		if sides[prev]+b.sizes[prev] > sides[cur] {
 			return nil, fmt.Errorf("copies %d and %d overlap in the summed buffer", prev, cur)
 		}
 	}
 	return sp, nil
 }
 
-func cmpUint64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// copyAt returns the index in b of the k-th copy in summed-buffer order.
-func (sp *sumSplitter) copyAt(k int) int {
-	if sp.order == nil {
-		return k
-	}
-	return sp.order[k]
-}
-
-// sideAddr returns the address of copy i's side in the summed buffer.
-func (sp *sumSplitter) sideAddr(i int) uint64 {
-	if sp.side == SumSrc {
-		return sp.b.srcs[i]
-	}
-	return sp.b.dsts[i]
-}
-
 // done reports whether every copy and every summed byte has been handed
 // out.
-func (sp *sumSplitter) done() bool { return sp.i >= len(sp.b.sizes) && sp.pos >= sp.n }
+func (sp *sumSplitter) done() bool { return sp.i >= len(sp.sides) && sp.pos >= sp.n }
 
 // fill writes the next ranges into out, gatherSumWords words each (src,
 // dst, len, sum), until out is full or the splitter is done, and returns
 // how many it wrote.
 func (sp *sumSplitter) fill(out []uint64) int {
-	b := sp.b
-	k := 0
-	put := func(src, dst, n, sum uint64) {
-		w := out[k*gatherSumWords : (k+1)*gatherSumWords]
-		w[0], w[1], w[2], w[3] = src, dst, n, sum
-		k++
-	}
-	for (k+1)*gatherSumWords <= len(out) && !sp.done() {
-		next := sp.n // where the next copy starts in the summed buffer
-		if sp.i < len(b.sizes) {
-			next = sp.sideAddr(sp.copyAt(sp.i)) - sp.base
+	// Locals, so that the loop keeps them in registers.
+	b, sides, order, base, n, chunk := sp.b, sp.sides, sp.order, sp.base, sp.n, sp.chunk
+	i, off, pos := sp.i, sp.off, sp.pos
+	// c is the copy i (in summed-buffer order), at its offset next.
+	c, next := 0, n
+	at := func() {
+		if c, next = i, n; i < len(sides) {
+			if order != nil {
+				c = order[i]
+			}
+			next = sides[c] - base
 		}
-		if sp.off == 0 && sp.pos < next {
-			// A gap no copy's last range takes: ranges that only sum.
-			m := min(sp.chunk, next-sp.pos)
-			a := sp.base + sp.pos
-			put(a, a, 0, m)
-			sp.pos += m
+	}
+	at()
+	k := 0
+	for ; k+gatherSumWords <= len(out) && (i < len(sides) || pos < n); k += gatherSumWords {
+		w := out[k : k+gatherSumWords : k+gatherSumWords]
+		if off == 0 && pos < next {
+			// A gap no copy's last range takes: a range that only sums.
+			m := min(chunk, next-pos)
+			w[0], w[1], w[2], w[3] = base+pos, base+pos, 0, m
+			pos += m
 			continue
 		}
-		c := sp.copyAt(sp.i)
 		size := b.sizes[c]
-		m := min(sp.chunk, size-sp.off)
-		start := sp.sideAddr(c) - sp.base + sp.off
-		sum := m
-		if sp.off+m == size {
-			// The copy's last range sums to the next word, and on over
-			// a short gap to the next copy or the end.
-			end := min((start+m+7)&^7, sp.n)
-			after := sp.n
-			if sp.i+1 < len(b.sizes) {
-				after = sp.sideAddr(sp.copyAt(sp.i+1)) - sp.base
-			}
-			if after-end <= gatherSumExtend {
-				end = after
-			}
-			sum = end - start
-			sp.pos = end
+		m := min(chunk, size-off)
+		w[0], w[1], w[2], w[3] = b.srcs[c]+off, b.dsts[c]+off, m, m
+		if off += m; off < size {
+			continue
 		}
-		put(b.srcs[c]+sp.off, b.dsts[c]+sp.off, m, sum)
-		if sp.off += m; sp.off == size {
-			sp.i, sp.off = sp.i+1, 0
+		// The copy's last range sums to the next word, and on over a
+		// short gap to the next copy or the end.
+		start := next + off - m
+		end := min((start+m+7)&^7, n)
+		i, off = i+1, 0
+		at()
+		if next-end <= gatherSumExtend {
+			end = next
 		}
+		w[3], pos = end-start, end
 	}
-	return k
+	sp.i, sp.off, sp.pos = i, off, pos
+	return k / gatherSumWords
 }

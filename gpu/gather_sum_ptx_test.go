@@ -567,3 +567,37 @@ func wordSums(b []byte, first uint64) uint64 {
 	}
 	return s
 }
+
+// BenchmarkSplitters measures what Gather.Copy and Gather.CopySum spend on
+// the host per copy to describe 100,000 copies of 4 KiB into a bucket as
+// kernel ranges, slot by slot (the rest of their cost per copy is the
+// caller's CopyBatch.Add and the GPU's).
+func BenchmarkSplitters(b *testing.B) {
+	const count, size = 100_000, 4 << 10
+	var cb CopyBatch
+	for i := range count {
+		cb.Add(ptxSumBufBase+uint64(i*size), ptxSumOtherBase+uint64(2*i*size), size)
+	}
+	b.Run("gather", func(b *testing.B) {
+		out := make([]uint64, gatherSlotRanges*gatherWords)
+		for range b.N {
+			for sp := (&rangeSplitter{b: &cb, chunk: GatherChunk}); !sp.done(); {
+				sp.fill(out)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*count), "ns/copy")
+	})
+	b.Run("fused", func(b *testing.B) {
+		out := make([]uint64, gatherSumSlotRanges*gatherSumWords)
+		for range b.N {
+			sp, err := newSumSplitter(&cb, ptxSumBufBase, count*size, SumDst, GatherChunk)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for !sp.done() {
+				sp.fill(out)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*count), "ns/copy")
+	})
+}
