@@ -23,6 +23,10 @@ type gatherGen struct {
 	// cacheQualifiers in ptx_interp_test.go for the forms).
 	load, store string
 	minBlocks   int // .minnctapersm, blocks per multiprocessor ptxas must fit; 0: none
+	// pipeline: the fused kernel loads the next U vectors before it hashes
+	// these (two sets of registers), so that loads are in flight while it
+	// hashes; the plain kernel has nothing to overlap.
+	pipeline bool
 }
 
 var (
@@ -32,15 +36,16 @@ var (
 
 // gatherVariants are the choices BenchmarkGatherVariants compares, each as
 // the plain and as the fused kernel; TestGatherVariantsPTX runs them all.
+// On an H200 the cache qualifiers (.nc.L1::no_allocate.L2::256B loads,
+// .L1::no_allocate or .cs stores) changed no rate by more than the noise.
 var gatherVariants = []gatherGen{
 	{unroll: 4},
-	{unroll: 4, minBlocks: 4},
-	{unroll: 4, load: ".nc.L1::no_allocate.L2::256B", store: ".L1::no_allocate"},
-	{unroll: 4, load: ".nc.L1::no_allocate.L2::256B", store: ".cs", minBlocks: 4},
-	{unroll: 2},
 	{unroll: 8},
 	{unroll: 8, minBlocks: 3},
-	{unroll: 8, load: ".nc.L1::no_allocate.L2::256B", store: ".L1::no_allocate", minBlocks: 3},
+	{unroll: 2, pipeline: true},
+	{unroll: 4, pipeline: true},
+	{unroll: 4, pipeline: true, minBlocks: 3},
+	{unroll: 8, pipeline: true},
 }
 
 const gatherC = `
@@ -158,13 +163,14 @@ with checksum.Finish. It is this CUDA C, with U = %[1]d:
 // and the hash's constants have fixed numbers, so that the unrolled code
 // reads as its loop.
 const (
-	gsAddr = 24 // %rd24..: the unroll vectors' addresses
-	gsWord = 32 // %rd32..: their words, two each
-	gsKey  = 48 // %rd48: the key of the word hashed; %rd49 that plus PHI
-	gsTmp  = "%rd50"
-	gsPHI  = "%rd51"
-	gsMul1 = "%rd52" // fmix64's multipliers
-	gsMul2 = "%rd53"
+	gsAddr  = 24 // %rd24..: the unroll vectors' addresses
+	gsWord  = 32 // %rd32..: their words, two each
+	gsWordB = 64 // %rd64..: the second set of words, when pipelined
+	gsKey   = 48 // %rd48: the key of the word hashed; %rd49 that plus PHI
+	gsTmp   = "%rd50"
+	gsPHI   = "%rd51"
+	gsMul1  = "%rd52" // fmix64's multipliers
+	gsMul2  = "%rd53"
 )
 
 // fmix64 writes x = fmix64(x) for each 64-bit register named in xs, the
@@ -222,7 +228,7 @@ func (o gatherGen) ptx() string {
 	p.line("\t.reg .pred\t%%p<10>;")
 	p.line("\t.reg .b16\t%%b;")
 	p.line("\t.reg .b32\t%%r<16>;")
-	p.line("\t.reg .b64\t%%rd<60>;")
+	p.line("\t.reg .b64\t%%rd<80>;")
 	if o.sum {
 		p.line("\t.shared .align 8 .b8\t%s_warps[%d];", e, gatherThreads/32*8)
 	}
@@ -307,46 +313,43 @@ func (o gatherGen) vectors(p *ptxText) {
 		p.op("shl.b64", "%%rd18, %%rd4, 1")
 		p.op("mul.lo.u64", "%%rd18, %%rd18, %s", gsPHI)
 	}
-	p.label("VEC", fmt.Sprintf("for (; k + (U-1) nt < nv; k += U nt): %s..%s the addresses, %s..%s the words", rd(gsAddr), rd(gsAddr+u-1), rd(gsWord), rd(gsWord+2*u-1)))
-	p.op("add.u64", "%%rd23, %%rd16, %%rd19")
-	p.op("setp.ge.u64", "%%p4, %%rd23, %%rd15")
-	p.op("@%p4 bra", "VEC1")
-	p.op("shl.b64", "%%rd23, %%rd16, 4")
-	addrs := func(base string) {
-		p.op("add.s64", "%s, %s, %%rd23", rd(gsAddr), base)
-		for j := 1; j < u; j++ {
-			p.op("add.s64", "%s, %s, %%rd20", rd(gsAddr+j), rd(gsAddr+j-1))
+	// more branches to skip when the vectors k + j nt, j < U, are not
+	// all there.
+	more := func(skip string) {
+		p.op("add.u64", "%%rd23, %%rd16, %%rd19")
+		p.op("setp.ge.u64", "%%p4, %%rd23, %%rd15")
+		p.op("@%p4 bra", "%s", skip)
+	}
+	if !o.pipeline || !o.sum {
+		p.label("VEC", fmt.Sprintf("for (; k + (U-1) nt < nv; k += U nt): %s..%s the addresses, %s..%s the words", rd(gsAddr), rd(gsAddr+u-1), rd(gsWord), rd(gsWord+2*u-1)))
+		more("VEC1")
+		o.loadSet(p, gsWord)
+		o.storeSet(p, gsWord)
+		o.hashSet(p, gsWord)
+		p.op("add.u64", "%%rd16, %%rd16, %%rd21")
+		p.op("bra.uni", "VEC")
+	} else {
+		// Two sets of registers take turns: a set's vectors are loaded
+		// before the other set's are hashed.
+		p.comment(fmt.Sprintf("for (; k + (U-1) nt < nv; k += U nt), the loads of the next U vectors before the hashes of these: sets %s.. and %s..", rd(gsWord), rd(gsWordB)))
+		more("VEC1")
+		o.loadSet(p, gsWord)
+		for i, set := range []int{gsWord, gsWordB} {
+			other := gsWord + gsWordB - set
+			p.label(fmt.Sprintf("PIPE%d", i), "")
+			o.storeSet(p, set)
+			p.op("add.u64", "%%rd16, %%rd16, %%rd21")
+			more(fmt.Sprintf("LAST%d", i))
+			o.loadSet(p, other)
+			o.hashSet(p, set)
+		}
+		p.op("bra.uni", "PIPE0")
+		for i, set := range []int{gsWord, gsWordB} {
+			p.label(fmt.Sprintf("LAST%d", i), "")
+			o.hashSet(p, set)
+			p.op("bra.uni", "VEC1")
 		}
 	}
-	addrs("%rd7")
-	for j := range u {
-		p.op("ld.global"+o.load+".v2.u64", "{%s, %s}, [%s]", rd(gsWord+2*j), rd(gsWord+2*j+1), rd(gsAddr+j))
-	}
-	addrs("%rd8")
-	for j := range u {
-		p.op("st.global"+o.store+".v2.u64", "[%s], {%s, %s}", rd(gsAddr+j), rd(gsWord+2*j), rd(gsWord+2*j+1))
-	}
-	if o.sum {
-		p.comment(fmt.Sprintf("word 2k + 2j nt (+1) adds key + j step (+ PHI); %s = the key of each", rd(gsKey)))
-		p.op("mov.u64", "%s, %%rd17", rd(gsKey))
-		var ws []string
-		for j := range u {
-			if j > 0 {
-				p.op("add.u64", "%s, %s, %%rd18", rd(gsKey), rd(gsKey))
-			}
-			p.op("add.u64", "%s, %s, %s", rd(gsWord+2*j), rd(gsWord+2*j), rd(gsKey))
-			p.op("add.u64", "%s, %s, %s", rd(gsKey+1), rd(gsKey), gsPHI)
-			p.op("add.u64", "%s, %s, %s", rd(gsWord+2*j+1), rd(gsWord+2*j+1), rd(gsKey+1))
-			ws = append(ws, rd(gsWord+2*j), rd(gsWord+2*j+1))
-		}
-		p.fmix64(ws...)
-		for _, w := range ws {
-			p.op("add.u64", "%%rd5, %%rd5, %s", w)
-		}
-		p.op("add.u64", "%%rd17, %s, %%rd18", rd(gsKey))
-	}
-	p.op("add.u64", "%%rd16, %%rd16, %%rd21")
-	p.op("bra.uni", "VEC")
 
 	p.label("VEC1", "for (; k < nv; k += nt)")
 	p.op("setp.ge.u64", "%%p4, %%rd16, %%rd15")
@@ -369,6 +372,61 @@ func (o gatherGen) vectors(p *ptxText) {
 	p.op("bra.uni", "VEC1")
 	p.label("VECEND", "done = nv * 16")
 	p.op("shl.b64", "%%rd13, %%rd15, 4")
+}
+
+// vectorAddrs writes the addresses of the vectors k + j nt, j < U, of the
+// range from base (%rd7, the source, or %rd8, the destination) into
+// gsAddr.., with %rd23 = 16 k.
+func (o gatherGen) vectorAddrs(p *ptxText, base string) {
+	p.op("shl.b64", "%%rd23, %%rd16, 4")
+	p.op("add.s64", "%s, %s, %%rd23", rd(gsAddr), base)
+	for j := 1; j < o.unroll; j++ {
+		p.op("add.s64", "%s, %s, %%rd20", rd(gsAddr+j), rd(gsAddr+j-1))
+	}
+}
+
+// loadSet loads the vectors k + j nt, j < U, into the set of registers
+// from set.
+func (o gatherGen) loadSet(p *ptxText, set int) {
+	o.vectorAddrs(p, "%rd7")
+	for j := range o.unroll {
+		p.op("ld.global"+o.load+".v2.u64", "{%s, %s}, [%s]", rd(set+2*j), rd(set+2*j+1), rd(gsAddr+j))
+	}
+}
+
+// storeSet stores the set of registers from set at the vectors k + j nt
+// of the destination.
+func (o gatherGen) storeSet(p *ptxText, set int) {
+	o.vectorAddrs(p, "%rd8")
+	for j := range o.unroll {
+		p.op("st.global"+o.store+".v2.u64", "[%s], {%s, %s}", rd(gsAddr+j), rd(set+2*j), rd(set+2*j+1))
+	}
+}
+
+// hashSet adds the word contributions of the set of registers from set,
+// vectors of keys %rd17 + j step, into s, and moves the key U vectors on.
+// The plain kernel hashes nothing.
+func (o gatherGen) hashSet(p *ptxText, set int) {
+	if !o.sum {
+		return
+	}
+	p.comment(fmt.Sprintf("word 2k + 2j nt (+1) adds key + j step (+ PHI); %s = the key of each", rd(gsKey)))
+	p.op("mov.u64", "%s, %%rd17", rd(gsKey))
+	var ws []string
+	for j := range o.unroll {
+		if j > 0 {
+			p.op("add.u64", "%s, %s, %%rd18", rd(gsKey), rd(gsKey))
+		}
+		p.op("add.u64", "%s, %s, %s", rd(set+2*j), rd(set+2*j), rd(gsKey))
+		p.op("add.u64", "%s, %s, %s", rd(gsKey+1), rd(gsKey), gsPHI)
+		p.op("add.u64", "%s, %s, %s", rd(set+2*j+1), rd(set+2*j+1), rd(gsKey+1))
+		ws = append(ws, rd(set+2*j), rd(set+2*j+1))
+	}
+	p.fmix64(ws...)
+	for _, w := range ws {
+		p.op("add.u64", "%%rd5, %%rd5, %s", w)
+	}
+	p.op("add.u64", "%%rd17, %s, %%rd18", rd(gsKey))
 }
 
 // bytes writes the loop that copies the bytes left.
@@ -503,6 +561,9 @@ func (o gatherGen) String() string {
 	}
 	if o.minBlocks > 0 {
 		fmt.Fprintf(&b, ",minBlocks=%d", o.minBlocks)
+	}
+	if o.pipeline {
+		b.WriteString(",pipelined")
 	}
 	return b.String()
 }

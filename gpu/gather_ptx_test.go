@@ -29,17 +29,34 @@ func TestGatherPTX(t *testing.T) {
 
 // TestGatherVariantsPTX runs each variant of the gather kernels that the
 // benchmarks compare (gatherVariants), plain and fused, in the
-// interpreter, so that a benchmark measures only kernels that copy and
+// interpreter, on random copies and on long aligned ones (many rounds of
+// the unrolled and pipelined loops), and checks that every instruction
+// of each ran, so that a benchmark measures only kernels that copy and
 // sum right.
 func TestGatherVariantsPTX(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
+	long := [][3]int{{0, 0, 70000}, {70016, 70032, 49987}}
 	for _, v := range gatherVariants {
 		plain, fused := v, v
 		plain.sum, fused.sum = false, true
-		runGatherPTX(t, gatherPTXKernel(t, "gather.ptx "+v.String(), plain.ptx()), rng, 256<<10, 16<<10, 20, []int{32, 64})
-		k := gatherSumPTXKernelOf(t, "gather_sum.ptx "+v.String(), fused.ptx())
+		k := gatherPTXKernel(t, "gather.ptx "+v.String(), plain.ptx())
+		runGatherPTX(t, k, rng, 256<<10, 16<<10, 20, []int{32, 64})
+		checkAllRan(t, k)
+		k = gatherSumPTXKernelOf(t, "gather_sum.ptx "+v.String(), fused.ptx())
 		for i := range 4 {
 			runGatherSumPTX(t, k, rng, randomSumLayout(rng, SumSide(i%2), 20000+rng.IntN(20000), 16<<10), 16<<10, 7, []int{32, 64}[i/2])
+			runGatherSumPTX(t, k, rng, sumLayout{SumSide(i % 2), 120003, 120048, long}, 64<<10, 3, []int{32, 64}[i/2])
+		}
+		checkAllRan(t, k)
+	}
+}
+
+// checkAllRan fails t if an instruction of k never ran.
+func checkAllRan(t *testing.T, k *ptxKernel) {
+	t.Helper()
+	for i, c := range k.counts {
+		if c == 0 {
+			t.Errorf("%s: line %d (%s) never ran", k.file, k.insts[i].line, k.insts[i].op)
 		}
 	}
 }

@@ -299,6 +299,10 @@ type sumSplitter struct {
 	b     *CopyBatch
 	sides []uint64 // the copies' addresses in the summed buffer: b.dsts or b.srcs
 	order []int
+	// dense: the copies come in order from the buffer's start, each gap
+	// after one (to the next, or to the end) short enough for its last
+	// range to sum, so no range only sums (fillDense).
+	dense bool
 	base  uint64 // the summed buffer's address
 	n     uint64 // the bytes summed
 	chunk uint64
@@ -321,9 +325,9 @@ func newSumSplitter(b *CopyBatch, base, n uint64, side SumSide, chunk uint64) (*
 	}
 	sp := &sumSplitter{b: b, sides: sides, base: base, n: n, chunk: chunk}
 	// One pass checks each copy and, while they come in order, that none
-	// overlaps the one before; a copy that fails any check takes the
-	// slow path, which says which.
-	sorted := true
+	// overlaps the one before, and whether they are dense; a copy that
+	// fails any check takes the slow path, which says which.
+	sorted, dense := true, len(sides) > 0 && sides[0] == base
 	sizes := b.sizes[:len(sides)]
 	var start, end uint64 // the copy before, in the summed buffer
 	for i, a := range sides {
@@ -339,9 +343,11 @@ func newSumSplitter(b *CopyBatch, base, n uint64, side SumSide, chunk uint64) (*
 			}
 			sorted = false
 		}
+		dense = dense && off-min((end+7)&^7, n) <= gatherSumExtend
 		start, end = off, off+size
 	}
 	if sorted {
+		sp.dense = dense && n-min((end+7)&^7, n) <= gatherSumExtend
 		return sp, nil
 	}
 	sp.order = make([]int, len(sides))
@@ -366,6 +372,9 @@ func (sp *sumSplitter) done() bool { return sp.i >= len(sp.sides) && sp.pos >= s
 // dst, len, sum), until out is full or the splitter is done, and returns
 // how many it wrote.
 func (sp *sumSplitter) fill(out []uint64) int {
+	if sp.dense {
+		return sp.fillDense(out)
+	}
 	// Locals, so that the loop keeps them in registers.
 	b, sides, order, base, n, chunk := sp.b, sp.sides, sp.order, sp.base, sp.n, sp.chunk
 	i, off, pos := sp.i, sp.off, sp.pos
@@ -408,5 +417,32 @@ func (sp *sumSplitter) fill(out []uint64) int {
 		w[3], pos = end-start, end
 	}
 	sp.i, sp.off, sp.pos = i, off, pos
+	return k / gatherSumWords
+}
+
+// fillDense is fill for dense copies (see sumSplitter), the common case:
+// each range copies a piece, and the last piece of a copy sums on to the
+// next copy (or to the end).
+func (sp *sumSplitter) fillDense(out []uint64) int {
+	srcs, dsts, sizes, sides := sp.b.srcs, sp.b.dsts, sp.b.sizes, sp.sides
+	i, off, k := sp.i, sp.off, 0
+	for ; k+gatherSumWords <= len(out) && i < len(sides); k += gatherSumWords {
+		w := out[k : k+gatherSumWords : k+gatherSumWords]
+		size := sizes[i]
+		m := min(sp.chunk, size-off)
+		w[0], w[1], w[2], w[3] = srcs[i]+off, dsts[i]+off, m, m
+		if off += m; off == size {
+			end := sp.base + sp.n
+			if i+1 < len(sides) {
+				end = sides[i+1]
+			}
+			w[3] = end - (sides[i] + off - m)
+			i, off = i+1, 0
+		}
+	}
+	sp.i, sp.off = i, off
+	if i == len(sides) {
+		sp.pos = sp.n
+	}
 	return k / gatherSumWords
 }

@@ -349,9 +349,10 @@ func benchFusedOps(b *testing.B, count, size int) {
 
 // BenchmarkGatherVariants runs the variants of the gather kernels
 // (gatherVariants, each as the plain and the fused kernel) on one tensor
-// of 1 GiB, 64 of 16 MiB (in pieces of GatherChunk and of 1 MiB) and
-// 100,000 of 4 KiB, each way, to choose the embedded ones
-// (gatherDefault, gatherSumDefault). It reports GB/s of bytes copied.
+// of 1 GiB and 64 of 16 MiB (in pieces of 256 KiB to 1 MiB), 16 of
+// 4 MiB (a 64 MiB bucket) and 100,000 of 4 KiB, each way, to choose the
+// embedded ones (gatherDefault, gatherSumDefault) and GatherChunk. It
+// reports GB/s of bytes copied.
 func BenchmarkGatherVariants(b *testing.B) {
 	d := testDevice(b)
 	for _, c := range []struct {
@@ -359,8 +360,9 @@ func BenchmarkGatherVariants(b *testing.B) {
 		count, size int
 		chunks      []uint64
 	}{
-		{"1x1GiB", 1, 1 << 30, []uint64{GatherChunk, 1 << 20}},
-		{"64x16MiB", 64, 16 << 20, []uint64{GatherChunk, 1 << 20}},
+		{"1x1GiB", 1, 1 << 30, []uint64{256 << 10, 512 << 10, 1 << 20}},
+		{"64x16MiB", 64, 16 << 20, []uint64{256 << 10, 512 << 10, 1 << 20}},
+		{"16x4MiB", 16, 4 << 20, []uint64{256 << 10, 1 << 20}},
 		{"100000x4KiB", 100_000, 4 << 10, []uint64{GatherChunk}},
 	} {
 		l := newFusedLayout(b, d, c.count, c.size)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -281,8 +282,8 @@ func TestGatherSumPTXSequence(t *testing.T) {
 }
 
 // TestGatherSumPTX runs random layouts both ways (copies into the summed
-// buffer and out of it) under small pieces and descriptor slots and
-// blocks of one to eight warps.
+// buffer and out of it), some dense (see sumSplitter), under small pieces
+// and descriptor slots and blocks of one to eight warps.
 func TestGatherSumPTX(t *testing.T) {
 	k := gatherSumPTXKernel(t)
 	rng := rand.New(rand.NewPCG(31, 32))
@@ -290,6 +291,9 @@ func TestGatherSumPTX(t *testing.T) {
 		side := SumSide(i % 2)
 		chunk := []int{1024, 4096, 256}[i%3]
 		l := randomSumLayout(rng, side, 10000+rng.IntN(30000), chunk)
+		if i%4 == 3 {
+			l = denseSumLayout(rng, l)
+		}
 		threads := []int{32, 64, 96, 32}[i%4]
 		if i == 9 {
 			threads = 256
@@ -361,10 +365,16 @@ func TestGatherSumPTXLoads(t *testing.T) {
 // them, longer ones by ranges of their own.
 func TestSumSplitter(t *testing.T) {
 	rng := rand.New(rand.NewPCG(37, 38))
+	dense := 0
 	for i := range 200 {
 		side := SumSide(i % 2)
 		chunk := []int{256, 1024, 4096}[i%3]
 		l := randomSumLayout(rng, side, 1000+rng.IntN(50000), chunk)
+		if i%4 >= 2 {
+			// Most are dense (see sumSplitter): short gaps only, and
+			// maybe none before the first copy or after the last.
+			l = denseSumLayout(rng, l)
+		}
 		var b CopyBatch
 		for _, c := range l.copies {
 			if side == SumDst {
@@ -376,6 +386,9 @@ func TestSumSplitter(t *testing.T) {
 		sp, err := newSumSplitter(&b, ptxSumBufBase, uint64(l.n), side, uint64(chunk))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if sp.dense {
+			dense++
 		}
 		copied := make([]int, l.n)
 		pos := uint64(0)
@@ -425,6 +438,36 @@ func TestSumSplitter(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("%d of 200 layouts dense", dense)
+	if dense < 40 || dense > 160 {
+		t.Fatalf("%d of 200 layouts dense, want both kinds (fill and fillDense) well covered", dense)
+	}
+}
+
+// denseSumLayout moves l's copies, in order, after gaps of at most
+// gatherSumExtend bytes, rarely longer (the last one often, and the one
+// before the first copy mostly, zero), so that most such layouts are
+// dense.
+func denseSumLayout(rng *rand.Rand, l sumLayout) sumLayout {
+	slices.SortFunc(l.copies, func(a, b [3]int) int { return a[0] - b[0] })
+	at := 0
+	if rng.IntN(4) == 0 {
+		at = 8 * rng.IntN(40)
+	}
+	for i := range l.copies {
+		l.copies[i][0] = at
+		at = (at + l.copies[i][2] + 7) &^ 7
+		if r := rng.IntN(100); r == 0 {
+			at += gatherSumExtend + 8 // too long: the layout is not dense
+		} else if r <= 20 {
+			at += 8 * rng.IntN(gatherSumExtend/8+1)
+		}
+	}
+	l.n = max(0, at-8*rng.IntN(2))
+	if k := len(l.copies); k > 0 && l.n < l.copies[k-1][0]+l.copies[k-1][2] {
+		l.n = l.copies[k-1][0] + l.copies[k-1][2]
+	}
+	return l
 }
 
 // TestSumSplitterRefuses checks CopySum's refusals: a copy outside the
