@@ -21,14 +21,19 @@ import (
 var gatherPTX string
 
 const (
-	// GatherChunk is the most bytes one thread block of the gather kernel
-	// copies: Gather splits longer copies into pieces of this size (a
-	// multiple of 16, so pieces keep their copy's alignment), so that one
-	// long copy spreads over every multiprocessor. On an H200, 64 copies of
-	// 16 MiB ran at 1742 GB/s in pieces of 256 KiB, 1734 in pieces of
-	// 1 MiB, 1532 in pieces of 64 KiB and 1288 in pieces of 16 KiB
-	// (BenchmarkGather64x16MiB; one plain copy of 1 GiB: 1828 GB/s).
-	GatherChunk = 256 << 10
+	// GatherChunk is the most bytes one thread block of the gather kernels
+	// copies. Gather splits longer copies into pieces (a multiple of 16
+	// bytes, so that pieces keep their copy's alignment) of about
+	// 1/gatherPieces of the bytes it queues, at least gatherMinChunk and at
+	// most GatherChunk: a small batch still spreads over every
+	// multiprocessor, a large one runs no more blocks than it needs
+	// (gatherPiece).
+	GatherChunk = 1 << 20
+	// gatherMinChunk is the least bytes a piece has (but the last of a
+	// copy).
+	gatherMinChunk = 64 << 10
+	// gatherPieces is the number of pieces Gather aims at.
+	gatherPieces = 1024
 	// gatherThreads is the kernel's block size.
 	gatherThreads = 256
 	// gatherSlotRanges ranges fit in one of the descSlots descriptor
@@ -221,7 +226,7 @@ type Gather struct {
 	s     *Stream
 	k     *loadedKernel // nil: copies go through CopyBatch
 	why   error         // why k is nil
-	chunk uint64        // GatherChunk; tests and benchmarks try others
+	chunk uint64        // the pieces' size; 0: gatherPiece's (tests and benchmarks try others)
 	ring  descRing      // of gatherRanges; its memory taken at first use
 
 	// The fused gather and checksum kernel of CopySum (gather_sum.go),
@@ -256,7 +261,7 @@ var gatherRanges = descKind{
 // every Gather of the device falls back to Stream.CopyBatch, and Kernel
 // returns the reason.
 func (s *Stream) NewGather() *Gather {
-	g := &Gather{s: s, chunk: GatherChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring()}
+	g := &Gather{s: s, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring()}
 	g.k, g.why = s.d.gatherKernel()
 	if g.k == nil && g.why == nil {
 		g.why = ErrNoGatherKernel
@@ -291,7 +296,26 @@ func (g *Gather) Copy(ctx context.Context, b *CopyBatch) error {
 		return err
 	}
 	noteGatherPath(GatherKernel, nil)
-	return g.ring.queue(ctx, g.s, g.k, &rangeSplitter{b: b, chunk: g.chunk})
+	return g.ring.queue(ctx, g.s, g.k, &rangeSplitter{b: b, chunk: g.piece(b.Bytes())})
+}
+
+// piece returns the size of the pieces Gather splits copies of bytes
+// bytes in all into: g.chunk if set, else gatherPiece's.
+func (g *Gather) piece(bytes int64) uint64 {
+	if g.chunk != 0 {
+		return g.chunk
+	}
+	return gatherPiece(bytes)
+}
+
+// gatherPiece returns the size of the pieces for copies of bytes bytes in
+// all: about bytes/gatherPieces, a multiple of 16, from gatherMinChunk to
+// GatherChunk. On an H200 64 copies of 16 MiB ran fastest in pieces of
+// 1 MiB and 16 of 4 MiB (a 64 MiB bucket) at half the rate in pieces of
+// 1 MiB (64 blocks) than of 256 KiB (BenchmarkGatherPieces).
+func gatherPiece(bytes int64) uint64 {
+	p := (uint64(max(bytes, 0))/gatherPieces + 15) &^ 15
+	return min(max(p, gatherMinChunk), GatherChunk)
 }
 
 // Close waits, bounded by ctx, until no launch reads the descriptor

@@ -175,8 +175,12 @@ func BenchmarkGather64x16MiB(b *testing.B) {
 		cb := CopyBatch{PerCopy: true}
 		benchCopy(b, d, each*count, func(s *Stream) error { fill(&cb); return s.CopyBatch(&cb) })
 	})
-	for _, chunk := range []uint64{GatherChunk, 16 << 10, 256 << 10, 1 << 20} {
-		b.Run(fmt.Sprintf("kernel-chunk=%dKiB", chunk>>10), func(b *testing.B) {
+	for _, chunk := range []uint64{0, 16 << 10, 256 << 10, 1 << 20} {
+		name := fmt.Sprintf("kernel-chunk=%dKiB", chunk>>10)
+		if chunk == 0 {
+			name = fmt.Sprintf("kernel-chunk=default(%dKiB)", gatherPiece(each*count)>>10)
+		}
+		b.Run(name, func(b *testing.B) {
 			var g *Gather
 			var cb CopyBatch
 			benchCopy(b, d, each*count, func(s *Stream) error {

@@ -30,8 +30,8 @@ type gatherGen struct {
 }
 
 var (
-	gatherDefault    = gatherGen{unroll: 4}
-	gatherSumDefault = gatherGen{sum: true, unroll: 4}
+	gatherDefault    = gatherGen{unroll: 8}
+	gatherSumDefault = gatherGen{sum: true, unroll: 8}
 )
 
 // gatherVariants are the choices BenchmarkGatherVariants compares, each as

@@ -151,6 +151,22 @@ func TestRangeSplitter(t *testing.T) {
 	}
 }
 
+// TestGatherPiece checks the default pieces: about 1/gatherPieces of the
+// bytes, multiples of 16, from gatherMinChunk to GatherChunk.
+func TestGatherPiece(t *testing.T) {
+	for bytes, want := range map[int64]uint64{
+		0: gatherMinChunk, 1: gatherMinChunk, 16 << 20: gatherMinChunk, 64 << 20: 64 << 10,
+		100<<20 + 3: 102400, 100<<20 + 2048: 102416, 256 << 20: 256 << 10, 1 << 30: 1 << 20, 1 << 40: GatherChunk,
+	} {
+		if got := gatherPiece(bytes); got != want {
+			t.Errorf("gatherPiece(%d) = %d, want %d", bytes, got, want)
+		}
+	}
+	if GatherChunk%16 != 0 || gatherMinChunk%16 != 0 || gatherMinChunk > GatherChunk {
+		t.Fatal("the pieces must keep 16-byte alignment and their bounds their order")
+	}
+}
+
 // TestGatherCheckCopies keeps the device self-test's copies apart and
 // inside its buffers.
 func TestGatherCheckCopies(t *testing.T) {

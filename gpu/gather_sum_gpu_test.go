@@ -25,10 +25,11 @@ func testGatherSum(tb testing.TB, s *Stream) (*Gather, *Checksummer) {
 
 // TestGatherSumGPU runs random layouts both ways (copies into the summed
 // buffer and out of it) on device memory, several CopySums outstanding at
-// once (runSumSequence), with the default pieces and with pieces of
-// 16 KiB, plus 20,000 copies of 64 bytes (several launches, the
-// descriptor ring wrapping) and copies of 64 MiB, and compares the bytes
-// and the sums with checksum.Sum.
+// once (runSumSequence), plus 20,000 copies of 64 bytes (several
+// launches, the descriptor ring wrapping) and copies of 64 MiB, and
+// compares the bytes and the sums with checksum.Sum: through CopySum
+// (which fuses only the larger copies), then through the fused kernel
+// always, with the default pieces and with pieces of 16 KiB.
 func TestGatherSumGPU(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
@@ -55,6 +56,7 @@ func TestGatherSumGPU(t *testing.T) {
 	}
 	layouts = append(layouts, sumLayout{SumDst, 128 * 20000, 80 * 20000, many}, sumLayout{SumSrc, 128*20000 - 64, 80 * 20000, many})
 	layouts = append(layouts, sumLayout{SumDst, 128<<20 + 3, 64<<20 + 16, [][3]int{{0, 0, 64 << 20}, {64<<20 + 64, 16, 64<<20 - 61}}})
+	fuse := false
 	queue := func(fc *fusedCase) error {
 		var b CopyBatch
 		sb, ob := summed.DevicePtr()+uint64(fc.summedAt), other.DevicePtr()+uint64(fc.otherAt)
@@ -70,7 +72,13 @@ func TestGatherSumGPU(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		p, err := g.CopySum(ctx, &b, SumOf{Buf: v, N: int64(fc.l.n), Side: fc.l.side, Sums: c})
+		of := SumOf{Buf: v, N: int64(fc.l.n), Side: fc.l.side, Sums: c}
+		var p *PendingSum
+		if fuse {
+			p, err = g.copySum(ctx, &b, of, true)
+		} else {
+			p, err = g.CopySum(ctx, &b, of)
+		}
 		if err != nil {
 			return err
 		}
@@ -102,10 +110,13 @@ func TestGatherSumGPU(t *testing.T) {
 		}
 		return nil
 	}
-	for round, chunk := range []uint64{GatherChunk, 16 << 10} {
-		g.chunk = chunk
+	for round, r := range []struct {
+		fuse  bool
+		chunk uint64 // 0: the default pieces
+	}{{false, 0}, {true, 0}, {true, 16 << 10}} {
+		fuse, g.chunk = r.fuse, r.chunk
 		if err := runSumSequence(hostSummed, hostOther, layouts, queue, check); err != nil {
-			t.Fatalf("round %d (pieces of %d bytes): %v", round, chunk, err)
+			t.Fatalf("round %d (fused always %v, pieces of %d bytes, 0 the default): %v", round, r.fuse, r.chunk, err)
 		}
 	}
 }
@@ -238,14 +249,13 @@ type fusedOp func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingS
 
 // The ways the benchmarks copy and sum: the gather kernel alone; the
 // gather kernel and the checksum kernel over the bucket (after the copies
-// into it, before those out of it); CopySum, which sums as it copies.
+// into it, before those out of it); CopySum, which sums as it copies
+// where the copies are large enough; the fused kernel always.
 var fusedOps = []struct {
 	name string
 	op   fusedOp
 }{
-	{"gather", func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
-		return nil, g.Copy(context.Background(), cb)
-	}},
+	{"gather", opGather},
 	{"gather+checksum", func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
 		if of.Side == SumSrc {
 			p, err := c.Queue(of.Buf, of.N)
@@ -262,6 +272,15 @@ var fusedOps = []struct {
 	{"fused", func(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
 		return g.CopySum(context.Background(), cb, of)
 	}},
+	{"fused-kernel", opFusedKernel},
+}
+
+func opGather(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
+	return nil, g.Copy(context.Background(), cb)
+}
+
+func opFusedKernel(g *Gather, c *Checksummer, cb *CopyBatch, of SumOf) (*PendingSum, error) {
+	return g.copySum(context.Background(), cb, of, true)
 }
 
 // benchFused runs one fused-copy benchmark of l's copies, side says which
@@ -339,7 +358,7 @@ func benchFusedOps(b *testing.B, count, size int) {
 	d := testDevice(b)
 	l := newFusedLayout(b, d, count, size)
 	for _, sd := range sides {
-		for _, op := range fusedOps {
+		for _, op := range fusedOps[:3] {
 			b.Run(sd.name+"/"+op.name, func(b *testing.B) {
 				benchFused(b, d, l, sd.side, func(s *Stream) *Gather { g, _ := testGatherSum(b, s); return g }, op.op)
 			})
@@ -369,17 +388,73 @@ func BenchmarkGatherVariants(b *testing.B) {
 		for _, sd := range sides {
 			for _, chunk := range c.chunks {
 				for _, v := range gatherVariants {
-					for _, op := range []int{0, 2} { // gather, fused
-						name := fmt.Sprintf("%s/%s/chunk=%dKiB/%v/%s", c.name, sd.name, chunk>>10, v, fusedOps[op].name)
+					for _, op := range []struct {
+						name string
+						op   fusedOp
+					}{{"gather", opGather}, {"fused", opFusedKernel}} {
+						name := fmt.Sprintf("%s/%s/chunk=%dKiB/%v/%s", c.name, sd.name, chunk>>10, v, op.name)
 						b.Run(name, func(b *testing.B) {
 							benchFused(b, d, l, sd.side, func(s *Stream) *Gather {
 								g := variantGather(b, s, v)
 								g.chunk = chunk
 								return g
-							}, fusedOps[op].op)
+							}, op.op)
 						})
 					}
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkGatherPieces copies buckets of 16 MiB to 1 GiB (from tensors
+// of 4 and 16 MiB, or one of 1 GiB) each way, with the gather kernel and
+// with the fused kernel, in pieces of 32 KiB to 1 MiB and in the default
+// ones (gatherPiece), to choose those. It reports GB/s of bytes copied.
+func BenchmarkGatherPieces(b *testing.B) {
+	d := testDevice(b)
+	for _, c := range []struct {
+		name        string
+		count, size int
+	}{{"1x1GiB", 1, 1 << 30}, {"64x16MiB", 64, 16 << 20}, {"64x4MiB", 64, 4 << 20}, {"16x4MiB", 16, 4 << 20}, {"4x4MiB", 4, 4 << 20}} {
+		l := newFusedLayout(b, d, c.count, c.size)
+		for _, sd := range sides {
+			for _, chunk := range []uint64{0, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20} {
+				for _, op := range []struct {
+					name string
+					op   fusedOp
+				}{{"gather", opGather}, {"fused", opFusedKernel}} {
+					name := fmt.Sprintf("%s/%s/chunk=%dKiB/%s", c.name, sd.name, chunk>>10, op.name)
+					if chunk == 0 {
+						name = fmt.Sprintf("%s/%s/chunk=default(%dKiB)/%s", c.name, sd.name, gatherPiece(l.bytes)>>10, op.name)
+					}
+					b.Run(name, func(b *testing.B) {
+						benchFused(b, d, l, sd.side, func(s *Stream) *Gather {
+							g, _ := testGatherSum(b, s)
+							g.chunk = chunk
+							return g
+						}, op.op)
+					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkGatherSumCopies packs about 400 MB of tensors of 4 KiB to
+// 1 MiB into a bucket (and copies them out of it) each way of fusedOps,
+// to choose gatherSumMinCopy: the copies below which copying, then
+// summing, is faster than the fused kernel. It reports GB/s of bytes
+// copied and µs per copy.
+func BenchmarkGatherSumCopies(b *testing.B) {
+	d := testDevice(b)
+	for _, size := range []int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20} {
+		l := newFusedLayout(b, d, 400_000_000/size, size)
+		for _, sd := range sides {
+			for _, op := range fusedOps {
+				b.Run(fmt.Sprintf("%dKiB/%s/%s", size>>10, sd.name, op.name), func(b *testing.B) {
+					benchFused(b, d, l, sd.side, func(s *Stream) *Gather { g, _ := testGatherSum(b, s); return g }, op.op)
+				})
 			}
 		}
 	}

@@ -512,9 +512,9 @@ func TestGatherSumCheckCases(t *testing.T) {
 // TestGatherSumPTXLarge runs the layout of 128 MiB that TestGatherSumGPU
 // once failed on (two copies of 64 MiB with a gap of 64 bytes between
 // them, the second ending 3 bytes into a word) at full size in pieces of
-// GatherChunk: only the blocks of the first and last pieces of each copy
-// and those next to them, in memory mapped only where those blocks may
-// read and write, so that the test stays fast. It checks their copies and
+// 256 KiB, as it failed: only the blocks of the first and last pieces of
+// each copy and those next to them, in memory mapped only where those
+// blocks may read and write, so that the test stays fast. It checks their copies and
 // their part of the sum against the checksum's definition (wordSums), at
 // word indices past 2^24 and descriptors far into the slot, where 32-bit
 // arithmetic would break.
@@ -525,7 +525,7 @@ func TestGatherSumPTXLarge(t *testing.T) {
 	for _, c := range l.copies {
 		b.Add(ptxSumBufBase+uint64(c[0]), ptxSumOtherBase+uint64(c[1]), int64(c[2]))
 	}
-	sp, err := newSumSplitter(&b, ptxSumBufBase, uint64(l.n), l.side, GatherChunk)
+	sp, err := newSumSplitter(&b, ptxSumBufBase, uint64(l.n), l.side, 256<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
