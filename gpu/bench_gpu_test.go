@@ -7,8 +7,9 @@ import (
 	"github.com/weightcast/weightcast/mem"
 )
 
-// The copy benchmarks move 1 GiB per operation and report GB/s (10^9 bytes
-// per second of bytes copied), stream-synchronized each time.
+// The copy benchmarks move 1 GiB per operation (most of them) and report
+// GB/s (10^9 bytes per second of the bytes they copy), stream-synchronized
+// each time.
 
 const benchBytes = 1 << 30
 

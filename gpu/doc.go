@@ -60,8 +60,9 @@
 // Stream.NewGather returns a Gather, which queues many device-to-device
 // copies with one launch of a small kernel (gather.ptx, PTX embedded in
 // the binary and loaded with cuModuleLoadDataEx, launched with
-// cuLaunchKernel): one thread block per piece of at most GatherChunk
-// bytes, 16-byte loads and stores where the addresses allow. The copy
+// cuLaunchKernel): one thread block per piece (about 1/1024 of the bytes
+// queued, from 64 KiB to GatherChunk), 16-byte loads and stores where the
+// addresses allow. The copy
 // engine costs microseconds per copy however copies are queued; the
 // kernel's cost per copy is that of the bytes. The first Gather of a
 // device loads the kernel and checks it on a few copies; where it cannot
@@ -89,12 +90,13 @@
 // each block adds its sum (reduced over the block by warp shuffles and
 // shared memory) into a Checksummer's slots once; the bytes no copy moves
 // (alignment padding, parts of the bucket filled otherwise) are read
-// where they lie, so the result equals
-// checksum.Sum of the buffer after the copies. The copies' sides in the
-// buffer start on its 8-byte words and do not overlap. Where the fused
-// kernel cannot be loaded or fails its self-test (or
-// WEIGHTCAST_GATHER_SUM=off), CopySum copies and then checksums: the same
-// value, one pass more (Gather.SumKernel says which).
+// where they lie, so the result equals checksum.Sum of the buffer after
+// the copies. It fuses copies of 64 KiB or more on average, whose sides
+// in the buffer start on its 8-byte words and do not overlap; smaller
+// copies cost less copied, then checksummed. Where the fused kernel
+// cannot be loaded or fails its self-test (or WEIGHTCAST_GATHER_SUM=off),
+// CopySum copies and then checksums: the same value, one pass more
+// (Gather.SumKernel says which).
 //
 // # MAC kernels
 //

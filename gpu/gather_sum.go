@@ -34,9 +34,10 @@ const (
 	gatherSumExtend = 256
 	// gatherSumMinCopy: CopySum fuses the checksum into copies of at
 	// least this many bytes on average; smaller ones it copies, then sums
-	// with the checksum kernel. On an H200 100,000 copies of 4 KiB took
-	// 22 ns each fused, 15 ns copied then summed (BenchmarkGatherSum4KiB);
-	// BenchmarkGatherSumCopies compares the two at other sizes.
+	// with the checksum kernel. On an H200 (BenchmarkGatherSumCopies,
+	// pack, about 400 MB of copies) a copy of 4 KiB took 22 ns fused and
+	// 14 ns copied then summed, of 16 KiB 29 and 26 ns, of 64 KiB 68 and
+	// 76 ns, of 256 KiB 183 and 271 ns.
 	gatherSumMinCopy = 64 << 10
 	// gatherSumCheckWait bounds the self-test that runs when the kernel
 	// is loaded.
@@ -237,15 +238,17 @@ func (g *Gather) loadSum() {
 // (SumSrc: a bucket being loaded into a model), and of the bytes between
 // and around them, which are read where they lie. It empties b.
 //
-// The copies' sides in the buffer must start on 8-byte words of it (the
-// buffer itself 8-byte aligned) and must not overlap; the other sides
-// must not overlap the buffer. Where the fused kernel can be used
-// (SumKernel) and the copies average at least gatherSumMinCopy bytes, the
-// checksum costs no pass over memory of its own: the kernel sums each word
-// as it copies it, and only the bytes no copy moves are read again.
-// Elsewhere CopySum copies with Copy and then checksums the buffer with
-// of.Sums: the same value, one pass more, which for small copies costs
-// less than the fused kernel's work per copy. The PendingSum's
+// Where the fused kernel can be used (SumKernel) and the copies average at
+// least gatherSumMinCopy bytes, the checksum costs no pass over memory of
+// its own: the kernel sums each word as it copies it, and only the bytes
+// no copy moves are read again. The kernel needs the copies' sides in the
+// buffer inside its first of.N bytes, starting on its 8-byte words (the
+// buffer itself 8-byte aligned) and not overlapping, and the other sides
+// not overlapping the buffer; CopySum refuses copies it would fuse that
+// are not so, saying which. Elsewhere CopySum copies with Copy and then
+// checksums the buffer with of.Sums: the same value, one pass more, which
+// for small copies costs less than the fused kernel's work (and the
+// check) per copy. The PendingSum's
 // value is checksum.Sum of the buffer's bytes as they are after the
 // copies. Like Copy, CopySum blocks only to reuse a descriptor slot whose
 // launch is still running, at most until ctx ends.
@@ -265,19 +268,22 @@ func (g *Gather) copySum(ctx context.Context, b *CopyBatch, of SumOf, fuse bool)
 	if err != nil {
 		return nil, err
 	}
-	sp, err := newSumSplitter(b, base, uint64(of.N), of.Side, g.piece(of.N))
-	if err != nil {
-		return nil, fmt.Errorf("gpu: fused checksum of %d bytes on cuda:%d: %w", of.N, d.ordinal, err)
+	g.loadSum()
+	fuse = fuse && g.sumK != nil
+	var sp *sumSplitter
+	if fuse {
+		// The fused kernel relies on the copies' layout; copying, then
+		// summing, does not.
+		if sp, err = newSumSplitter(b, base, uint64(of.N), of.Side, g.piece(of.N)); err != nil {
+			return nil, fmt.Errorf("gpu: fused checksum of %d bytes on cuda:%d: %w", of.N, d.ordinal, err)
+		}
 	}
 	if ev := FenceOf(of.Buf); ev != nil {
 		if err := g.s.WaitEvent(ev); err != nil {
 			return nil, err
 		}
 	}
-	if of.N == 0 {
-		return &PendingSum{c: c, done: true, sum: checksum.Finish(0, 0)}, nil
-	}
-	if g.loadSum(); g.sumK == nil || !fuse {
+	if !fuse {
 		if err := g.Copy(ctx, b); err != nil {
 			return nil, err
 		}
@@ -286,6 +292,9 @@ func (g *Gather) copySum(ctx context.Context, b *CopyBatch, of SumOf, fuse bool)
 			return nil, err
 		}
 		return c.Queue(v, of.N)
+	}
+	if of.N == 0 { // and so no copies
+		return &PendingSum{c: c, done: true, sum: checksum.Finish(0, 0)}, nil
 	}
 	if err := g.sumRing.alloc(g.s); err != nil {
 		return nil, err

@@ -170,20 +170,29 @@ func TestGatherSumGPUFallback(t *testing.T) {
 }
 
 // TestGatherSumGPURefuses checks CopySum's errors: no Checksummer, one of
-// another stream, host memory, a copy off a word of the buffer.
+// another stream, host memory, a copy off a word of the buffer when it
+// would fuse the copies; and that it copies and sums small copies off a
+// word, which it does not fuse.
 func TestGatherSumGPURefuses(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
 	g, c := testGatherSum(t, s)
 	other := testChecksummer(t, testStream(t, d))
-	buf, src := alloc(t, d, 4096), alloc(t, d, 4096)
-	hostBuf := alloc(t, mem.Host{}, 4096)
-	ctx := context.Background()
+	const n = 2 * gatherSumMinCopy
+	host := pattern(n, 65)
+	buf := alloc(t, d, n)
+	hostBuf := alloc(t, mem.Host{}, n)
+	src := alloc(t, d, n)
+	if err := s.CopyHtoD(src, 0, host); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	for name, of := range map[string]SumOf{
-		"no Checksummer":         {Buf: buf, N: 4096},
-		"another stream":         {Buf: buf, N: 4096, Sums: other},
-		"host memory":            {Buf: hostBuf, N: 4096, Sums: c},
-		"longer than the buffer": {Buf: buf, N: 4097, Sums: c},
+		"no Checksummer":         {Buf: buf, N: n},
+		"another stream":         {Buf: buf, N: n, Sums: other},
+		"host memory":            {Buf: hostBuf, N: n, Sums: c},
+		"longer than the buffer": {Buf: buf, N: n + 1, Sums: c},
 	} {
 		var b CopyBatch
 		b.Add(buf.DevicePtr(), src.DevicePtr(), 100)
@@ -195,12 +204,29 @@ func TestGatherSumGPURefuses(t *testing.T) {
 		}
 	}
 	var b CopyBatch
-	b.Add(buf.DevicePtr()+4, src.DevicePtr(), 100)
-	if p, err := g.CopySum(ctx, &b, SumOf{Buf: buf, N: 4096, Sums: c}); err == nil {
+	b.Add(buf.DevicePtr()+4, src.DevicePtr(), gatherSumMinCopy)
+	if p, err := g.CopySum(ctx, &b, SumOf{Buf: buf, N: n, Sums: c}); err == nil {
 		p.Close()
 		t.Error("a copy off a word: CopySum succeeded")
 	} else {
 		t.Logf("a copy off a word: %v", err)
+	}
+	// Small copies are copied, then summed: their layout does not matter.
+	if err := s.Memset(buf, 0, n, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, n)
+	b.Add(buf.DevicePtr()+4, src.DevicePtr(), 100)
+	b.Add(buf.DevicePtr()+1000, src.DevicePtr()+3, 5000)
+	copy(want[4:], host[:100])
+	copy(want[1000:], host[3:5003])
+	p, err := g.CopySum(ctx, &b, SumOf{Buf: buf, N: n, Sums: c})
+	if err != nil {
+		t.Fatalf("small copies off a word: %v", err)
+	}
+	defer p.Close()
+	if got, err := p.Wait(ctx); err != nil || got != checksum.Sum(want) {
+		t.Fatalf("small copies off a word: the sum is %#x (%v), want %#x", got, err, checksum.Sum(want))
 	}
 }
 
