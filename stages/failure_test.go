@@ -139,6 +139,9 @@ func TestFailureAnywhereStopsEveryRank(t *testing.T) {
 				}
 				if strings.Contains(err.Error(), c.want) {
 					hits++
+					if c.want == "failed its checksum" && r == 2 && !errors.Is(err, ErrChecksum) {
+						t.Errorf("rank %d's checksum failure does not wrap ErrChecksum: %v", r, err)
+					}
 					if n := strings.Count(err.Error(), c.want); n != 1 {
 						t.Errorf("rank %d repeats the cause %d times: %v", r, n, err)
 					}

@@ -189,3 +189,7 @@ func (s *Sender) tracing() []pipeline.Option {
 // ErrBroken is wrapped by Sync's error on a Sender or Receiver whose earlier
 // round failed.
 var ErrBroken = errors.New("unusable after a failed round")
+
+// ErrChecksum is wrapped by the error of a round in which a received
+// bucket's bytes did not match the checksum the root sent.
+var ErrChecksum = errors.New("failed its checksum")

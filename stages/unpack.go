@@ -180,8 +180,8 @@ func (c *bucketCheck) checkSum(ctx context.Context, b *Bucket, data []byte) erro
 	if got == m.Checksum {
 		return nil
 	}
-	return fmt.Errorf("bucket %d (version %d, %d bytes) failed its checksum: got %x, root sent %x; tensors in it: %s",
-		m.Seq, m.Version, m.Length, got, m.Checksum, entryNames(m.Entries, 8))
+	return fmt.Errorf("bucket %d (version %d, %d bytes) %w: got %x, root sent %x; tensors in it: %s",
+		m.Seq, m.Version, m.Length, ErrChecksum, got, m.Checksum, entryNames(m.Entries, 8))
 }
 
 func entryNames(es []Entry, limit int) string {
