@@ -1,0 +1,443 @@
+package weightcast
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/nccl"
+	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/inproc"
+	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
+	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
+	_ "github.com/weightcast/weightcast/transport/tcp"   // registers "tcp"
+	"github.com/weightcast/weightcast/transport/zmqbus"
+)
+
+// ErrClosed is wrapped by the error of a call on a closed Sender or
+// Receiver, and of a round that Close ended.
+var ErrClosed = errors.New("closed")
+
+// peerGoneGrace is how long a rank lets its transports report a failure
+// before it acts on the rendezvous saying a peer is gone: when a rank
+// fails, its neighbours usually fail and leave within milliseconds too, and
+// the transports' own errors name the rank that really went first. The
+// rendezvous is the backstop for what they cannot see (a dead NCCL peer, a
+// stopped process).
+const peerGoneGrace = 2 * time.Second
+
+// What every rank publishes when it joins, so that all decide "auto" and
+// their GPUs alike.
+const (
+	keyHost = "weightcast.host" // host identity: ranks with equal ones share a machine
+	keyGPUs = "weightcast.gpus" // GPUs this rank may use (0 with Device "cpu")
+	keyNCCL = "weightcast.nccl" // "1" when NCCL loads here
+)
+
+// member is what a Sender and a Receiver share: one rank's place in a
+// group and everything it opened, released in reverse order by Close.
+type member struct {
+	opts   Options
+	role   string
+	choice string // the transport in use
+	reason string // why it was chosen
+
+	emb      *embedetcd.Server
+	group    *rendezvous.Group
+	dev      mem.Device
+	closeDev func() error
+	endpoint transport.Endpoint
+	pub      transport.Publisher
+	sub      transport.Subscriber
+	pool     *stages.Pool
+	extra    []func() error // released first, in order: the stages Sender's or Receiver's GPU state, a Sender's tensor devices
+
+	mu      sync.Mutex
+	closed  bool
+	cancel  context.CancelCauseFunc // the running round's
+	running chan struct{}           // closed when the running round has returned
+	aborted error
+	once    sync.Once
+	err     error // Close's
+}
+
+// open places this process in the group as role ("sender", "receiver").
+func open(ctx context.Context, o Options, role string) (_ *member, err error) {
+	if err := o.check(role); err != nil {
+		return nil, err
+	}
+	m := &member{opts: o, role: role}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, m.release())
+		}
+	}()
+	if o.Transport == "inproc" {
+		m.choice, m.reason = "inproc", "chosen: every rank in this process"
+		m.dev = m.hostMemory()
+		if err := m.openLinks(ctx, m.config(nil)); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := m.join(ctx); err != nil {
+			return nil, err
+		}
+		peers := m.peers()
+		if o.Transport == "auto" {
+			m.choice, m.reason = chooseTransport(peers)
+		} else {
+			m.choice, m.reason = o.Transport, "chosen"
+		}
+		if err := m.openDevice(peers); err != nil {
+			return nil, err
+		}
+		if err := m.openLinks(ctx, m.config(m.group)); err != nil {
+			return nil, err
+		}
+	}
+	if m.pool, err = stages.NewPool(m.dev, stages.DefaultBuffers, int(o.BucketSize)); err != nil {
+		return nil, fmt.Errorf("%s: %w", m.who(), err)
+	}
+	return m, nil
+}
+
+func (m *member) who() string {
+	return fmt.Sprintf("group %q rank %d (%s)", m.opts.Group, m.opts.Rank, m.role)
+}
+
+func (m *member) hostMemory() mem.Device {
+	if m.opts.HostMemory != nil {
+		return m.opts.HostMemory
+	}
+	return mem.Host{}
+}
+
+// join meets the other ranks: serving the rendezvous first on a rank 0
+// that serves it, and publishing what "auto" needs to know of this rank.
+func (m *member) join(ctx context.Context) error {
+	o := &m.opts
+	addr, _ := etcdAddr(o.Rendezvous)
+	if o.ServeRendezvous && o.Rank == 0 {
+		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: addr})
+		if err != nil {
+			return fmt.Errorf("%s: serving the rendezvous on %s: %w", m.who(), addr, err)
+		}
+		m.emb = emb
+	}
+	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout)
+	if err != nil {
+		return fmt.Errorf("%s: %w", m.who(), err)
+	}
+	g, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
+		Group: o.Group, RunID: o.RunID, Rank: o.Rank, WorldSize: o.WorldSize, Timeout: o.Timeout,
+		Endpoints: m.facts(),
+	})
+	if err != nil {
+		return err // Join closed the store; its errors name group and rank
+	}
+	m.group = g
+	return nil
+}
+
+// facts are what this rank tells the others when it joins.
+func (m *member) facts() map[string]string {
+	host, _ := os.Hostname()
+	if id, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		host += "/" + strings.TrimSpace(string(id))
+	}
+	gpus := 0
+	if _, cpu, _ := parseDevice(m.opts.Device); !cpu && (m.opts.Transport == "auto" || m.opts.Transport == "ipc" || m.opts.Transport == "nccl") {
+		gpus, _ = gpu.DeviceCount()
+	}
+	ncclOK := "0"
+	if gpus > 0 && m.opts.Transport == "auto" && nccl.Load(nccl.Options{}) == nil {
+		ncclOK = "1"
+	}
+	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK}
+}
+
+// peer is what one rank published when it joined.
+type peer struct {
+	rank int
+	host string
+	gpus int
+	nccl bool
+}
+
+func (m *member) peers() []peer {
+	out := make([]peer, m.opts.WorldSize)
+	for r := range out {
+		e := m.group.Endpoints(r)
+		n, _ := strconv.Atoi(e[keyGPUs])
+		out[r] = peer{rank: r, host: e[keyHost], gpus: n, nccl: e[keyNCCL] == "1"}
+	}
+	return out
+}
+
+// chooseTransport is "auto": the same answer on every rank, since every
+// rank sees what every other published.
+func chooseTransport(peers []peer) (name, reason string) {
+	hosts := map[string]int{} // ranks per host
+	for _, p := range peers {
+		if p.gpus == 0 {
+			return "tcp", fmt.Sprintf("rank %d has no GPU", p.rank)
+		}
+		hosts[p.host]++
+	}
+	allNCCL := true
+	onePerRank := true
+	for _, p := range peers {
+		allNCCL = allNCCL && p.nccl
+		onePerRank = onePerRank && p.gpus >= hosts[p.host]
+	}
+	if len(hosts) == 1 {
+		if n := peers[0].gpus; n >= 2 && onePerRank && allNCCL {
+			return "nccl", fmt.Sprintf("%d GPUs, one per rank", n)
+		}
+		return "ipc", fmt.Sprintf("%d ranks share %d GPU(s) of this host", len(peers), peers[0].gpus)
+	}
+	if onePerRank && allNCCL {
+		return "nccl", fmt.Sprintf("%d hosts, one GPU per rank", len(hosts))
+	}
+	return "tcp", fmt.Sprintf("%d hosts without one GPU and NCCL for every rank", len(hosts))
+}
+
+// localIndex is this rank's place among the ranks on its host, in rank
+// order: the GPU it takes unless Device names one.
+func localIndex(peers []peer, rank int) int {
+	var same []int
+	for _, p := range peers {
+		if p.host == peers[rank].host {
+			same = append(same, p.rank)
+		}
+	}
+	sort.Ints(same)
+	return sort.SearchInts(same, rank)
+}
+
+// openDevice opens where this rank's buckets live for the transport.
+func (m *member) openDevice(peers []peer) error {
+	switch m.choice {
+	case "tcp", "inproc":
+		m.dev = m.hostMemory()
+		return nil
+	}
+	ordinal, cpu, _ := parseDevice(m.opts.Device)
+	if cpu {
+		return fmt.Errorf("%w: %s: transport %s keeps buckets on a GPU, but the device is %q; use transport tcp", ErrConfig, m.who(), m.choice, m.opts.Device)
+	}
+	n, err := gpu.DeviceCount()
+	if err == nil && n == 0 {
+		err = gpu.ErrNoDevice
+	}
+	if err != nil {
+		return fmt.Errorf("%s: transport %s needs a GPU: %w; use transport tcp on machines without one", m.who(), m.choice, err)
+	}
+	if ordinal < 0 {
+		local := localIndex(peers, m.opts.Rank)
+		if m.choice == "nccl" && local >= n {
+			return fmt.Errorf("%w: %s: transport nccl needs one GPU per rank, but this rank is number %d on its host, which shows %d GPUs; use transport ipc or fewer ranks per host", ErrConfig, m.who(), local, n)
+		}
+		ordinal = local % n
+	}
+	if ordinal >= n {
+		return fmt.Errorf("%w: %s: device cuda:%d, but only %d GPUs are visible", ErrConfig, m.who(), ordinal, n)
+	}
+	d, err := gpu.NewCUDADevice(ordinal)
+	if err != nil {
+		return fmt.Errorf("%s: opening GPU %d: %w", m.who(), ordinal, err)
+	}
+	m.dev, m.closeDev = d, d.Close
+	return nil
+}
+
+func (m *member) config(ex transport.Exchange) transport.Config {
+	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout}
+}
+
+// openLinks opens the metadata bus and the byte transport.
+func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
+	var err error
+	if m.choice == "inproc" {
+		if m.opts.Rank == 0 {
+			m.pub, err = inproc.OpenPublisher(ctx, cfg)
+		} else {
+			m.sub, err = inproc.OpenSubscriber(ctx, cfg)
+		}
+		if err != nil {
+			return err
+		}
+		m.endpoint, err = transport.Open(ctx, inproc.Name, cfg)
+		return err
+	}
+	// Sockets other hosts connect to (the metadata bus, the tcp chain)
+	// listen on every interface and publish Advertise; ipc and nccl find
+	// their peers themselves.
+	netCfg := cfg
+	if m.opts.Advertise != "" {
+		netCfg.Options = map[string]string{"bind": "0.0.0.0", "advertise": m.opts.Advertise}
+	}
+	if m.opts.Rank == 0 {
+		m.pub, err = zmqbus.OpenPublisher(ctx, netCfg)
+	} else {
+		m.sub, err = zmqbus.OpenSubscriber(ctx, netCfg)
+	}
+	if err != nil {
+		return err
+	}
+	if m.choice == "tcp" {
+		cfg = netCfg
+	}
+	m.endpoint, err = transport.Open(ctx, m.choice, cfg)
+	return err
+}
+
+// release closes everything opened, in reverse order.
+func (m *member) release() error {
+	var errs []error
+	for _, f := range m.extra {
+		errs = append(errs, f())
+	}
+	if m.pool != nil {
+		errs = append(errs, m.pool.Close())
+	}
+	for _, c := range []interface{ Close() error }{m.pub, m.sub, m.endpoint} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	if m.closeDev != nil {
+		errs = append(errs, m.closeDev())
+	}
+	if m.group != nil {
+		errs = append(errs, m.group.Close())
+	}
+	if m.emb != nil {
+		errs = append(errs, m.emb.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// round runs fn as this rank's one round: a lost peer, Abort or Close
+// cancels it with that cause.
+func (m *member) round(ctx context.Context, fn func(context.Context) error) error {
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		return fmt.Errorf("%s: %w", m.who(), ErrClosed)
+	case m.running != nil:
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s: a round is already running; rounds run one at a time", ErrConfig, m.who())
+	case m.aborted != nil:
+		m.mu.Unlock()
+		return fmt.Errorf("%s: %w: aborted: %w", m.who(), stages.ErrBroken, m.aborted)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	running := make(chan struct{})
+	m.cancel, m.running = cancel, running
+	m.mu.Unlock()
+
+	var watch sync.WaitGroup
+	if m.group != nil {
+		watch.Go(func() {
+			select {
+			case <-m.group.PeerGone():
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case <-time.After(peerGoneGrace):
+				cancel(m.group.Err())
+			case <-ctx.Done():
+			}
+		})
+	}
+	err := fn(ctx)
+	cause := context.Cause(ctx)
+	cancel(nil)
+	watch.Wait()
+	m.mu.Lock()
+	m.cancel, m.running = nil, nil
+	m.mu.Unlock()
+	close(running)
+	if err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
+		err = fmt.Errorf("%w (cause: %w)", err, cause)
+	}
+	return err
+}
+
+// Abort fails the rank's round with cause, on every rank: the running
+// one, or when none runs, the next (the peers are told through the
+// metadata bus at once). The Sender or Receiver is broken after it. Abort
+// may be called from any goroutine, as a signal handler would.
+func (m *member) Abort(cause error) {
+	if cause == nil {
+		cause = errors.New("aborted")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	if m.aborted == nil {
+		m.aborted = cause
+	}
+	if m.cancel != nil {
+		m.cancel(cause)
+		return
+	}
+	for _, l := range []any{m.pub, m.sub} {
+		if a, ok := l.(transport.Aborter); ok {
+			a.Abort(fmt.Errorf("%s: %w", m.who(), cause))
+		}
+	}
+}
+
+// Close ends a running round, then releases everything the rank opened:
+// pool, metadata bus, transport, device, group membership, and the
+// rendezvous a rank 0 served. It is idempotent and safe to call from any
+// goroutine.
+func (m *member) Close() error {
+	m.once.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		running := m.running
+		if m.cancel != nil {
+			m.cancel(fmt.Errorf("%s: %w while a round was running", m.who(), ErrClosed))
+		}
+		m.mu.Unlock()
+		if running != nil {
+			<-running // every wait of a round ends with its context
+		}
+		m.err = m.release()
+	})
+	return m.err
+}
+
+// Device is where this rank's buckets live.
+func (m *member) Device() mem.Device { return m.dev }
+
+// Transport names the byte transport in use and why it was chosen.
+func (m *member) Transport() (name, reason string) { return m.choice, m.reason }
+
+// Rank is this rank's place in the group.
+func (m *member) Rank() int { return m.opts.Rank }
+
+// WorldSize counts the ranks of the group.
+func (m *member) WorldSize() int { return m.opts.WorldSize }
+
+// MaxBuffers is the most bucket buffers this rank held at once (two at
+// most: the double buffering).
+func (m *member) MaxBuffers() int { return m.pool.MaxHeld() }

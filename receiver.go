@@ -1,0 +1,55 @@
+package weightcast
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/weightcast/weightcast/stages"
+)
+
+// Receiver is one of ranks 1..WorldSize-1 of a group: it receives every
+// round.
+type Receiver struct {
+	*member
+	r *stages.Receiver
+}
+
+// OpenReceiver makes this process rank o.Rank (1 or more) of the group o
+// describes and returns once every rank has joined and the bus and
+// transport are open.
+func OpenReceiver(ctx context.Context, o Options) (*Receiver, error) {
+	m, err := open(ctx, o, "receiver")
+	if err != nil {
+		return nil, err
+	}
+	r := &Receiver{member: m}
+	r.r = stages.NewReceiver(stages.ReceiverConfig{Endpoint: m.endpoint, Subscriber: m.sub, Pool: m.pool, Tracer: m.opts.Tracer, Rank: m.opts.Rank})
+	m.extra = append(m.extra, r.r.Close) // its GPU state, before the pool
+	return r, nil
+}
+
+// Receive receives one round into sink and returns once the sender has
+// committed its version on every receiver (stats.Version). A stages.Views
+// sink hands the round over bucket by bucket. A failed round fails on
+// every rank and leaves the Receiver broken; State then says what sink
+// holds.
+func (r *Receiver) Receive(ctx context.Context, sink stages.Sink) (stages.RoundStats, error) {
+	var st stages.RoundStats
+	err := r.round(ctx, func(ctx context.Context) error {
+		var err error
+		st, err = r.r.Sync(ctx, sink)
+		return err
+	})
+	if err != nil {
+		err = fmt.Errorf("%s: %w", r.who(), err)
+	}
+	return st, err
+}
+
+// Committed is the last version committed on every receiver that this
+// one loaded, or 0.
+func (r *Receiver) Committed() uint64 { return r.r.Committed() }
+
+// State says what the sink of the last round holds: intact, or partial
+// after a round that failed while loading in place.
+func (r *Receiver) State() stages.SinkState { return r.r.State() }

@@ -1,0 +1,337 @@
+package weightcast
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/stages"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var groupID atomic.Int64
+
+// ranks opens a sender and world-1 receivers concurrently, as separate
+// processes would, and closes them when the test ends.
+func ranks(t *testing.T, world int, o Options) (*Sender, []*Receiver) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var s *Sender
+	rs := make([]*Receiver, world-1)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		o := o
+		o.Rank, o.WorldSize = r, world
+		wg.Go(func() {
+			if r == 0 {
+				s, errs[0] = OpenSender(ctx, o)
+			} else {
+				o.ServeRendezvous = false // only rank 0 serves
+				rs[r-1], errs[r] = OpenReceiver(ctx, o)
+			}
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, r := range rs {
+			if r != nil {
+				wg.Go(func() { r.Close() })
+			}
+		}
+		if s != nil {
+			wg.Go(func() { s.Close() })
+		}
+		wg.Wait()
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return s, rs
+}
+
+func randomTensors(rng *rand.Rand, n int, maxBytes int) stages.Tensors {
+	var ts stages.Tensors
+	for i := range n {
+		b := make([]byte, rng.IntN(maxBytes+1)&^3)
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		ts = append(ts, &stages.Tensor{Name: fmt.Sprintf("layer.%d", i), DType: dtype.F32, Shape: []int64{int64(len(b) / 4)}, Data: b})
+	}
+	return ts
+}
+
+// syncRound sends src as version and receives it on every receiver into
+// its sink.
+func syncRound(ctx context.Context, s *Sender, rs []*Receiver, send func(context.Context) error, sinks []stages.Sink) error {
+	errs := make([]error, len(rs)+1)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = send(ctx) })
+	for i, r := range rs {
+		wg.Go(func() { _, errs[i+1] = r.Receive(ctx, sinks[i]) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func checkModels(t *testing.T, src stages.Tensors, models []*stages.HostModel) {
+	t.Helper()
+	for i, m := range models {
+		for _, tn := range src {
+			got, ok := m.Get(tn.Name)
+			if !ok || !bytes.Equal(got.Data, tn.Data) {
+				t.Fatalf("receiver %d: tensor %q differs", i+1, tn.Name)
+			}
+		}
+	}
+}
+
+// TestInProcess runs three versions over inproc, one of them by address.
+func TestInProcess(t *testing.T) {
+	o := Options{Group: fmt.Sprintf("inproc-%d", groupID.Add(1)), Transport: "inproc", BucketSize: 4 << 10}
+	s, rs := ranks(t, 3, o)
+	if name, _ := s.Transport(); name != "inproc" {
+		t.Fatalf("transport %q", name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+	for v := uint64(1); v <= 3; v++ {
+		src := randomTensors(rng, 50, 12<<10)
+		send := func(ctx context.Context) error { _, err := s.Send(ctx, src, v); return err }
+		if v == 2 {
+			refs := make([]Ref, len(src))
+			for i, tn := range src {
+				refs[i] = Ref{Name: tn.Name, DType: "f32", Shape: tn.Shape, Data: tn.Data}
+			}
+			send = func(ctx context.Context) error { _, err := s.SendRefs(ctx, refs, v); return err }
+		}
+		if err := syncRound(ctx, s, rs, send, []stages.Sink{models[0], models[1]}); err != nil {
+			t.Fatalf("version %d: %v", v, err)
+		}
+		checkModels(t, src, models)
+		if s.Committed() != v || rs[0].Committed() != v || rs[1].Committed() != v {
+			t.Fatalf("committed %d, %d, %d after version %d", s.Committed(), rs[0].Committed(), rs[1].Committed(), v)
+		}
+	}
+	if s.MaxBuffers() > stages.DefaultBuffers {
+		t.Fatalf("sender held %d buffers", s.MaxBuffers())
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestTorchrunStyle has rank 0 serve the rendezvous on the address every
+// rank got from MASTER_ADDR and MASTER_PORT, as torchrun launches do, and
+// "auto" pick tcp on a machine without a GPU.
+func TestTorchrunStyle(t *testing.T) {
+	addr := freeAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	env := map[string]string{"MASTER_ADDR": host, "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "run-1", "WORLD_SIZE": "3", "RANK": "0"}
+	o, err := Options{Rank: -1, BucketSize: 8 << 10, Group: "torchrun", Device: "cpu", Timeout: 30 * time.Second}.FromEnv(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Rank != 0 || o.WorldSize != 3 || o.Rendezvous != "etcd://"+addr || !o.ServeRendezvous || o.RunID != "run-1" {
+		t.Fatalf("FromEnv: %+v", o)
+	}
+	s, rs := ranks(t, 3, o)
+	name, reason := s.Transport()
+	if name != "tcp" || !strings.Contains(reason, "no GPU") {
+		t.Fatalf("auto chose %q (%s), want tcp", name, reason)
+	}
+	for _, r := range rs {
+		if n, _ := r.Transport(); n != name {
+			t.Fatalf("rank %d chose %q, rank 0 %q", r.Rank(), n, name)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+	for v := uint64(1); v <= 2; v++ {
+		src := randomTensors(rng, 30, 20<<10)
+		send := func(ctx context.Context) error { _, err := s.Send(ctx, src, v); return err }
+		if err := syncRound(ctx, s, rs, send, []stages.Sink{models[0], models[1]}); err != nil {
+			t.Fatalf("version %d: %v", v, err)
+		}
+		checkModels(t, src, models)
+	}
+}
+
+// TestAbortBetweenRounds aborts the sender while the receivers wait for a
+// round: they fail at once with the cause.
+func TestAbortBetweenRounds(t *testing.T) {
+	addr := freeAddr(t)
+	o := Options{Group: "abort", RunID: "a1", Rendezvous: "etcd://" + addr, ServeRendezvous: true, BucketSize: 4 << 10, Timeout: 30 * time.Second}
+	s, rs := ranks(t, 3, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() { _, errs[i] = r.Receive(ctx, stages.NewHostModel()) })
+	}
+	time.Sleep(100 * time.Millisecond) // let them wait; the abort must reach them either way
+	start := time.Now()
+	s.Abort(errors.New("the trainer's generator raised ValueError: bad shard"))
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "bad shard") {
+			t.Fatalf("receiver %d: %v", i+1, err)
+		}
+		if k := KindOf(err); k != KindAborted {
+			t.Errorf("receiver %d: kind %d for %v", i+1, k, err)
+		}
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("receivers took %v to fail", d)
+	}
+	if _, err := s.Send(ctx, stages.Tensors{}, 1); err == nil || !errors.Is(err, stages.ErrBroken) {
+		t.Fatalf("send after abort: %v", err)
+	}
+	// Receivers leave first: rank 0 serves the rendezvous they revoke
+	// their leases on.
+	for _, r := range rs {
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := s.Send(ctx, stages.Tensors{}, 1); KindOf(err) != KindClosed {
+		t.Fatalf("send after close: %v", err)
+	}
+}
+
+// TestBadRefs sends tensors that cannot be sent as given: the round fails
+// on every rank with an error naming the tensor.
+func TestBadRefs(t *testing.T) {
+	cases := []struct {
+		ref  Ref
+		want string
+	}{
+		{Ref{Name: "w.strided", DType: "F32", Shape: []int64{2, 2}, Data: make([]byte, 16), Strided: true}, `tensor "w.strided" (F32[2 2]) is not contiguous`},
+		{Ref{Name: "w.complex", DType: "complex64", Shape: []int64{2}, Data: make([]byte, 16)}, `tensor "w.complex" has dtype "complex64", which weightcast cannot send`},
+		{Ref{Name: "w.short", DType: "F32", Shape: []int64{4}, Data: make([]byte, 8)}, `tensor "w.short" is F32[4], 16 bytes, but 8 bytes were handed in`},
+	}
+	for i, c := range cases {
+		t.Run(c.ref.Name, func(t *testing.T) {
+			o := Options{Group: fmt.Sprintf("bad-%d", i), RunID: "r", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10, Timeout: 30 * time.Second}
+			s, rs := ranks(t, 2, o)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			refs := []Ref{{Name: "ok", DType: "U8", Shape: []int64{3}, Data: []byte{1, 2, 3}}, c.ref}
+			var sendErr error
+			err := syncRound(ctx, s, rs, func(ctx context.Context) error { _, sendErr = s.SendRefs(ctx, refs, 1); return sendErr }, []stages.Sink{stages.NewHostModel()})
+			if sendErr == nil || !strings.Contains(sendErr.Error(), c.want) || KindOf(sendErr) != KindConfig {
+				t.Fatalf("sender: %v (kind %d), want %q", sendErr, KindOf(sendErr), c.want)
+			}
+			if err == nil || strings.Count(err.Error(), c.ref.Name) < 2 {
+				t.Fatalf("the receiver does not name the tensor: %v", err)
+			}
+		})
+	}
+}
+
+func TestOptions(t *testing.T) {
+	base := Options{Rendezvous: "etcd://127.0.0.1:1", RunID: "r", WorldSize: 2}
+	cases := []struct {
+		role string
+		mod  func(*Options)
+		want string
+	}{
+		{"sender", func(o *Options) { o.Rank = 1 }, "the sender is rank 0"},
+		{"receiver", func(o *Options) { o.Rank = 0 }, "rank 0 is the sender"},
+		{"receiver", func(o *Options) { o.Rank = 2 }, "rank outside a world of 2 ranks"},
+		{"sender", func(o *Options) { o.WorldSize = 1 }, "world size 1"},
+		{"sender", func(o *Options) { o.RunID = "" }, "no run id"},
+		{"sender", func(o *Options) { o.Rendezvous = "10.0.0.1:2379" }, "want etcd://HOST:PORT"},
+		{"sender", func(o *Options) { o.Transport = "udp" }, `transport "udp"`},
+		{"sender", func(o *Options) { o.BucketSize = 10 }, "bucket size 10 bytes"},
+		{"sender", func(o *Options) { o.Device = "tpu:0" }, `device "tpu:0"`},
+		{"sender", func(o *Options) { o.Transport, o.Rendezvous = "inproc", "etcd://a:1" }, "leave Rendezvous empty"},
+	}
+	for _, c := range cases {
+		o := base
+		if c.role == "receiver" {
+			o.Rank = 1
+		}
+		c.mod(&o)
+		err := o.check(c.role)
+		if err == nil || !strings.Contains(err.Error(), c.want) || KindOf(err) != KindConfig {
+			t.Errorf("%+v as %s: %v, want %q", o, c.role, err, c.want)
+		}
+	}
+	if err := base.check("sender"); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"RANK": "x"}
+	if _, err := (Options{Rank: -1}).FromEnv(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), `RANK="x"`) {
+		t.Fatalf("bad RANK: %v", err)
+	}
+	env = map[string]string{"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h"}
+	if _, err := (Options{Rank: -1}).FromEnv(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "set both") {
+		t.Fatalf("MASTER_PORT missing: %v", err)
+	}
+	env = map[string]string{"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "29500", "LOCAL_RANK": "3"}
+	o, err := (Options{Rank: -1}).FromEnv(func(k string) string { return env[k] })
+	if err != nil || o.Rank != 1 || o.WorldSize != 4 || o.Rendezvous != "etcd://h:29500" || o.Device != "cuda:3" {
+		t.Fatalf("FromEnv: %+v, %v", o, err)
+	}
+}
+
+func TestChooseTransport(t *testing.T) {
+	p := func(rank int, host string, gpus int, nccl bool) peer { return peer{rank, host, gpus, nccl} }
+	cases := []struct {
+		peers []peer
+		want  string
+	}{
+		{[]peer{p(0, "a", 8, true), p(1, "a", 8, true), p(2, "a", 8, true)}, "nccl"},
+		{[]peer{p(0, "a", 1, true), p(1, "a", 1, true), p(2, "a", 1, true)}, "ipc"},
+		{[]peer{p(0, "a", 2, true), p(1, "a", 2, true), p(2, "a", 2, true)}, "ipc"},
+		{[]peer{p(0, "a", 8, false), p(1, "a", 8, false)}, "ipc"},
+		{[]peer{p(0, "a", 8, true), p(1, "b", 0, false)}, "tcp"},
+		{[]peer{p(0, "a", 1, true), p(1, "b", 1, true)}, "nccl"},
+		{[]peer{p(0, "a", 1, true), p(1, "b", 1, true), p(2, "b", 1, true)}, "tcp"},
+	}
+	for _, c := range cases {
+		if got, why := chooseTransport(c.peers); got != c.want {
+			t.Errorf("%+v: %s (%s), want %s", c.peers, got, why, c.want)
+		}
+	}
+	peers := []peer{p(0, "a", 1, true), p(1, "b", 1, true), p(2, "a", 1, true), p(3, "b", 1, true)}
+	for r, want := range []int{0, 0, 1, 1} {
+		if got := localIndex(peers, r); got != want {
+			t.Errorf("rank %d: local index %d, want %d", r, got, want)
+		}
+	}
+}
