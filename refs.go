@@ -27,6 +27,9 @@ type Ref struct {
 	// CUDA device Device, in its primary context (PyTorch's data_ptr()).
 	Addr   uint64
 	Device int
+	// Bytes is a device tensor's byte length as its owner counts it,
+	// checked against dtype and shape (0: not checked).
+	Bytes int64
 	// Stream is the CUstream the writes of a device tensor were queued on
 	// (torch.cuda.current_stream().cuda_stream; 0 is the legacy default
 	// stream): the round reads the tensor only after that work.
@@ -93,6 +96,9 @@ func (s *Sender) tensor(r *Ref) (*stages.Tensor, error) {
 		}
 		t.Data = r.Data
 		return t, nil
+	}
+	if r.Bytes != 0 && r.Bytes != size {
+		return nil, fmt.Errorf("%w: tensor %q is %s%v, %d bytes, but it holds %d bytes", ErrConfig, r.Name, dt, r.Shape, size, r.Bytes)
 	}
 	dev, err := s.device(r.Device)
 	if err != nil {

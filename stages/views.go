@@ -40,6 +40,7 @@ type Views struct {
 	version uint64
 	index   int             // buckets handed over this round
 	cur     []View          // whole tensors of the bucket being loaded
+	own     []bool          // which of cur were assembled
 	fences  []*gpu.Event    // fences of the device views in cur
 	parts   map[string]part // tensors split across buckets, by name
 	stream  *gpu.Stream     // assembles device chunks; nil until needed
@@ -61,6 +62,9 @@ type Batch struct {
 	// Views are whole tensors (Entry.Whole() holds): host bytes in Data,
 	// or device memory at Device[Offset:]. Valid until Release.
 	Views []View
+	// Assembled marks the views of tensors split across buckets, which
+	// lie in buffers of their own; the others lie in the bucket.
+	Assembled []bool
 
 	released chan *gpu.Event
 }
@@ -101,7 +105,7 @@ var _ DeviceSink = (*Views)(nil)
 
 // Begin starts a round.
 func (v *Views) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
-	v.version, v.index, v.cur, v.fences = version, 0, v.cur[:0], v.fences[:0]
+	v.version, v.index, v.cur, v.own, v.fences = version, 0, nil, nil, v.fences[:0]
 	return nil
 }
 
@@ -110,7 +114,7 @@ func (v *Views) Begin(ctx context.Context, version uint64, info *SourceInfo) err
 // buffer.
 func (v *Views) Load(ctx context.Context, e *Entry, data []byte) error {
 	if e.Whole() {
-		v.cur = append(v.cur, View{Entry: e, Data: data})
+		v.add(View{Entry: e, Data: data}, false)
 		return nil
 	}
 	p, err := v.part(e, nil)
@@ -119,7 +123,7 @@ func (v *Views) Load(ctx context.Context, e *Entry, data []byte) error {
 	}
 	copy(p.buf.Host()[e.Chunk:], data)
 	if e.Complete() {
-		v.cur = append(v.cur, View{Entry: whole(e), Data: p.buf.Host()[:e.Total]})
+		v.add(View{Entry: whole(e), Data: p.buf.Host()[:e.Total]}, true)
 	}
 	return nil
 }
@@ -131,7 +135,7 @@ func (v *Views) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off in
 		v.fences = append(v.fences, ev)
 	}
 	if e.Whole() {
-		v.cur = append(v.cur, View{Entry: e, Device: src, Offset: off})
+		v.add(View{Entry: e, Device: src, Offset: off}, false)
 		return nil
 	}
 	dev, err := cudaDeviceOf(src)
@@ -163,9 +167,14 @@ func (v *Views) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off in
 	}
 	v.copied = true
 	if e.Complete() {
-		v.cur = append(v.cur, View{Entry: whole(e), Device: p.buf})
+		v.add(View{Entry: whole(e), Device: p.buf}, true)
 	}
 	return nil
+}
+
+func (v *Views) add(view View, assembled bool) {
+	v.cur = append(v.cur, view)
+	v.own = append(v.own, assembled)
 }
 
 // part returns the buffer tensor e is assembled in, allocated (or
@@ -248,8 +257,8 @@ func (v *Views) Flush(ctx context.Context) error {
 	if len(v.cur) == 0 {
 		return nil
 	}
-	b := &Batch{Version: v.version, Index: v.index, Views: v.cur, released: make(chan *gpu.Event, 1)}
-	v.cur = nil
+	b := &Batch{Version: v.version, Index: v.index, Views: v.cur, Assembled: v.own, released: make(chan *gpu.Event, 1)}
+	v.cur, v.own = nil, nil
 	v.index++
 	timer := time.NewTimer(v.timeout)
 	defer timer.Stop()

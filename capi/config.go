@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"github.com/weightcast/weightcast"
+)
+
+// config is the JSON object wc_open_sender and wc_open_receiver take; a
+// null or missing rank, world_size, rendezvous, run_id or device comes from
+// the torchrun variables.
+type config struct {
+	Group      string          `json:"group"`
+	Rank       *int            `json:"rank"`
+	WorldSize  *int            `json:"world_size"`
+	Rendezvous *string         `json:"rendezvous"`
+	RunID      *string         `json:"run_id"`
+	Transport  string          `json:"transport"`
+	Bucket     json.RawMessage `json:"bucket"`
+	Timeout    *float64        `json:"timeout"`
+	Checksum   *bool           `json:"checksum"`
+	Device     *string         `json:"device"`
+	Advertise  string          `json:"advertise"`
+}
+
+// parseConfig turns the JSON configuration into Options, the torchrun
+// variables filling what it leaves out.
+func parseConfig(text string, getenv func(string) string) (weightcast.Options, error) {
+	var c config
+	dec := json.NewDecoder(bytes.NewReader([]byte(text)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return weightcast.Options{}, fmt.Errorf("%w: configuration %s: %v", weightcast.ErrConfig, text, err)
+	}
+	o := weightcast.Options{Group: c.Group, Rank: -1, Transport: c.Transport, Advertise: c.Advertise, HostMemory: cHost{}}
+	if c.Rank != nil {
+		if *c.Rank < 0 {
+			return o, fmt.Errorf("%w: rank %d is negative", weightcast.ErrConfig, *c.Rank)
+		}
+		o.Rank = *c.Rank
+	}
+	if c.WorldSize != nil {
+		if *c.WorldSize <= 0 {
+			return o, fmt.Errorf("%w: world size %d: a group needs a sender and at least one receiver", weightcast.ErrConfig, *c.WorldSize)
+		}
+		o.WorldSize = *c.WorldSize
+	}
+	if c.Rendezvous != nil {
+		o.Rendezvous = *c.Rendezvous
+	}
+	if c.RunID != nil {
+		o.RunID = *c.RunID
+	}
+	if c.Device != nil {
+		o.Device = *c.Device
+	}
+	if c.Checksum != nil {
+		o.NoChecksum = !*c.Checksum
+	}
+	if c.Timeout != nil {
+		if *c.Timeout <= 0 {
+			return o, fmt.Errorf("%w: timeout %v s: give a positive number of seconds", weightcast.ErrConfig, *c.Timeout)
+		}
+		o.Timeout = time.Duration(*c.Timeout * float64(time.Second))
+	}
+	if len(c.Bucket) > 0 && string(c.Bucket) != "null" {
+		var n int64
+		var s string
+		switch {
+		case json.Unmarshal(c.Bucket, &n) == nil:
+		case json.Unmarshal(c.Bucket, &s) == nil:
+			v, err := humanize.ParseBytes(s)
+			if err != nil {
+				return o, fmt.Errorf("%w: bucket %q: want a size such as \"256MiB\" or \"1GiB\"", weightcast.ErrConfig, s)
+			}
+			n = int64(v)
+		default:
+			return o, fmt.Errorf("%w: bucket %s: want bytes or a size such as \"1GiB\"", weightcast.ErrConfig, c.Bucket)
+		}
+		if n <= 0 {
+			return o, fmt.Errorf("%w: bucket %s: must be positive", weightcast.ErrConfig, c.Bucket)
+		}
+		o.BucketSize = n
+	}
+	return o.FromEnv(getenv)
+}
+
+var getenv = os.Getenv
