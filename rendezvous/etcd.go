@@ -493,8 +493,11 @@ func (s *Etcd) DeletePrefix(ctx context.Context, prefix string) error {
 	return nil
 }
 
+// revokeTimeout bounds the lease revocation of Close.
+const revokeTimeout = 2 * time.Second
+
 // Close implements Store: it stops the keep-alive, revokes the lease
-// (within the lease TTL; if that fails the lease simply expires), and
+// (within revokeTimeout; if that fails the lease simply expires), and
 // closes the client.
 func (s *Etcd) Close() error {
 	s.mu.Lock()
@@ -513,7 +516,14 @@ func (s *Etcd) Close() error {
 			// revoking it would only wait on an etcd that does not answer.
 			sess.Orphan()
 		default:
-			if rerr := sess.Close(); rerr != nil {
+			// Revoke with a short bound, not the session's TTL: when etcd
+			// is gone (it died with the rank 0 that served it), waiting
+			// longer only delays the close, and the lease dies with it.
+			sess.Orphan()
+			ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
+			_, rerr := s.client.Revoke(ctx, sess.Lease())
+			cancel()
+			if rerr != nil {
 				err = fmt.Errorf("etcd: revoking lease %x: %w", sess.Lease(), rerr)
 			}
 		}
