@@ -321,7 +321,12 @@ func (m *member) release() error {
 		errs = append(errs, m.closeDev())
 	}
 	if m.group != nil {
-		errs = append(errs, m.group.Close())
+		// Leaving a group that already broke (a peer died, perhaps the
+		// rank 0 that served the rendezvous) cannot be confirmed; the
+		// round's error has said what happened.
+		if err := m.group.Close(); err != nil && m.group.Err() == nil {
+			errs = append(errs, err)
+		}
 	}
 	if m.emb != nil {
 		errs = append(errs, m.emb.Close())

@@ -14,7 +14,7 @@ import (
 
 // config is the JSON object wc_open_sender and wc_open_receiver take; a
 // null or missing rank, world_size, rendezvous, run_id or device comes from
-// the torchrun variables.
+// the torchrun variables, read from "env" when it is given.
 type config struct {
 	Group      string          `json:"group"`
 	Rank       *int            `json:"rank"`
@@ -27,6 +27,10 @@ type config struct {
 	Checksum   *bool           `json:"checksum"`
 	Device     *string         `json:"device"`
 	Advertise  string          `json:"advertise"`
+	// Env, when present, is the environment the torchrun variables are
+	// read from instead of the process's (a Python caller passes
+	// os.environ's, which the Go runtime's copy does not follow).
+	Env map[string]string `json:"env"`
 }
 
 // parseConfig turns the JSON configuration into Options, the torchrun
@@ -87,6 +91,9 @@ func parseConfig(text string, getenv func(string) string) (weightcast.Options, e
 			return o, fmt.Errorf("%w: bucket %s: must be positive", weightcast.ErrConfig, c.Bucket)
 		}
 		o.BucketSize = n
+	}
+	if c.Env != nil {
+		getenv = func(k string) string { return c.Env[k] }
 	}
 	return o.FromEnv(getenv)
 }

@@ -104,10 +104,12 @@ typedef struct wc_batch {
  * "rendezvous" ("etcd://HOST:PORT"), "run_id", "transport" ("auto", "tcp",
  * "ipc", "nccl"), "bucket" (bytes, or a string such as "1GiB"), "timeout"
  * (seconds), "checksum" (bool), "device" ("cpu", "cuda", "cuda:N"),
- * "advertise". Missing or null rank, world_size, rendezvous, run_id and
- * device come from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR and
- * MASTER_PORT with rank 0 serving the rendezvous, TORCHELASTIC_RUN_ID,
- * LOCAL_RANK). Returns once every rank has joined; *handle is then set. */
+ * "advertise", "env". Missing or null rank, world_size, rendezvous, run_id
+ * and device come from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR
+ * and MASTER_PORT with rank 0 serving the rendezvous, TORCHELASTIC_RUN_ID,
+ * LOCAL_RANK), read from "env" (an object of strings) when it is given, else
+ * from the process environment. Returns once every rank has joined; *handle
+ * is then set. */
 int wc_open_sender(char *config_json, int64_t *handle);
 int wc_open_receiver(char *config_json, int64_t *handle);
 

@@ -1,0 +1,111 @@
+"""Handles in one process: closing, and many open/send/close cycles."""
+
+import os
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+import weightcast
+from conftest import free_port
+
+
+def threads():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def cycle(monkeypatch, tensors, version=1):
+    """Open a sender (on a thread, serving the rendezvous) and a receiver in
+    this process, send one round, close both. Returns what was received."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    run = uuid.uuid4().hex[:10]
+    common = dict(world_size=2, run_id=run, group="cycles", bucket=16 << 10, timeout=30.0)
+    errors, got = [], {}
+
+    def send():
+        try:
+            with weightcast.Sender(rank=0, **common) as s:
+                s.send(tensors, version)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    t = threading.Thread(target=send)
+    t.start()
+    try:
+        with weightcast.Receiver(rank=1, **common) as r:
+            for name, a in r.receive():
+                got[name] = a.copy()
+            assert r.version == version
+    finally:
+        t.join(60)
+    assert not t.is_alive(), "the sender did not finish"
+    if errors:
+        raise errors[0]
+    return got
+
+
+def test_closed_handle(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    common = dict(world_size=2, run_id=uuid.uuid4().hex[:10], group="closed", bucket=16 << 10, timeout=30.0)
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("s", weightcast.Sender(rank=0, **common)))
+    t.start()
+    r = weightcast.Receiver(rank=1, **common)
+    t.join(60)
+    s = box["s"]
+    r.close()
+    r.close()  # idempotent
+    s.close()
+    with pytest.raises(weightcast.ConfigError, match="closed"):
+        s.send([("a", np.zeros(3))], 1)
+    with pytest.raises(weightcast.ConfigError, match="closed"):
+        next(r.receive())
+    with pytest.raises(weightcast.ConfigError, match="closed"):
+        r.version
+
+
+def test_library_handles():
+    """The C library itself refuses unknown and closed handles."""
+    from weightcast import _lib
+    L = _lib.lib()
+    for h in (0, 987654321, -5):
+        rc = L.wc_close(h)
+        assert rc == _lib.OK  # closing what is not open is fine
+        assert L.wc_wait(h, 0) == _lib.ERR_CLOSED
+        assert "closed" in _lib.last_error()
+        assert L.wc_receive(h) == _lib.ERR_CLOSED
+
+
+def test_many_cycles(monkeypatch):
+    """100 open/send/close cycles in one process: threads, file descriptors
+    and memory stay bounded."""
+    rng = np.random.default_rng(3)
+    tensors = [(f"w{i}", rng.standard_normal(rng.integers(1, 3000)).astype(np.float32)) for i in range(40)]
+    got = cycle(monkeypatch, tensors)
+    assert all(np.array_equal(got[n], a) for n, a in tensors)
+    for _ in range(9):
+        cycle(monkeypatch, tensors)
+    base_threads, base_fds, base_rss = threads(), fds(), rss()
+    for i in range(90):
+        cycle(monkeypatch, tensors, version=1 + i % 3)
+    assert threads() <= base_threads + 8, f"threads grew from {base_threads} to {threads()}"
+    assert fds() <= base_fds + 8, f"file descriptors grew from {base_fds} to {fds()}"
+    grown = rss() - base_rss
+    assert grown < 200 << 20, f"resident memory grew by {grown >> 20} MiB over 90 cycles"

@@ -1,0 +1,396 @@
+"""Sender and Receiver: the weightcast library (libweightcast.so) from Python."""
+
+import ctypes
+import json
+import os
+import sys
+from array import array
+
+from . import _lib
+from .errors import ConfigError, Error
+
+# Element types: safetensors spelling by numpy dtype name, and by torch dtype.
+_NUMPY = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64",
+    "float16": "F16", "float32": "F32", "float64": "F64",
+}
+# Wire dtypes numpy has no type for are handed out raw (same width).
+_NUMPY_OF = {v: k for k, v in _NUMPY.items()}
+_NUMPY_OF.update({"BF16": "uint16", "F8_E4M3": "uint8", "F8_E5M2": "uint8"})
+_TORCH_NAMES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64",
+    "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+
+_TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+_POLL_MS = 100  # how long one wait in the library lasts before Python checks for signals
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _numpy():
+    return sys.modules.get("numpy")
+
+
+def _torch_dtypes(torch):
+    out = {}
+    for name, wire in _TORCH_NAMES.items():
+        dt = getattr(torch, name, None)
+        if dt is not None:
+            out[dt] = wire
+    return out
+
+
+class _Rank:
+    """What Sender and Receiver share: the handle, its options, close."""
+
+    _open = None  # the library's open call, by name
+
+    def __init__(self, rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device):
+        cfg = {"group": group, "transport": transport, "bucket": bucket, "timeout": float(timeout), "checksum": bool(checksum)}
+        for key, value in (("rank", rank), ("world_size", world_size), ("rendezvous", rendezvous), ("run_id", run_id)):
+            if value is not None:
+                cfg[key] = value
+        if device is not None:
+            cfg["device"] = f"cuda:{device}" if isinstance(device, int) else str(device)
+        # The Go runtime keeps its own copy of the environment from when the
+        # library loaded: hand over Python's view of the torchrun variables.
+        cfg["env"] = {k: os.environ[k] for k in _TORCHRUN if k in os.environ}
+        self._h = None
+        L = _lib.lib()
+        h = ctypes.c_int64()
+        _lib.check(getattr(L, self._open)(json.dumps(cfg).encode(), ctypes.byref(h)))
+        self._h = h.value
+        buf = ctypes.create_string_buffer(4096)
+        _lib.check(L.wc_info(self._h, buf, len(buf)))
+        info = json.loads(buf.value)
+        self.rank, self.world_size = info["rank"], info["world_size"]
+        self.transport, self.device = info["transport"], info["device"]
+        self._cuda = info.get("cuda", -1)
+
+    def _handle(self):
+        if self._h is None:
+            raise ConfigError(f"this {type(self).__name__} is closed", _lib.ERR_CLOSED)
+        return self._h
+
+    def _abort(self, reason):
+        if self._h is not None:
+            _lib.lib().wc_abort(self._h, reason.encode("utf-8", "replace"))
+
+    def _wait(self, step):
+        """Call step(ms) until it returns something other than AGAIN; on
+        Ctrl-C abort the round on every rank, let it end, and re-raise."""
+        try:
+            while True:
+                rc = step(_POLL_MS)
+                if rc != _lib.AGAIN:
+                    return _lib.check(rc)
+        except KeyboardInterrupt:
+            self._abort(f"rank {self.rank}: interrupted (Ctrl-C)")
+            self._drain(step)
+            raise
+
+    def _drain(self, step):
+        """Let an aborted round end (bounded by the library's own waits)."""
+        try:
+            while step(_POLL_MS) in (_lib.AGAIN, _lib.OK):
+                pass
+        except KeyboardInterrupt:
+            pass
+
+    @property
+    def version(self):
+        """The last model version committed on every receiver (0: none)."""
+        v = ctypes.c_uint64()
+        _lib.check(_lib.lib().wc_committed(self._handle(), ctypes.byref(v)))
+        return v.value
+
+    def close(self):
+        """End a running round and release everything. Idempotent."""
+        h, self._h = self._h, None
+        if h is not None:
+            _lib.check(_lib.lib().wc_close(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None:
+            # Tell the other ranks why, before leaving: the round this
+            # rank was part of fails everywhere with this cause.
+            why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"{exc_type.__name__}: {exc}"
+            self._abort(f"rank {self.rank}: {why}")
+            try:
+                self.close()
+            except Error:
+                pass  # the exception in flight says what went wrong
+            return
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Sender(_Rank):
+    """Rank 0 of a group: sends model weights to every receiver.
+
+    Keywords left None come from the torchrun variables (RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT — rank 0 then serves the rendezvous there —
+    TORCHELASTIC_RUN_ID, LOCAL_RANK); ``rendezvous="etcd://HOST:PORT"``
+    meets at an etcd instead. ``bucket`` is each of the two bucket buffers'
+    size (bytes, or a string such as "256MiB"); ``timeout`` (seconds) bounds
+    every wait; ``device`` ("cpu", "cuda:N", an int or a torch.device) says
+    where the buckets live when the transport puts them on a GPU.
+
+    Trainer ranks that do not send (verl's rank -1) make ``Sender(rank=-1)``:
+    it joins nothing, and its send() only iterates the tensors, so that the
+    collectives inside a generator such as FSDP's full_tensor() still run on
+    every trainer rank.
+    """
+
+    _open = "wc_open_sender"
+
+    def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
+                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None):
+        if rank == -1:
+            self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
+            self._idle = True
+            return
+        self._idle = False
+        super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device)
+
+    def send(self, named_tensors, version):
+        """Send one round: every (name, tensor) of named_tensors (an iterable:
+        model.named_parameters(), state_dict().items(), a generator) as model
+        ``version``, which must be above the last committed one. Returns once
+        every receiver has committed it.
+
+        torch CUDA tensors are read in place from device memory, after the
+        work already queued on the current stream of their device (no copy
+        to the host, no device-wide synchronize); torch CPU tensors and numpy
+        arrays are read from host memory. Every tensor is kept referenced
+        until the round ends, so a generator's tensors all live at once. A
+        non-contiguous tensor, an unsupported dtype or a name seen twice
+        fails the round on every rank with an error naming the tensor.
+        """
+        if self._idle:
+            for _ in named_tensors:
+                pass
+            return
+        h = self._handle()
+        recs, names, dims, keep = bytearray(), bytearray(), array("q"), []
+        streams = {}
+        torch = _torch()
+        np = _numpy()
+        tdt = _torch_dtypes(torch) if torch is not None else {}
+        pack = _lib.TENSOR.pack
+        try:
+            for item in named_tensors:
+                name, t = item
+                keep.append(t)
+                nb = name.encode()
+                if torch is not None and isinstance(t, torch.Tensor):
+                    wire = tdt.get(t.dtype) or str(t.dtype).replace("torch.", "")
+                    flags = 0 if t.is_contiguous() else _lib.STRIDED
+                    if t.is_cuda:
+                        dev = t.get_device()
+                        stream = streams.get(dev)
+                        if stream is None:
+                            stream = streams[dev] = torch.cuda.current_stream(dev).cuda_stream
+                    else:
+                        dev, stream = -1, 0
+                    shape = t.shape
+                    recs += pack(t.data_ptr(), t.nbytes, stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
+                elif np is not None and isinstance(t, np.ndarray):
+                    wire = _NUMPY.get(t.dtype.name, t.dtype.name)
+                    flags = 0 if t.flags.c_contiguous else _lib.STRIDED
+                    shape = t.shape
+                    recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, len(dims), len(shape), -1, len(names), len(nb), flags, wire.encode())
+                else:
+                    raise ConfigError(f"tensor {name!r} is a {type(t).__name__}; send torch tensors or numpy arrays")
+                names += nb
+                dims.extend(shape)
+        except BaseException as e:
+            self._abort(f"rank 0: building version {version} failed: {type(e).__name__}: {e}")
+            raise
+        n = len(recs) // _lib.TENSOR.size
+        L = _lib.lib()
+        rbuf = (ctypes.c_char * len(recs)).from_buffer(recs) if recs else None
+        nbuf = (ctypes.c_char * len(names)).from_buffer(names) if names else None
+        dptr = dims.buffer_info()[0] if dims else None
+        _lib.check(L.wc_send(h, version, rbuf and ctypes.addressof(rbuf), n, nbuf and ctypes.addressof(nbuf), len(names), dptr, len(dims)))
+        self._wait(lambda ms: L.wc_wait(h, ms))
+        del keep
+
+    def close(self):
+        if not getattr(self, "_idle", False):
+            super().close()
+
+
+class Receiver(_Rank):
+    """A receiving rank (1 .. world_size-1) of a group. Same keywords as
+    Sender."""
+
+    _open = "wc_open_receiver"
+
+    def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
+                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None):
+        super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device)
+
+    @property
+    def state(self):
+        """What the last round left: "intact", or "partial" after a round that
+        failed while the caller was loading it in place (resync)."""
+        s = ctypes.c_int32()
+        _lib.check(_lib.lib().wc_state(self._handle(), ctypes.byref(s)))
+        return "partial" if s.value else "intact"
+
+    def _stream(self, torch):
+        if self._cuda >= 0 and torch is not None:
+            return torch.cuda.current_stream(self._cuda).cuda_stream
+        return 0
+
+    def receive(self):
+        """Receive one round: a generator of (name, tensor), views into the
+        received bucket — torch CUDA tensors when the buckets are on a GPU;
+        on a host numpy arrays, or torch CPU tensors when torch is imported
+        (BF16 and FP8 come as raw uint16 / uint8 numpy arrays, or as their
+        torch dtypes). A view is valid until the generator moves past its
+        bucket; the bucket is reused only after the work queued on the
+        current stream until then has finished. Leaving the generator
+        before its end aborts the round on every rank. After the round,
+        ``version`` is the committed version.
+        """
+        h = self._handle()
+        L = _lib.lib()
+        _lib.check(L.wc_receive(h))
+        torch = _torch()
+        batch = _lib.Batch()
+        finished = False
+        try:
+            while True:
+                stream = self._stream(torch)
+                rc = self._wait(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+                if rc == _lib.DONE:
+                    finished = True
+                    return
+                yield from _views(batch, torch)
+        finally:
+            if not finished:
+                self._abort(f"rank {self.rank}: receive() was left before the round ended (the loop over it broke, raised, or was interrupted with Ctrl-C)")
+                stream = self._stream(torch)
+                self._drain(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+
+    def load_into(self, mapping):
+        """Receive one round copied in place into the tensors or arrays of
+        mapping (name -> tensor: dict(model.named_parameters()), a dict of
+        numpy arrays). A received name the mapping lacks, or a shape or dtype
+        that differs, is an error naming the tensor, and the round fails on
+        every rank."""
+        torch = _torch()
+        tdt = _torch_dtypes(torch) if torch is not None else {}
+        gen = self.receive()
+        try:
+            for name, view in gen:
+                dst = mapping.get(name)
+                if dst is None:
+                    raise ConfigError(f"load_into: received tensor {name!r}, which the mapping does not have")
+                _copy(name, dst, view, torch, tdt)
+        except BaseException as e:
+            self._abort(f"rank {self.rank}: {type(e).__name__}: {e}")
+            raise
+        finally:
+            gen.close()
+
+
+def _copy(name, dst, view, torch, tdt):
+    """Copy one received view into the mapping's tensor or array."""
+    shape = tuple(view.shape)
+    if torch is not None and isinstance(dst, torch.Tensor):
+        # With torch imported, every view is a torch tensor.
+        if tuple(dst.shape) != shape or dst.dtype != view.dtype:
+            raise ConfigError(f"load_into: tensor {name!r} arrived as {view.dtype}{list(shape)}, but the mapping's is {dst.dtype}{list(dst.shape)}")
+        with torch.no_grad():
+            dst.copy_(view)
+        return
+    np = _numpy()
+    if np is None or not isinstance(dst, np.ndarray):
+        raise ConfigError(f"load_into: the mapping's {name!r} is a {type(dst).__name__}; give torch tensors or numpy arrays")
+    if torch is not None and isinstance(view, torch.Tensor):
+        v = view.cpu() if view.is_cuda else view
+        wire = tdt.get(v.dtype)
+        if wire == "BF16":
+            v = v.view(torch.int16).numpy().view(np.uint16)
+        elif wire in ("F8_E4M3", "F8_E5M2"):
+            v = v.view(torch.uint8).numpy()
+        else:
+            v = v.numpy()
+    else:
+        v = view
+    if dst.shape != shape or dst.dtype != v.dtype:
+        raise ConfigError(f"load_into: tensor {name!r} arrived as {v.dtype}{list(shape)}, but the mapping's is {dst.dtype}{list(dst.shape)}")
+    np.copyto(dst, v)
+
+
+def _as_torch(arr, wire, torch):
+    t = torch.from_numpy(arr)
+    if wire == "BF16":
+        t = t.view(torch.bfloat16)
+    elif wire in ("F8_E4M3", "F8_E5M2"):
+        t = t.view(torch.float8_e4m3fn if wire == "F8_E4M3" else torch.float8_e5m2)
+    return t
+
+
+class _CudaBuffer:
+    """A device range as __cuda_array_interface__, for torch.as_tensor."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 2}
+
+
+def _views(batch, torch):
+    """The (name, tensor) views of one batch."""
+    n = batch.n
+    recs = ctypes.string_at(batch.tensors, n * _lib.TENSOR.size) if n else b""
+    names = ctypes.string_at(batch.names, batch.names_len) if batch.names_len else b""
+    dims = (ctypes.c_int64 * batch.ndims).from_address(batch.dims) if batch.ndims else ()
+    base, base_len, device = batch.base, batch.base_len, batch.device
+    if device >= 0:
+        if torch is None:
+            raise Error("this receiver's buckets are on a GPU: import torch to take its tensors as torch CUDA tensors")
+        whole = torch.as_tensor(_CudaBuffer(base, base_len), device=f"cuda:{device}") if base_len else None
+        tdt = {v: k for k, v in _torch_dtypes(torch).items()}
+        for (data, nbytes, _, d0, ndim, dev, no, nl, _, dt) in _lib.TENSOR.iter_unpack(recs):
+            name = names[no:no + nl].decode()
+            shape = tuple(dims[d0:d0 + ndim])
+            dtype = tdt[dt.rstrip(b"\0").decode()]
+            if nbytes == 0:
+                yield name, torch.empty(shape, dtype=dtype, device=f"cuda:{dev}")
+            elif whole is not None and base <= data and data + nbytes <= base + base_len:
+                yield name, whole[data - base:data - base + nbytes].view(dtype).view(shape)
+            else:
+                own = torch.as_tensor(_CudaBuffer(data, nbytes), device=f"cuda:{dev}")
+                yield name, own.view(dtype).view(shape)
+        return
+    import numpy as np
+    whole = np.ctypeslib.as_array((ctypes.c_uint8 * base_len).from_address(base)) if base_len else None
+    for (data, nbytes, _, d0, ndim, dev, no, nl, _, dt) in _lib.TENSOR.iter_unpack(recs):
+        name = names[no:no + nl].decode()
+        shape = tuple(dims[d0:d0 + ndim])
+        wire = dt.rstrip(b"\0").decode()
+        npdt = np.dtype(_NUMPY_OF[wire])
+        if nbytes == 0:
+            arr = np.empty(shape, dtype=npdt)
+        elif whole is not None and base <= data and data + nbytes <= base + base_len:
+            arr = whole[data - base:data - base + nbytes].view(npdt).reshape(shape)
+        else:
+            arr = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(data)).view(npdt).reshape(shape)
+        yield name, (_as_torch(arr, wire, torch) if torch is not None else arr)
