@@ -235,8 +235,13 @@ func decodeRefs(tensors *C.wc_tensor, n C.int64_t, names *C.char, namesLen C.int
 		case t.data == 0:
 			return nil, bad("tensor %q: %d bytes at address 0", r.Name, t.nbytes)
 		default:
-			r.Data = unsafe.Slice((*byte)(C.wc_ptr(t.data)), int(t.nbytes))
+			r.Data = hostBytes(t.data, t.nbytes)
 		}
 	}
 	return refs, nil
+}
+
+// hostBytes views n bytes of host memory at addr, an address C handed in.
+func hostBytes(addr, n C.uint64_t) []byte {
+	return unsafe.Slice((*byte)(C.wc_ptr(addr)), int(n))
 }

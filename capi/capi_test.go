@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/goleak"
+
+	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/stages"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParseConfig(t *testing.T) {
+	env := map[string]string{"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job"}
+	o, err := parseConfig(`{"bucket": "256MiB", "timeout": 1.5, "checksum": false, "device": "cuda:1"}`, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Rank != 2 || o.WorldSize != 4 || o.Rendezvous != "etcd://10.1.2.3:29500" || !o.ServeRendezvous || o.RunID != "job" ||
+		o.BucketSize != 256<<20 || o.Timeout != 1500*time.Millisecond || !o.NoChecksum || o.Device != "cuda:1" {
+		t.Fatalf("options from torchrun variables: %+v", o)
+	}
+	o, err = parseConfig(`{"rank": 1, "world_size": 3, "rendezvous": "etcd://h:1", "run_id": "r", "bucket": 4096, "env": {"RANK": "0"}}`, func(string) string { return "" })
+	if err != nil || o.Rank != 1 || o.WorldSize != 3 || o.ServeRendezvous || o.BucketSize != 4096 {
+		t.Fatalf("explicit options: %+v, %v", o, err)
+	}
+	o, err = parseConfig(`{"world_size": 3, "rendezvous": "etcd://h:1", "env": {"RANK": "0"}}`, func(string) string { return "7" })
+	if err != nil || o.Rank != 0 {
+		t.Fatalf("rank from env map: %+v, %v", o, err)
+	}
+	for _, c := range []struct{ json, want string }{
+		{`{"rnk": 1}`, `unknown field "rnk"`},
+		{`{"bucket": "lots"}`, `bucket "lots"`},
+		{`{"bucket": -4}`, "must be positive"},
+		{`{"timeout": 0}`, "timeout 0 s"},
+		{`{"rank": -3}`, "rank -3 is negative"},
+		{`not json`, "configuration not json"},
+		{`{}`, "RANK is not set"},
+	} {
+		_, err := parseConfig(c.json, func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), c.want) || codeOf(err) != -2 {
+			t.Errorf("%s: %v (code %d), want %q", c.json, err, codeOf(err), c.want)
+		}
+	}
+}
+
+func TestCallRecoversPanics(t *testing.T) {
+	var text string
+	set := func(s string) { text = s }
+	if code := call(set, func() (int, error) { panic("boom") }); code != wcErrPanic || !strings.Contains(text, "panic: boom") || !strings.Contains(text, "capi_test.go") {
+		t.Fatalf("panic: code %d, text %q", code, text)
+	}
+	var nilMap map[string]int
+	if code := call(set, func() (int, error) { nilMap["x"] = 1; return 0, nil }); code != wcErrPanic || !strings.Contains(text, "nil map") {
+		t.Fatalf("runtime error: code %d, text %q", code, text)
+	}
+	if code := call(set, func() (int, error) { return wcAgain, nil }); code != wcAgain {
+		t.Fatalf("status passed through as %d", code)
+	}
+	if code := call(set, func() (int, error) { return wcOK, errors.New("plain") }); code != wcErrOther || text != "plain" {
+		t.Fatalf("plain error: %d %q", code, text)
+	}
+	if code := call(set, func() (int, error) { return wcOK, fmt.Errorf("x: %w", weightcast.ErrConfig) }); code != -2 {
+		t.Fatalf("config error: %d", code)
+	}
+}
+
+func TestUnknownAndClosedHandles(t *testing.T) {
+	for _, h := range []int64{0, -1, 1 << 40} {
+		if _, err := lookup[*senderHandle](h); codeOf(err) != -6 {
+			t.Errorf("handle %d: %v", h, err)
+		}
+		if err := closeHandle(h); err != nil {
+			t.Errorf("closing unknown handle %d: %v", h, err)
+		}
+		if err := abort(h, "x"); codeOf(err) != -6 {
+			t.Errorf("abort of unknown handle %d: %v", h, err)
+		}
+		if _, err := info(h); codeOf(err) != -6 {
+			t.Errorf("info of unknown handle %d: %v", h, err)
+		}
+	}
+}
+
+// openPair opens a sender and a receiver over inproc through the C
+// library's own open calls.
+func openPair(t *testing.T, group string) (*senderHandle, *receiverHandle, int64, int64) {
+	t.Helper()
+	cfg := func(rank int) string {
+		return fmt.Sprintf(`{"group": %q, "rank": %d, "world_size": 2, "transport": "inproc", "bucket": 4096, "timeout": 20}`, group, rank)
+	}
+	var hs, hr int64
+	var es, er error
+	var wg sync.WaitGroup
+	wg.Go(func() { hs, es = openSender(cfg(0)) })
+	wg.Go(func() { hr, er = openReceiver(cfg(1)) })
+	wg.Wait()
+	if err := errors.Join(es, er); err != nil {
+		t.Fatal(err)
+	}
+	s, err := lookup[*senderHandle](hs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := lookup[*receiverHandle](hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lookup[*senderHandle](hr); codeOf(err) != -2 || !strings.Contains(err.Error(), "is a receiver") {
+		t.Fatalf("receiver handle used as a sender: %v", err)
+	}
+	return s, r, hs, hr
+}
+
+// TestRoundThroughHandles sends tensors, some split across buckets, and
+// takes them batch by batch as the C library describes them in C memory.
+func TestRoundThroughHandles(t *testing.T) {
+	s, r, hs, hr := openPair(t, "capi-round")
+	want := map[string][]byte{}
+	var refs []weightcast.Ref
+	for i, n := range []int{0, 8, 1000, 4096, 9000, 12} {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(i*31 + j)
+		}
+		name := fmt.Sprintf("t%d", i)
+		want[name] = b
+		refs = append(refs, weightcast.Ref{Name: name, DType: "U8", Shape: []int64{int64(n)}, Data: b})
+	}
+	if _, err := s.wait(0); codeOf(err) != -2 {
+		t.Fatalf("wait with no round: %v", err)
+	}
+	if err := s.send(1, refs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.send(2, refs); codeOf(err) != -2 {
+		t.Fatalf("second send while one runs: %v", err)
+	}
+	if err := r.receive(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]byte{}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		code, b, err := r.next(0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == wcDone {
+			break
+		}
+		if code != wcOK {
+			continue
+		}
+		ts := unsafe.Slice(b.b.tensors, int(b.b.n))
+		names := unsafe.Slice((*byte)(unsafe.Pointer(b.b.names)), max(int(b.b.names_len), 1))
+		dims := unsafe.Slice(b.b.dims, max(int(b.b.ndims), 1))
+		for i := range ts {
+			tn := &ts[i]
+			name := string(names[tn.name : tn.name+tn.name_len])
+			if tn.ndim != 1 || int64(dims[tn.dims]) != int64(tn.nbytes) || tn.device != -1 {
+				t.Fatalf("%s: ndim %d, dims[0] %d, nbytes %d, device %d", name, tn.ndim, dims[tn.dims], tn.nbytes, tn.device)
+			}
+			var data []byte
+			if tn.nbytes > 0 {
+				data = bytes.Clone(hostBytes(tn.data, tn.nbytes))
+			}
+			got[name] = data
+		}
+	}
+	for code := wcAgain; code == wcAgain; {
+		var err error
+		if code, err = s.wait(100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, w := range want {
+		if !bytes.Equal(got[name], w) {
+			t.Fatalf("%s differs", name)
+		}
+	}
+	text, err := info(hr)
+	if err != nil || !strings.Contains(text, `"transport":"inproc"`) || !strings.Contains(text, `"role":"receiver"`) {
+		t.Fatalf("info: %s, %v", text, err)
+	}
+	if s.s.Committed() != 1 || r.r.Committed() != 1 || r.r.State() != stages.StateIntact {
+		t.Fatalf("committed %d and %d", s.s.Committed(), r.r.Committed())
+	}
+	if err := errors.Join(closeHandle(hr), closeHandle(hs), closeHandle(hs)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lookup[*senderHandle](hs); codeOf(err) != -6 {
+		t.Fatalf("closed handle: %v", err)
+	}
+}
+
+// TestCloseDuringRound closes both handles while a round waits: the
+// round ends, its goroutine is joined (goleak checks), nothing hangs.
+func TestCloseDuringRound(t *testing.T) {
+	_, r, hs, hr := openPair(t, "capi-close")
+	if err := r.receive(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- errors.Join(closeHandle(hr), closeHandle(hs)) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("closing during a round hung")
+	}
+}
