@@ -1,8 +1,12 @@
 # weightcast — build, test, demo, bench.
 GO ?= go
 PKGS := ./...
+# The Python tests and the wheel use Debian's interpreter (python3-numpy,
+# python3-pytest, python3-setuptools, python3-wheel); override with PYTHON=.
+PYTHON ?= /usr/bin/python3
+PYLIB := python/weightcast/libweightcast.so
 
-.PHONY: all build test vet fmt-check nocgo demo bench fuzz soak gpu-bins clean
+.PHONY: all build test vet fmt-check nocgo demo bench fuzz soak gpu-bins clean python wheel pytest
 
 # Each fuzz target runs for FUZZTIME; `make test` runs their seed corpora.
 FUZZTIME ?= 30s
@@ -23,6 +27,24 @@ fmt-check:
 
 test: fmt-check vet nocgo
 	$(GO) test -race -timeout 10m $(PKGS)
+	$(MAKE) pytest
+
+# libweightcast.so (the C interface, ./capi) built into the Python package,
+# so that `PYTHONPATH=python python3 -c "import weightcast"` works.
+python:
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags=-s -o $(PYLIB) ./capi
+	rm -f python/weightcast/libweightcast.h
+	cp capi/weightcast.h python/weightcast/weightcast.h
+
+pytest: python
+	cd python && $(PYTHON) -m pytest -q -p no:cacheprovider tests
+
+# A platform wheel (py3-none-linux_<arch>) in dist/, for `pip install` on a
+# host without Go.
+wheel: python
+	rm -rf python/build python/weightcast.egg-info
+	cd python && $(PYTHON) setup.py -q bdist_wheel -d ../dist
+	rm -rf python/build python/weightcast.egg-info
 
 # Without cgo (CGO_ENABLED=0: no C compiler needed) everything still builds
 # and vets; GPU entry points then fail with gpu.ErrNoCgo. The packages with
@@ -59,10 +81,16 @@ fuzz:
 # there and run, for example, `cd stages && ../.gpu/stages.test -test.run GPU`;
 # the demo's process tests take the demo binary from WEIGHTCAST_DEMO_BIN:
 # `cd cmd/demo && WEIGHTCAST_DEMO_BIN=../../.gpu/demo ../../.gpu/demo.test`.
-gpu-bins:
+# The Python package (with its library) and its GPU scripts go to
+# .gpu/python: run them there with the GPU host's Python (torch), e.g.
+# `cd .gpu/python && python3 benchmarks/e2e_transformers.py`.
+gpu-bins: python
 	mkdir -p .gpu
-	CGO_ENABLED=1 $(GO) test -c -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx ./cmd/demo
+	CGO_ENABLED=1 $(GO) test -c -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx ./cmd/demo .
 	CGO_ENABLED=1 $(GO) build -o .gpu/demo ./cmd/demo
+	rm -rf .gpu/python && mkdir -p .gpu/python
+	cp -r python/weightcast python/benchmarks python/tests .gpu/python/
+	rm -rf .gpu/python/*/__pycache__
 
 clean:
-	rm -rf bin .gpu
+	rm -rf bin .gpu dist $(PYLIB) python/weightcast/weightcast.h

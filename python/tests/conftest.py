@@ -30,7 +30,8 @@ class Rank:
 
     def __init__(self, rank, spec, env):
         self.rank = rank
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "rank.py"), json.dumps(spec)],
+        argv = [sys.executable, spec["script"]] if spec.get("role") == "readme" else [sys.executable, os.path.join(HERE, "rank.py"), json.dumps(spec)]
+        self.proc = subprocess.Popen(argv,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         self.lines = queue.Queue()
         self.events = []
