@@ -186,38 +186,8 @@ class Sender(_Rank):
                 pass
             return
         h = self._handle()
-        recs, names, dims, keep = bytearray(), bytearray(), array("q"), []
-        streams = {}
-        torch = _torch()
-        np = _numpy()
-        tdt = _torch_dtypes(torch) if torch is not None else {}
-        pack = _lib.TENSOR.pack
         try:
-            for item in named_tensors:
-                name, t = item
-                keep.append(t)
-                nb = name.encode()
-                if torch is not None and isinstance(t, torch.Tensor):
-                    wire = tdt.get(t.dtype) or str(t.dtype).replace("torch.", "")
-                    flags = 0 if t.is_contiguous() else _lib.STRIDED
-                    if t.is_cuda:
-                        dev = t.get_device()
-                        stream = streams.get(dev)
-                        if stream is None:
-                            stream = streams[dev] = torch.cuda.current_stream(dev).cuda_stream
-                    else:
-                        dev, stream = -1, 0
-                    shape = t.shape
-                    recs += pack(t.data_ptr(), t.nbytes, stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
-                elif np is not None and isinstance(t, np.ndarray):
-                    wire = _NUMPY.get(t.dtype.name, t.dtype.name)
-                    flags = 0 if t.flags.c_contiguous else _lib.STRIDED
-                    shape = t.shape
-                    recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, len(dims), len(shape), -1, len(names), len(nb), flags, wire.encode())
-                else:
-                    raise ConfigError(f"tensor {name!r} is a {type(t).__name__}; send torch tensors or numpy arrays")
-                names += nb
-                dims.extend(shape)
+            recs, names, dims, keep = _describe(named_tensors)
         except BaseException as e:
             self._abort(f"rank 0: building version {version} failed: {type(e).__name__}: {e}")
             raise
@@ -233,6 +203,44 @@ class Sender(_Rank):
     def close(self):
         if not getattr(self, "_idle", False):
             super().close()
+
+
+def _describe(named_tensors):
+    """The flat descriptors of a round (see wc_tensor in weightcast.h): the
+    records, the names, the dims, and the tensors, kept referenced until the
+    round ends. The Python side's whole cost per tensor is here."""
+    recs, names, dims, keep = bytearray(), bytearray(), array("q"), []
+    streams = {}
+    torch = _torch()
+    np = _numpy()
+    tdt = _torch_dtypes(torch) if torch is not None else {}
+    pack = _lib.TENSOR.pack
+    for item in named_tensors:
+        name, t = item
+        keep.append(t)
+        nb = name.encode()
+        if torch is not None and isinstance(t, torch.Tensor):
+            wire = tdt.get(t.dtype) or str(t.dtype).replace("torch.", "")
+            flags = 0 if t.is_contiguous() else _lib.STRIDED
+            if t.is_cuda:
+                dev = t.get_device()
+                stream = streams.get(dev)
+                if stream is None:
+                    stream = streams[dev] = torch.cuda.current_stream(dev).cuda_stream
+            else:
+                dev, stream = -1, 0
+            shape = t.shape
+            recs += pack(t.data_ptr(), t.nbytes, stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
+        elif np is not None and isinstance(t, np.ndarray):
+            wire = _NUMPY.get(t.dtype.name, t.dtype.name)
+            flags = 0 if t.flags.c_contiguous else _lib.STRIDED
+            shape = t.shape
+            recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, len(dims), len(shape), -1, len(names), len(nb), flags, wire.encode())
+        else:
+            raise ConfigError(f"tensor {name!r} is a {type(t).__name__}; send torch tensors or numpy arrays")
+        names += nb
+        dims.extend(shape)
+    return recs, names, dims, keep
 
 
 class Receiver(_Rank):
