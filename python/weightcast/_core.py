@@ -214,6 +214,8 @@ def _describe(named_tensors):
     torch = _torch()
     np = _numpy()
     tdt = _torch_dtypes(torch) if torch is not None else {}
+    # By dtype object: numpy's dtype.name is slow (microseconds).
+    npdt = {np.dtype(k): v for k, v in _NUMPY.items()} if np is not None else {}
     pack = _lib.TENSOR.pack
     for item in named_tensors:
         name, t = item
@@ -232,7 +234,7 @@ def _describe(named_tensors):
             shape = t.shape
             recs += pack(t.data_ptr(), t.nbytes, stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
         elif np is not None and isinstance(t, np.ndarray):
-            wire = _NUMPY.get(t.dtype.name, t.dtype.name)
+            wire = npdt.get(t.dtype) or t.dtype.name
             flags = 0 if t.flags.c_contiguous else _lib.STRIDED
             shape = t.shape
             recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, len(dims), len(shape), -1, len(names), len(nb), flags, wire.encode())
@@ -361,7 +363,7 @@ class _CudaBuffer:
     """A device range as __cuda_array_interface__, for torch.as_tensor."""
 
     def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 2}
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "strides": None, "version": 2}
 
 
 def _views(batch, torch):

@@ -1,0 +1,180 @@
+"""An 8 GiB bf16 model (64 tensors of 128 MiB) synced from a torch trainer to
+3 torch receivers on one GPU, three ways, each with 1 GiB buckets and the
+receivers copying into their own parameters:
+
+  weightcast  the Python package: Sender.send(model.named_parameters()),
+              Receiver.load_into(params), transport ipc;
+  demo        the demo binary on the same sizes (--transport ipc), for the
+              Go path alone (target: weightcast >= 0.95x of it);
+  torch       a plain-PyTorch peer written for the comparison:
+              torch.multiprocessing shares two bucket buffers over CUDA IPC,
+              the trainer fills one while the receivers copy out of the
+              other (two buckets in flight), ordered by interprocess events.
+
+Each reports the median of 3 timed rounds after one warm-up round, in GB/s
+of model bytes per round. Prints one JSON line.
+
+    python3 benchmarks/bench_sync.py            # the demo binary: $WEIGHTCAST_DEMO, else ../demo
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from _launch import HERE, emit, launch
+
+TENSORS, EACH = 64, 128 << 20  # bytes per tensor
+BUCKET = 1 << 30
+RECEIVERS = 3
+ROUNDS = 4  # the first is a warm-up
+TOTAL = TENSORS * EACH
+
+
+def model(torch, seed, count=TENSORS):
+    """The model's first count tensors (the same for a seed on every rank)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return {f"layers.{i}.weight": torch.randn(EACH // 2, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16)
+            for i in range(count)}
+
+
+def weightcast_worker():
+    import torch
+
+    import weightcast
+
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(0)
+    params = model(torch, rank)
+    if rank == 0:
+        with weightcast.Sender(device="cuda:0", bucket=BUCKET, transport="ipc") as s:
+            times = []
+            for v in range(1, ROUNDS + 1):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                s.send(params.items(), v)
+                times.append(time.perf_counter() - start)
+            print(json.dumps({"seconds": times}), flush=True)
+    else:
+        with weightcast.Receiver(device="cuda:0", bucket=BUCKET, transport="ipc") as r:
+            for _ in range(ROUNDS):
+                r.load_into(params)
+            torch.cuda.synchronize()
+            want = model(torch, 0, 2)
+            ok = all(torch.equal(params[n], w) for n, w in want.items())
+            print(json.dumps({"ok": ok}), flush=True)
+
+
+def torch_receiver(rank, buckets, handles, inbox, acks):
+    import torch
+
+    torch.cuda.set_device(0)
+    params = model(torch, rank)
+    flat = {n: p.view(-1).view(torch.uint8) for n, p in params.items()}
+    ready = [torch.cuda.Event.from_ipc_handle(0, h) for h in handles]
+    stream = torch.cuda.Stream()
+    while True:
+        msg = inbox.get()
+        if msg is None:
+            break
+        slot, layout = msg
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready[slot])
+            for name, off, n in layout:
+                flat[name].copy_(buckets[slot][off:off + n])
+        stream.synchronize()
+        acks.put((rank, slot))
+
+
+def torch_peer():
+    """The plain-PyTorch comparison; returns the round times."""
+    import torch
+    import torch.multiprocessing as mp
+
+    torch.cuda.set_device(0)
+    params = model(torch, 0)
+    flat = [(n, p.view(-1).view(torch.uint8)) for n, p in params.items()]
+    buckets = [torch.empty(BUCKET, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    ready = [torch.cuda.Event(interprocess=True) for _ in range(2)]
+    ctx = mp.get_context("spawn")
+    inboxes = [ctx.Queue() for _ in range(RECEIVERS)]
+    acks = ctx.Queue()
+    procs = [ctx.Process(target=torch_receiver, args=(r + 1, buckets, [e.ipc_handle() for e in ready], inboxes[r], acks))
+             for r in range(RECEIVERS)]
+    for p in procs:
+        p.start()
+    # Layout: fill buckets in order, tensors whole (each fits).
+    plan, cur, off = [], [], 0
+    for name, t in flat:
+        if off + t.numel() > BUCKET:
+            plan.append(cur)
+            cur, off = [], 0
+        cur.append((name, t, off))
+        off += t.numel()
+    plan.append(cur)
+    stream = torch.cuda.Stream()
+    times = []
+    for _ in range(ROUNDS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        pending = [0, 0]  # acks still owed per slot
+        for k, bucket in enumerate(plan):
+            slot = k % 2
+            while pending[slot]:
+                _, s = acks.get()
+                pending[s] -= 1
+            with torch.cuda.stream(stream):
+                for name, t, o in bucket:
+                    buckets[slot][o:o + t.numel()].copy_(t)
+                ready[slot].record(stream)
+            for q in inboxes:
+                q.put((slot, [(name, o, t.numel()) for name, t, o in bucket]))
+            pending[slot] = RECEIVERS
+        while pending[0] or pending[1]:
+            _, s = acks.get()
+            pending[s] -= 1
+        times.append(time.perf_counter() - start)
+    for q in inboxes:
+        q.put(None)
+    for p in procs:
+        p.join(60)
+    return times
+
+
+def rate(seconds):
+    return TOTAL / statistics.median(seconds[1:]) / 1e9
+
+
+def main():
+    out = launch(os.path.abspath(__file__), 1 + RECEIVERS)
+    wc = rate(out[0][0]["seconds"])
+    checked = all(lines[0]["ok"] for lines in out[1:])
+
+    demo = os.environ.get("WEIGHTCAST_DEMO") or os.path.join(HERE, "..", "..", "demo")
+    res = subprocess.run([demo, "--transport", "ipc", "--ranks", str(1 + RECEIVERS), "--size", str(TOTAL), "--tensors", str(TENSORS),
+                          "--dtypes", "bf16", "--bucket", str(BUCKET), "--rounds", str(ROUNDS), "--verify=false", "--json"],
+                         capture_output=True, text=True, timeout=540, env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    demo_gbps = None
+    if res.returncode == 0:
+        s = json.loads(res.stdout)
+        demo_gbps = TOTAL / statistics.median(s["seconds"][1:]) / 1e9 if len(s.get("seconds", [])) > 1 else s.get("gbps")
+
+    peer = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-peer"], capture_output=True, text=True, timeout=540)
+    if peer.returncode != 0:
+        raise SystemExit(f"the plain-PyTorch peer failed:\n{peer.stderr[-3000:]}")
+    torch_gbps = rate(json.loads(peer.stdout.splitlines()[-1])["seconds"])
+    emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, weightcast_gbps=round(wc, 1), receivers_checked=checked,
+         demo_gbps=demo_gbps and round(demo_gbps, 1), vs_demo=demo_gbps and round(wc / demo_gbps, 3), demo_target=0.95,
+         torch_peer_gbps=round(torch_gbps, 1), vs_torch_peer=round(wc / torch_gbps, 3),
+         demo_error=None if res.returncode == 0 else res.stderr[-1000:])
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        weightcast_worker()
+    elif "--torch-peer" in sys.argv:
+        print(json.dumps({"seconds": torch_peer()}), flush=True)
+    else:
+        main()
