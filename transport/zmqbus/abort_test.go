@@ -50,3 +50,25 @@ func TestSubscriberAbortReachesTheRoot(t *testing.T) {
 		t.Fatalf("root's Sync after a receiver aborted: %v; want ErrAborted naming rank 1 and its reason", err)
 	}
 }
+
+// TestAbortReachesLateReceivers: a receiver that says HELLO after the root
+// aborted (the root gave up before its first message) fails with the
+// root's reason at once, instead of waiting for a bus that is over.
+func TestAbortReachesLateReceivers(t *testing.T) {
+	ctx := testContext(t, 30*time.Second)
+	cfgs := configs(t, 2, 10*time.Second, nil)
+	pub := openPublisher(t, ctx, cfgs[0])
+	pub.(transport.Aborter).Abort(errors.New("the trainer's generator raised"))
+	start := time.Now()
+	sub, err := OpenSubscriber(ctx, cfgs[1])
+	if err == nil {
+		defer sub.Close()
+		_, err = sub.Recv(ctx)
+	}
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "generator raised") {
+		t.Fatalf("late receiver: %v; want ErrAborted with the root's reason", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("late receiver took %v to fail", d)
+	}
+}

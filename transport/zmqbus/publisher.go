@@ -379,6 +379,13 @@ func (p *publisher) joinLocked(id []byte, m hello, now time.Time) {
 	p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeWelcome, 0, 0), welcome{
 		window: transport.DefaultWindow, heartbeatMS: millis(p.opts.heartbeat), livenessMS: millis(p.opts.liveness),
 	}.encode()))
+	if p.fatal != nil {
+		// The bus ended (the root aborted) before this rank joined: tell
+		// it why, as the others were told, instead of letting it wait for
+		// a bus that is over. Only a rank that joined (and proved itself,
+		// with a group secret) hears the reason.
+		p.out.push(zmq4.NewMsgFrom(pr.id, encodeHeader(typeError, codeAborted, p.next), errorText(p.fatal.Error())))
+	}
 	p.broadcastLocked()
 }
 
