@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -170,8 +171,8 @@ func (o *Options) check(role string) error {
 		return bad("bucket size %d bytes: use between 1 KiB and 1 TiB (a few hundred MiB is usual)", o.BucketSize)
 	case o.Timeout < 0:
 		return bad("timeout %v: give a positive duration", o.Timeout)
-	case strings.ContainsAny(o.Group, "/ ") || strings.ContainsAny(o.RunID, "/ "):
-		return bad("group %q and run id %q may not hold '/' or spaces", o.Group, o.RunID)
+	case !rendezvous.ValidName(o.Group) || o.RunID != "" && !rendezvous.ValidName(o.RunID):
+		return bad("group %q and run id %q must be names of at most 256 bytes without '/', spaces or control characters", o.Group, o.RunID)
 	}
 	switch o.Transport {
 	case "auto", "tcp", "ipc", "nccl":
