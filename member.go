@@ -68,6 +68,7 @@ type member struct {
 	cancel  context.CancelCauseFunc // the running round's
 	running chan struct{}           // closed when the running round has returned
 	aborted error
+	goneAt  time.Time // when a round first saw the group break
 	once    sync.Once
 	err     error // Close's
 }
@@ -362,8 +363,17 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 			case <-ctx.Done():
 				return
 			}
+			// The grace counts from when a round first saw the loss, so
+			// that short rounds after it do not each restart it.
+			m.mu.Lock()
+			if m.goneAt.IsZero() {
+				m.goneAt = time.Now()
+			}
+			grace := time.NewTimer(max(peerGoneGrace-time.Since(m.goneAt), 0))
+			m.mu.Unlock()
+			defer grace.Stop()
 			select {
-			case <-time.After(peerGoneGrace):
+			case <-grace.C:
 				cancel(m.group.Err())
 			case <-ctx.Done():
 			}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -333,5 +334,36 @@ func TestChooseTransport(t *testing.T) {
 		if got := localIndex(peers, r); got != want {
 			t.Errorf("rank %d: local index %d, want %d", r, got, want)
 		}
+	}
+}
+
+// TestPeerGoneAcrossShortRounds kills the rendezvous under a run of short
+// rounds: the lost-peer grace must not restart with every round, so a
+// round fails naming the rendezvous soon after the loss is seen.
+func TestPeerGoneAcrossShortRounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a lease to expire")
+	}
+	emb, err := embedetcd.Start(context.Background(), embedetcd.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Group: "short-rounds", RunID: "s1", Rendezvous: "etcd://" + strings.TrimPrefix(emb.ClientURL(), "http://"), Transport: "tcp", Device: "cpu", BucketSize: 4 << 10, Timeout: 20 * time.Second}
+	s, rs := ranks(t, 2, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	emb.Close()
+	src := randomTensors(rand.New(rand.NewPCG(5, 6)), 4, 1<<10)
+	start := time.Now()
+	var err2 error
+	for v := uint64(1); v < 100000 && err2 == nil; v++ {
+		send := func(ctx context.Context) error { _, err := s.Send(ctx, src, v); return err }
+		err2 = syncRound(ctx, s, rs, send, []stages.Sink{stages.NewHostModel()})
+	}
+	if err2 == nil || !strings.Contains(err2.Error(), "rendezvous") && !strings.Contains(err2.Error(), "etcd") && !strings.Contains(err2.Error(), "lease") {
+		t.Fatalf("rounds after the rendezvous died: %v", err2)
+	}
+	if d := time.Since(start); d > 40*time.Second {
+		t.Fatalf("took %v to notice", d)
 	}
 }
