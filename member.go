@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
@@ -54,6 +55,8 @@ type member struct {
 	reason string // why it was chosen
 
 	emb      *embedetcd.Server
+	keys     *auth.Keys // the run's keys from the group secret; nil without one
+	tls      *auth.TLS  // nil: plain connections
 	group    *rendezvous.Group
 	dev      mem.Device
 	closeDev func() error
@@ -84,6 +87,16 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 			err = errors.Join(err, m.release())
 		}
 	}()
+	if !o.TLS.IsZero() {
+		if m.tls, err = o.TLS.Load(); err != nil {
+			return nil, fmt.Errorf("%w: %s: TLS: %w", ErrConfig, m.who(), err)
+		}
+	}
+	if o.Secret != nil && o.Transport != "inproc" {
+		if m.keys, err = o.Secret.RunKeys(o.Group, o.RunID); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
+		}
+	}
 	if o.Transport == "inproc" {
 		m.choice, m.reason = "inproc", "chosen: every rank in this process"
 		m.dev = m.hostMemory()
@@ -130,19 +143,19 @@ func (m *member) join(ctx context.Context) error {
 	o := &m.opts
 	addr, _ := etcdAddr(o.Rendezvous)
 	if o.ServeRendezvous && o.Rank == 0 {
-		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: addr})
+		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: addr, TLS: o.TLS})
 		if err != nil {
 			return fmt.Errorf("%s: serving the rendezvous on %s: %w", m.who(), addr, err)
 		}
 		m.emb = emb
 	}
-	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout)
+	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout, rendezvous.WithTLS(m.tls))
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.who(), err)
 	}
 	g, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
 		Group: o.Group, RunID: o.RunID, Rank: o.Rank, WorldSize: o.WorldSize, Timeout: o.Timeout,
-		Endpoints: m.facts(),
+		Endpoints: m.facts(), Auth: m.keys,
 	})
 	if err != nil {
 		return err // Join closed the store; its errors name group and rank
@@ -264,7 +277,8 @@ func (m *member) openDevice(peers []peer) error {
 }
 
 func (m *member) config(ex transport.Exchange) transport.Config {
-	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout}
+	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout,
+		Auth: m.keys, TLS: m.tls}
 }
 
 // openLinks opens the metadata bus and the byte transport.
@@ -389,6 +403,26 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 	close(running)
 	if err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
 		err = fmt.Errorf("%w (cause: %w)", err, cause)
+	}
+	if err != nil && m.group != nil && errors.Is(err, transport.ErrPeerGone) {
+		err = tamperedCause(err, m.group)
+	}
+	return err
+}
+
+// tamperedCause adds to err, a transport's lost peer, what the rendezvous
+// saw meanwhile if that was tampering: a peer that stopped because its
+// etcd record was deleted or rewritten closes its connections before its
+// neighbours' rendezvous watches report it, so they wait for that briefly.
+func tamperedCause(err error, group *rendezvous.Group) error {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-group.PeerGone():
+	case <-t.C:
+	}
+	if gerr := group.Err(); errors.Is(gerr, rendezvous.ErrTampered) && !strings.Contains(err.Error(), gerr.Error()) {
+		return fmt.Errorf("%w (the rendezvous: %v)", err, gerr)
 	}
 	return err
 }

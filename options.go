@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -67,6 +68,15 @@ type Options struct {
 	// Advertise is the address other hosts reach this one at; the
 	// metadata bus and the tcp chain then listen on every interface.
 	Advertise string
+	// Secret, when set, is the group secret every rank of the group holds
+	// (auth.ReadSecretFile): every rendezvous record is signed with keys
+	// derived from it for this run, and every connection between ranks
+	// proves that both ends hold it. Nil means no secret.
+	Secret *auth.Secret
+	// TLS, when its files are given, runs the connections that cross the
+	// network — etcd (served over TLS by a rank 0 that serves it), the tcp
+	// chain and the metadata bus — over mutual TLS 1.3.
+	TLS auth.TLSFiles
 	// HostMemory allocates host bucket buffers; nil means Go memory
 	// (mem.Host). The C library passes C memory, whose views may cross
 	// to C.

@@ -11,19 +11,19 @@ import (
 	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
 )
 
-// rankDevice is the device a rank's buckets live on for a transport: host
-// memory for tcp and inproc, a GPU for ipc and nccl: GPU devices[i mod
-// len(devices)] (all visible GPUs when --devices is empty), where i is the
-// rank for ranks launched together here and LOCAL_RANK for ranks started
-// across hosts.
-func rankDevice(c *config, transportName string, rank int) (mem.Device, error) {
+// rankDevice names the device a rank's buckets live on for a transport,
+// as weightcast.Options.Device: host memory ("cpu") for tcp and inproc, a
+// GPU for ipc and nccl: GPU devices[i mod len(devices)] (all visible GPUs
+// when --devices is empty), where i is the rank for ranks launched together
+// here and LOCAL_RANK for ranks started across hosts.
+func rankDevice(c *config, transportName string, rank int) (string, error) {
 	switch transportName {
 	case "tcp", "inproc":
-		return mem.Host{}, nil
+		return "cpu", nil
 	}
 	devices, err := c.gpuList()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	// Ranks launched together on this host take GPUs by rank; a rank
 	// started by hand or by torchrun takes the GPU of its local rank.
@@ -32,17 +32,12 @@ func rankDevice(c *config, transportName string, rank int) (mem.Device, error) {
 		local = c.localRank
 	}
 	if transportName == "nccl" && c.child && len(devices) < c.ranks {
-		return nil, fmt.Errorf("--transport nccl needs one GPU per rank: %d ranks but %d GPUs (%v); use --transport ipc, fewer --ranks or more --devices", c.ranks, len(devices), devices)
+		return "", fmt.Errorf("--transport nccl needs one GPU per rank: %d ranks but %d GPUs (%v); use --transport ipc, fewer --ranks or more --devices", c.ranks, len(devices), devices)
 	}
 	if transportName == "nccl" && local >= len(devices) {
-		return nil, fmt.Errorf("--transport nccl needs one GPU per rank: this rank's local index is %d but only %d GPUs are visible (%v); set LOCAL_RANK or --devices", local, len(devices), devices)
+		return "", fmt.Errorf("--transport nccl needs one GPU per rank: this rank's local index is %d but only %d GPUs are visible (%v); set LOCAL_RANK or --devices", local, len(devices), devices)
 	}
-	index := devices[local%len(devices)]
-	dev, err := gpu.NewCUDADevice(index)
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: opening GPU %d: %w", rank, index, err)
-	}
-	return dev, nil
+	return fmt.Sprintf("cuda:%d", devices[local%len(devices)]), nil
 }
 
 // gpuList is --devices, or every visible GPU.

@@ -6,10 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/pipeline"
-	"github.com/weightcast/weightcast/transport"
-	"github.com/weightcast/weightcast/transport/inproc"
 )
 
 // runInProcess runs every rank as goroutines of this process over the
@@ -38,20 +36,8 @@ func runInProcess(ctx context.Context, c *config, tracer *pipeline.Tracer, repor
 }
 
 func inProcessRank(ctx context.Context, c *config, group string, rank int, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
-	cfg := transport.Config{Group: group, Rank: rank, WorldSize: c.ranks, Device: mem.Host{}, Timeout: c.timeout}
-	l := &links{}
-	defer l.close()
-	var err error
-	if l.endpoint, err = transport.Open(ctx, inproc.Name, cfg); err != nil {
-		return nil, err
-	}
-	if rank == 0 {
-		l.publisher, err = inproc.OpenPublisher(ctx, cfg)
-	} else {
-		l.sub, err = inproc.OpenSubscriber(ctx, cfg)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return runRank(ctx, c, rank, l, mem.Host{}, tracer, report)
+	return runRank(ctx, c, weightcast.Options{
+		Group: group, Rank: rank, WorldSize: c.ranks, Transport: "inproc",
+		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum,
+	}, tracer, report)
 }

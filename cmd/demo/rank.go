@@ -4,34 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/stages"
-	"github.com/weightcast/weightcast/transport"
 )
-
-// links are the connections one rank uses: its byte transport endpoint and
-// either the metadata publisher (rank 0) or a subscriber.
-type links struct {
-	endpoint  transport.Endpoint
-	publisher transport.Publisher
-	sub       transport.Subscriber
-}
-
-func (l *links) close() {
-	if l.publisher != nil {
-		l.publisher.Close()
-	}
-	if l.sub != nil {
-		l.sub.Close()
-	}
-	if l.endpoint != nil {
-		l.endpoint.Close()
-	}
-}
 
 // event is one line a rank reports: progress while it runs, its result at
 // the end. Rank processes write them to stdout as JSON lines.
@@ -109,76 +90,131 @@ func stageResults(ms []pipeline.Metrics) []stageResult {
 	return out
 }
 
-// runRank runs every round on one rank. It reports progress through report
-// (rank 0 only) and returns the rank's result; ctx carries the run's
-// cancellation (a lost peer cancels it with the cause). Each round carries a
-// new model version: the same layout with new bytes (seed + round), as a
-// training step changes every weight.
-func runRank(ctx context.Context, c *config, rank int, l *links, dev mem.Device, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
+// runRank opens one rank of the run through the library's front door
+// (package weightcast: rendezvous, join, lost-peer watch, device, bus,
+// transport, pool), runs every round on it and closes it. It reports
+// progress through report (rank 0 only) and returns the rank's result.
+// Each round carries a new model version: the same layout with new bytes
+// (seed + round), as a training step changes every weight.
+func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipeline.Tracer, report func(event)) (res *rankResult, err error) {
 	host, _ := os.Hostname()
-	res := &rankResult{Rank: rank, Role: "receiver", Host: host, PID: os.Getpid(), Device: dev.Name()}
-	if rank == 0 {
+	res = &rankResult{Rank: o.Rank, Role: "receiver", Host: host, PID: os.Getpid()}
+	if o.Rank == 0 {
 		res.Role = "sender"
-	}
-	if tracer != nil {
-		tracer.NameProcess(rank, fmt.Sprintf("rank %d (%s, %s)", rank, res.Role, dev.Name()))
-	}
-	cuda, onGPU := dev.(*gpu.CUDADevice)
-	exclusive := onGPU && c.transport == "nccl" // one GPU per rank
-	var freeBefore uint64
-	if exclusive {
-		freeBefore, _, _ = cuda.MemInfo()
 	}
 	layout, err := c.model(0)
 	if err != nil {
 		return res, err
 	}
-	pool, err := stages.NewPool(dev, stages.DefaultBuffers, int(c.bucket))
+	gauge := newGPUGauge(o)
+	defer gauge.close()
+	prog := &progress{report: report, total: layout.Size()}
+	o.Tracer = tracer
+	var m interface {
+		Device() mem.Device
+		MaxBuffers() int
+		Close() error
+	}
+	var sender *weightcast.Sender
+	var receiver *weightcast.Receiver
+	if o.Rank == 0 {
+		o.Progress = prog.bucket
+		sender, err = weightcast.OpenSender(ctx, o)
+		m = sender
+	} else {
+		receiver, err = weightcast.OpenReceiver(ctx, o)
+		m = receiver
+	}
 	if err != nil {
 		return res, err
 	}
 	defer func() {
-		res.MaxBuffers = pool.MaxHeld()
-		if err := pool.Close(); err != nil && res.Error == "" {
-			res.Error = err.Error()
+		res.MaxBuffers = m.MaxBuffers()
+		if cerr := m.Close(); cerr != nil && res.Error == "" {
+			res.Error = cerr.Error()
 		}
 	}()
+	dev := m.Device()
+	res.Device = dev.Name()
+	if tracer != nil {
+		tracer.NameProcess(o.Rank, fmt.Sprintf("rank %d (%s, %s)", o.Rank, res.Role, dev.Name()))
+	}
+	cuda, onGPU := dev.(*gpu.CUDADevice)
 	if onGPU {
 		res.GPUBuffers = int64(stages.DefaultBuffers)*c.bucket + layout.Size() // buckets and the model copy
 	}
-	gpuMemory := func() {
-		if exclusive {
-			if free, _, err := cuda.MemInfo(); err == nil && freeBefore > free {
-				res.GPUMemory = max(res.GPUMemory, int64(freeBefore-free))
-			}
-		}
+	gpuMemory := func() { gauge.measure(res) }
+	if o.Rank == 0 {
+		err = sendRounds(ctx, c, sender, cuda, layout, prog, res, gpuMemory)
+	} else {
+		err = receiveRounds(ctx, c, receiver, cuda, res, gpuMemory)
 	}
-
-	if rank == 0 {
-		return res, sendRounds(ctx, c, l, pool, cuda, layout, tracer, report, res, gpuMemory)
-	}
-	return res, receiveRounds(ctx, c, rank, l, pool, cuda, tracer, res, gpuMemory)
+	// The run ends as docs/protocol.md says: once every receiver has
+	// acknowledged the last commit, rank 0 closes its metadata bus (BYE,
+	// when its Sender closes, deferred above) and its group waits for the
+	// others to leave.
+	return res, err
 }
 
-func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cuda *gpu.CUDADevice, layout model,
-	tracer *pipeline.Tracer, report func(event), res *rankResult, gpuMemory func()) error {
-	var round int
-	var start time.Time
-	var sent int64
-	sender := stages.NewSender(stages.SenderConfig{
-		Endpoint: l.endpoint, Publisher: l.publisher, Pool: pool, Checksum: c.checksum, Tracer: tracer, Rank: 0,
-		Progress: func(m *stages.BucketMeta) {
-			sent += m.Length
-			if report != nil {
-				report(event{Type: "progress", Rank: 0, Round: round, Bytes: sent, Total: layout.Size(), Elapsed: time.Since(start).Seconds()})
-			}
-		},
-	})
-	defer func() {
-		if err := sender.Close(); err != nil && res.Error == "" {
-			res.Error = err.Error()
-		}
-	}()
+// progress reports the bytes of the sender's round as its buckets move.
+type progress struct {
+	report func(event)
+	total  int64
+	round  int
+	start  time.Time
+	sent   int64
+}
+
+func (p *progress) bucket(m *stages.BucketMeta) {
+	p.sent += m.Length
+	if p.report != nil {
+		p.report(event{Type: "progress", Rank: 0, Round: p.round, Bytes: p.sent, Total: p.total, Elapsed: time.Since(p.start).Seconds()})
+	}
+}
+
+// gpuGauge measures the device memory a rank holds at its peak, from the
+// driver's free-memory figure: buckets, its model, and the transport's
+// own. Only when the rank has its GPU to itself (nccl); it reads the free
+// memory before the rank opens anything.
+type gpuGauge struct {
+	dev    *gpu.CUDADevice
+	before uint64
+}
+
+func newGPUGauge(o weightcast.Options) *gpuGauge {
+	g := &gpuGauge{}
+	var ordinal int
+	if o.Transport != "nccl" || !strings.HasPrefix(o.Device, "cuda:") {
+		return g
+	}
+	if _, err := fmt.Sscanf(o.Device, "cuda:%d", &ordinal); err != nil {
+		return g
+	}
+	if d, err := gpu.NewCUDADevice(ordinal); err == nil {
+		g.dev = d
+		g.before, _, _ = d.MemInfo()
+	}
+	return g
+}
+
+func (g *gpuGauge) measure(res *rankResult) {
+	if g.dev == nil {
+		return
+	}
+	if free, _, err := g.dev.MemInfo(); err == nil && g.before > free {
+		res.GPUMemory = max(res.GPUMemory, int64(g.before-free))
+	}
+}
+
+func (g *gpuGauge) close() {
+	if g.dev != nil {
+		g.dev.Close()
+	}
+}
+
+func sendRounds(ctx context.Context, c *config, sender *weightcast.Sender, cuda *gpu.CUDADevice, layout model,
+	prog *progress, res *rankResult, gpuMemory func()) error {
+	report := prog.report
 	var onDevice *deviceModel
 	if cuda != nil && c.modelPath == "" {
 		var err error
@@ -188,7 +224,7 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 		defer onDevice.close()
 	}
 	defer func() { res.CommittedVersion = sender.Committed() }()
-	for round = 1; round <= c.rounds; round++ {
+	for round := 1; round <= c.rounds; round++ {
 		model, err := c.model(round)
 		if err != nil {
 			return err
@@ -201,8 +237,8 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 			}
 			src = onDevice.tensors
 		}
-		start, sent = time.Now(), 0
-		st, err := sender.Sync(ctx, src, uint64(round))
+		prog.round, prog.start, prog.sent = round, time.Now(), 0
+		st, err := sender.Send(ctx, src, uint64(round))
 		gpuMemory()
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
@@ -216,14 +252,9 @@ func sendRounds(ctx context.Context, c *config, l *links, pool *stages.Pool, cud
 	return nil
 }
 
-func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *stages.Pool, cuda *gpu.CUDADevice,
-	tracer *pipeline.Tracer, res *rankResult, gpuMemory func()) (err error) {
-	receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: l.endpoint, Subscriber: l.sub, Pool: pool, Tracer: tracer, Rank: rank})
-	defer func() {
-		if err := receiver.Close(); err != nil && res.Error == "" {
-			res.Error = err.Error()
-		}
-	}()
+func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver, cuda *gpu.CUDADevice,
+	res *rankResult, gpuMemory func()) (err error) {
+	rank := receiver.Rank()
 	defer func() {
 		res.CommittedVersion = receiver.Committed()
 		if err != nil {
@@ -265,7 +296,7 @@ func receiveRounds(ctx context.Context, c *config, rank int, l *links, pool *sta
 		case onDevice != nil:
 			sink = onDevice
 		}
-		st, err := receiver.Sync(ctx, sink)
+		st, err := receiver.Receive(ctx, sink)
 		gpuMemory()
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
