@@ -141,7 +141,7 @@ func (m *member) hostMemory() mem.Device {
 // that serves it, and publishing what "auto" needs to know of this rank.
 func (m *member) join(ctx context.Context) error {
 	o := &m.opts
-	addr, _ := etcdAddr(o.Rendezvous)
+	addr, _ := RendezvousAddr(o.Rendezvous)
 	if o.ServeRendezvous && o.Rank == 0 {
 		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: addr, TLS: o.TLS})
 		if err != nil {

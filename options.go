@@ -186,7 +186,7 @@ func (o *Options) check(role string) error {
 	}
 	switch o.Transport {
 	case "auto", "tcp", "ipc", "nccl":
-		if _, err := etcdAddr(o.Rendezvous); err != nil {
+		if _, err := RendezvousAddr(o.Rendezvous); err != nil {
 			return bad("%v", err)
 		}
 		if o.RunID == "" {
@@ -208,8 +208,9 @@ func (o *Options) check(role string) error {
 	return nil
 }
 
-// etcdAddr turns "etcd://HOST:PORT" into HOST:PORT.
-func etcdAddr(u string) (string, error) {
+// RendezvousAddr checks a rendezvous address, "etcd://HOST:PORT", and
+// returns its HOST:PORT.
+func RendezvousAddr(u string) (string, error) {
 	hp, ok := strings.CutPrefix(u, "etcd://")
 	if !ok || hp == "" {
 		return "", fmt.Errorf("rendezvous %q: want etcd://HOST:PORT", u)

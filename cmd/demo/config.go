@@ -14,6 +14,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/pflag"
 
+	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -383,12 +384,9 @@ func parseSize(flagName, s string, minimum, maximum int64) (int64, error) {
 
 // etcdEndpoint turns etcd://host:port into host:port.
 func etcdEndpoint(u string) (string, error) {
-	hp, ok := strings.CutPrefix(u, "etcd://")
-	if !ok || hp == "" {
-		return "", fmt.Errorf("--rendezvous %q: want etcd://HOST:PORT", u)
-	}
-	if _, _, err := net.SplitHostPort(hp); err != nil {
-		return "", fmt.Errorf("--rendezvous %q: want etcd://HOST:PORT: %v", u, err)
+	hp, err := weightcast.RendezvousAddr(u)
+	if err != nil {
+		return "", fmt.Errorf("--%v", err) // names the flag: --rendezvous "...": want ...
 	}
 	return hp, nil
 }
