@@ -109,3 +109,29 @@ def test_many_cycles(monkeypatch):
     assert fds() <= base_fds + 8, f"file descriptors grew from {base_fds} to {fds()}"
     grown = rss() - base_rss
     assert grown < 200 << 20, f"resident memory grew by {grown >> 20} MiB over 90 cycles"
+
+
+def test_non_sending_trainer_rank():
+    """Sender(rank=-1), verl's non-sending trainer rank: joins nothing, and
+    send() walks the whole generator (so its collectives would run)."""
+    seen = []
+
+    def gen():
+        for i in range(5):
+            seen.append(i)
+            yield f"w{i}", np.zeros(2)
+
+    with weightcast.Sender(rank=-1) as s:
+        s.send(gen(), 1)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_import_is_light():
+    """import weightcast uses the standard library only: no numpy, no torch,
+    and the library is not loaded until a Sender or Receiver is made."""
+    import subprocess
+    import sys
+    code = "import sys, weightcast, weightcast._lib as l; print(sorted(m for m in ('numpy', 'torch') if m in sys.modules), l._lib is None)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))).stdout.strip()
+    assert out == "[] True", out
