@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/internal/owned"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -143,6 +144,10 @@ func (m *member) join(ctx context.Context) error {
 	o := &m.opts
 	addr, _ := RendezvousAddr(o.Rendezvous)
 	if o.ServeRendezvous && o.Rank == 0 {
+		// What served rendezvous of killed runs left in the temporary
+		// directory goes first (a trainer killed with -9 leaves its etcd's
+		// data); a live run's is kept.
+		owned.Sweep(embedetcd.DirPrefix)
 		emb, err := embedetcd.Start(ctx, embedetcd.Options{Addr: addr, TLS: o.TLS})
 		if err != nil {
 			return fmt.Errorf("%s: serving the rendezvous on %s: %w", m.who(), addr, err)
