@@ -119,3 +119,8 @@ func packRefs(b *testing.B, src stages.Source, pool *stages.Pool) {
 		b.Fatal(err)
 	}
 }
+
+// TestRefsOnFakes runs TestGPURefsIntoHostBuckets against gputest's
+// stand-in CUDA driver, so machines without a GPU check tensors by address
+// (RecordOn on the caller's stream, device-to-host reads) too.
+func TestRefsOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestGPURefsIntoHostBuckets") }

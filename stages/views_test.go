@@ -204,3 +204,7 @@ func TestGPUViews(t *testing.T) {
 		}
 	}
 }
+
+// TestViewsOnFakes runs TestGPUViews against gputest's stand-in CUDA
+// driver, so machines without a GPU check the device path of Views too.
+func TestViewsOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestGPUViews") }
