@@ -22,7 +22,7 @@ const (
 	KindOther         // anything else: the text says what
 	KindConfig        // bad options or input: change them (ErrConfig, a world size or rank that does not match)
 	KindTimeout       // a wait ran past its deadline
-	KindPeerGone      // another rank died or left
+	KindPeerGone      // another rank died or left (also: the sender ended the run)
 	KindChecksum      // a bucket's bytes did not match their checksum
 	KindClosed        // the Sender or Receiver is closed
 	KindAborted       // a rank gave the round up (Abort, Ctrl-C, or a failure the text names)
@@ -44,7 +44,7 @@ func KindOf(err error) Kind {
 		return KindConfig
 	case errors.Is(err, stages.ErrChecksum):
 		return KindChecksum
-	case errors.Is(err, transport.ErrPeerGone), errors.Is(err, rendezvous.ErrPeerGone):
+	case errors.Is(err, transport.ErrPeerGone), errors.Is(err, rendezvous.ErrPeerGone), errors.Is(err, transport.ErrEnded):
 		return KindPeerGone
 	case errors.Is(err, transport.ErrTimeout), errors.Is(err, rendezvous.ErrTimeout),
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &wait) && errors.Is(wait.Err, context.DeadlineExceeded):

@@ -46,6 +46,18 @@ func (r *Receiver) Receive(ctx context.Context, sink stages.Sink) (stages.RoundS
 	return st, err
 }
 
+// AwaitEnd waits, after the last round this receiver expects, for the
+// sender to end the run (its Close: docs/protocol.md, "End of a run"). It
+// fails when the sender starts another round instead, or the bus fails.
+// Optional: a receiver may also just close.
+func (r *Receiver) AwaitEnd(ctx context.Context) error {
+	var err error
+	if rerr := r.round(ctx, func(ctx context.Context) error { err = r.r.AwaitEnd(ctx); return err }); rerr != nil {
+		return fmt.Errorf("%s: %w", r.who(), rerr)
+	}
+	return nil
+}
+
 // Committed is the last version committed on every receiver that this
 // one loaded, or 0.
 func (r *Receiver) Committed() uint64 { return r.r.Committed() }

@@ -367,3 +367,38 @@ func TestPeerGoneAcrossShortRounds(t *testing.T) {
 		t.Fatalf("took %v to notice", d)
 	}
 }
+
+// TestEndOfRun: after the last round the sender's Close ends the run;
+// a receiver waiting for it with AwaitEnd returns, and one that asks for
+// another round is told the run ended (a peer-gone kind).
+func TestEndOfRun(t *testing.T) {
+	o := Options{Group: "end", RunID: "e1", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10, Timeout: 30 * time.Second}
+	s, rs := ranks(t, 3, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src := randomTensors(rand.New(rand.NewPCG(9, 9)), 5, 1<<10)
+	send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
+	if err := syncRound(ctx, s, rs, send, []stages.Sink{stages.NewHostModel(), stages.NewHostModel()}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = rs[0].AwaitEnd(ctx) })
+	wg.Go(func() { _, errs[1] = rs[1].Receive(ctx, stages.NewHostModel()) })
+	time.Sleep(100 * time.Millisecond) // let them wait; the end must reach them either way
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	wg.Wait()
+	for _, r := range rs {
+		r.Close() // the sender's group waits for them to leave
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] != nil {
+		t.Fatalf("AwaitEnd: %v", errs[0])
+	}
+	if KindOf(errs[1]) != KindPeerGone || !strings.Contains(errs[1].Error(), "ended the run") {
+		t.Fatalf("a round after the end: %v (kind %d)", errs[1], KindOf(errs[1]))
+	}
+}
