@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -220,5 +221,23 @@ func TestCloseDuringRound(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("closing during a round hung")
+	}
+}
+
+func TestConfigSecurity(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/secret"
+	if err := os.WriteFile(path, []byte("a-group-secret-of-some-length\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "env": {"WEIGHTCAST_SECRET_FILE": "`+path+`"}, "tls_ca": "ca.pem", "tls_cert": "c.pem", "tls_key": "k.pem"}`, func(string) string { return "" })
+	if err != nil || o.Secret == nil || o.TLS.CA != "ca.pem" || o.TLS.Cert != "c.pem" || o.TLS.Key != "k.pem" {
+		t.Fatalf("secret from the env map, TLS files: %+v, %v", o, err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "secret_file": "`+path+`"}`, func(string) string { return "" }); codeOf(err) != -2 || !strings.Contains(err.Error(), "secret_file") {
+		t.Fatalf("a secret every user may read: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/auth"
 )
 
 // config is the JSON object wc_open_sender and wc_open_receiver take; a
@@ -29,6 +30,13 @@ type config struct {
 	Checksum   *bool           `json:"checksum"`
 	Device     *string         `json:"device"`
 	Advertise  string          `json:"advertise"`
+	// SecretFile names the group secret's file (mode 0600); empty means
+	// WEIGHTCAST_SECRET_FILE, or no secret. TLSCA, TLSCert and TLSKey are
+	// the PEM files of mutual TLS.
+	SecretFile string `json:"secret_file"`
+	TLSCA      string `json:"tls_ca"`
+	TLSCert    string `json:"tls_cert"`
+	TLSKey     string `json:"tls_key"`
 	// Env, when present, is the environment the torchrun variables are
 	// read from instead of the process's (a Python caller passes
 	// os.environ's, which the Go runtime's copy does not follow).
@@ -97,6 +105,17 @@ func parseConfig(text string, getenv func(string) string) (weightcast.Options, e
 	if c.Env != nil {
 		getenv = func(k string) string { return c.Env[k] }
 	}
+	if c.SecretFile == "" {
+		c.SecretFile = getenv(auth.SecretFileEnv)
+	}
+	if c.SecretFile != "" {
+		secret, err := auth.ReadSecretFile(c.SecretFile)
+		if err != nil {
+			return o, fmt.Errorf("%w: secret_file: %w", weightcast.ErrConfig, err)
+		}
+		o.Secret = secret
+	}
+	o.TLS = auth.TLSFiles{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey}
 	return o.FromEnv(getenv)
 }
 

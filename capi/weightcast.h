@@ -104,7 +104,9 @@ typedef struct wc_batch {
  * "rendezvous" ("etcd://HOST:PORT"), "run_id", "transport" ("auto", "tcp",
  * "ipc", "nccl"), "bucket" (bytes, or a string such as "1GiB"), "timeout"
  * (seconds), "checksum" (bool), "device" ("cpu", "cuda", "cuda:N"),
- * "advertise", "env". Missing or null rank, world_size, rendezvous, run_id
+ * "advertise", "secret_file" (the group secret's file, mode 0600; default
+ * $WEIGHTCAST_SECRET_FILE), "tls_ca", "tls_cert", "tls_key" (mutual TLS),
+ * "env". Missing or null rank, world_size, rendezvous, run_id
  * and device come from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR
  * and MASTER_PORT with rank 0 serving the rendezvous, TORCHELASTIC_RUN_ID,
  * LOCAL_RANK), read from "env" (an object of strings) when it is given, else

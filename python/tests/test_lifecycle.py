@@ -29,13 +29,13 @@ def fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def cycle(monkeypatch, tensors, version=1):
+def cycle(monkeypatch, tensors, version=1, **extra):
     """Open a sender (on a thread, serving the rendezvous) and a receiver in
     this process, send one round, close both. Returns what was received."""
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     run = uuid.uuid4().hex[:10]
-    common = dict(world_size=2, run_id=run, group="cycles", bucket=16 << 10, timeout=30.0)
+    common = dict(world_size=2, run_id=run, group="cycles", bucket=16 << 10, timeout=30.0, **extra)
     errors, got = [], {}
 
     def send():
@@ -135,3 +135,19 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))).stdout.strip()
     assert out == "[] True", out
+
+
+def test_group_secret(monkeypatch, tmp_path):
+    """With a group secret (a file of mode 0600, here through
+    WEIGHTCAST_SECRET_FILE) the round goes through, every connection
+    proven; a secret file every user may read is refused as configuration."""
+    secret = tmp_path / "secret"
+    secret.write_text("a group secret for the test\n")
+    secret.chmod(0o600)
+    monkeypatch.setenv("WEIGHTCAST_SECRET_FILE", str(secret))
+    tensors = [("w", np.arange(100, dtype=np.float32))]
+    got = cycle(monkeypatch, tensors)
+    assert np.array_equal(got["w"], tensors[0][1])
+    secret.chmod(0o644)
+    with pytest.raises(weightcast.ConfigError, match="secret"):
+        weightcast.Receiver(rank=1, world_size=2, run_id="x", rendezvous="etcd://127.0.0.1:1")

@@ -25,7 +25,7 @@ _TORCH_NAMES = {
     "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
 }
 
-_TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+_TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "WEIGHTCAST_SECRET_FILE")
 _POLL_MS = 100  # how long one wait in the library lasts before Python checks for signals
 
 
@@ -51,8 +51,9 @@ class _Rank:
 
     _open = None  # the library's open call, by name
 
-    def __init__(self, rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device):
+    def __init__(self, rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device, security):
         cfg = {"group": group, "transport": transport, "bucket": bucket, "timeout": float(timeout), "checksum": bool(checksum)}
+        cfg.update({k: str(v) for k, v in security.items() if v is not None})
         for key, value in (("rank", rank), ("world_size", world_size), ("rendezvous", rendezvous), ("run_id", run_id)):
             if value is not None:
                 cfg[key] = value
@@ -149,6 +150,9 @@ class Sender(_Rank):
     size (bytes, or a string such as "256MiB"); ``timeout`` (seconds) bounds
     every wait; ``device`` ("cpu", "cuda:N", an int or a torch.device) says
     where the buckets live when the transport puts them on a GPU.
+    ``secret_file`` (default $WEIGHTCAST_SECRET_FILE) names the group secret
+    every rank must prove it holds; ``tls_ca``, ``tls_cert`` and ``tls_key``
+    the PEM files of mutual TLS for etcd, the tcp chain and the bus.
 
     Trainer ranks that do not send (verl's rank -1) make ``Sender(rank=-1)``:
     it joins nothing, and its send() only iterates the tensors, so that the
@@ -159,13 +163,15 @@ class Sender(_Rank):
     _open = "wc_open_sender"
 
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
-                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None):
+                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
+                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None):
         if rank == -1:
             self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
             self._idle = True
             return
         self._idle = False
-        super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device)
+        super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
+                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
 
     def send(self, named_tensors, version):
         """Send one round: every (name, tensor) of named_tensors (an iterable:
@@ -252,8 +258,10 @@ class Receiver(_Rank):
     _open = "wc_open_receiver"
 
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
-                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None):
-        super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device)
+                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
+                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None):
+        super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
+                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
 
     @property
     def state(self):
