@@ -78,7 +78,7 @@ fuzz:
 	done
 
 # Test binaries and the demo for a GPU machine that has no Go: copy .gpu/
-# there and run, for example, `cd stages && ../.gpu/stages.test -test.run GPU`;
+# (or .gpu.tar.xz, the same packed) there and run, for example, `cd stages && ../.gpu/stages.test -test.run GPU`;
 # the demo's process tests take the demo binary from WEIGHTCAST_DEMO_BIN:
 # `cd cmd/demo && WEIGHTCAST_DEMO_BIN=../../.gpu/demo ../../.gpu/demo.test`.
 # The Python package (with its library) and its GPU scripts go to
@@ -86,11 +86,12 @@ fuzz:
 # `cd .gpu/python && python3 benchmarks/e2e_transformers.py`.
 gpu-bins: python
 	mkdir -p .gpu
-	CGO_ENABLED=1 $(GO) test -c -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx ./cmd/demo .
-	CGO_ENABLED=1 $(GO) build -o .gpu/demo ./cmd/demo
+	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o .gpu/ ./gpu ./nccl ./stages ./transport/ipc ./transport/ncclx ./cmd/demo .
+	CGO_ENABLED=1 $(GO) build -ldflags='-s -w' -o .gpu/demo ./cmd/demo
 	rm -rf .gpu/python && mkdir -p .gpu/python
 	cp -r python/weightcast python/benchmarks python/tests .gpu/python/
 	rm -rf .gpu/python/*/__pycache__
+	tar cJf .gpu.tar.xz .gpu
 
 clean:
-	rm -rf bin .gpu dist $(PYLIB) python/weightcast/weightcast.h
+	rm -rf bin .gpu .gpu.tar.xz dist $(PYLIB) python/weightcast/weightcast.h
