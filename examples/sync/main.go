@@ -1,10 +1,12 @@
-// Command sync is the library example the README quotes, as a program that
-// runs: three ranks sync a synthetic model from rank 0 to the other two over
-// the tcp transport, with metadata over the ZeroMQ bus, meeting at an etcd
-// the program embeds. Each rank runs syncRank, as it would in a process of
-// its own on its own host; here they are goroutines of one process, so that
-// `go run ./examples/sync` shows the whole thing. It then checks that every
-// receiver holds every byte of the model.
+// Command sync is the library examples the README quotes, as a program that
+// runs: three ranks sync a synthetic model from rank 0 to the other two,
+// twice. First through the front door (package weightcast: syncMember, rank
+// 0 serving the rendezvous as under torchrun), then with the stages
+// composed by hand (syncRank: the tcp transport, metadata over the ZeroMQ
+// bus, an etcd the program embeds). Each rank runs as it would in a process
+// of its own on its own host; here they are goroutines of one process, so
+// that `go run ./examples/sync` shows the whole thing. After each sync it
+// checks that every receiver holds every byte of the model.
 package main
 
 import (
@@ -13,11 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
@@ -34,31 +38,52 @@ func main() {
 	}
 }
 
-// run syncs one version of a synthetic model to two receivers and checks
-// what they hold.
+// run syncs one version of a synthetic model to two receivers, through the
+// front door and then by hand, and checks what they hold each time.
 func run(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	weights, err := stages.Synthetic{Size: 16 << 20, Tensors: 30, Seed: 1}.Model()
+	if err != nil {
+		return err
+	}
+	const n = 3
+	runID := strconv.FormatInt(time.Now().UnixNano(), 36) // new for each launch
+
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	err = ranks(out, "front door", n, weights, func(rank int, model *stages.HostModel) error {
+		o := weightcast.Options{Rank: rank, WorldSize: n, Rendezvous: "etcd://" + addr, ServeRendezvous: rank == 0,
+			RunID: runID, BucketSize: 4 << 20}
+		return syncMember(ctx, o, weights, 1, model)
+	})
+	if err != nil {
+		return err
+	}
+
 	etcd, err := embedetcd.Start(ctx, embedetcd.Options{})
 	if err != nil {
 		return err
 	}
 	defer etcd.Close()
-	weights, err := stages.Synthetic{Size: 16 << 20, Tensors: 30, Seed: 1}.Model()
-	if err != nil {
-		return err
-	}
+	return ranks(out, "by hand", n, weights, func(rank int, model *stages.HostModel) error {
+		return syncRank(ctx, []string{etcd.ClientURL()}, runID, rank, n, weights, 1, model)
+	})
+}
 
-	const n = 3
-	runID := strconv.FormatInt(time.Now().UnixNano(), 36) // new for each launch
+// ranks runs sync for every rank on a goroutine of its own, each loading
+// into a model of its own, and checks that every receiver holds weights.
+func ranks(out io.Writer, how string, n int, weights *stages.SyntheticModel, sync1 func(rank int, model *stages.HostModel) error) error {
 	models := make([]*stages.HostModel, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for rank := range n {
 		models[rank] = stages.NewHostModel()
 		wg.Go(func() {
-			if err := syncRank(ctx, []string{etcd.ClientURL()}, runID, rank, n, weights, 1, models[rank]); err != nil {
-				errs[rank] = fmt.Errorf("rank %d: %w", rank, err)
+			if err := sync1(rank, models[rank]); err != nil {
+				errs[rank] = fmt.Errorf("%s: rank %d: %w", how, rank, err)
 			}
 		})
 	}
@@ -68,12 +93,59 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	for rank := 1; rank < n; rank++ {
 		if err := same(weights, models[rank]); err != nil {
-			return fmt.Errorf("rank %d: %w", rank, err)
+			return fmt.Errorf("%s: rank %d: %w", how, rank, err)
 		}
-		fmt.Fprintf(out, "rank %d holds version %d: %d tensors, identical to rank 0's\n", rank, models[rank].Version(), len(models[rank].Names()))
+		fmt.Fprintf(out, "%s: rank %d holds version %d: %d tensors, identical to rank 0's\n", how, rank, models[rank].Version(), len(models[rank].Names()))
 	}
 	return nil
 }
+
+// freeAddr is a loopback address no one listens on, for the rendezvous
+// rank 0 serves.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// [README: the front door]
+
+// syncMember is one rank of a sync group through the front door: o says
+// where the group meets (rank 0 serves the rendezvous when
+// o.ServeRendezvous is set, as under torchrun, where Options.FromEnv fills
+// o); rank 0 sends weights as version step and every other rank loads it
+// into model (a stages.HostModel, a DeviceModel, WriteSafetensors(dir), ...).
+func syncMember(ctx context.Context, o weightcast.Options, weights stages.Source, step uint64, model stages.Sink) (err error) {
+	if o.Rank > 0 {
+		return receiveMember(ctx, o, model)
+	}
+	sender, err := weightcast.OpenSender(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer closeInto(&err, sender) // ends the run: receivers waiting in AwaitEnd return
+	_, err = sender.Send(ctx, weights, step) // returns once every receiver has committed step
+	return err
+}
+
+// receiveMember is a receiving rank: one round into model, then it waits
+// for the sender to end the run.
+func receiveMember(ctx context.Context, o weightcast.Options, model stages.Sink) (err error) {
+	receiver, err := weightcast.OpenReceiver(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer closeInto(&err, receiver)
+	if _, err = receiver.Receive(ctx, model); err != nil {
+		return err // names the group, this rank and the bucket
+	}
+	return receiver.AwaitEnd(ctx)
+}
+
+// [README: end]
 
 // [README: the library example]
 
