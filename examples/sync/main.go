@@ -127,7 +127,8 @@ func syncMember(ctx context.Context, o weightcast.Options, weights stages.Source
 		return err
 	}
 	defer closeInto(&err, sender) // ends the run: receivers waiting in AwaitEnd return
-	_, err = sender.Send(ctx, weights, step) // returns once every receiver has committed step
+	// Send returns once every receiver has committed step.
+	_, err = sender.Send(ctx, weights, step)
 	return err
 }
 
