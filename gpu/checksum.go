@@ -31,9 +31,8 @@ const (
 	checksumBytesPerThread = 256
 	// checksumBlocksPerSM caps the grid at this many blocks per
 	// multiprocessor: 8 blocks of 256 threads fill an H200's
-	// multiprocessor (the kernel uses 26 registers). 1 GiB on an H200:
-	// 3431 GB/s with 8, 3259 with 16, 3023 with 4, 1972 with 2
-	// (BenchmarkChecksum1GiB).
+	// multiprocessor (the kernel uses 26 registers; BenchmarkChecksum1GiB,
+	// docs/benchmarks.md).
 	checksumBlocksPerSM = 8
 	// checksumCheckWait bounds the self-test that runs when the kernel is
 	// loaded.

@@ -201,8 +201,8 @@ func noteGatherPath(p GatherPath, why error) {
 
 // Gather queues many copies between device addresses of one GPU with one
 // launch of a small copy kernel, instead of one copy-engine operation per
-// copy (about 4 µs each on an H200, batched or not; the kernel took 0.018 µs
-// per 4 KiB copy, queueing included, BenchmarkGather4KiB). The kernel runs
+// copy, which costs microseconds per copy batched or not, where the kernel
+// costs what the bytes do (BenchmarkGather4KiB; docs/benchmarks.md). The kernel runs
 // one thread block per piece (gatherPiece: at most GatherChunk bytes),
 // with 16-byte loads and stores, eight in flight per thread, where source,
 // destination and length allow, byte copies elsewhere.
@@ -310,10 +310,9 @@ func (g *Gather) piece(bytes int64) uint64 {
 
 // gatherPiece returns the size of the pieces for copies of bytes bytes in
 // all: about bytes/gatherPieces, a multiple of 16, from gatherMinChunk to
-// GatherChunk. On an H200 (BenchmarkGatherPieces, pack) 64 copies of
-// 16 MiB ran at 1697 GB/s in pieces of 1 MiB, 1592 in pieces of 256 KiB
-// and 1498 in pieces of 32 KiB; 4 copies of 4 MiB (a 16 MiB bucket) at
-// 700 GB/s in pieces of 64 KiB and 369 in pieces of 1 MiB (16 blocks).
+// GatherChunk: large buckets run few large pieces, small ones still fill
+// the GPU (BenchmarkGatherPieces; docs/benchmarks.md, "Figures behind the
+// GPU defaults").
 func gatherPiece(bytes int64) uint64 {
 	p := (uint64(max(bytes, 0))/gatherPieces + 15) &^ 15
 	return min(max(p, gatherMinChunk), GatherChunk)

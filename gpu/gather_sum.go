@@ -34,10 +34,9 @@ const (
 	gatherSumExtend = 256
 	// gatherSumMinCopy: CopySum fuses the checksum into copies of at
 	// least this many bytes on average; smaller ones it copies, then sums
-	// with the checksum kernel. On an H200 (BenchmarkGatherSumCopies,
-	// pack, about 400 MB of copies) a copy of 4 KiB took 22 ns fused and
-	// 14 ns copied then summed, of 16 KiB 29 and 26 ns, of 64 KiB 68 and
-	// 76 ns, of 256 KiB 183 and 271 ns.
+	// with the checksum kernel, which is faster for small copies
+	// (BenchmarkGatherSumCopies; docs/benchmarks.md, "Figures behind the
+	// GPU defaults").
 	gatherSumMinCopy = 64 << 10
 	// gatherSumCheckWait bounds the self-test that runs when the kernel
 	// is loaded.

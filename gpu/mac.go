@@ -31,10 +31,9 @@ const (
 	// macParentLevels is the most tree levels one launch of the parent
 	// kernel joins: each of its threads joins up to 2^levels nodes into
 	// one, 2^levels - 1 compressions in turn, so fewer levels mean more
-	// launches and more levels longer threads at the top of the tree. On
-	// an H200 1 GiB took as long with 1 to 4 levels (1356-1393 GB/s over
-	// three runs, no order among them beyond the noise) and longer with 5
-	// (1277-1289; BenchmarkMAC1GiB).
+	// launches and more levels longer threads at the top of the tree
+	// (BenchmarkMAC1GiB; the figures that chose 3 are in
+	// docs/benchmarks.md, "Figures behind the GPU defaults").
 	macParentLevels = 3
 	// macCVBytes is the size of a chaining value.
 	macCVBytes = 32
