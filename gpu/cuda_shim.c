@@ -29,12 +29,15 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   WC_SYM(cuDeviceGet);
   WC_SYM(cuDeviceGetName);
   WC_SYM(cuDeviceGetAttribute);
+  WC_SYM(cuDeviceGetUuid_v2);
+  WC_SYM(cuDeviceGetUuid);
   WC_SYM(cuDevicePrimaryCtxRetain);
   WC_SYM(cuDevicePrimaryCtxRelease_v2);
   WC_SYM(cuCtxSetCurrent);
   WC_SYM(cuMemGetInfo_v2);
   WC_SYM(cuMemAlloc_v2);
   WC_SYM(cuMemFree_v2);
+  WC_SYM(cuMemGetAddressRange_v2);
   WC_SYM(cuMemHostAlloc);
   WC_SYM(cuMemFreeHost);
   WC_SYM(cuMemcpyHtoDAsync_v2);

@@ -28,6 +28,9 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct {
   char reserved[64];
 } CUipcMemHandle;
+typedef struct {
+  char bytes[16];
+} CUuuid;
 
 // CUmemLocation and CUmemcpyAttributes (CUmemcpyAttributes_v1) of cuda.h
 // 12.8+, for cuMemcpyBatchAsync. The location hints only matter for managed
@@ -84,12 +87,15 @@ typedef struct {
   CUresult (*cuDeviceGet)(CUdevice *dev, int ordinal);
   CUresult (*cuDeviceGetName)(char *name, int len, CUdevice dev);
   CUresult (*cuDeviceGetAttribute)(int *v, int attrib, CUdevice dev);
+  CUresult (*cuDeviceGetUuid_v2)(CUuuid *uuid, CUdevice dev);
+  CUresult (*cuDeviceGetUuid)(CUuuid *uuid, CUdevice dev);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
   CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice dev);
   CUresult (*cuCtxSetCurrent)(CUcontext ctx);
   CUresult (*cuMemGetInfo_v2)(size_t *free, size_t *total);
   CUresult (*cuMemAlloc_v2)(CUdeviceptr *dptr, size_t bytes);
   CUresult (*cuMemFree_v2)(CUdeviceptr dptr);
+  CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
   CUresult (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);
   CUresult (*cuMemFreeHost)(void *p);
   CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t n, CUstream s);
@@ -191,6 +197,16 @@ static inline CUresult wc_cuDeviceGetName(char *name, int len, CUdevice dev) {
 static inline CUresult wc_cuDeviceGetAttribute(int *v, int attrib, CUdevice dev) {
   WC_NEED(cuDeviceGetAttribute);
   return wc_cuda.cuDeviceGetAttribute(v, attrib, dev);
+}
+
+// wc_cuDeviceGetUuid uses cuDeviceGetUuid_v2, or the original where the
+// driver lacks it (before CUDA 11.4; the two differ only for MIG
+// instances, which the original does not tell apart).
+static inline CUresult wc_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+  if (wc_cuda.cuDeviceGetUuid_v2 != NULL)
+    return wc_cuda.cuDeviceGetUuid_v2(uuid, dev);
+  WC_NEED(cuDeviceGetUuid);
+  return wc_cuda.cuDeviceGetUuid(uuid, dev);
 }
 
 static inline CUresult wc_cuDevicePrimaryCtxRetain(uintptr_t *ctx, CUdevice dev) {
@@ -337,6 +353,12 @@ static inline CUresult wc_cuEventDestroy(uintptr_t ctx, uintptr_t e) {
   WC_NEED(cuEventDestroy_v2);
   WC_SET(ctx);
   return wc_cuda.cuEventDestroy_v2(WC_EVENT(e));
+}
+
+static inline CUresult wc_cuMemGetAddressRange(uintptr_t ctx, CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+  WC_NEED(cuMemGetAddressRange_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuMemGetAddressRange_v2(base, size, p);
 }
 
 static inline CUresult wc_cuIpcGetMemHandle(uintptr_t ctx, CUipcMemHandle *h, CUdeviceptr p) {

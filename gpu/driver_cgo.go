@@ -18,6 +18,8 @@ package gpu
 #cgo nocallback wc_cuDeviceGetName
 #cgo noescape wc_cuDeviceGetAttribute
 #cgo nocallback wc_cuDeviceGetAttribute
+#cgo noescape wc_cuDeviceGetUuid
+#cgo nocallback wc_cuDeviceGetUuid
 #cgo noescape wc_cuDevicePrimaryCtxRetain
 #cgo nocallback wc_cuDevicePrimaryCtxRetain
 #cgo noescape wc_cuMemGetInfo
@@ -38,6 +40,8 @@ package gpu
 #cgo nocallback wc_cuEventCreateTimed
 #cgo noescape wc_cuEventElapsedTime
 #cgo nocallback wc_cuEventElapsedTime
+#cgo noescape wc_cuMemGetAddressRange
+#cgo nocallback wc_cuMemGetAddressRange
 #cgo noescape wc_cuIpcGetMemHandle
 #cgo nocallback wc_cuIpcGetMemHandle
 #cgo noescape wc_cuIpcOpenMemHandle
@@ -144,6 +148,14 @@ func cuDeviceGetAttribute(attr cuDeviceAttribute, dev cuDevice) (int, CUDAResult
 	var v C.int
 	r := C.wc_cuDeviceGetAttribute(&v, C.int(attr), C.CUdevice(dev))
 	return int(v), CUDAResult(r)
+}
+
+// cuDeviceGetUuid returns the device's UUID (cuDeviceGetUuid_v2, or the
+// original on drivers before CUDA 11.4).
+func cuDeviceGetUuid(dev cuDevice) ([16]byte, CUDAResult) {
+	var u [16]byte
+	r := C.wc_cuDeviceGetUuid((*C.CUuuid)(unsafe.Pointer(&u[0])), C.CUdevice(dev))
+	return u, CUDAResult(r)
 }
 
 func cuDevicePrimaryCtxRetain(dev cuDevice) (cuContext, CUDAResult) {
@@ -264,6 +276,15 @@ func cuEventQuery(ctx cuContext, e cuEvent) CUDAResult {
 
 func cuEventDestroy(ctx cuContext, e cuEvent) CUDAResult {
 	return CUDAResult(C.wc_cuEventDestroy(C.uintptr_t(ctx), C.uintptr_t(e)))
+}
+
+// cuMemGetAddressRange returns the base and size of the allocation that
+// holds the device address p (cuMemGetAddressRange_v2).
+func cuMemGetAddressRange(ctx cuContext, p uint64) (base, size uint64, r CUDAResult) {
+	var b C.CUdeviceptr
+	var n C.size_t
+	r = CUDAResult(C.wc_cuMemGetAddressRange(C.uintptr_t(ctx), &b, &n, C.CUdeviceptr(p)))
+	return uint64(b), uint64(n), r
 }
 
 func cuIpcGetMemHandle(ctx cuContext, p uint64) (IPCHandle, CUDAResult) {

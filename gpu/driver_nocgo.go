@@ -24,6 +24,7 @@ func cuDevicePrimaryCtxRelease(cuDevice) CUDAResult             { return notFoun
 func cuCtxSetCurrent(cuContext) CUDAResult                      { return notFound }
 
 func cuDeviceGetAttribute(cuDeviceAttribute, cuDevice) (int, CUDAResult) { return 0, notFound }
+func cuDeviceGetUuid(cuDevice) ([16]byte, CUDAResult)                    { return [16]byte{}, notFound }
 
 func cuMemGetInfo(cuContext) (free, total uint64, r CUDAResult)             { return 0, 0, notFound }
 func cuMemAlloc(cuContext, int) (uint64, CUDAResult)                        { return 0, notFound }
@@ -48,9 +49,10 @@ func cuEventRecord(cuContext, cuEvent, cuStream) CUDAResult { return notFound }
 func cuEventQuery(cuContext, cuEvent) CUDAResult            { return notFound }
 func cuEventDestroy(cuContext, cuEvent) CUDAResult          { return notFound }
 
-func cuIpcGetMemHandle(cuContext, uint64) (IPCHandle, CUDAResult)   { return IPCHandle{}, notFound }
-func cuIpcOpenMemHandle(cuContext, *IPCHandle) (uint64, CUDAResult) { return 0, notFound }
-func cuIpcCloseMemHandle(cuContext, uint64) CUDAResult              { return notFound }
+func cuMemGetAddressRange(cuContext, uint64) (base, size uint64, r CUDAResult) { return 0, 0, notFound }
+func cuIpcGetMemHandle(cuContext, uint64) (IPCHandle, CUDAResult)              { return IPCHandle{}, notFound }
+func cuIpcOpenMemHandle(cuContext, *IPCHandle) (uint64, CUDAResult)            { return 0, notFound }
+func cuIpcCloseMemHandle(cuContext, uint64) CUDAResult                         { return notFound }
 
 func moduleLoad(cuContext, string) (m cuModule, log string, r CUDAResult)      { return 0, "", notFound }
 func cuModuleGetFunction(cuContext, cuModule, string) (cuFunction, CUDAResult) { return 0, notFound }

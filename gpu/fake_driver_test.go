@@ -145,6 +145,24 @@ func TestFakeDriverChild(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Memory allocated elsewhere, exported by address: Allocation finds
+	// the allocation that holds an address inside it (both
+	// out-parameters of cuMemGetAddressRange_v2), ExportAddress exports
+	// its base, and an address in no allocation is refused.
+	base, size, err := d.Allocation(a.DevicePtr() + 1000)
+	if err != nil || base != a.DevicePtr() || size != n {
+		t.Fatalf("Allocation(inside) = %#x, %d, %v; want %#x, %d", base, size, err, a.DevicePtr(), n)
+	}
+	if h2, err := d.ExportAddress(base); err != nil || h2 != h {
+		t.Fatalf("ExportAddress = %v, %v; want the handle ExportIPC gave", h2, err)
+	}
+	if _, _, err := d.Allocation(8); !errors.Is(err, gpu.ErrNotExportable) || !strings.Contains(err.Error(), "cuMemGetAddressRange_v2") {
+		t.Fatalf("Allocation(8) = %v, want ErrNotExportable naming the call", err)
+	}
+	if u, err := d.UUID(); err != nil || string(u[:]) != "fake-cuda-uuid-0" {
+		t.Fatalf("UUID = %q, %v; want the stand-in's", u, err)
+	}
+
 	// The gather kernel: the stand-in runs wc_gather, so the self-test at
 	// load passes only if the launch's grid and arguments arrive intact.
 	g := s.NewGather()

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/weightcast/weightcast/mem"
@@ -67,4 +68,55 @@ func (d *CUDADevice) OpenIPC(h IPCHandle, n int) (mem.Buffer, error) {
 		return nil, d.err("cuIpcOpenMemHandle_v2", "", r)
 	}
 	return &deviceBuffer{dev: d, ptr: p, n: n, opened: true}, nil
+}
+
+// ErrNotExportable is matched (errors.Is) by ExportAddress's error for
+// memory that CUDA IPC cannot share: memory of the virtual memory
+// management API (cuMemCreate and cuMemMap, which PyTorch's
+// expandable_segments:True allocator uses), of a stream-ordered memory
+// pool (cudaMallocAsync), or not device memory of this GPU at all.
+var ErrNotExportable = errors.New("gpu: memory cannot be exported with CUDA IPC")
+
+// Allocation returns the base address and size of the allocation that
+// holds the device address p (cuMemGetAddressRange): for memory that some
+// other code allocated (a cuMemAlloc of its own, a PyTorch caching
+// allocator's segment, of which a tensor is a part), the unit that
+// ExportAddress exports. Its error matches ErrNotExportable where p is no
+// allocation the driver knows in this process.
+func (d *CUDADevice) Allocation(p uint64) (base uint64, size int64, err error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, 0, err
+	}
+	b, n, r := cuMemGetAddressRange(d.ctx, p)
+	if r != 0 {
+		return 0, 0, fmt.Errorf("%w: %#x is in no allocation the driver knows on cuda:%d: %w", ErrNotExportable, p, d.ordinal, d.err("cuMemGetAddressRange_v2", "", r))
+	}
+	return b, int64(n), nil
+}
+
+// ExportAddress returns the IPC handle of the allocation that starts at
+// base (see Allocation), device memory of this GPU that this package need
+// not have allocated. The memory stays owned by whoever allocated it, who
+// must keep it allocated while importers use it. Memory that CUDA IPC
+// cannot share fails with an error matching ErrNotExportable.
+func (d *CUDADevice) ExportAddress(base uint64) (IPCHandle, error) {
+	if err := d.checkOpen(); err != nil {
+		return IPCHandle{}, err
+	}
+	h, r := cuIpcGetMemHandle(d.ctx, base)
+	if r != 0 {
+		return IPCHandle{}, fmt.Errorf("%w: the allocation at %#x on cuda:%d (memory of cuMemCreate, such as PyTorch's expandable segments, or of a stream-ordered pool cannot be shared): %w", ErrNotExportable, base, d.ordinal, d.err("cuIpcGetMemHandle", "", r))
+	}
+	return h, nil
+}
+
+// UUID returns the GPU's UUID (cuDeviceGetUuid_v2): the same in every
+// process of the host, whatever ordinal CUDA_VISIBLE_DEVICES gives the
+// GPU there, so processes tell by it whether they share a GPU.
+func (d *CUDADevice) UUID() ([16]byte, error) {
+	u, r := cuDeviceGetUuid(d.dev)
+	if r != 0 {
+		return u, d.err("cuDeviceGetUuid_v2", "", r)
+	}
+	return u, nil
 }

@@ -6,6 +6,7 @@
 // careless binding might do: a call without the context current, a handle
 // it did not make, flags the package does not use, a launch whose grid does
 // not match its arguments. It is test data, never shipped.
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,10 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
   *v = 4;
   return OK;
 }
+CUresult cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
+  memcpy(uuid, "fake-cuda-uuid-0", 16);
+  return dev == 0 ? OK : INVALID_DEVICE;
+}
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
   *ctx = &primary;
   return dev == 0 ? OK : INVALID_DEVICE;
@@ -111,15 +116,55 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
   *free = *total / 2;
   return OK;
 }
+// The live allocations, for cuMemGetAddressRange_v2 (calls come from
+// many threads at once).
+typedef struct alloc {
+  CUdeviceptr p;
+  size_t n;
+  struct alloc *next;
+} alloc;
+static alloc *allocs;
+static pthread_mutex_t allocs_mu = PTHREAD_MUTEX_INITIALIZER;
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   NEED_CTX();
   *p = (CUdeviceptr)(uintptr_t)malloc(n);
+  alloc *a = malloc(sizeof(alloc));
+  a->p = *p, a->n = n;
+  pthread_mutex_lock(&allocs_mu);
+  a->next = allocs;
+  allocs = a;
+  pthread_mutex_unlock(&allocs_mu);
   return OK;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
   NEED_CTX();
-  free((void *)(uintptr_t)p);
-  return OK;
+  CUresult r = INVALID_VALUE; // not an allocation's start
+  pthread_mutex_lock(&allocs_mu);
+  for (alloc **a = &allocs; *a != NULL; a = &(*a)->next)
+    if ((*a)->p == p) {
+      alloc *dead = *a;
+      *a = dead->next;
+      free(dead);
+      free((void *)(uintptr_t)p);
+      r = OK;
+      break;
+    }
+  pthread_mutex_unlock(&allocs_mu);
+  return r;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+  NEED_CTX();
+  CUresult r = NOT_FOUND;
+  pthread_mutex_lock(&allocs_mu);
+  for (alloc *a = allocs; a != NULL; a = a->next)
+    if (p >= a->p && p < a->p + a->n) {
+      *base = a->p, *size = a->n;
+      r = OK;
+      break;
+    }
+  pthread_mutex_unlock(&allocs_mu);
+  return r;
 }
 CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
   NEED_CTX();
