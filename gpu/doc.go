@@ -98,6 +98,22 @@
 // CopySum copies and then checksums: the same value, one pass more
 // (Gather.SumKernel says which).
 //
+// # Layout checksums
+//
+// Gather.CopySumLayout sums a Layout: pieces of device memory, each read
+// where it lies (scattered tensors of another process, mapped by IPC),
+// placed at positions of a virtual buffer whose other bytes are zero; it
+// copies the pieces that have a destination on the way, in the same pass
+// (gather_layout.ptx: the fused kernel's loops with each range's position
+// in the layout given, and zeros hashed without being read). The result
+// equals checksum.Sum of the layout's bytes: a bucket's checksum when the
+// pieces are what the bucket would hold and its padding is zero, without
+// the bucket ever being filled, which is how a receiver that reads a
+// sender's tensors in place checks them against a sum the sender computed
+// itself. Where the kernel cannot be loaded or fails its self-test (or
+// WEIGHTCAST_GATHER_LAYOUT=off), CopySumLayout copies and reads every
+// piece back to the host to sum it there (Gather.LayoutKernel says why).
+//
 // # MAC kernels
 //
 // Stream.NewMACer returns a MACer, whose Queue adds keyed BLAKE3 (package

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 )
@@ -182,6 +183,35 @@ func TestFakeDriverChild(t *testing.T) {
 	}
 	if got := gputest.Download(t, s, b, 0, n); !bytes.Equal(got, want) {
 		t.Fatalf("gathered copies differ at byte %d", gputest.FirstDiff(got, want))
+	}
+	if err := g.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A layout sum without its kernel (the stand-in lacks it): the
+	// copies through the gather kernel, the pieces read back to the host
+	// and summed there.
+	g = s.NewGather()
+	if ok, why := g.LayoutKernel(); ok || !errors.Is(why, gpu.ErrNoGatherLayoutKernel) {
+		t.Fatalf("LayoutKernel() = %v, %v on the stand-in driver", ok, why)
+	}
+	gputest.Fill(t, s, b, 0)
+	var l gpu.Layout
+	layout := make([]byte, 3*4096)
+	l.Add(4096, a.DevicePtr()+3, 1000, b.DevicePtr()+64)
+	l.Add(0, a.DevicePtr()+8000, 77, 0)
+	copy(layout[4096:], want[3:1003])
+	copy(layout[0:], want[8000:8077])
+	ps, err := g.CopySumLayout(ctx, &l, int64(len(layout)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum, err := ps.Wait(ctx); err != nil || sum != checksum.Sum(layout) {
+		t.Fatalf("CopySumLayout on the host = %#x, %v; want %#x", sum, err, checksum.Sum(layout))
+	}
+	ps.Close()
+	if got := gputest.Download(t, s, b, 64, 1000); !bytes.Equal(got, want[3:1003]) {
+		t.Fatalf("CopySumLayout's copy differs at byte %d", gputest.FirstDiff(got, want[3:1003]))
 	}
 	if err := g.Close(ctx); err != nil {
 		t.Fatal(err)

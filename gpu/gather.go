@@ -236,6 +236,13 @@ type Gather struct {
 	sumWhy    error
 	sumLoaded bool
 	sumRing   descRing
+
+	// The layout kernel of CopySumLayout (gather_layout.go), loaded at
+	// first use (layLoaded), or why it is unavailable, and its ring.
+	layK      *loadedKernel
+	layWhy    error
+	layLoaded bool
+	layRing   descRing
 }
 
 // maxSpareGather bounds the descriptor memories a device keeps for later
@@ -324,7 +331,11 @@ func gatherPiece(bytes int64) uint64 {
 // stays allocated (rather than be reused under a running copy) and Close
 // returns the error. Close is idempotent.
 func (g *Gather) Close(ctx context.Context) error {
-	return errors.Join(g.ring.close(ctx, g.s), g.sumRing.close(ctx, g.s))
+	err := errors.Join(g.ring.close(ctx, g.s), g.sumRing.close(ctx, g.s))
+	if g.layRing.kind != nil {
+		err = errors.Join(err, g.layRing.close(ctx, g.s))
+	}
+	return err
 }
 
 // rangeSplitter walks the copies of a CopyBatch as kernel ranges of at

@@ -1,0 +1,226 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/mem"
+)
+
+// testGatherLayout returns a Gather of s whose CopySumLayout uses the
+// layout kernel, failing the test where it is unavailable, and a
+// Checksummer of s.
+func testGatherLayout(tb testing.TB, s *Stream) (*Gather, *Checksummer) {
+	tb.Helper()
+	g := testGather(tb, s)
+	if ok, why := g.LayoutKernel(); !ok {
+		tb.Fatalf("the layout kernel is unavailable on %s: %v", s.Device().Name(), why)
+	}
+	return g, testChecksummer(tb, s)
+}
+
+// deviceLayout places c's pieces in device memory: sources at srcAt in
+// src, destinations at dstAt in dst.
+func deviceLayout(c layoutCase, src, dst mem.Buffer, srcAt, dstAt int) *Layout {
+	var l Layout
+	for _, p := range c.pieces {
+		var to uint64
+		if p[3] >= 0 {
+			to = dst.DevicePtr() + uint64(dstAt+p[3])
+		}
+		l.Add(int64(p[1]), src.DevicePtr()+uint64(srcAt+p[0]), int64(p[2]), to)
+	}
+	return &l
+}
+
+// TestGatherLayoutGPU runs random layouts on device memory, several
+// outstanding at once, with the default pieces and with pieces of
+// 16 KiB, plus a layout of 20,000 pieces of 64 bytes (several launches,
+// the descriptor ring wrapping) and one of 64 MiB pieces, and compares
+// the bytes copied and the sums with checksum.Sum of the layout built on
+// the host.
+func TestGatherLayoutGPU(t *testing.T) {
+	d := testDevice(t)
+	s := testStream(t, d)
+	g, c := testGatherLayout(t, s)
+	const size = 160 << 20
+	src, dst := alloc(t, d, size), alloc(t, d, size)
+	hostSrc, hostDst := pattern(size, 71), pattern(size, 72)
+	if err := s.CopyHtoD(src, 0, hostSrc); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CopyHtoD(dst, 0, hostDst); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(71, 72))
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var cases []layoutCase
+	for range 16 {
+		cases = append(cases, randomLayout(rng, 1<<20+rng.IntN(4<<20), 1<<20))
+	}
+	var many layoutCase
+	for i := range 20000 {
+		many.pieces = append(many.pieces, [4]int{i * 80, i * 64, 64, i * 72})
+	}
+	many.n, many.src, many.dst = 20000*64, 20000*80, 20000*72
+	big := layoutCase{n: 3 << 26, src: 2 << 26, dst: 2 << 26, pieces: [][4]int{{0, 0, 64 << 20, 0}, {64 << 20, 128 << 20, 64 << 20, -1}}}
+	cases = append(cases, many, big)
+	srcAt, dstAt := 0, 0
+	type run struct {
+		layout []byte
+		sum    *PendingSum
+	}
+	var runs []run
+	for i, lc := range cases {
+		if srcAt+lc.src > size || dstAt+lc.dst > size {
+			srcAt, dstAt = 0, 0
+			for _, r := range runs { // the next cases reuse the memory
+				if got, err := r.sum.Wait(ctx); err != nil || got != checksum.Sum(r.layout) {
+					t.Fatalf("layout sum %#x, %v; want %#x", got, err, checksum.Sum(r.layout))
+				}
+				r.sum.Close()
+			}
+			runs = nil
+		}
+		layout := make([]byte, lc.n)
+		for _, p := range lc.pieces {
+			copy(layout[p[1]:p[1]+p[2]], hostSrc[srcAt+p[0]:srcAt+p[0]+p[2]])
+			if p[3] >= 0 {
+				copy(hostDst[dstAt+p[3]:dstAt+p[3]+p[2]], hostSrc[srcAt+p[0]:srcAt+p[0]+p[2]])
+			}
+		}
+		g.chunk = 0 // the default pieces
+		if i%2 == 1 {
+			g.chunk = 16 << 10
+		}
+		ps, err := g.CopySumLayout(ctx, deviceLayout(lc, src, dst, srcAt, dstAt), int64(lc.n), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, run{layout, ps})
+		srcAt, dstAt = (srcAt+lc.src+15)&^15, (dstAt+lc.dst+15)&^15
+	}
+	for _, r := range runs {
+		if got, err := r.sum.Wait(ctx); err != nil || got != checksum.Sum(r.layout) {
+			t.Fatalf("layout sum %#x, %v; want %#x", got, err, checksum.Sum(r.layout))
+		}
+		r.sum.Close()
+	}
+	got := make([]byte, size)
+	if err := s.CopyDtoH(got, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	syncStream(t, s)
+	if i := diffAt(got, hostDst); i >= 0 {
+		t.Fatalf("byte %d of the destination is %#x, want %#x", i, got[i], hostDst[i])
+	}
+}
+
+// TestGatherLayoutGPUFallback turns the layout kernel off
+// (GatherLayoutEnv) for a new device and checks that CopySumLayout still
+// copies and sums, with Copy and a read back to the host, and that
+// LayoutKernel says why.
+func TestGatherLayoutGPUFallback(t *testing.T) {
+	skipWithoutCUDA(t)
+	t.Setenv(GatherLayoutEnv, "off")
+	d := testDevice(t)
+	s := testStream(t, d)
+	g := testGather(t, s)
+	c := testChecksummer(t, s)
+	if ok, why := g.LayoutKernel(); ok || !errors.Is(why, ErrNoGatherLayoutKernel) {
+		t.Fatalf("LayoutKernel() = %v, %v with %s=off", ok, why, GatherLayoutEnv)
+	}
+	rng := rand.New(rand.NewPCG(73, 74))
+	lc := randomLayout(rng, 1<<20, 1<<16)
+	src, dst := alloc(t, d, lc.src), alloc(t, d, lc.dst)
+	hostSrc := pattern(lc.src, 73)
+	if err := s.CopyHtoD(src, 0, hostSrc); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Memset(dst, 0, lc.dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	want, layout := make([]byte, lc.dst), make([]byte, lc.n)
+	for _, p := range lc.pieces {
+		copy(layout[p[1]:p[1]+p[2]], hostSrc[p[0]:p[0]+p[2]])
+		if p[3] >= 0 {
+			copy(want[p[3]:p[3]+p[2]], hostSrc[p[0]:p[0]+p[2]])
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := g.CopySumLayout(ctx, deviceLayout(lc, src, dst, 0, 0), int64(lc.n), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if got, err := p.Wait(ctx); err != nil || got != checksum.Sum(layout) {
+		t.Fatalf("CopySumLayout without the kernel: %#x, %v; want %#x", got, err, checksum.Sum(layout))
+	}
+	got := make([]byte, lc.dst)
+	if err := s.CopyDtoH(got, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	syncStream(t, s)
+	if i := diffAt(got, want); i >= 0 {
+		t.Fatalf("byte %d differs", i)
+	}
+}
+
+// BenchmarkGatherLayout64x16MiB moves a 1 GiB layout of 64 pieces of
+// 16 MiB, each in a buffer of its own: copied into 64 other buffers with
+// the layout summed on the way (a receiver reading a sender's tensors
+// straight into its own), the same copies through the gather kernel alone,
+// and the layout only summed (the sender's own pass). It reports GB/s of
+// the layout's bytes; compare with BenchmarkGather64x16MiB/plain1GiB and
+// BenchmarkChecksum1GiB.
+func BenchmarkGatherLayout64x16MiB(b *testing.B) {
+	d := testDevice(b)
+	const each, count = 16 << 20, 64
+	srcs, dsts := make([]mem.Buffer, count), make([]mem.Buffer, count)
+	for i := range srcs {
+		srcs[i], dsts[i] = alloc(b, d, each), alloc(b, d, each)
+	}
+	ctx := context.Background()
+	var l Layout
+	for _, c := range []struct {
+		name string
+		copy bool
+		sum  bool
+	}{{"copy+sum", true, true}, {"copy", true, false}, {"sum", false, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			var g *Gather
+			var cs *Checksummer
+			benchCopy(b, d, each*count, func(s *Stream) error {
+				if g == nil {
+					g, cs = testGatherLayout(b, s)
+				}
+				var cb CopyBatch
+				for i := range srcs {
+					var to uint64
+					if c.copy {
+						to = dsts[i].DevicePtr()
+					}
+					l.Add(int64(i*each), srcs[i].DevicePtr(), each, to)
+					cb.Add(dsts[i].DevicePtr(), srcs[i].DevicePtr(), each)
+				}
+				if !c.sum {
+					l.Reset()
+					return g.Copy(ctx, &cb)
+				}
+				p, err := g.CopySumLayout(ctx, &l, each*count, cs)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				_, err = p.Wait(ctx)
+				return err
+			})
+		})
+	}
+}
