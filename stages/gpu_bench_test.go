@@ -60,8 +60,23 @@ func waitFence(ctx context.Context, _ *gpu.Readback, bk *Bucket) error {
 
 // packOnly packs src into buckets from pool with pk's state and waits for
 // each bucket's fence: the cost of filling device buckets alone.
-func packOnly(b *testing.B, src Source, pool *Pool, pk *Packer) {
-	if err := packRound(src, PackConfig{Pool: pool, Version: 1}, pk, waitFence); err != nil {
+func packOnly(b *testing.B, src Source, pool *Pool, pk *Packer) { packSummed(b, src, pool, pk, false) }
+
+// packSummed is packOnly, with each bucket's checksum computed and waited
+// for (as Publish waits) when sum is set.
+func packSummed(b *testing.B, src Source, pool *Pool, pk *Packer, sum bool) {
+	each := waitFence
+	if sum {
+		each = func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
+			if bk.sum != nil {
+				if _, err := bk.sum.Wait(ctx); err != nil {
+					return err
+				}
+			}
+			return waitFence(ctx, rb, bk)
+		}
+	}
+	if err := packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: sum}, pk, each); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -81,17 +96,27 @@ func testPacker(tb testing.TB, plan devicePlan, staging gpu.StagingConfig) *Pack
 // the given size with plan, after three warm-up rounds (which load the
 // kernels and settle the clocks).
 func benchPack(b *testing.B, d *gpu.CUDADevice, src Source, total int64, plan devicePlan, bucket int) {
+	benchPackSum(b, d, src, total, plan, bucket, false)
+}
+
+// benchPackSum is benchPack, with checksums when sum is set: through the
+// fused kernel where the plan has the gather kernel, else the plan's
+// copies and the checksum kernel after them.
+func benchPackSum(b *testing.B, d *gpu.CUDADevice, src Source, total int64, plan devicePlan, bucket int, sum bool) {
 	pk := testPacker(b, plan, gpu.DefaultStagingConfig())
 	pool := devicePool(b, d, DefaultBuffers, bucket)
 	for range 3 {
-		packOnly(b, src, pool, pk)
+		packSummed(b, src, pool, pk, sum)
 	}
 	b.SetBytes(total)
 	b.ResetTimer()
 	for b.Loop() {
-		packOnly(b, src, pool, pk)
+		packSummed(b, src, pool, pk, sum)
 	}
 	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	if sum {
+		b.Logf("checksum fused into the copies: %v", pk.dev != nil && pk.dev.fuse)
+	}
 	logPaths(b)
 }
 
@@ -125,6 +150,13 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) { benchPack(b, d, src, total, c.plan, c.bucket) })
 	}
+	// With checksums: the default plan fuses them into the gather
+	// kernel's copies; the four-stream plan without the kernel copies on
+	// the copy engine and checksums each bucket after.
+	b.Run("pack-checksum", func(b *testing.B) { benchPackSum(b, d, src, total, defaultPlan, 256<<20, true) })
+	b.Run("pack-checksum-engine", func(b *testing.B) {
+		benchPackSum(b, d, src, total, devicePlan{lanes: 4, laneAbove: 16 << 20}, 256<<20, true)
+	})
 	b.Run("round", func(b *testing.B) {
 		pk := testPacker(b, defaultPlan, gpu.DefaultStagingConfig())
 		pool := devicePool(b, d, DefaultBuffers, 256<<20)
@@ -223,6 +255,10 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) { benchPack(b, d, src, total, c.plan, 1<<30) })
 	}
+	b.Run("pack-checksum", func(b *testing.B) { benchPackSum(b, d, src, total, defaultPlan, 1<<30, true) })
+	b.Run("pack-checksum-engine", func(b *testing.B) {
+		benchPackSum(b, d, src, total, devicePlan{lanes: 4, laneAbove: 16 << 20}, 1<<30, true)
+	})
 }
 
 // deviceTensors allocates total bytes of bf16 device tensors of each bytes,

@@ -553,16 +553,35 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 // with pk's state, reads every bucket back to the host and compares each
 // entry's bytes with exp; it returns the number of buckets.
 func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool, pk *Packer) int {
+	return checkPackedWith(t, src, exp, pool, pk, false)
+}
+
+// checkPackedWith is checkPacked, with checksums when sum is set: each
+// bucket's, waited for as Publish waits, must be checksum.Sum of the bytes
+// read back.
+func checkPackedWith(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool, pk *Packer, sum bool) int {
 	t.Helper()
 	got := map[string]int64{}
 	buckets := 0
-	err := packRound(src, PackConfig{Pool: pool, Version: 1}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
+	err := packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: sum}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
 		if gpu.FenceOf(bk.Buf) == nil {
 			return fmt.Errorf("bucket %d carries no fence", bk.Meta.Seq)
 		}
 		host, err := rb.Read(ctx, bk.Buf, int(bk.Meta.Length)) // after the fence
 		if err != nil {
 			return err
+		}
+		if sum {
+			if bk.sum == nil {
+				return fmt.Errorf("bucket %d: no checksum pending on the GPU", bk.Meta.Seq)
+			}
+			v, err := bk.sum.Wait(ctx)
+			if err != nil {
+				return err
+			}
+			if want := checksum.Sum(host); v != want {
+				return fmt.Errorf("bucket %d (%d bytes): GPU checksum %x, checksum.Sum %x", bk.Meta.Seq, bk.Meta.Length, v, want)
+			}
 		}
 		for _, e := range bk.Meta.Entries {
 			want := exp[e.Name][e.Chunk : e.Chunk+e.Size]
@@ -621,17 +640,24 @@ func TestGPUPackPlans(t *testing.T) {
 		{gatherBelow: 0, lanes: 3, laneAbove: 4096},
 		{gatherBelow: 16 << 10, lanes: 2, laneAbove: 16 << 10},
 	} {
-		t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v,lanes=%d", plan.gatherBelow, plan.perCopy, plan.lanes), func(t *testing.T) {
-			pk := testPacker(t, plan, gpu.DefaultStagingConfig())
-			pool := devicePool(t, d, DefaultBuffers, 1<<20)
-			n := checkPacked(t, src, exp, pool, pk)
-			path, why := gpu.LastGatherPath()
-			if plan.gatherBelow > 0 && path != gpu.GatherKernel {
-				t.Fatalf("device copies queued with %v: %v", path, why)
-			}
-			batch, failure := gpu.LastBatchPath()
-			t.Logf("%d tensors in %d buckets, byte-identical; gather: %v (%v); copy engine: %v (batch failure: %v)", len(src), n, path, why, batch, failure)
-		})
+		for _, sum := range []bool{false, true} {
+			t.Run(fmt.Sprintf("gatherBelow=%d,perCopy=%v,lanes=%d,checksum=%v", plan.gatherBelow, plan.perCopy, plan.lanes, sum), func(t *testing.T) {
+				pk := testPacker(t, plan, gpu.DefaultStagingConfig())
+				pool := devicePool(t, d, DefaultBuffers, 1<<20)
+				n := checkPackedWith(t, src, exp, pool, pk, sum)
+				path, why := gpu.LastGatherPath()
+				if plan.gatherBelow > 0 && path != gpu.GatherKernel {
+					t.Fatalf("device copies queued with %v: %v", path, why)
+				}
+				// With a checksum and the kernel, every device copy goes
+				// through the fused kernel, the checksum in the same pass.
+				if fused := pk.dev != nil && pk.dev.fuse; fused != (sum && plan.gatherBelow > 0) {
+					t.Fatalf("fused copies and checksum: %v, want %v", fused, sum && plan.gatherBelow > 0)
+				}
+				batch, failure := gpu.LastBatchPath()
+				t.Logf("%d tensors in %d buckets, byte-identical; gather: %v (%v); copy engine: %v (batch failure: %v)", len(src), n, path, why, batch, failure)
+			})
+		}
 	}
 }
 

@@ -54,10 +54,15 @@ import (
 // broadcast after the event on the GPU (cuStreamWaitEvent on the NCCL
 // stream) or waits for it on the host (CUDA IPC) — pack never blocks on
 // its own copies. The event is destroyed when the bucket is released. With
-// PackConfig.Checksum, the bucket's checksum is queued on the GPU right
-// after the event (gpu.Checksummer); Publish waits for it. Where the
-// checksum kernel is unavailable, pack copies the bucket back to the host
-// (gpu.Readback) and sums it there: slower, never skipped.
+// PackConfig.Checksum, the checksum costs no pass of its own where the
+// fused kernel can be used: every device copy on the bucket's GPU goes
+// through it (gpu.Gather.CopySum, summing each word as it copies it and
+// reading the bytes other copies wrote where they lie), the copy engine
+// left to rounds without checksums. Elsewhere the bucket's checksum is
+// queued on the GPU right after the event (gpu.Checksummer). Publish waits
+// for it. Where the checksum kernel is unavailable, pack copies the bucket
+// back to the host (gpu.Readback) and sums it there: slower, never
+// skipped.
 //
 // When the round is traced, each device bucket's copies are bracketed by
 // a pair of timed events on the copy stream, read after the round: the
@@ -118,6 +123,11 @@ func packStage(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfi
 			return err
 		}
 		defer func() { err = errors.Join(err, pk.end(ctx, dev, err != nil)) }()
+		if dev != nil {
+			if err := dev.beginRound(cfg.Checksum); err != nil {
+				return err
+			}
+		}
 		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, dev: dev, waitSums: own}
 		if r.cfg.maxTensors == 0 {
 			r.cfg.maxTensors = MaxTensors
@@ -322,13 +332,19 @@ func (r *packing) emit(last bool) error {
 	b.Meta.Length, b.Meta.IsLast = r.fill, last
 	args := map[string]any{"entries": len(b.Meta.Entries)}
 	if r.dev != nil {
-		if err := r.dev.finish(r.ctx, b); err != nil {
-			return err // abandon releases b once its copies are done
-		}
-		if r.cfg.Checksum {
-			if err := r.dev.queueSum(r.ctx, b, r.waitSums); err != nil {
-				return err // abandon releases b once its copies are done
+		var err error
+		switch {
+		case r.dev.fuse:
+			err = r.dev.finishFused(r.ctx, b, r.waitSums)
+		case r.cfg.Checksum:
+			if err = r.dev.finish(r.ctx, b); err == nil {
+				err = r.dev.queueSum(r.ctx, b, r.waitSums)
 			}
+		default:
+			err = r.dev.finish(r.ctx, b)
+		}
+		if err != nil {
+			return err // abandon releases b once its copies are done
 		}
 		if err := r.dev.markEnd(b); err != nil {
 			return err
@@ -488,10 +504,14 @@ type deviceFill struct {
 
 	// gather, when set, takes device copies shorter than
 	// plan.gatherBelow out of memory of the bucket's GPU: kbatch is its
-	// queue, klastSrc as lastSrc.
+	// queue, klastSrc as lastSrc. With fuse (a round with checksums, the
+	// fused kernel usable: beginRound), it takes every device copy on the
+	// bucket's GPU, and kbatch holds the whole bucket's until finishFused
+	// queues them with the checksum.
 	gather   *gpu.Gather
 	kbatch   gpu.CopyBatch
 	klastSrc uint64
+	fuse     bool
 
 	// caster converts device tensors that cast into the bucket (the GPU
 	// cast kernel), made at the first such tensor.
@@ -685,6 +705,10 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, o
 		}
 		base, _ := gpu.Address(t.Device) // checked by Validate
 		src := base + uint64(t.DeviceOffset+chunk)
+		if f.fuse && sameGPU(t.Device, bucket) {
+			merge(&f.kbatch, &f.klastSrc, dst, src, n, base) // queued whole with the bucket's checksum
+			return nil
+		}
 		if f.gather != nil && n < f.plan.gatherBelow && sameGPU(t.Device, bucket) {
 			return f.addKernel(ctx, dst, src, n, base)
 		}
@@ -748,6 +772,91 @@ func (f *deviceFill) castIn(t *Tensor, dst uint64, n, chunk int64) error {
 	return nil
 }
 
+// beginRound decides how this round's buckets are filled: with a
+// checksum, where the fused kernel can be used, every device copy on the
+// bucket's GPU goes through it (Gather.CopySum), so that the checksum
+// costs no pass over the bucket of its own (the copy engine is faster
+// for large copies alone, but not with a checksum pass after them:
+// docs/benchmarks.md, "Checksums fused into the copies"); without one,
+// copies go as the plan says.
+func (f *deviceFill) beginRound(sum bool) error {
+	f.fuse = false
+	if !sum || f.gather == nil {
+		return nil
+	}
+	if ok, _ := f.gather.SumKernel(); !ok {
+		return nil
+	}
+	c, err := f.checksummer()
+	if err != nil || c == nil {
+		return err
+	}
+	f.fuse = true
+	return nil
+}
+
+// checksummer returns the copy stream's Checksummer, made at first use,
+// or nil where the checksum kernel is unavailable (sumsWhy says why).
+func (f *deviceFill) checksummer() (*gpu.Checksummer, error) {
+	if f.sums == nil && f.sumsWhy == nil {
+		f.sums, f.sumsWhy = f.stream.NewChecksummer()
+		if f.sumsWhy != nil && !errors.Is(f.sumsWhy, gpu.ErrNoChecksumKernel) {
+			err := f.sumsWhy
+			f.sums, f.sumsWhy = nil, nil
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+	}
+	return f.sums, nil
+}
+
+// finishFused ends a bucket filled with the fused kernel: it queues the
+// copies that are not the kernel's (staged host tensors, casts, copies
+// from another GPU, each into its own part of the bucket), then the
+// kernel's copies with the checksum of the whole filled length
+// (Gather.CopySum: the bytes the others wrote are read where they lie),
+// and fences the buffer with an event recorded after them. b then
+// carries the pending sum, which Publish waits for, or which finishFused
+// waits for itself when wait is set.
+func (f *deviceFill) finishFused(ctx context.Context, b *Bucket, wait bool) error {
+	m := &b.Meta
+	if f.ring != nil {
+		if err := f.ring.Drain(ctx); err != nil {
+			return fmt.Errorf("pack: %w", err)
+		}
+	}
+	if f.caster != nil {
+		if err := f.caster.Flush(ctx); err != nil {
+			return fmt.Errorf("pack: queueing casts into a device bucket: %w", err)
+		}
+	}
+	if err := f.flushEngine(); err != nil {
+		return err
+	}
+	if err := f.joinLanes(); err != nil {
+		return err
+	}
+	f.klastSrc = 0
+	ps, err := f.gather.CopySum(ctx, &f.kbatch, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumDst, Sums: f.sums})
+	if err != nil {
+		return fmt.Errorf("pack: queueing bucket %d's copies with its checksum: %w", m.Seq, err)
+	}
+	m.HasChecksum = true
+	b.sum = ps
+	b.whenReleased(ps.Close)
+	ev, err := f.stream.Record()
+	if err != nil {
+		return fmt.Errorf("pack: recording bucket %d's ready event: %w", m.Seq, err)
+	}
+	b.Buf = gpu.WithFence(b.Buf, ev)
+	b.whenReleased(func() { ev.Close() })
+	if wait {
+		if m.Checksum, err = ps.Wait(ctx); err != nil {
+			return fmt.Errorf("pack: checksum of bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
+	}
+	return nil
+}
+
 // finish queues the bucket's remaining copies and fences its buffer with an
 // event recorded after them; releasing the bucket destroys the event.
 func (f *deviceFill) finish(ctx context.Context, b *Bucket) error {
@@ -774,13 +883,8 @@ func (f *deviceFill) finish(ctx context.Context, b *Bucket) error {
 func (f *deviceFill) queueSum(ctx context.Context, b *Bucket, wait bool) error {
 	m := &b.Meta
 	m.HasChecksum = true
-	if f.sums == nil && f.sumsWhy == nil {
-		f.sums, f.sumsWhy = f.stream.NewChecksummer()
-		if f.sumsWhy != nil && !errors.Is(f.sumsWhy, gpu.ErrNoChecksumKernel) {
-			err := f.sumsWhy
-			f.sums, f.sumsWhy = nil, nil
-			return fmt.Errorf("pack: bucket %d: %w", m.Seq, err)
-		}
+	if _, err := f.checksummer(); err != nil {
+		return fmt.Errorf("bucket %d: %w", m.Seq, err)
 	}
 	if f.sums == nil {
 		if f.readback == nil {
