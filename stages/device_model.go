@@ -29,7 +29,9 @@ type DeviceTensor struct {
 // the model's own stream: from device buckets device to device, in
 // batches; from host buckets host to device. Flush (called by Load after
 // each bucket) waits for them, so a bucket is never reused while a copy
-// out of it is in flight; Commit leaves every tensor complete.
+// out of it is in flight; Commit leaves every tensor complete. As a
+// DeviceTarget it also lets Load copy device buckets into its tensors
+// itself, with the buckets' checksums computed in the same pass.
 //
 // Its methods are safe for concurrent use. Close frees the tensors.
 type DeviceModel struct {
@@ -55,7 +57,7 @@ func NewDeviceModel(dev *gpu.CUDADevice) (*DeviceModel, error) {
 	return &DeviceModel{dev: dev, stream: s, tensors: map[string]*DeviceTensor{}}, nil
 }
 
-var _ DeviceSink = (*DeviceModel)(nil)
+var _ DeviceTarget = (*DeviceModel)(nil)
 
 // place returns the tensor of e, allocating it on first sight.
 func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
@@ -81,6 +83,19 @@ func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
 	m.tensors[e.Name] = t
 	m.allocs++
 	return t, nil
+}
+
+// Target returns where the entry's bytes go: its tensor's memory at the
+// entry's chunk, the tensor allocated at its first sight. Load copies
+// device buckets there itself, with their checksums (DeviceTarget).
+func (m *DeviceModel) Target(ctx context.Context, e *Entry) (mem.Buffer, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, err := m.place(e)
+	if err != nil {
+		return nil, 0, err
+	}
+	return t.Buf, e.Chunk, nil
 }
 
 // LoadDevice queues the copy of the entry from src[off:] into its tensor.

@@ -24,6 +24,11 @@ import (
 //     of the bucket has finished, and only then releases the bucket. Any
 //     other sink gets host bytes: a device bucket is copied to pinned host
 //     memory once for all of them (gpu.Readback);
+//   - DeviceTarget: a DeviceSink that says where each entry's bytes go on
+//     the GPU, so that Load copies them there itself, with the bucket's
+//     checksum computed by the same copies when the sink is the round's
+//     only one (gpu.Gather.CopySum; see unpack.go) instead of a pass of
+//     its own;
 //   - Committer: told when the whole group has committed the round
 //     (Receiver.Sync);
 //   - Holder: says what a failed round leaves in it (Receiver.State);
@@ -65,6 +70,29 @@ type DeviceSink interface {
 	// Load, has finished reading its source, so that the bucket can be
 	// reused.
 	Flush(ctx context.Context) error
+}
+
+// DeviceTarget is a DeviceSink whose device memory Load writes into
+// itself: Target says where each entry goes, Load copies there on a
+// stream of its own (with the bucket's checksum computed in the same
+// pass) and calls Flush once its copies have finished.
+type DeviceTarget interface {
+	DeviceSink
+	// Target returns the device memory where entry e's bytes go,
+	// buf[off:off+e.Size] (buf is nil for an entry of no bytes),
+	// allocating e's tensor at its first sight as LoadDevice would.
+	// Chunks come in order.
+	Target(ctx context.Context, e *Entry) (buf mem.Buffer, off int64, err error)
+}
+
+// fusedTarget returns sink's one leaf when it is a DeviceTarget, or nil.
+func fusedTarget(sink Sink) DeviceTarget {
+	ls := leaves(sink)
+	if len(ls) != 1 {
+		return nil
+	}
+	t, _ := ls[0].(DeviceTarget)
+	return t
 }
 
 // Holding says what a Sink keeps of the rounds it takes, and so what a
@@ -269,6 +297,7 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 // loadRound is one round of the load stage. It is used by the load goroutine
 // only.
 type loadRound struct {
+	ld    *Loader
 	sinks []Sink
 	// toHost copies device buckets for the sinks that take host bytes;
 	// nil until the first.
@@ -290,6 +319,19 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 		if err := begin(ctx, l.sinks, m.Version, m.Source); err != nil {
 			return fmt.Errorf("starting version %d: %w", m.Version, err)
 		}
+	}
+	// The tensors reach the sinks from here on: a failure now leaves an
+	// in-place sink partial (Receiver.State).
+	for _, v := range u.Views {
+		if v.Entry.Chunk == 0 {
+			l.tensors++
+		}
+	}
+	if u.sumAtLoad {
+		if err := l.copySummed(ctx, u); err != nil {
+			return err
+		}
+		return l.finish(ctx, m, u.Bucket)
 	}
 	device := onDevice(u.Bucket.Buf)
 	var host []byte // a device bucket's bytes on the host, fetched for the first host sink
@@ -326,20 +368,60 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 			}
 		}
 	}
-	for _, v := range u.Views {
-		if v.Entry.Chunk == 0 {
-			l.tensors++
-		}
-	}
+	return l.finish(ctx, m, u.Bucket)
+}
+
+// finish commits the round after its last bucket and acknowledges b.
+func (l *loadRound) finish(ctx context.Context, m *BucketMeta, b *Bucket) error {
 	if m.IsLast {
 		if err := commit(ctx, l.sinks, m.Version); err != nil {
 			return fmt.Errorf("committing version %d: %w", m.Version, err)
 		}
 	}
-	if u.Bucket.Ack != nil {
-		return u.Bucket.Ack()
+	if b.Ack != nil {
+		return b.Ack()
 	}
 	return nil
+}
+
+// copySummed copies device bucket u into the round's one DeviceTarget with
+// the bucket's checksum computed by the copies (gpu.Gather.CopySum, the
+// bucket the side they read), waits for them, flushes the sink and checks
+// the sum (verifySum).
+func (l *loadRound) copySummed(ctx context.Context, u *Unpacked) error {
+	m := &u.Bucket.Meta
+	t := l.sinks[0].(DeviceTarget) // unpack left the sum to load only for one DeviceTarget
+	dl := l.ld.summingLoad()
+	var cb gpu.CopyBatch
+	for _, v := range u.Views {
+		e := v.Entry
+		buf, off, err := t.Target(ctx, e)
+		if err != nil {
+			return fmt.Errorf("loading tensor %q from bucket %d: %w", e.Name, m.Seq, err)
+		}
+		if e.Size == 0 {
+			continue
+		}
+		to, ok := gpu.Address(buf)
+		from, okFrom := gpu.Address(v.Device)
+		if !ok || !okFrom {
+			return fmt.Errorf("loading tensor %q from bucket %d: its target or source is not memory the GPU can address", e.Name, m.Seq)
+		}
+		cb.Add(to+uint64(off), from+uint64(v.Offset), e.Size)
+	}
+	ps, err := dl.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(u.Bucket.Buf), N: m.Length, Side: gpu.SumSrc, Sums: dl.sums})
+	if err != nil {
+		return fmt.Errorf("copying bucket %d into the model with its checksum: %w", m.Seq, err)
+	}
+	got, err := ps.Wait(ctx) // the copies have finished when the sum is in
+	ps.Close()
+	if err != nil {
+		return fmt.Errorf("copying bucket %d into the model with its checksum: %w", m.Seq, err)
+	}
+	if err := t.Flush(ctx); err != nil {
+		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
+	}
+	return verifySum(m, got)
 }
 
 // fetch copies device bucket b's filled bytes to the host.
@@ -374,6 +456,7 @@ type Loader struct {
 	// progress holds each while unpackBusy and loadBusy are set.
 	check      *deviceCheck
 	toHost     *gpu.Readback
+	summing    *deviceLoad // the GPU state of loads that compute checksums; made by canSumAtLoad
 	unpackBusy bool
 	loadBusy   bool
 	closed     bool
@@ -428,7 +511,7 @@ func (ld *Loader) takeLoad(sink Sink) (*loadRound, error) {
 		return nil, errors.New("load: the Loader is loading another round; a Loader serves one round at a time")
 	}
 	ld.loadBusy, ld.lastVersion, ld.lastTensors = true, 0, 0
-	l := &loadRound{sinks: leaves(sink), toHost: ld.toHost}
+	l := &loadRound{ld: ld, sinks: leaves(sink), toHost: ld.toHost}
 	ld.toHost = nil
 	return l, nil
 }
@@ -443,6 +526,9 @@ func (ld *Loader) keepLoad(ctx context.Context, l *loadRound, failed bool) error
 	}
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
+	if failed && ld.summing != nil {
+		err, ld.summing = errors.Join(err, ld.summing.close(ctx)), nil
+	}
 	ld.loadBusy, ld.toHost = false, l.toHost
 	ld.lastVersion, ld.lastTensors = l.version, l.tensors
 	return err
@@ -478,6 +564,80 @@ func (ld *Loader) Close() error {
 	if ld.toHost != nil {
 		errs = append(errs, ld.toHost.Close(ctx))
 	}
-	ld.check, ld.toHost = nil, nil
+	if ld.summing != nil {
+		errs = append(errs, ld.summing.close(ctx))
+	}
+	ld.check, ld.toHost, ld.summing = nil, nil, nil
 	return errors.Join(errs...)
+}
+
+// canSumAtLoad reports whether the load stage can copy out of buf, a
+// device bucket, with its checksum computed by the copies: whether it has,
+// or can make, a stream of buf's GPU with the gather kernel and the
+// checksum kernel's slots there. The unpack stage asks, once per bucket;
+// the state is made at the first and kept between rounds.
+func (ld *Loader) canSumAtLoad(buf mem.Buffer) bool {
+	dev, err := cudaDeviceOf(buf)
+	if err != nil {
+		return false
+	}
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if ld.summing != nil && ld.summing.dev != dev {
+		return false // another GPU's state; it stays until the next failure or Close
+	}
+	if ld.summing == nil {
+		if ld.summing, err = newDeviceLoad(dev); err != nil {
+			return false
+		}
+	}
+	return ld.summing.sums != nil
+}
+
+// summingLoad returns the state canSumAtLoad made.
+func (ld *Loader) summingLoad() *deviceLoad {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.summing
+}
+
+// deviceLoad is what load needs to copy device buckets into a
+// DeviceTarget with their checksums: a stream of the buckets' GPU, a
+// Gather and a Checksummer of it. It is used by one load goroutine at a
+// time.
+type deviceLoad struct {
+	dev    *gpu.CUDADevice
+	stream *gpu.Stream
+	gather *gpu.Gather
+	sums   *gpu.Checksummer // nil where the checksum kernel is unavailable
+}
+
+func newDeviceLoad(dev *gpu.CUDADevice) (*deviceLoad, error) {
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	d := &deviceLoad{dev: dev, stream: s, gather: s.NewGather()}
+	if d.sums, err = s.NewChecksummer(); err != nil {
+		d.sums = nil
+		if !errors.Is(err, gpu.ErrNoChecksumKernel) {
+			return nil, errors.Join(fmt.Errorf("load: %w", err), d.close(context.Background()))
+		}
+	}
+	return d, nil
+}
+
+// close frees the state once nothing queued on its stream runs, bounded
+// by ctx or, once ctx is done, by finalWait.
+func (d *deviceLoad) close(ctx context.Context) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	if err := d.stream.Sync(ctx); err != nil {
+		return fmt.Errorf("load: copies still running; leaving their state allocated: %w", err)
+	}
+	errs := []error{d.gather.Close(ctx)}
+	if d.sums != nil {
+		errs = append(errs, d.sums.Close(ctx))
+	}
+	return errors.Join(append(errs, d.stream.Close())...)
 }

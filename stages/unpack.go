@@ -14,14 +14,22 @@ import (
 // The unpack stage: a received bucket checked and turned into views.
 //
 // Every received bucket is checked here, in one place, before any sink
-// sees it: its checksum, where its bytes are (on the CPU for a host
-// bucket; by the GPU checksum kernel for a device bucket, or on the CPU
-// after copying it back where the kernel is unavailable), and its entries
-// (the chunks of a split tensor in order, no tensor twice, every split
-// tensor complete at the end of the round). A host bucket's views are
-// slices of its bytes; a device bucket's are device ranges (View.Device),
-// which load hands to device sinks as they are and copies to the host for
-// the others.
+// sees it: its entries (the chunks of a split tensor in order, no tensor
+// twice, every split tensor complete at the end of the round) and its
+// checksum, where its bytes are: on the CPU for a host bucket; for a
+// device bucket by the GPU checksum kernel, or on the CPU after copying it
+// back where the kernel is unavailable. One exception, decided here too
+// (checkAtLoad): a device bucket whose only sink is a DeviceTarget on the
+// GPU is not read a second time for its checksum; load computes it in the
+// copies that move the bucket into the sink (gpu.Gather.CopySum, SumSrc)
+// and reports it through the same function (verifySum) before the bucket
+// is acknowledged. A mismatch found then leaves the sink's tensors holding
+// part of the round, which Receiver.State reports as partial, as for any
+// round that fails after reaching an in-place sink.
+//
+// A host bucket's views are slices of its bytes; a device bucket's are
+// device ranges (View.Device), which load hands to device sinks as they
+// are and copies to the host for the others.
 
 // View is one entry of a received bucket with its bytes.
 type View struct {
@@ -39,6 +47,9 @@ type View struct {
 type Unpacked struct {
 	Bucket *Bucket
 	Views  []View
+	// sumAtLoad: the bucket's checksum is left to load's copies (see
+	// checkAtLoad); unpack checked everything else.
+	sumAtLoad bool
 }
 
 // Release gives the bucket's buffer back.
@@ -54,24 +65,30 @@ func (u *Unpacked) ByteSize() int64 { return u.Bucket.Meta.Length }
 // stream, the checksum kernel's slots) and frees it when it returns; a
 // Loader keeps it between rounds instead.
 func Unpack(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket]) *pipeline.Stream[*Unpacked] {
-	return unpackStage(p, in, nil)
+	return unpackStage(p, in, nil, nil)
 }
 
 // Unpack adds the stage that Unpack adds, checking device buckets with the
-// Loader's GPU state.
-func (ld *Loader) Unpack(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket]) *pipeline.Stream[*Unpacked] {
-	return unpackStage(p, in, ld)
+// Loader's GPU state, for the Loader's Load stage into sink: where sink is
+// one DeviceTarget, the checksums of device buckets are left to Load,
+// which computes them in its copies.
+func (ld *Loader) Unpack(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], sink Sink) *pipeline.Stream[*Unpacked] {
+	return unpackStage(p, in, ld, sink)
 }
 
-func unpackStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ld *Loader) *pipeline.Stream[*Unpacked] {
+func unpackStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ld *Loader, sink Sink) *pipeline.Stream[*Unpacked] {
 	return pipeline.Stage(p, "unpack", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Unpacked]) (err error) {
-		if ld == nil {
+		own := ld == nil
+		if own {
 			ld = NewLoader()
 			defer func() { err = errors.Join(err, ld.Close()) }()
 		}
 		c, err := ld.takeCheck()
 		if err != nil {
 			return err
+		}
+		if !own && sink != nil {
+			c.target, c.ld = fusedTarget(sink), ld
 		}
 		defer func() { err = errors.Join(err, ld.keepCheck(ctx, c, err != nil)) }()
 		for b := range in.All() {
@@ -97,6 +114,11 @@ type bucketCheck struct {
 	maxTensors int
 	// dev checks device buckets' checksums; nil until the first.
 	dev *deviceCheck
+	// target is the round's sink when it is one DeviceTarget, whose
+	// copies out of device buckets compute their checksums (ld's load
+	// stage makes them); nil otherwise.
+	target DeviceTarget
+	ld     *Loader
 }
 
 func newBucketCheck(dev *deviceCheck) *bucketCheck {
@@ -119,14 +141,18 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 	if host != nil {
 		data = host[:m.Length]
 	}
-	if m.HasChecksum {
+	u := &Unpacked{Bucket: b, Views: make([]View, len(m.Entries))}
+	switch {
+	case !m.HasChecksum:
+	case c.checkAtLoad(b):
+		u.sumAtLoad = true
+	default:
 		if err := c.checkSum(ctx, b, data); err != nil {
 			return nil, err
 		}
 		// The span covers reading every byte: a rate is a rate.
 		span.Args(map[string]any{"bytes": m.Length})
 	}
-	u := &Unpacked{Bucket: b, Views: make([]View, len(m.Entries))}
 	for i := range m.Entries {
 		e := &m.Entries[i]
 		pr, seen := c.got[e.Name]
@@ -156,6 +182,14 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 	return u, nil
 }
 
+// checkAtLoad decides where device bucket b's checksum is computed: in
+// load's copies into the round's one DeviceTarget, where the Loader can
+// fuse the sum into them on b's GPU (it has the checksum kernel's slots
+// there), instead of a pass over the bucket here.
+func (c *bucketCheck) checkAtLoad(b *Bucket) bool {
+	return c.target != nil && onDevice(b.Buf) && c.ld.canSumAtLoad(b.Buf)
+}
+
 // checkSum compares the checksum of b's filled bytes with the one the root
 // sent: data's for a host bucket (data is nil for a device bucket), else
 // the GPU's.
@@ -177,6 +211,13 @@ func (c *bucketCheck) checkSum(ctx context.Context, b *Bucket, data []byte) erro
 			return fmt.Errorf("checksum of bucket %d (version %d): %w", m.Seq, m.Version, err)
 		}
 	}
+	return verifySum(m, got)
+}
+
+// verifySum reports a bucket whose bytes' checksum, got, is not the one
+// the root sent: the one place where a mismatch is found and told, for
+// sums computed here and by load's copies.
+func verifySum(m *BucketMeta, got uint64) error {
 	if got == m.Checksum {
 		return nil
 	}
