@@ -38,6 +38,7 @@ int wc_cuda_load(const char *path, char *err, size_t errlen) {
   WC_SYM(cuMemAlloc_v2);
   WC_SYM(cuMemFree_v2);
   WC_SYM(cuMemGetAddressRange_v2);
+  WC_SYM(cuPointerGetAttribute);
   WC_SYM(cuMemHostAlloc);
   WC_SYM(cuMemFreeHost);
   WC_SYM(cuMemcpyHtoDAsync_v2);

@@ -67,6 +67,10 @@ enum {
   WC_BATCH_V1 = 2,       // cuMemcpyBatchAsync (CUDA 12.8 ABI, with failIdx)
   WC_BATCH_PER_COPY = 3, // one cuMemcpyAsync per copy
 
+  // CUpointer_attribute CU_POINTER_ATTRIBUTE_BUFFER_ID: a process-wide
+  // unique id of the allocation holding a pointer (unsigned long long).
+  WC_CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+
   // CUdevice_attribute values for cuDeviceGetAttribute.
   WC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
 
@@ -96,6 +100,7 @@ typedef struct {
   CUresult (*cuMemAlloc_v2)(CUdeviceptr *dptr, size_t bytes);
   CUresult (*cuMemFree_v2)(CUdeviceptr dptr);
   CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
+  CUresult (*cuPointerGetAttribute)(void *data, int attribute, CUdeviceptr ptr);
   CUresult (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);
   CUresult (*cuMemFreeHost)(void *p);
   CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t n, CUstream s);
@@ -359,6 +364,12 @@ static inline CUresult wc_cuMemGetAddressRange(uintptr_t ctx, CUdeviceptr *base,
   WC_NEED(cuMemGetAddressRange_v2);
   WC_SET(ctx);
   return wc_cuda.cuMemGetAddressRange_v2(base, size, p);
+}
+
+static inline CUresult wc_cuPointerGetBufferID(uintptr_t ctx, unsigned long long *id, CUdeviceptr p) {
+  WC_NEED(cuPointerGetAttribute);
+  WC_SET(ctx);
+  return wc_cuda.cuPointerGetAttribute(id, WC_CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
 }
 
 static inline CUresult wc_cuIpcGetMemHandle(uintptr_t ctx, CUipcMemHandle *h, CUdeviceptr p) {

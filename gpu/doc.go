@@ -162,7 +162,9 @@
 // another process on the host opens it with OpenIPC, and the opened buffer's
 // Free unmaps it. Memory some other code allocated (a PyTorch tensor) is
 // exported by address: Allocation finds the allocation that holds an
-// address (cuMemGetAddressRange), ExportAddress exports it, and memory CUDA
+// address (cuMemGetAddressRange) and its unique id (a new allocation where
+// a freed one was has another: what a cache of handles keys on),
+// ExportAddress exports it, and memory CUDA
 // IPC cannot share (PyTorch's expandable segments, stream-ordered pools) is
 // refused with ErrNotExportable. UUID tells processes whether they share a
 // GPU, whatever their CUDA_VISIBLE_DEVICES.

@@ -42,6 +42,8 @@ package gpu
 #cgo nocallback wc_cuEventElapsedTime
 #cgo noescape wc_cuMemGetAddressRange
 #cgo nocallback wc_cuMemGetAddressRange
+#cgo noescape wc_cuPointerGetBufferID
+#cgo nocallback wc_cuPointerGetBufferID
 #cgo noescape wc_cuIpcGetMemHandle
 #cgo nocallback wc_cuIpcGetMemHandle
 #cgo noescape wc_cuIpcOpenMemHandle
@@ -285,6 +287,16 @@ func cuMemGetAddressRange(ctx cuContext, p uint64) (base, size uint64, r CUDARes
 	var n C.size_t
 	r = CUDAResult(C.wc_cuMemGetAddressRange(C.uintptr_t(ctx), &b, &n, C.CUdeviceptr(p)))
 	return uint64(b), uint64(n), r
+}
+
+// cuPointerGetBufferID returns the process-wide unique id of the
+// allocation that holds p (cuPointerGetAttribute with
+// CU_POINTER_ATTRIBUTE_BUFFER_ID): a new allocation at the address of a
+// freed one has another id.
+func cuPointerGetBufferID(ctx cuContext, p uint64) (uint64, CUDAResult) {
+	var id C.ulonglong
+	r := C.wc_cuPointerGetBufferID(C.uintptr_t(ctx), &id, C.CUdeviceptr(p))
+	return uint64(id), CUDAResult(r)
 }
 
 func cuIpcGetMemHandle(ctx cuContext, p uint64) (IPCHandle, CUDAResult) {

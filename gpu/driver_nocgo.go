@@ -50,6 +50,7 @@ func cuEventQuery(cuContext, cuEvent) CUDAResult            { return notFound }
 func cuEventDestroy(cuContext, cuEvent) CUDAResult          { return notFound }
 
 func cuMemGetAddressRange(cuContext, uint64) (base, size uint64, r CUDAResult) { return 0, 0, notFound }
+func cuPointerGetBufferID(cuContext, uint64) (uint64, CUDAResult)              { return 0, notFound }
 func cuIpcGetMemHandle(cuContext, uint64) (IPCHandle, CUDAResult)              { return IPCHandle{}, notFound }
 func cuIpcOpenMemHandle(cuContext, *IPCHandle) (uint64, CUDAResult)            { return 0, notFound }
 func cuIpcCloseMemHandle(cuContext, uint64) CUDAResult                         { return notFound }

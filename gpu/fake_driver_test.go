@@ -150,14 +150,20 @@ func TestFakeDriverChild(t *testing.T) {
 	// the allocation that holds an address inside it (both
 	// out-parameters of cuMemGetAddressRange_v2), ExportAddress exports
 	// its base, and an address in no allocation is refused.
-	base, size, err := d.Allocation(a.DevicePtr() + 1000)
-	if err != nil || base != a.DevicePtr() || size != n {
-		t.Fatalf("Allocation(inside) = %#x, %d, %v; want %#x, %d", base, size, err, a.DevicePtr(), n)
+	info, err := d.Allocation(a.DevicePtr() + 1000)
+	if err != nil || info.Base != a.DevicePtr() || info.Size != n || info.ID == 0 {
+		t.Fatalf("Allocation(inside) = %+v, %v; want base %#x, size %d and an id", info, err, a.DevicePtr(), n)
 	}
-	if h2, err := d.ExportAddress(base); err != nil || h2 != h {
+	if infoB, err := d.Allocation(b.DevicePtr()); err != nil || infoB.ID == info.ID {
+		t.Fatalf("Allocation of another buffer = %+v, %v; want another id than %d", infoB, err, info.ID)
+	}
+	if id, err := d.AllocationID(a.DevicePtr() + 5); err != nil || id != info.ID {
+		t.Fatalf("AllocationID = %d, %v; want %d", id, err, info.ID)
+	}
+	if h2, err := d.ExportAddress(info.Base); err != nil || h2 != h {
 		t.Fatalf("ExportAddress = %v, %v; want the handle ExportIPC gave", h2, err)
 	}
-	if _, _, err := d.Allocation(8); !errors.Is(err, gpu.ErrNotExportable) || !strings.Contains(err.Error(), "cuMemGetAddressRange_v2") {
+	if _, err := d.Allocation(8); !errors.Is(err, gpu.ErrNotExportable) || !strings.Contains(err.Error(), "cuMemGetAddressRange_v2") {
 		t.Fatalf("Allocation(8) = %v, want ErrNotExportable naming the call", err)
 	}
 	if u, err := d.UUID(); err != nil || string(u[:]) != "fake-cuda-uuid-0" {

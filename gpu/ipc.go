@@ -77,21 +77,51 @@ func (d *CUDADevice) OpenIPC(h IPCHandle, n int) (mem.Buffer, error) {
 // pool (cudaMallocAsync), or not device memory of this GPU at all.
 var ErrNotExportable = errors.New("gpu: memory cannot be exported with CUDA IPC")
 
-// Allocation returns the base address and size of the allocation that
-// holds the device address p (cuMemGetAddressRange): for memory that some
+// AllocationInfo describes one device allocation (Allocation).
+type AllocationInfo struct {
+	// Base and Size place the allocation.
+	Base uint64
+	Size int64
+	// ID is the driver's process-wide unique id of the allocation
+	// (CU_POINTER_ATTRIBUTE_BUFFER_ID): an allocation made where a freed
+	// one was has another, so a handle exported for one is never mistaken
+	// for the other's.
+	ID uint64
+}
+
+// Allocation returns the allocation that holds the device address p
+// (cuMemGetAddressRange, cuPointerGetAttribute): for memory that some
 // other code allocated (a cuMemAlloc of its own, a PyTorch caching
 // allocator's segment, of which a tensor is a part), the unit that
 // ExportAddress exports. Its error matches ErrNotExportable where p is no
 // allocation the driver knows in this process.
-func (d *CUDADevice) Allocation(p uint64) (base uint64, size int64, err error) {
+func (d *CUDADevice) Allocation(p uint64) (AllocationInfo, error) {
 	if err := d.checkOpen(); err != nil {
-		return 0, 0, err
+		return AllocationInfo{}, err
 	}
 	b, n, r := cuMemGetAddressRange(d.ctx, p)
 	if r != 0 {
-		return 0, 0, fmt.Errorf("%w: %#x is in no allocation the driver knows on cuda:%d: %w", ErrNotExportable, p, d.ordinal, d.err("cuMemGetAddressRange_v2", "", r))
+		return AllocationInfo{}, fmt.Errorf("%w: %#x is in no allocation the driver knows on cuda:%d: %w", ErrNotExportable, p, d.ordinal, d.err("cuMemGetAddressRange_v2", "", r))
 	}
-	return b, int64(n), nil
+	id, err := d.AllocationID(b)
+	if err != nil {
+		return AllocationInfo{}, err
+	}
+	return AllocationInfo{Base: b, Size: int64(n), ID: id}, nil
+}
+
+// AllocationID returns the unique id of the allocation that holds p
+// (see AllocationInfo.ID), one driver call: what tells a cached
+// allocation from a new one at the same address.
+func (d *CUDADevice) AllocationID(p uint64) (uint64, error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, err
+	}
+	id, r := cuPointerGetBufferID(d.ctx, p)
+	if r != 0 {
+		return 0, fmt.Errorf("%w: %#x on cuda:%d: %w", ErrNotExportable, p, d.ordinal, d.err("cuPointerGetAttribute", "buffer id", r))
+	}
+	return id, nil
 }
 
 // ExportAddress returns the IPC handle of the allocation that starts at

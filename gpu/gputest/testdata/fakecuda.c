@@ -121,9 +121,11 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
 typedef struct alloc {
   CUdeviceptr p;
   size_t n;
+  unsigned long long id; // CU_POINTER_ATTRIBUTE_BUFFER_ID
   struct alloc *next;
 } alloc;
 static alloc *allocs;
+static unsigned long long next_id = 1;
 static pthread_mutex_t allocs_mu = PTHREAD_MUTEX_INITIALIZER;
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -132,6 +134,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   alloc *a = malloc(sizeof(alloc));
   a->p = *p, a->n = n;
   pthread_mutex_lock(&allocs_mu);
+  a->id = next_id++;
   a->next = allocs;
   allocs = a;
   pthread_mutex_unlock(&allocs_mu);
@@ -147,6 +150,21 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
       *a = dead->next;
       free(dead);
       free((void *)(uintptr_t)p);
+      r = OK;
+      break;
+    }
+  pthread_mutex_unlock(&allocs_mu);
+  return r;
+}
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+  NEED_CTX();
+  if (attr != 7) // CU_POINTER_ATTRIBUTE_BUFFER_ID
+    return INVALID_VALUE;
+  CUresult r = INVALID_VALUE;
+  pthread_mutex_lock(&allocs_mu);
+  for (alloc *a = allocs; a != NULL; a = a->next)
+    if (p >= a->p && p < a->p + a->n) {
+      *(unsigned long long *)data = a->id;
       r = OK;
       break;
     }
