@@ -99,6 +99,19 @@ type Endpoint interface {
 	Close() error
 }
 
+// DirectReader is implemented by root endpoints of transports whose
+// receivers can map the root's device memory (CUDA IPC) and read it where
+// it lies: then the root's device tensors need not be packed into buckets
+// and broadcast at all, every receiver copies them straight out of the
+// root's memory (stages' direct buckets), and Broadcast is called only for
+// the buckets the root did fill.
+type DirectReader interface {
+	// ReadsDirect reports whether every receiver reads the root's device
+	// memory in place: each shares the root's GPU and speaks a protocol
+	// that can. It is false on receivers' endpoints.
+	ReadsDirect() bool
+}
+
 // Opener opens a rank's Endpoint of one transport.
 type Opener func(ctx context.Context, cfg Config) (Endpoint, error)
 

@@ -40,6 +40,17 @@
 // handle can map the memory, so the per-bucket MAC catches tampering with
 // the bytes on this path but not reading them.
 //
+// # Receivers that read in place
+//
+// Each receiver's handshake carries its GPU's UUID. When every receiver's
+// is the root's (colocated processes on one GPU), the root's endpoint says
+// so (transport.DirectReader): the sender then leaves buckets of device
+// tensors unfilled and every receiver copies the tensors straight out of
+// the sender's memory, which the bucket metadata tells it how to map (see
+// package stages and docs/protocol.md; the handles travel in the
+// metadata, as the buffers' handles travel here). Such buckets never reach
+// Broadcast. A receiver that sends no UUID is sent every bucket.
+//
 // # Failures
 //
 // Every wait is bounded by Config.WaitTimeout() and the caller's context.

@@ -84,9 +84,10 @@ func bounded(ctx context.Context, cfg transport.Config, what string) (context.Co
 // ---- root ----
 
 type peer struct {
-	rank int
-	pid  int
-	conn net.Conn
+	rank   int
+	pid    int
+	direct bool // on the root's GPU, and reads the root's memory in place
+	conn   net.Conn
 	acks chan ack
 	gone chan struct{} // closed by the reader when the connection ends
 	err  error         // why; set before gone is closed
@@ -96,8 +97,9 @@ type peer struct {
 type root struct {
 	cfg     transport.Config
 	dev     *gpu.CUDADevice
-	peers   []*peer // by rank - 1
-	remote  bool    // some receiver lives in another process
+	uuid    [16]byte // the root's GPU; zero where the driver cannot tell
+	peers   []*peer  // by rank - 1
+	remote  bool     // some receiver lives in another process
 	handles map[uint64]gpu.IPCHandle
 	wg      sync.WaitGroup
 	done    chan struct{} // closed by Close: readers stop
@@ -132,6 +134,7 @@ func openRoot(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice) (t
 		return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("publishing the side channel address: %w", explain(err)))
 	}
 	r := &root{cfg: cfg, dev: dev, peers: make([]*peer, cfg.WorldSize-1), handles: map[uint64]gpu.IPCHandle{}, done: make(chan struct{})}
+	r.uuid, _ = dev.UUID() // zero where unknown: then no receiver reads in place
 	if err := r.admitAll(wctx, ln, explain); err != nil {
 		return nil, err
 	}
@@ -172,17 +175,18 @@ func (r *root) admitAll(ctx context.Context, ln net.Listener, explain func(error
 		if err != nil {
 			return nil, err
 		}
-		pid, _, err := decodeReceiverExtra(h.Extra)
+		ri, err := decodeReceiverExtra(h.Extra)
 		if err != nil {
 			return nil, fmt.Errorf("rank %d's hello: %w", h.Rank, err)
 		}
+		direct := ri.flags&extraReadsDirect != 0 && ri.uuid == r.uuid && r.uuid != [16]byte{}
 		mu.Lock()
 		defer mu.Unlock()
 		if taken[h.Rank] {
 			return nil, fmt.Errorf("rank %d joined twice", h.Rank)
 		}
 		taken[h.Rank] = true
-		return &peer{rank: h.Rank, pid: pid, conn: c, acks: make(chan ack, 4), gone: make(chan struct{})}, nil
+		return &peer{rank: h.Rank, pid: ri.pid, direct: direct, conn: c, acks: make(chan ack, 4), gone: make(chan struct{})}, nil
 	})
 	if err != nil {
 		var missing []int
@@ -205,6 +209,17 @@ func (r *root) admitAll(ctx context.Context, ln net.Listener, explain func(error
 		r.peers[x.Value.rank-1] = x.Value
 	}
 	return nil
+}
+
+// ReadsDirect reports whether every receiver shares the root's GPU and
+// reads the root's device memory in place (it said so in its handshake).
+func (r *root) ReadsDirect() bool {
+	for _, p := range r.peers {
+		if !p.direct {
+			return false
+		}
+	}
+	return true
 }
 
 // read delivers a receiver's acks until its connection ends.
@@ -384,7 +399,11 @@ func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice
 	fail := func(err error) (transport.Endpoint, error) {
 		return nil, terr(cfg, "open", 0, false, 0, err)
 	}
-	c, rootPID, err := dialRoot(ctx, cfg, dev.Ordinal())
+	extra := receiverExtra(os.Getpid(), dev.Ordinal())
+	if u, err := dev.UUID(); err == nil {
+		extra = readsDirect(extra, u) // a receiver of stages reads direct buckets in place
+	}
+	c, rootPID, err := dialRoot(ctx, cfg, extra)
 	if err != nil {
 		return fail(err)
 	}
@@ -400,9 +419,9 @@ func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice
 }
 
 // dialRoot finds the root's side channel through cfg.Exchange, connects
-// and runs the handshake as cfg.Rank on device, and returns the
-// connection and the root's process id.
-func dialRoot(ctx context.Context, cfg transport.Config, device int) (net.Conn, int, error) {
+// and runs the handshake as cfg.Rank with the receiver's extra data, and
+// returns the connection and the root's process id.
+func dialRoot(ctx context.Context, cfg transport.Config, extra []byte) (net.Conn, int, error) {
 	wctx, cancel, explain := bounded(ctx, cfg, "connecting to the root")
 	defer cancel()
 	raw, err := cfg.Exchange.Get(wctx, 0, AddrKey)
@@ -423,7 +442,7 @@ func dialRoot(ctx context.Context, cfg transport.Config, device int) (net.Conn, 
 	deadline, _ := hctx.Deadline()
 	c.SetDeadline(deadline)
 	stop := context.AfterFunc(hctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	me := handshake.Side{Group: cfg.Group, Rank: cfg.Rank, World: cfg.WorldSize, Extra: receiverExtra(os.Getpid(), device), Keys: cfg.Auth}
+	me := handshake.Side{Group: cfg.Group, Rank: cfg.Rank, World: cfg.WorldSize, Extra: extra, Keys: cfg.Auth}
 	h, err := handshake.Dial(c, proto, me, func(h handshake.Hello) string {
 		if h.Rank != 0 {
 			return fmt.Sprintf("the root's side channel at %s answered as rank %d", info.Addr, h.Rank)

@@ -100,12 +100,39 @@ func TestIPCCrossGPU(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ep, bufs := rootSide(t, ctx, g, 2, size, fill)
+	if ep.(transport.DirectReader).ReadsDirect() {
+		t.Fatal("a receiver on another GPU counts as reading the root's memory in place")
+	}
 	for seq := range count {
 		if err := ep.Broadcast(ctx, uint64(seq), bufs[seq%2], size); err != nil {
 			t.Fatal(err)
 		}
 	}
 	kids[1].Wait(t, time.Minute)
+}
+
+// TestIPCReadsDirect checks that a root whose receivers are processes on
+// its own GPU says they read its memory in place (each sent the GPU's
+// UUID in its hello).
+func TestIPCReadsDirect(t *testing.T) {
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
+	const size = 1 << 20
+	fill := [2]byte{1, 2}
+	g, kids := startReceivers(t, "ipc-direct", 3, childConfig{Device: 0, Count: 2, Size: size, Fill: fill})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ep, bufs := rootSide(t, ctx, g, 3, size, fill)
+	if !ep.(transport.DirectReader).ReadsDirect() {
+		t.Fatal("receivers on the root's GPU do not count as reading its memory in place")
+	}
+	for seq := range 2 {
+		if err := ep.Broadcast(ctx, uint64(seq), bufs[seq%2], size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range kids[1:] {
+		k.Wait(t, time.Minute)
+	}
 }
 
 // BenchmarkIPC moves 256 MiB buckets from the root on cuda:0 to receiver

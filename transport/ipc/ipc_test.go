@@ -17,13 +17,20 @@ import (
 // These tests need no GPU.
 
 func TestFramesRoundTrip(t *testing.T) {
-	if pid, dev, err := decodeReceiverExtra(receiverExtra(4242, -1)); err != nil || pid != 4242 || dev != -1 {
-		t.Fatalf("receiver's extra: %d %d, %v", pid, dev, err)
+	if ri, err := decodeReceiverExtra(receiverExtra(4242, -1)); err != nil || ri.pid != 4242 || ri.device != -1 || ri.flags != 0 {
+		t.Fatalf("receiver's extra: %+v, %v", ri, err)
+	}
+	uuid := [16]byte{7, 15: 9}
+	if ri, err := decodeReceiverExtra(readsDirect(receiverExtra(4242, 2), uuid)); err != nil || ri.pid != 4242 || ri.device != 2 || ri.uuid != uuid || ri.flags != extraReadsDirect {
+		t.Fatalf("the extra of a receiver that reads in place: %+v, %v", ri, err)
+	}
+	if _, err := decodeReceiverExtra(readsDirect(receiverExtra(1, 2), uuid)[:20]); !errors.Is(err, errFrame) {
+		t.Fatalf("a cut receiver's extra: %v", err)
 	}
 	if pid, err := decodeRootExtra(rootExtra(7)); err != nil || pid != 7 {
 		t.Fatalf("root's extra: %d, %v", pid, err)
 	}
-	if _, _, err := decodeReceiverExtra(rootExtra(7)); !errors.Is(err, errFrame) {
+	if _, err := decodeReceiverExtra(rootExtra(7)); !errors.Is(err, errFrame) {
 		t.Fatalf("a short receiver's extra: %v", err)
 	}
 	m := bucketMsg{seq: 9, n: 100, bufLen: 4096, addr: 0x7f00_0000_1000}

@@ -181,7 +181,7 @@ func TestReceiverRefusesFakeRoot(t *testing.T) {
 		fake := handshake.Side{Group: cfgs[0].Group, Rank: 0, World: 2, Extra: rootExtra(1), Keys: authtest.Keys(t, authtest.Secret(t), cfgs[0].Group, authtest.Run)}
 		handshake.Accept(c, proto, fake, func(handshake.Hello) string { return "" })
 	})
-	_, _, err = dialRoot(ctx, cfgs[1], 0)
+	_, _, err = dialRoot(ctx, cfgs[1], receiverExtra(1, 0))
 	wg.Wait()
 	if !errors.Is(err, auth.ErrFailed) {
 		t.Fatalf("a receiver dialing a fake root: %v; want authentication failed", err)

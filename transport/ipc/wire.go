@@ -12,8 +12,11 @@ import (
 // The side channel between the root and each receiver is one TCP
 // connection on the loopback interface. It opens with the handshake of
 // package transport/internal/handshake (the receiver initiates), whose
-// extra data is the receiver's process id (u32) and device ordinal (i32),
-// and the root's process id (u32), little-endian. Then every frame is a
+// extra data is the receiver's process id (u32), device ordinal (i32) and,
+// from receivers that read the root's memory in place when the bucket
+// metadata says so, its GPU's UUID (16 bytes) and a flags byte
+// (extraReadsDirect); and the root's process id (u32), little-endian. A
+// receiver that sends no UUID is sent every bucket. Then every frame is a
 // 4-byte little-endian length (of what follows), a 1-byte type and a
 // payload; integers are little-endian. (Types 1 and 2 were the hello and
 // welcome of version 1.)
@@ -23,6 +26,11 @@ const (
 
 	magic   = 0x50494357 // "WCIP"
 	version = 2          // 2: the shared handshake with nonces and proofs
+
+	// extraReadsDirect, a flag of the receiver's extra data: it reads
+	// bucket entries in place in the root's device memory where the
+	// metadata says so (direct buckets).
+	extraReadsDirect = 1
 
 	// maxFrame bounds every frame read: the largest is a bucket frame
 	// (97 bytes) or a message carrying an error text.
@@ -101,16 +109,34 @@ func (r *reader) done() error {
 }
 
 // receiverExtra is the receiver's extra handshake data: its process id
-// and device ordinal.
+// and device ordinal; readsDirect appends what a receiver that reads the
+// root's memory in place adds.
 func receiverExtra(pid, device int) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, uint32(pid))
 	return binary.LittleEndian.AppendUint32(b, uint32(int32(device)))
 }
 
-func decodeReceiverExtra(p []byte) (pid, device int, err error) {
+// readsDirect appends to a receiver's extra data its GPU's UUID and
+// extraReadsDirect.
+func readsDirect(extra []byte, uuid [16]byte) []byte {
+	return append(append(extra, uuid[:]...), extraReadsDirect)
+}
+
+// receiverInfo is what a receiver's extra data says.
+type receiverInfo struct {
+	pid, device int
+	uuid        [16]byte // zero where it sent none
+	flags       byte
+}
+
+func decodeReceiverExtra(p []byte) (receiverInfo, error) {
 	r := reader{b: p}
-	pid, device = int(r.u32()), int(int32(r.u32()))
-	return pid, device, r.done()
+	ri := receiverInfo{pid: int(r.u32()), device: int(int32(r.u32()))}
+	if len(r.b) > 0 {
+		copy(ri.uuid[:], r.take(len(ri.uuid)))
+		ri.flags = r.u8()
+	}
+	return ri, r.done()
 }
 
 // rootExtra is the root's extra handshake data: its process id.
