@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/weightcast/weightcast/pipeline"
@@ -13,7 +14,11 @@ import (
 // the same buckets in the same order, as NCCL's broadcast is called: on
 // the root it is the last stage (Broadcast), on a receiver the stage after
 // subscribe (Receive). Both wait until the transport is done with the
-// bucket, so their spans time the transfer itself.
+// bucket, so their spans time the transfer itself. A direct bucket
+// (BucketMeta.Direct) never reaches the transport: on the root nothing
+// moves, and a receiver maps the sender's memory the entries lie in and,
+// unless its sink copies from there itself, gathers them into its own
+// buffer.
 
 // Broadcast adds the root's last stage: it moves each bucket's filled bytes
 // to every receiver through ep, then releases the bucket and, when done is
@@ -37,11 +42,35 @@ func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.
 }
 
 // Receive adds a receiver's transport stage, "receive": each bucket's bytes
-// land in its buffer through ep before the bucket is passed on.
+// land in its buffer through ep before the bucket is passed on (a direct
+// bucket's gathered from the sender's memory, with a Loader of its own).
 func Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint) *pipeline.Stream[*Bucket] {
-	return pipeline.Stage(p, "receive", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
+	return receiveStage(p, in, ep, nil, nil)
+}
+
+// Receive adds the stage that Receive adds, with the Loader's mappings of
+// the sender's memory and GPU state, for the Loader's Load stage into sink:
+// where sink is one DeviceTarget, direct buckets are left where they lie,
+// for Load to copy into it from there.
+func (ld *Loader) Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, sink Sink) *pipeline.Stream[*Bucket] {
+	return receiveStage(p, in, ep, ld, sink)
+}
+
+func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, ld *Loader, sink Sink) *pipeline.Stream[*Bucket] {
+	return pipeline.Stage(p, "receive", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
+		inPlace := ld != nil && fusedTarget(sink) != nil
+		if ld == nil {
+			ld = NewLoader()
+			defer func() { err = errors.Join(err, ld.Close()) }()
+		}
 		for b := range in.All() {
-			if err := move(ctx, b, ep); err != nil {
+			var err error
+			if b.Meta.Direct != nil {
+				err = ld.receiveDirect(ctx, b, inPlace)
+			} else {
+				err = move(ctx, b, ep)
+			}
+			if err != nil {
 				b.Release()
 				return err
 			}
@@ -53,8 +82,12 @@ func Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.En
 	})
 }
 
-// move is one rank's part of the broadcast of b.
+// move is one rank's part of the broadcast of b; nothing for a direct
+// bucket on the root.
 func move(ctx context.Context, b *Bucket, ep transport.Endpoint) error {
+	if b.Meta.Direct != nil {
+		return nil
+	}
 	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "bytes": b.Meta.Length})
 	defer span.End()
 	return ep.Broadcast(ctx, b.Meta.Seq, b.Buf, int(b.Meta.Length))

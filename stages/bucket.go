@@ -47,6 +47,43 @@ type Entry struct {
 	Chunk int64 `json:"chunk"`
 	// Total is the tensor's whole byte length.
 	Total int64 `json:"total"`
+	// Src, in a direct bucket (BucketMeta.Direct), says where the entry's
+	// bytes lie in the sender's device memory; nil for an entry of no
+	// bytes, and in every other bucket.
+	Src *EntrySource `json:"src,omitempty"`
+}
+
+// EntrySource places an entry of a direct bucket in the sender's device
+// memory: Offset bytes into allocation Alloc of BucketMeta.Direct.Allocs.
+type EntrySource struct {
+	Alloc  int   `json:"alloc"`
+	Offset int64 `json:"offset"`
+}
+
+// DirectInfo makes a bucket direct: the sender did not fill it, and every
+// receiver copies each entry straight out of the sender's device memory
+// (Entry.Src), which it maps with CUDA IPC; no byte of the bucket moves on
+// the byte transport. Its checksum (BucketMeta.Checksum) is that of the
+// bucket as it would be packed with zeros between the entries, which the
+// sender computed from its own tensors.
+type DirectInfo struct {
+	// PID is the sender's process id: a receiver in the same process
+	// reads the allocations at Addr, since a process cannot open the
+	// handles it exported.
+	PID int `json:"pid"`
+	// Allocs are the sender's allocations the bucket's entries lie in.
+	Allocs []DirectAlloc `json:"allocs"`
+}
+
+// DirectAlloc is one of the sender's device allocations.
+type DirectAlloc struct {
+	// Handle is the allocation's CUDA IPC handle (gpu.IPCHandle, in hex).
+	Handle string `json:"handle"`
+	// Size is the allocation's byte length.
+	Size int64 `json:"size"`
+	// Addr is the allocation's address in the sender's process, in hex
+	// (64-bit integers do not survive JSON parsers that use doubles).
+	Addr string `json:"addr"`
 }
 
 // Complete reports whether the entry finishes its tensor.
@@ -78,6 +115,9 @@ type BucketMeta struct {
 	// layout and metadata). Only the first bucket of a round (Index 0)
 	// carries it, and only when the sender's Source has a SourceInfo.
 	Source *SourceInfo `json:"source,omitempty"`
+	// Direct, when set, makes the bucket direct (see DirectInfo): its
+	// entries are read where they lie in the sender's memory.
+	Direct *DirectInfo `json:"direct,omitempty"`
 }
 
 // SourceInfo describes where a round's tensors come from, so a receiver can
@@ -196,6 +236,9 @@ func (m *BucketMeta) Check() error {
 	if len(m.Entries) > MaxEntries {
 		return bad("%d entries exceed the limit of %d", len(m.Entries), MaxEntries)
 	}
+	if err := m.checkDirect(); err != nil {
+		return bad("%v", err)
+	}
 	end := int64(0)
 	for i := range m.Entries {
 		e := &m.Entries[i]
@@ -223,6 +266,46 @@ func (m *BucketMeta) Check() error {
 	return nil
 }
 
+// checkDirect checks a direct bucket's allocations and sources: handles
+// and addresses that parse, every entry with bytes placed inside one of
+// the allocations; and that no other bucket places entries.
+func (m *BucketMeta) checkDirect() error {
+	d := m.Direct
+	if d == nil {
+		for i := range m.Entries {
+			if m.Entries[i].Src != nil {
+				return fmt.Errorf("tensor %q has a source in the sender's memory, but the bucket is not direct", m.Entries[i].Name)
+			}
+		}
+		return nil
+	}
+	if len(d.Allocs) > MaxEntries {
+		return fmt.Errorf("%d allocations exceed the limit of %d", len(d.Allocs), MaxEntries)
+	}
+	for i, a := range d.Allocs {
+		if _, err := gpu.ParseIPCHandle(a.Handle); err != nil {
+			return fmt.Errorf("allocation %d: %w", i, err)
+		}
+		if _, err := strconv.ParseUint(a.Addr, 16, 64); err != nil || a.Size <= 0 {
+			return fmt.Errorf("allocation %d: address %q and size %d do not place an allocation", i, a.Addr, a.Size)
+		}
+	}
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		src := e.Src
+		switch {
+		case src == nil && e.Size > 0:
+			return fmt.Errorf("tensor %q has no source in the sender's memory in a direct bucket", e.Name)
+		case src == nil:
+		case src.Alloc < 0 || src.Alloc >= len(d.Allocs):
+			return fmt.Errorf("tensor %q lies in allocation %d of %d", e.Name, src.Alloc, len(d.Allocs))
+		case src.Offset < 0 || src.Offset > d.Allocs[src.Alloc].Size-e.Size:
+			return fmt.Errorf("tensor %q: %d bytes at %d lie outside its %d-byte allocation", e.Name, e.Size, src.Offset, d.Allocs[src.Alloc].Size)
+		}
+	}
+	return nil
+}
+
 // Bucket is a bucket buffer with its metadata, travelling through a
 // pipeline. The stage that finishes with it last calls Release, which gives
 // the buffer back to its Pool; the pipeline releases buckets dropped by a
@@ -238,8 +321,21 @@ type Bucket struct {
 	once sync.Once
 	put  func(mem.Buffer)
 	// sum is the checksum of a device bucket being computed on the GPU,
-	// which Publish waits for; nil otherwise.
+	// which Publish waits for (on a receiver, the checksum of a direct
+	// bucket gathered into Buf, which unpack checks); nil otherwise.
 	sum *gpu.PendingSum
+	// srcs, on a receiver, are a direct bucket's entries where they lie
+	// in the sender's memory, mapped here (one per entry, nil for an
+	// entry of no bytes), when the round's sink copies them from there
+	// itself; nil when Buf holds the bucket's bytes.
+	srcs []directView
+}
+
+// directView is where an entry of a direct bucket lies in this process:
+// buf[off:], a mapping of the sender's allocation.
+type directView struct {
+	buf mem.Buffer
+	off int64
 }
 
 // Bytes returns the filled part of a host-memory bucket.

@@ -43,7 +43,7 @@ func TestGPUFusedLoad(t *testing.T) {
 	if _, err := dm.Verify(ctx, exp); err != nil {
 		t.Fatal(err)
 	}
-	ld := g.receivers[0].loader.summingLoad()
+	ld := g.receivers[0].loader.loadCopy
 	if ld == nil || ld.sums == nil {
 		t.Fatal("the receiver did not compute its checksums in its copies")
 	}

@@ -174,9 +174,9 @@ func TestDeviceFillRoutes(t *testing.T) {
 		t.Fatalf("last kernel copy %#x <- %#x (%d bytes)", dst, s, n)
 	}
 
-	// With the kernel off (no gather: a plan of 0), everything goes to
-	// the copy engine.
-	f = &deviceFill{plan: devicePlan{gatherBelow: 1 << 20}}
+	// With the kernel off (a plan of 0), everything goes to the copy
+	// engine.
+	f = &deviceFill{plan: devicePlan{}, gather: &gpu.Gather{}}
 	add(src, 0, 0, 100)
 	if f.kbatch.Len() != 0 || f.batch.Len() != 1 {
 		t.Fatalf("without the kernel: %d kernel copies, %d copy engine copies", f.kbatch.Len(), f.batch.Len())

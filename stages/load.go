@@ -299,6 +299,9 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 type loadRound struct {
 	ld    *Loader
 	sinks []Sink
+	// target is sinks' one leaf when it is a DeviceTarget: the Loader
+	// copies device buckets into it (copyToTarget).
+	target DeviceTarget
 	// toHost copies device buckets for the sinks that take host bytes;
 	// nil until the first.
 	toHost *gpu.Readback
@@ -327,8 +330,8 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 			l.tensors++
 		}
 	}
-	if u.sumAtLoad {
-		if err := l.copySummed(ctx, u); err != nil {
+	if l.target != nil && onDevice(u.Bucket.Buf) {
+		if err := l.copyToTarget(ctx, u); err != nil {
 			return err
 		}
 		return l.finish(ctx, m, u.Bucket)
@@ -384,15 +387,24 @@ func (l *loadRound) finish(ctx context.Context, m *BucketMeta, b *Bucket) error 
 	return nil
 }
 
-// copySummed copies device bucket u into the round's one DeviceTarget with
-// the bucket's checksum computed by the copies (gpu.Gather.CopySum, the
-// bucket the side they read), waits for them, flushes the sink and checks
-// the sum (verifySum).
-func (l *loadRound) copySummed(ctx context.Context, u *Unpacked) error {
-	m := &u.Bucket.Meta
-	t := l.sinks[0].(DeviceTarget) // unpack left the sum to load only for one DeviceTarget
-	dl := l.ld.summingLoad()
+// copyToTarget copies device bucket u into the round's one DeviceTarget
+// with the Loader's copier of u's GPU (the gather kernel), out of the
+// bucket or, for a direct bucket left in place, out of the sender's
+// memory. Where unpack left the checksum to load (u.sumAtLoad) the copies
+// compute it (gpu.Gather.CopySum, the bucket the side they read, or
+// CopySumLayout of the entries where they lie) and copyToTarget checks it
+// (verifySum). It returns once the copies have finished and the sink is
+// flushed.
+func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
+	b, t := u.Bucket, l.target
+	m := &b.Meta
+	c, err := l.ld.loadCopier(b.Buf)
+	if err != nil {
+		return err
+	}
+	direct := b.srcs != nil
 	var cb gpu.CopyBatch
+	var lay gpu.Layout
 	for _, v := range u.Views {
 		e := v.Entry
 		buf, off, err := t.Target(ctx, e)
@@ -402,26 +414,44 @@ func (l *loadRound) copySummed(ctx context.Context, u *Unpacked) error {
 		if e.Size == 0 {
 			continue
 		}
-		to, ok := gpu.Address(buf)
-		from, okFrom := gpu.Address(v.Device)
-		if !ok || !okFrom {
-			return fmt.Errorf("loading tensor %q from bucket %d: its target or source is not memory the GPU can address", e.Name, m.Seq)
+		if !sameGPU(buf, b.Buf) {
+			return fmt.Errorf("loading tensor %q from bucket %d: the sink's memory is on %s, the buckets on %s; give the receiver a sink on its buckets' GPU", e.Name, m.Seq, buf.Device().Name(), b.Buf.Device().Name())
 		}
-		cb.Add(to+uint64(off), from+uint64(v.Offset), e.Size)
+		to, _ := gpu.Address(buf)
+		from, ok := gpu.Address(v.Device)
+		if !ok {
+			return fmt.Errorf("loading tensor %q from bucket %d: its source is not memory the GPU can address", e.Name, m.Seq)
+		}
+		to, from = to+uint64(off), from+uint64(v.Offset)
+		cb.Add(to, from, e.Size)
+		lay.Add(e.Offset, from, e.Size, to)
 	}
-	ps, err := dl.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(u.Bucket.Buf), N: m.Length, Side: gpu.SumSrc, Sums: dl.sums})
-	if err != nil {
-		return fmt.Errorf("copying bucket %d into the model with its checksum: %w", m.Seq, err)
+	var ps *gpu.PendingSum
+	switch {
+	case u.sumAtLoad && direct:
+		ps, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
+	case u.sumAtLoad:
+		ps, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
+	default:
+		if err = c.gather.Copy(ctx, &cb); err == nil {
+			err = c.sync(ctx)
+		}
 	}
-	got, err := ps.Wait(ctx) // the copies have finished when the sum is in
-	ps.Close()
+	var got uint64
+	if err == nil && ps != nil {
+		got, err = ps.Wait(ctx) // the copies have finished when the sum is in
+		ps.Close()
+	}
 	if err != nil {
-		return fmt.Errorf("copying bucket %d into the model with its checksum: %w", m.Seq, err)
+		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
 	if err := t.Flush(ctx); err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
-	return verifySum(m, got)
+	if u.sumAtLoad {
+		return verifySum(m, got)
+	}
+	return nil
 }
 
 // fetch copies device bucket b's filled bytes to the host.
@@ -440,15 +470,18 @@ func (l *loadRound) fetch(ctx context.Context, b *Bucket) ([]byte, error) {
 	return host, nil
 }
 
-// Loader keeps what a receiver's unpack and load stages need for device
-// buckets from one round to the next: the stream and slots of the GPU
-// checksum that unpack checks buckets with, and the pinned memory that
+// Loader keeps what a receiver's receive, unpack and load stages need for
+// device buckets from one round to the next: the stream and slots of the
+// GPU checksum that unpack checks buckets with, the pinned memory that
 // device buckets are copied to for host sinks (a bucket's size: allocating
-// it every round costs more than the round). A Receiver owns one for its
-// life, and Receiver.Close closes it. Host buckets need none of it.
+// it every round costs more than the round), the streams and kernels'
+// memory with which load copies into a DeviceTarget and receive gathers
+// direct buckets, and the mappings of the sender's memory that direct
+// buckets are read from. A Receiver owns one for its life, and
+// Receiver.Close closes it. Host buckets need none of it.
 //
 // NewLoader allocates nothing. A Loader serves one round at a time (its
-// Unpack and its Load stage); its methods are safe to call from any
+// Receive, Unpack and Load stages); its methods are safe to call from any
 // goroutine.
 type Loader struct {
 	mu sync.Mutex
@@ -456,10 +489,15 @@ type Loader struct {
 	// progress holds each while unpackBusy and loadBusy are set.
 	check      *deviceCheck
 	toHost     *gpu.Readback
-	summing    *deviceLoad // the GPU state of loads that compute checksums; made by canSumAtLoad
 	unpackBusy bool
-	loadBusy   bool
-	closed     bool
+	// Made at first use and kept until a round fails (the copiers) or
+	// Close: load's copies into a DeviceTarget, receive's gathering of
+	// direct buckets (used by one stage each), the sender's memory mapped.
+	loadCopy  *gpuCopier
+	gathering *gpuCopier
+	maps      *mappings
+	loadBusy  bool
+	closed    bool
 	// What the last round's load stage handed to its sinks, once the
 	// stage has ended: the model version and the tensors.
 	lastVersion uint64
@@ -511,7 +549,7 @@ func (ld *Loader) takeLoad(sink Sink) (*loadRound, error) {
 		return nil, errors.New("load: the Loader is loading another round; a Loader serves one round at a time")
 	}
 	ld.loadBusy, ld.lastVersion, ld.lastTensors = true, 0, 0
-	l := &loadRound{ld: ld, sinks: leaves(sink), toHost: ld.toHost}
+	l := &loadRound{ld: ld, sinks: leaves(sink), target: fusedTarget(sink), toHost: ld.toHost}
 	ld.toHost = nil
 	return l, nil
 }
@@ -526,8 +564,8 @@ func (ld *Loader) keepLoad(ctx context.Context, l *loadRound, failed bool) error
 	}
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
-	if failed && ld.summing != nil {
-		err, ld.summing = errors.Join(err, ld.summing.close(ctx)), nil
+	if failed && ld.loadCopy != nil {
+		err, ld.loadCopy = errors.Join(err, ld.loadCopy.close(ctx)), nil
 	}
 	ld.loadBusy, ld.toHost = false, l.toHost
 	ld.lastVersion, ld.lastTensors = l.version, l.tensors
@@ -564,60 +602,112 @@ func (ld *Loader) Close() error {
 	if ld.toHost != nil {
 		errs = append(errs, ld.toHost.Close(ctx))
 	}
-	if ld.summing != nil {
-		errs = append(errs, ld.summing.close(ctx))
+	for _, c := range []*gpuCopier{ld.loadCopy, ld.gathering} {
+		if c != nil {
+			errs = append(errs, c.close(ctx))
+		}
 	}
-	ld.check, ld.toHost, ld.summing = nil, nil, nil
+	if ld.maps != nil {
+		errs = append(errs, ld.maps.close()) // after every copy out of them
+	}
+	ld.check, ld.toHost, ld.loadCopy, ld.gathering, ld.maps = nil, nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
 // canSumAtLoad reports whether the load stage can copy out of buf, a
-// device bucket, with its checksum computed by the copies: whether it has,
-// or can make, a stream of buf's GPU with the gather kernel and the
-// checksum kernel's slots there. The unpack stage asks, once per bucket;
-// the state is made at the first and kept between rounds.
+// device bucket, with its checksum computed by the copies: whether its
+// copier of buf's GPU (made now, at the first bucket) has the checksum
+// kernel's slots. The unpack stage asks, once per bucket.
 func (ld *Loader) canSumAtLoad(buf mem.Buffer) bool {
+	c, err := ld.loadCopier(buf)
+	return err == nil && c.sums != nil
+}
+
+// loadCopier returns load's copier of buf's GPU, making it at first use.
+func (ld *Loader) loadCopier(buf mem.Buffer) (*gpuCopier, error) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return copierFor(&ld.loadCopy, buf)
+}
+
+// copierFor returns *c, the copier of buf's GPU, making it if *c is nil.
+// A copier of another GPU stays (a receiver's buckets are all on one) and
+// copierFor fails.
+func copierFor(c **gpuCopier, buf mem.Buffer) (*gpuCopier, error) {
 	dev, err := cudaDeviceOf(buf)
 	if err != nil {
-		return false
+		return nil, err
 	}
-	ld.mu.Lock()
-	defer ld.mu.Unlock()
-	if ld.summing != nil && ld.summing.dev != dev {
-		return false // another GPU's state; it stays until the next failure or Close
+	if *c != nil && (*c).dev != dev {
+		return nil, fmt.Errorf("a bucket on %s after buckets on %s: give every bucket of a receiver one GPU", dev.Name(), (*c).dev.Name())
 	}
-	if ld.summing == nil {
-		if ld.summing, err = newDeviceLoad(dev); err != nil {
-			return false
+	if *c == nil {
+		if *c, err = newGPUCopier(dev); err != nil {
+			return nil, err
 		}
 	}
-	return ld.summing.sums != nil
+	return *c, nil
 }
 
-// summingLoad returns the state canSumAtLoad made.
-func (ld *Loader) summingLoad() *deviceLoad {
+// receiveDirect makes direct bucket b's entries reachable here: it maps
+// the sender's allocations they lie in and, when inPlace (the round's
+// sink is one DeviceTarget, which load copies into from there), leaves
+// them where they lie (b.srcs); otherwise it gathers them into b's own
+// buffer, its checksum computed in the same pass for unpack to check.
+func (ld *Loader) receiveDirect(ctx context.Context, b *Bucket, inPlace bool) error {
+	m := &b.Meta
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "direct": true})
+	defer span.End()
+	dev, err := cudaDeviceOf(b.Buf)
+	if err != nil {
+		return fmt.Errorf("bucket %d is direct (read in the sender's memory), which needs device buckets: %w", m.Seq, err)
+	}
 	ld.mu.Lock()
-	defer ld.mu.Unlock()
-	return ld.summing
+	if ld.maps == nil {
+		ld.maps = &mappings{dev: dev}
+	}
+	mp := ld.maps
+	var c *gpuCopier
+	if !inPlace {
+		c, err = copierFor(&ld.gathering, b.Buf)
+	}
+	ld.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if mp.dev != dev {
+		return fmt.Errorf("bucket %d on %s after direct buckets on %s: give every bucket of a receiver one GPU", m.Seq, dev.Name(), mp.dev.Name())
+	}
+	srcs, err := mp.views(m)
+	if err != nil {
+		return err
+	}
+	if inPlace {
+		b.srcs = srcs
+		return nil
+	}
+	span.Args(map[string]any{"bytes": m.Length}) // the span timed the copies
+	return c.gatherDirect(ctx, b, srcs)
 }
 
-// deviceLoad is what load needs to copy device buckets into a
-// DeviceTarget with their checksums: a stream of the buckets' GPU, a
-// Gather and a Checksummer of it. It is used by one load goroutine at a
-// time.
-type deviceLoad struct {
+// gpuCopier is what a receiver's stage needs to copy device memory with
+// checksums on a GPU: a stream of it, a Gather and a Checksummer of the
+// stream. Load copies device buckets into a DeviceTarget with one, receive
+// gathers direct buckets into this rank's buffers with another. It is
+// used by one goroutine at a time.
+type gpuCopier struct {
 	dev    *gpu.CUDADevice
 	stream *gpu.Stream
 	gather *gpu.Gather
 	sums   *gpu.Checksummer // nil where the checksum kernel is unavailable
 }
 
-func newDeviceLoad(dev *gpu.CUDADevice) (*deviceLoad, error) {
+func newGPUCopier(dev *gpu.CUDADevice) (*gpuCopier, error) {
 	s, err := dev.NewStream()
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	d := &deviceLoad{dev: dev, stream: s, gather: s.NewGather()}
+	d := &gpuCopier{dev: dev, stream: s, gather: s.NewGather()}
 	if d.sums, err = s.NewChecksummer(); err != nil {
 		d.sums = nil
 		if !errors.Is(err, gpu.ErrNoChecksumKernel) {
@@ -627,9 +717,13 @@ func newDeviceLoad(dev *gpu.CUDADevice) (*deviceLoad, error) {
 	return d, nil
 }
 
+// sync waits, bounded by ctx, until everything queued on the stream has
+// run.
+func (d *gpuCopier) sync(ctx context.Context) error { return d.stream.Sync(ctx) }
+
 // close frees the state once nothing queued on its stream runs, bounded
 // by ctx or, once ctx is done, by finalWait.
-func (d *deviceLoad) close(ctx context.Context) error {
+func (d *gpuCopier) close(ctx context.Context) error {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
 	if err := d.stream.Sync(ctx); err != nil {

@@ -82,6 +82,11 @@ type PackConfig struct {
 	Checksum bool
 	// Source, when set, travels in the round's first bucket.
 	Source *SourceInfo
+	// Direct leaves device buckets unfilled where every tensor in them
+	// can be read in place by the receivers (direct buckets, see
+	// direct.go): for endpoints whose receivers all share the sender's
+	// GPU (transport.DirectReader). Sender sets it.
+	Direct bool
 
 	// maxTensors bounds the round's tensors; 0 means MaxTensors, the
 	// receivers' limit (tests lower it).
@@ -128,10 +133,11 @@ func packStage(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfi
 				return err
 			}
 		}
-		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, dev: dev, waitSums: own}
+		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, dev: dev, waitSums: own, pk: pk}
 		if r.cfg.maxTensors == 0 {
 			r.cfg.maxTensors = MaxTensors
 		}
+		defer func() { pk.noteDirect(r.directs) }()
 		defer func() { err = errors.Join(err, r.abandon()) }()
 		for t := range in.All() {
 			if err := r.add(t); err != nil {
@@ -167,6 +173,27 @@ type Packer struct {
 	closed bool
 	dev    *deviceFill // nil until a round packs device buckets
 	spans  []gpuSpan   // the GPU's time on each bucket of the last round, when it was traced
+
+	// exports are the allocations direct buckets' tensors lie in, exported
+	// once and kept between rounds (used by the pack goroutine only);
+	// logf, when set, is told once of memory that cannot be exported.
+	exports *exports
+	logf    func(format string, args ...any)
+	directs int // direct buckets of the last round
+}
+
+// noteDirect records how many of the round's buckets were direct.
+func (pk *Packer) noteDirect(n int) {
+	pk.mu.Lock()
+	pk.directs = n
+	pk.mu.Unlock()
+}
+
+// lastDirect returns how many buckets of the last round were direct.
+func (pk *Packer) lastDirect() int {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	return pk.directs
 }
 
 // NewPacker returns an empty Packer with the default copy plan and staging
@@ -286,6 +313,13 @@ type packing struct {
 	// freed when the stage returns, before Publish would wait).
 	dev      *deviceFill
 	waitSums bool
+
+	// pk is the Packer of the round. direct: cur is a direct bucket,
+	// whose entries pieces places in the sender's memory.
+	pk      *Packer
+	direct  bool
+	pieces  []directPiece
+	directs int // direct buckets sent on
 }
 
 func alignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
@@ -311,6 +345,10 @@ func (r *packing) take() error {
 	if r.index == 0 {
 		r.cur.Meta.Source = r.cfg.Source
 	}
+	r.direct, r.pieces = r.cfg.Direct && r.dev != nil, r.pieces[:0]
+	if r.direct {
+		r.cur.Meta.Direct = newDirectInfo()
+	}
 	r.buf, r.fill = buf.Host(), 0
 	name := fmt.Sprintf("bucket %d", r.seq)
 	if r.dev != nil {
@@ -334,6 +372,8 @@ func (r *packing) emit(last bool) error {
 	if r.dev != nil {
 		var err error
 		switch {
+		case r.direct:
+			err = r.dev.sumDirect(r.ctx, b, r.pieces, r.cfg.Checksum, r.waitSums)
 		case r.dev.fuse:
 			err = r.dev.finishFused(r.ctx, b, r.waitSums)
 		case r.cfg.Checksum:
@@ -359,6 +399,9 @@ func (r *packing) emit(last bool) error {
 	if r.span != nil {
 		r.span.Args(args)
 		r.span.End()
+	}
+	if r.direct {
+		r.directs++
 	}
 	r.cur, r.buf, r.span = nil, nil, nil
 	r.seq++
@@ -420,9 +463,17 @@ func (r *packing) add(t *Tensor) error {
 			}
 			continue
 		}
-		if r.dev != nil {
+		var src *EntrySource
+		if r.direct && n > 0 {
+			if src, err = r.placeDirect(t, off, n, chunk); err != nil {
+				return err
+			}
+		}
+		switch {
+		case src != nil: // read in place by the receivers
+		case r.dev != nil:
 			err = r.dev.copyIn(r.ctx, t, r.cur.Buf, off, n, chunk)
-		} else {
+		default:
 			// A large read runs on several goroutines, in pieces that
 			// start on Align boundaries of the tensor (whole elements of
 			// a tensor that casts).
@@ -434,7 +485,7 @@ func (r *packing) add(t *Tensor) error {
 			return err
 		}
 		r.cur.Meta.Entries = append(r.cur.Meta.Entries, Entry{
-			Name: t.Name, DType: t.DType, Shape: t.Shape, Offset: off, Size: n, Chunk: chunk, Total: size,
+			Name: t.Name, DType: t.DType, Shape: t.Shape, Offset: off, Size: n, Chunk: chunk, Total: size, Src: src,
 		})
 		r.fill = off + n
 		chunk += n
@@ -442,6 +493,39 @@ func (r *packing) add(t *Tensor) error {
 			break
 		}
 	}
+	return nil
+}
+
+// placeDirect places chunk [chunk, chunk+n) of t, at off of the direct
+// bucket being filled, where it lies in the sender's memory, and returns
+// its source; or, for a tensor a direct bucket cannot take, turns the
+// bucket into one pack fills (packDirect) and returns nil.
+func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*EntrySource, error) {
+	p, e, ok, err := r.pk.directSource(t, r.cur.Buf, chunk, r.cfg.Version)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, r.packDirect()
+	}
+	p.at, p.n = off, n
+	r.pieces = append(r.pieces, p)
+	return &EntrySource{Alloc: allocIndex(&r.cur.Meta, e), Offset: int64(p.addr - e.info.Base)}, nil
+}
+
+// packDirect turns the direct bucket being filled into one that pack
+// fills: the entries placed so far are copied in, and lose their sources.
+func (r *packing) packDirect() error {
+	b := r.cur
+	for _, p := range r.pieces {
+		if err := r.dev.copyDevice(r.ctx, b.Buf.DevicePtr()+uint64(p.at), p.addr, p.n, p.base, true); err != nil {
+			return err
+		}
+	}
+	for i := range b.Meta.Entries {
+		b.Meta.Entries[i].Src = nil
+	}
+	b.Meta.Direct, r.direct, r.pieces = nil, false, r.pieces[:0]
 	return nil
 }
 
@@ -502,9 +586,9 @@ type deviceFill struct {
 	batch   gpu.CopyBatch
 	lastSrc uint64
 
-	// gather, when set, takes device copies shorter than
-	// plan.gatherBelow out of memory of the bucket's GPU: kbatch is its
-	// queue, klastSrc as lastSrc. With fuse (a round with checksums, the
+	// gather takes device copies shorter than plan.gatherBelow out of
+	// memory of the bucket's GPU (none when it is 0), and sums direct
+	// buckets: kbatch is its queue, klastSrc as lastSrc. With fuse (a round with checksums, the
 	// fused kernel usable: beginRound), it takes every device copy on the
 	// bucket's GPU, and kbatch holds the whole bucket's until finishFused
 	// queues them with the checksum.
@@ -557,9 +641,7 @@ func newDeviceFill(dev *gpu.CUDADevice, plan devicePlan, staging gpu.StagingConf
 	}
 	f.laneBatch = make([]gpu.CopyBatch, len(f.lanes))
 	f.laneUsed = make([]bool, len(f.lanes))
-	if f.plan.gatherBelow > 0 {
-		f.gather = s.NewGather()
-	}
+	f.gather = s.NewGather() // the plan's copies use it only when gatherBelow is set
 	return f, nil
 }
 
@@ -704,18 +786,7 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, o
 			return f.castIn(t, dst, n, chunk)
 		}
 		base, _ := gpu.Address(t.Device) // checked by Validate
-		src := base + uint64(t.DeviceOffset+chunk)
-		if f.fuse && sameGPU(t.Device, bucket) {
-			merge(&f.kbatch, &f.klastSrc, dst, src, n, base) // queued whole with the bucket's checksum
-			return nil
-		}
-		if f.gather != nil && n < f.plan.gatherBelow && sameGPU(t.Device, bucket) {
-			return f.addKernel(ctx, dst, src, n, base)
-		}
-		if len(f.lanes) > 0 && n >= f.plan.laneAbove {
-			return f.addLarge(dst, src, n, base)
-		}
-		return f.add(dst, src, n, base)
+		return f.copyDevice(ctx, dst, base+uint64(t.DeviceOffset+chunk), n, base, sameGPU(t.Device, bucket))
 	}
 	if f.ring == nil {
 		ring, err := f.stream.NewStagingRing(f.staging)
@@ -737,6 +808,59 @@ func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, o
 	}
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
+	}
+	return nil
+}
+
+// copyDevice queues the copy of n bytes of device memory at src (in the
+// buffer at base; same: on the bucket's GPU) to the bucket at dst, by
+// the plan: with the bucket's checksum when fused, through the gather
+// kernel when short, spread over the lanes when long, else on the copy
+// stream.
+func (f *deviceFill) copyDevice(ctx context.Context, dst, src uint64, n int64, base uint64, same bool) error {
+	if f.fuse && same {
+		merge(&f.kbatch, &f.klastSrc, dst, src, n, base) // queued whole with the bucket's checksum
+		return nil
+	}
+	if n < f.plan.gatherBelow && same {
+		return f.addKernel(ctx, dst, src, n, base)
+	}
+	if len(f.lanes) > 0 && n >= f.plan.laneAbove {
+		return f.addLarge(dst, src, n, base)
+	}
+	return f.add(dst, src, n, base)
+}
+
+// sumDirect ends direct bucket b, whose entries pieces places in the
+// sender's memory: with a checksum, it queues the sum of the bucket as
+// pack would fill it with zeros between the entries, read from the
+// tensors themselves (Gather.CopySumLayout without copies), which b then
+// carries for Publish, or which sumDirect waits for itself when wait is
+// set. Without one, nothing is queued: no byte of b moves.
+func (f *deviceFill) sumDirect(ctx context.Context, b *Bucket, pieces []directPiece, sum, wait bool) error {
+	if !sum {
+		return nil
+	}
+	m := &b.Meta
+	sums, err := f.checksummer()
+	if err != nil {
+		return err
+	}
+	var l gpu.Layout
+	for _, p := range pieces {
+		l.Add(p.at, p.addr, p.n, 0)
+	}
+	ps, err := f.gather.CopySumLayout(ctx, &l, m.Length, sums)
+	if err != nil {
+		return fmt.Errorf("pack: queueing direct bucket %d's checksum: %w", m.Seq, err)
+	}
+	m.HasChecksum = true
+	b.sum = ps
+	b.whenReleased(ps.Close)
+	if wait {
+		if m.Checksum, err = ps.Wait(ctx); err != nil {
+			return fmt.Errorf("pack: checksum of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
 	}
 	return nil
 }
@@ -781,7 +905,7 @@ func (f *deviceFill) castIn(t *Tensor, dst uint64, n, chunk int64) error {
 // copies go as the plan says.
 func (f *deviceFill) beginRound(sum bool) error {
 	f.fuse = false
-	if !sum || f.gather == nil {
+	if !sum || f.plan.gatherBelow == 0 {
 		return nil
 	}
 	if ok, _ := f.gather.SumKernel(); !ok {

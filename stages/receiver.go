@@ -235,7 +235,8 @@ func (r *Receiver) pipeline(sink Sink) *pipeline.Pipeline {
 		opts = append(opts, pipeline.WithTracer(r.cfg.Tracer, r.cfg.Rank))
 	}
 	p := pipeline.New(fmt.Sprintf("receive rank %d", r.cfg.Rank), opts...)
-	r.loader.Load(p, r.loader.Unpack(p, Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint), sink), sink)
+	buckets := r.loader.Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint, sink)
+	r.loader.Load(p, r.loader.Unpack(p, buckets, sink), sink)
 	return p
 }
 

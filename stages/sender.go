@@ -13,9 +13,12 @@ import (
 
 // RoundStats describes one finished (or failed) round on one rank.
 type RoundStats struct {
-	Version  uint64
-	Bytes    int64 // filled bucket bytes moved
-	Buckets  int
+	Version uint64
+	Bytes   int64 // filled bucket bytes moved (delivered, for direct buckets)
+	Buckets int
+	// Direct counts the buckets the receivers read in place in the
+	// sender's memory (on the root; see Sender).
+	Direct   int
 	Tensors  int
 	Duration time.Duration
 	Stages   []pipeline.Metrics
@@ -37,6 +40,10 @@ type SenderConfig struct {
 	Wrap func(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor]) *pipeline.Stream[*Tensor]
 	// Progress, when set, is called after each bucket has been moved.
 	Progress func(*BucketMeta)
+	// Logf, when set, is told what the sender falls back from, once each:
+	// tensors in memory that CUDA IPC cannot share go through buckets
+	// where the receivers could read the others in place.
+	Logf func(format string, args ...any)
 }
 
 // Sender is the root of a sync group. It keeps its endpoint, publisher and
@@ -46,6 +53,12 @@ type SenderConfig struct {
 //
 // It owns a Packer, which keeps the GPU state of device buckets from round
 // to round; Close frees it. The Pool stays its creator's.
+//
+// Where every receiver shares the sender's GPU (the Endpoint is a
+// transport.DirectReader that says so), buckets of device tensors are
+// direct: the receivers copy the tensors straight out of the sender's
+// memory (see direct.go), so the tensors handed to Sync must stay
+// allocated and unchanged until Sync returns, as for any round.
 type Sender struct {
 	cfg       SenderConfig
 	packer    *Packer
@@ -56,7 +69,11 @@ type Sender struct {
 }
 
 // NewSender returns a Sender; it starts and allocates nothing.
-func NewSender(cfg SenderConfig) *Sender { return &Sender{cfg: cfg, packer: NewPacker()} }
+func NewSender(cfg SenderConfig) *Sender {
+	pk := NewPacker()
+	pk.logf = cfg.Logf
+	return &Sender{cfg: cfg, packer: pk}
+}
 
 // Close frees the GPU state the Sender kept between rounds (not its Pool,
 // Endpoint or Publisher, which stay their creator's). Call it once no Sync
@@ -89,6 +106,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		err = AnnounceCommit(ctx, s.cfg.Publisher, s.seq+uint64(buckets), version)
 	}
 	stats.Version, stats.Duration, stats.Stages, stats.Graph = version, time.Since(start), p.Metrics(), p.Graph()
+	stats.Direct = s.packer.lastDirect()
 	for _, m := range stats.Stages {
 		if m.Stage == "pack" {
 			stats.Buckets, stats.Tensors = int(m.ItemsOut), int(m.ItemsIn)
@@ -131,12 +149,20 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 	if s.cfg.Wrap != nil {
 		tensors = s.cfg.Wrap(p, tensors)
 	}
-	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum}
+	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: s.readsDirect()}
 	if d, ok := src.(Describer); ok {
 		pc.Source = d.SourceInfo()
 	}
 	Broadcast(p, Publish(p, s.packer.Pack(p, tensors, pc), s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
 	return p
+}
+
+// readsDirect reports whether the receivers read device tensors in place
+// in the sender's memory (direct buckets): every one of them, by the
+// endpoint's word, into device buckets.
+func (s *Sender) readsDirect() bool {
+	d, ok := s.cfg.Endpoint.(transport.DirectReader)
+	return ok && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
 }
 
 // gpuLaneTID is the trace thread id of the "pack (GPU)" lane, past the

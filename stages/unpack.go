@@ -25,7 +25,11 @@ import (
 // and reports it through the same function (verifySum) before the bucket
 // is acknowledged. A mismatch found then leaves the sink's tensors holding
 // part of the round, which Receiver.State reports as partial, as for any
-// round that fails after reaching an in-place sink.
+// round that fails after reaching an in-place sink. A direct bucket (read
+// where it lies in the sender's memory, see direct.go) is checked the same
+// ways: from the sum that receive's copies computed when it gathered the
+// bucket into this rank's buffer, or, left in place for load to copy into
+// a DeviceTarget, by load's copies.
 //
 // A host bucket's views are slices of its bytes; a device bucket's are
 // device ranges (View.Device), which load hands to device sinks as they
@@ -144,6 +148,20 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 	u := &Unpacked{Bucket: b, Views: make([]View, len(m.Entries))}
 	switch {
 	case !m.HasChecksum:
+	case b.srcs != nil:
+		// Left where it lies in the sender's memory for load to copy
+		// (receiveDirect): only load's copies read it.
+		u.sumAtLoad = true
+	case b.sum != nil:
+		// Gathered from the sender's memory by receive, which computed
+		// the checksum in the same pass.
+		got, err := b.sum.Wait(ctx)
+		if err == nil {
+			err = verifySum(m, got)
+		}
+		if err != nil {
+			return nil, err
+		}
 	case c.checkAtLoad(b):
 		u.sumAtLoad = true
 	default:
@@ -166,9 +184,12 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 			return nil, fmt.Errorf("round %d carries more than %d tensors (bucket %d); the limit keeps a receiver's bookkeeping bounded", m.Version, c.maxTensors, m.Seq)
 		}
 		c.got[e.Name] = progress{have + e.Size, e.Total}
-		if data != nil {
+		switch {
+		case data != nil:
 			u.Views[i] = View{Entry: e, Data: data[e.Offset : e.Offset+e.Size]}
-		} else {
+		case b.srcs != nil:
+			u.Views[i] = View{Entry: e, Device: b.srcs[i].buf, Offset: b.srcs[i].off}
+		default:
 			u.Views[i] = View{Entry: e, Device: b.Buf, Offset: e.Offset}
 		}
 	}
@@ -182,10 +203,10 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 	return u, nil
 }
 
-// checkAtLoad decides where device bucket b's checksum is computed: in
-// load's copies into the round's one DeviceTarget, where the Loader can
-// fuse the sum into them on b's GPU (it has the checksum kernel's slots
-// there), instead of a pass over the bucket here.
+// checkAtLoad decides where received device bucket b's checksum is
+// computed: in load's copies into the round's one DeviceTarget, where the
+// Loader can fuse the sum into them on b's GPU (it has the checksum
+// kernel's slots there), instead of a pass over the bucket here.
 func (c *bucketCheck) checkAtLoad(b *Bucket) bool {
 	return c.target != nil && onDevice(b.Buf) && c.ld.canSumAtLoad(b.Buf)
 }

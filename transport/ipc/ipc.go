@@ -88,10 +88,10 @@ type peer struct {
 	pid    int
 	direct bool // on the root's GPU, and reads the root's memory in place
 	conn   net.Conn
-	acks chan ack
-	gone chan struct{} // closed by the reader when the connection ends
-	err  error         // why; set before gone is closed
-	wmu  sync.Mutex    // one writer at a time
+	acks   chan ack
+	gone   chan struct{} // closed by the reader when the connection ends
+	err    error         // why; set before gone is closed
+	wmu    sync.Mutex    // one writer at a time
 }
 
 type root struct {

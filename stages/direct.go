@@ -1,0 +1,299 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mem"
+)
+
+// Direct buckets: receivers on the sender's GPU read its tensors in place.
+//
+// When every receiver shares the sender's GPU and can map its memory (the
+// endpoint says so: transport.DirectReader), packing device tensors into
+// buckets only to have every receiver copy them out again costs a copy of
+// the model, and a bucket's worth of memory bandwidth per receiver. So the
+// sender lays buckets out as it always does (entries, offsets, lengths,
+// sequence numbers, acknowledgements and commits unchanged) but leaves
+// them unfilled: each entry says where its bytes lie in the sender's
+// memory (Entry.Src: an allocation and an offset) and the bucket lists the
+// allocations with their CUDA IPC handles (BucketMeta.Direct). Each
+// receiver maps every allocation once (kept across rounds, freed by its
+// Close) and copies the entries straight into its model. No byte moves
+// on the byte transport.
+//
+// The sender exports each allocation once (cuMemGetAddressRange to find
+// it, cuIpcGetMemHandle to export it) and keeps the handle across rounds,
+// keyed by the allocation's unique id, checked once per allocation per
+// round (a freed allocation's address taken by a new one gets a new
+// handle). Memory CUDA IPC cannot share (PyTorch's expandable segments, a
+// stream-ordered pool) is packed into buckets as before; the Sender says so
+// once in its log. So are tensors that cast, tensors on another GPU and
+// host tensors: a bucket that takes one of them is packed whole.
+//
+// The checksum of a direct bucket is that of the bucket as pack would
+// fill it with zeros between the entries. The sender computes it itself
+// from its tensors, a pass that only reads them (gpu.Gather.CopySumLayout
+// without destinations): one read of the model per round, whatever the
+// number of receivers, in place of the pack's copy. Each receiver computes
+// the same sum in the copies that read the tensors into its model, and
+// compares (verifySum). The sender's tensors must stay unchanged until
+// Sync returns: the receivers read them until their last acknowledgement.
+
+// directPiece is one entry of a direct bucket as the sender's pack
+// placed it: n bytes at addr (in the allocation at base), at byte at of
+// the bucket.
+type directPiece struct {
+	at, n      int64
+	addr, base uint64
+}
+
+// exported is one of the sender's allocations exported with CUDA IPC.
+type exported struct {
+	info   gpu.AllocationInfo
+	handle gpu.IPCHandle
+	round  uint64 // the last round (pack's version) that checked its id
+}
+
+// exports is a sender's cache of exported allocations, sorted by base. It
+// is used by one pack goroutine at a time.
+type exports struct {
+	dev    *gpu.CUDADevice
+	allocs []*exported
+	warned bool // memory that cannot be exported was reported
+}
+
+// find returns the cached allocation that holds addr, or nil.
+func (x *exports) find(addr uint64) *exported {
+	i, _ := slices.BinarySearchFunc(x.allocs, addr, func(e *exported, a uint64) int { return cmpU64(e.info.Base, a+1) })
+	if i == 0 {
+		return nil
+	}
+	e := x.allocs[i-1]
+	if addr-e.info.Base < uint64(e.info.Size) {
+		return e
+	}
+	return nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// lookup returns the exported allocation that holds addr, checked this
+// round: a cached one whose id is unchanged, or the allocation found and
+// exported now. Its error matches gpu.ErrNotExportable for memory CUDA
+// IPC cannot share.
+func (x *exports) lookup(addr uint64, round uint64) (*exported, error) {
+	e := x.find(addr)
+	if e != nil && e.round == round {
+		return e, nil
+	}
+	if e != nil {
+		if id, err := x.dev.AllocationID(addr); err == nil && id == e.info.ID {
+			e.round = round
+			return e, nil
+		}
+	}
+	info, err := x.dev.Allocation(addr)
+	if err != nil {
+		return nil, err
+	}
+	h, err := x.dev.ExportAddress(info.Base)
+	if err != nil {
+		return nil, err
+	}
+	ne := &exported{info: info, handle: h, round: round}
+	// Drop what the new allocation overlaps (freed allocations).
+	x.allocs = slices.DeleteFunc(x.allocs, func(o *exported) bool {
+		return o.info.Base < info.Base+uint64(info.Size) && info.Base < o.info.Base+uint64(o.info.Size)
+	})
+	i, _ := slices.BinarySearchFunc(x.allocs, info.Base, func(o *exported, b uint64) int { return cmpU64(o.info.Base, b) })
+	x.allocs = slices.Insert(x.allocs, i, ne)
+	return ne, nil
+}
+
+// directSource places chunk [chunk, chunk+n) of device tensor t, which
+// must lie on the bucket's GPU, in its exported allocation; ok is false
+// for a tensor a direct bucket cannot take (host bytes, a cast, another
+// GPU, memory CUDA IPC cannot share: the last said once through logf).
+func (pk *Packer) directSource(t *Tensor, bucket mem.Buffer, chunk int64, round uint64) (p directPiece, e *exported, ok bool, err error) {
+	if t.Device == nil || t.Casts() || !sameGPU(t.Device, bucket) {
+		return p, nil, false, nil
+	}
+	base, _ := gpu.Address(t.Device) // checked by Validate
+	addr := base + uint64(t.DeviceOffset+chunk)
+	if pk.exports == nil {
+		dev, err := cudaDeviceOf(bucket)
+		if err != nil {
+			return p, nil, false, err
+		}
+		pk.exports = &exports{dev: dev}
+	}
+	e, err = pk.exports.lookup(addr, round)
+	if errors.Is(err, gpu.ErrNotExportable) {
+		if !pk.exports.warned && pk.logf != nil {
+			pk.exports.warned = true
+			pk.logf("weightcast: tensor %q is in memory that CUDA IPC cannot share (%v); such tensors go through buckets (said once)", t.Name, err)
+		}
+		return p, nil, false, nil
+	}
+	if err != nil {
+		return p, nil, false, fmt.Errorf("pack: tensor %q: %w", t.Name, err)
+	}
+	return directPiece{addr: addr, base: base}, e, true, nil
+}
+
+// allocIndex returns the index in m.Direct.Allocs of e, adding it.
+func allocIndex(m *BucketMeta, e *exported) int {
+	addr := strconv.FormatUint(e.info.Base, 16)
+	for i, a := range m.Direct.Allocs {
+		if a.Addr == addr {
+			return i
+		}
+	}
+	m.Direct.Allocs = append(m.Direct.Allocs, DirectAlloc{Handle: e.handle.String(), Size: e.info.Size, Addr: addr})
+	return len(m.Direct.Allocs) - 1
+}
+
+// newDirectInfo is the DirectInfo of a bucket of this process.
+func newDirectInfo() *DirectInfo { return &DirectInfo{PID: os.Getpid(), Allocs: []DirectAlloc{}} }
+
+// mappings is a receiver's cache of the sender's allocations, mapped on
+// its GPU: opened from their handles once and kept across rounds, or, in
+// the sender's own process, viewed at their addresses. It is used by one
+// receive goroutine at a time; close unmaps them.
+type mappings struct {
+	dev    *gpu.CUDADevice
+	opened map[string]mem.Buffer // by handle
+}
+
+// views places each entry of the direct bucket m in this process.
+func (mp *mappings) views(m *BucketMeta) ([]directView, error) {
+	d := m.Direct
+	bufs := make([]mem.Buffer, len(d.Allocs))
+	for i, a := range d.Allocs {
+		b, err := mp.open(d.PID, a)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %d: mapping the sender's allocation %d (%d bytes) on %s: %w", m.Seq, i, a.Size, mp.dev.Name(), err)
+		}
+		bufs[i] = b
+	}
+	out := make([]directView, len(m.Entries))
+	for i := range m.Entries {
+		if src := m.Entries[i].Src; src != nil {
+			out[i] = directView{buf: bufs[src.Alloc], off: src.Offset}
+		}
+	}
+	return out, nil
+}
+
+// open returns allocation a of the sender with process id pid, mapped.
+func (mp *mappings) open(pid int, a DirectAlloc) (mem.Buffer, error) {
+	if pid == os.Getpid() {
+		addr, _ := strconv.ParseUint(a.Addr, 16, 64) // checked by DecodeMeta
+		return mp.dev.View(addr, int(a.Size))
+	}
+	if b, ok := mp.opened[a.Handle]; ok {
+		if int64(b.Len()) != a.Size {
+			return nil, fmt.Errorf("the allocation %.16s… changed size from %d to %d bytes", a.Handle, b.Len(), a.Size)
+		}
+		return b, nil
+	}
+	h, err := gpu.ParseIPCHandle(a.Handle)
+	if err != nil {
+		return nil, err
+	}
+	b, err := mp.dev.OpenIPC(h, int(a.Size))
+	if err != nil {
+		return nil, err
+	}
+	if mp.opened == nil {
+		mp.opened = map[string]mem.Buffer{}
+	}
+	mp.opened[a.Handle] = b
+	return b, nil
+}
+
+// close unmaps every allocation; no copy may read them any more.
+func (mp *mappings) close() error {
+	var errs []error
+	for _, b := range mp.opened {
+		errs = append(errs, b.Free())
+	}
+	mp.opened = nil
+	return errors.Join(errs...)
+}
+
+// directLayout places the direct bucket u's entries in a layout of the
+// bucket, read where they lie (u.Bucket.srcs), copied to dst(i) for each
+// entry i unless it returns 0.
+func directLayout(u *Unpacked, l *gpu.Layout, dst func(i int) (uint64, error)) error {
+	for i, v := range u.Views {
+		e := v.Entry
+		if e.Size == 0 {
+			continue
+		}
+		from, ok := gpu.Address(v.Device)
+		if !ok {
+			return fmt.Errorf("tensor %q: the sender's memory is not mapped here", e.Name)
+		}
+		to, err := dst(i)
+		if err != nil {
+			return err
+		}
+		l.Add(e.Offset, from+uint64(v.Offset), e.Size, to)
+	}
+	return nil
+}
+
+// gatherDirect copies direct bucket b's entries from where they lie (srcs)
+// into b's own buffer, as pack would have filled it, with the bucket's
+// checksum computed in the same pass when it has one, and waits for the
+// copies; b then carries the checksum for unpack to check.
+func (c *gpuCopier) gatherDirect(ctx context.Context, b *Bucket, srcs []directView) error {
+	m := &b.Meta
+	dst, _ := gpu.Address(b.Buf)
+	var l gpu.Layout
+	var cb gpu.CopyBatch
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		if e.Size == 0 {
+			continue
+		}
+		from, ok := gpu.Address(srcs[i].buf)
+		if !ok {
+			return fmt.Errorf("bucket %d: tensor %q: the sender's memory is not mapped here", m.Seq, e.Name)
+		}
+		from += uint64(srcs[i].off)
+		l.Add(e.Offset, from, e.Size, dst+uint64(e.Offset))
+		cb.Add(dst+uint64(e.Offset), from, e.Size)
+	}
+	if !m.HasChecksum {
+		if err := c.gather.Copy(ctx, &cb); err != nil {
+			return fmt.Errorf("bucket %d: copying from the sender's memory: %w", m.Seq, err)
+		}
+		return c.sync(ctx)
+	}
+	ps, err := c.gather.CopySumLayout(ctx, &l, m.Length, c.sums)
+	if err != nil {
+		return fmt.Errorf("bucket %d: copying from the sender's memory with its checksum: %w", m.Seq, err)
+	}
+	b.sum = ps
+	b.whenReleased(ps.Close)
+	if _, err := ps.Wait(ctx); err != nil { // the copies have landed when the sum is in
+		return fmt.Errorf("bucket %d: copying from the sender's memory with its checksum: %w", m.Seq, err)
+	}
+	return nil
+}
