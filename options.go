@@ -60,6 +60,10 @@ type Options struct {
 	// NoChecksum turns off the per-bucket checksum the sender computes
 	// and every receiver checks.
 	NoChecksum bool
+	// NoDirect has the sender pack every bucket even where every receiver
+	// shares its GPU and could read its device tensors in place
+	// (stages.SenderConfig.NoDirect), to compare.
+	NoDirect bool
 	// Device is where this rank's buckets live when the transport puts
 	// them on a GPU: "cuda:N", or "" or "cuda" for the GPU of this rank's
 	// place among the ranks on its host (LOCAL_RANK, as torchrun counts).

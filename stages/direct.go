@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -127,7 +128,8 @@ func (x *exports) lookup(addr uint64, round uint64) (*exported, error) {
 // directSource places chunk [chunk, chunk+n) of device tensor t, which
 // must lie on the bucket's GPU, in its exported allocation; ok is false
 // for a tensor a direct bucket cannot take (host bytes, a cast, another
-// GPU, memory CUDA IPC cannot share: the last said once through logf).
+// GPU, memory CUDA IPC cannot share: the last said once to the Sender's
+// logger).
 func (pk *Packer) directSource(t *Tensor, bucket mem.Buffer, chunk int64, round uint64) (p directPiece, e *exported, ok bool, err error) {
 	if t.Device == nil || t.Casts() || !sameGPU(t.Device, bucket) {
 		return p, nil, false, nil
@@ -143,9 +145,13 @@ func (pk *Packer) directSource(t *Tensor, bucket mem.Buffer, chunk int64, round 
 	}
 	e, err = pk.exports.lookup(addr, round)
 	if errors.Is(err, gpu.ErrNotExportable) {
-		if !pk.exports.warned && pk.logf != nil {
+		if !pk.exports.warned {
 			pk.exports.warned = true
-			pk.logf("weightcast: tensor %q is in memory that CUDA IPC cannot share (%v); such tensors go through buckets (said once)", t.Name, err)
+			logger := pk.logger
+			if logger == nil {
+				logger = slog.Default()
+			}
+			logger.Warn("weightcast: a tensor is in memory that CUDA IPC cannot share; such tensors go through buckets, the others are read in place (said once)", "tensor", t.Name, "reason", err)
 		}
 		return p, nil, false, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -104,8 +105,8 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLooku
 		}
 		return e
 	})
-	var logs []string
-	g.sender.packer.logf = func(format string, args ...any) { logs = append(logs, fmt.Sprintf(format, args...)) }
+	var logs bytes.Buffer
+	g.sender.packer.logger = slog.New(slog.NewTextHandler(&logs, nil))
 	dm := newDeviceModel(t, d)
 	hm := NewHostModel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -145,7 +146,13 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLooku
 			t.Fatalf("round %d: the verifier checked %d of %d tensors", v, vs.Tensors, len(exp))
 		}
 	}
-	return st, ep.moved, logs
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return st, ep.moved, lines
 }
 
 // TestDirectRoundsOnFakes runs direct rounds against gputest's stand-in

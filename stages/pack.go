@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -176,9 +177,10 @@ type Packer struct {
 
 	// exports are the allocations direct buckets' tensors lie in, exported
 	// once and kept between rounds (used by the pack goroutine only);
-	// logf, when set, is told once of memory that cannot be exported.
+	// logger is told once of memory that cannot be exported (nil:
+	// slog.Default()).
 	exports *exports
-	logf    func(format string, args ...any)
+	logger  *slog.Logger
 	directs int // direct buckets of the last round
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -40,10 +41,13 @@ type SenderConfig struct {
 	Wrap func(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor]) *pipeline.Stream[*Tensor]
 	// Progress, when set, is called after each bucket has been moved.
 	Progress func(*BucketMeta)
-	// Logf, when set, is told what the sender falls back from, once each:
-	// tensors in memory that CUDA IPC cannot share go through buckets
-	// where the receivers could read the others in place.
-	Logf func(format string, args ...any)
+	// NoDirect packs every bucket even where every receiver could read
+	// the sender's device tensors in place (see Sender), to compare.
+	NoDirect bool
+	// Logger is told what the sender falls back from, once each: tensors
+	// in memory that CUDA IPC cannot share go through buckets where the
+	// receivers could read the others in place. Nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // Sender is the root of a sync group. It keeps its endpoint, publisher and
@@ -71,7 +75,7 @@ type Sender struct {
 // NewSender returns a Sender; it starts and allocates nothing.
 func NewSender(cfg SenderConfig) *Sender {
 	pk := NewPacker()
-	pk.logf = cfg.Logf
+	pk.logger = cfg.Logger
 	return &Sender{cfg: cfg, packer: pk}
 }
 
@@ -162,7 +166,7 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 // endpoint's word, into device buckets.
 func (s *Sender) readsDirect() bool {
 	d, ok := s.cfg.Endpoint.(transport.DirectReader)
-	return ok && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
+	return ok && !s.cfg.NoDirect && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
 }
 
 // gpuLaneTID is the trace thread id of the "pack (GPU)" lane, past the

@@ -38,6 +38,6 @@ func runInProcess(ctx context.Context, c *config, tracer *pipeline.Tracer, repor
 func inProcessRank(ctx context.Context, c *config, group string, rank int, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
 	return runRank(ctx, c, weightcast.Options{
 		Group: group, Rank: rank, WorldSize: c.ranks, Transport: "inproc",
-		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum,
+		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
 	}, tracer, report)
 }

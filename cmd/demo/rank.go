@@ -64,10 +64,13 @@ type rankResult struct {
 }
 
 type roundResult struct {
-	Version uint64        `json:"version"`
-	Seconds float64       `json:"seconds"`
-	Bytes   int64         `json:"bytes"`
-	Buckets int           `json:"buckets"`
+	Version uint64  `json:"version"`
+	Seconds float64 `json:"seconds"`
+	Bytes   int64   `json:"bytes"`
+	Buckets int     `json:"buckets"`
+	// Direct counts, on the sender, the buckets its receivers read in
+	// place in its memory (--direct).
+	Direct  int           `json:"direct_buckets,omitempty"`
 	Tensors int           `json:"tensors"`
 	Stages  []stageResult `json:"stages"`
 }
@@ -243,7 +246,7 @@ func sendRounds(ctx context.Context, c *config, sender *weightcast.Sender, cuda 
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
-		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
+		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
 		if report != nil {
 			report(event{Type: "round", Rank: 0, Round: round, Bytes: st.Bytes, Total: layout.Size(), Elapsed: st.Duration.Seconds()})
 		}
@@ -304,7 +307,7 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		if st.Version != uint64(round) {
 			return fmt.Errorf("round %d: received model version %d", round, st.Version)
 		}
-		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
+		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
 		if verify != nil {
 			res.Checked += verify.Bytes
 			want += model.Size()
