@@ -43,6 +43,17 @@ func TestIPCRounds(t *testing.T) {
 	}
 }
 
+// TestIPCDirectRounds runs the whole pipeline across 4 processes on one
+// GPU from a model on the root's GPU (see directRounds): every bucket is
+// read in place by every receiver, which verifies every byte it holds.
+func TestIPCDirectRounds(t *testing.T) {
+	reports := directRounds.Run(t)
+	if reports[0].Direct == 0 {
+		t.Fatal("no bucket was read in place, though every receiver shares the root's GPU")
+	}
+	t.Logf("%d buckets of the last round read in place", reports[0].Direct)
+}
+
 // childConfig tells a child process which receiver to play: Count
 // broadcasts of Size bytes into a buffer on cuda:Device, checking that
 // bucket seq came from the root's buffer seq%2 (each filled with Fill[i]).

@@ -29,9 +29,18 @@ var rounds = &stagestest.Rounds{
 	Bucket: 8 << 20, Rounds: 2, Timeout: 30 * time.Second,
 }
 
+// directRounds is rounds with the model on the root's GPU, each tensor in
+// an allocation of its own: every receiver shares the root's GPU, so they
+// read the tensors in place, mapping each allocation by its handle.
+var directRounds = &stagestest.Rounds{
+	Name: "direct", Transport: Name, Memory: gputest.CUDAMemory{}, World: 4, DeviceSource: true,
+	Model:  stages.Synthetic{Size: 48 << 20, Tensors: 12, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 12},
+	Bucket: 8 << 20, Rounds: 2, Timeout: 30 * time.Second,
+}
+
 // procs runs the receivers of this package's own multi-process tests and
 // benchmarks (runChild).
 var procs = transporttest.Procs[childConfig]{Env: "WEIGHTCAST_IPC_TEST_CHILD", Run: runChild}
 
 // TestMain hands child processes to the suite, the rounds or runChild.
-func TestMain(m *testing.M) { transporttest.Main(m, conformance, rounds, procs) }
+func TestMain(m *testing.M) { transporttest.Main(m, conformance, rounds, directRounds, procs) }

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,6 +165,13 @@ type Rounds struct {
 	// BetweenRounds, when set, runs on every rank before every round but
 	// the first (the nccl transport's Rebuild).
 	BetweenRounds func(ctx context.Context, ep transport.Endpoint) error
+	// Name tells apart the Rounds of one test binary (their child
+	// processes); it may stay empty where there is one.
+	Name string
+	// DeviceSource has the root send the model from device tensors, each
+	// in an allocation of its own on its GPU (a trainer's weights), where
+	// otherwise it sends the synthetic model's host bytes.
+	DeviceSource bool
 }
 
 // Report is what one rank of a run says about its device memory.
@@ -178,6 +186,9 @@ type Report struct {
 	// Held is what the rank holds by design: its two buckets and the
 	// model it received.
 	Held int64
+	// Direct is, on the root, how many buckets of the last round its
+	// receivers read in place in its memory.
+	Direct int
 }
 
 func (r *Rounds) timeout() time.Duration {
@@ -204,7 +215,11 @@ type child struct {
 }
 
 func (r *Rounds) procs() transporttest.Procs[child] {
-	return transporttest.Procs[child]{Env: "WEIGHTCAST_STAGESTEST_CHILD", Run: func(c child) error {
+	env := "WEIGHTCAST_STAGESTEST_CHILD"
+	if r.Name != "" {
+		env += "_" + strings.ToUpper(r.Name)
+	}
+	return transporttest.Procs[child]{Env: env, Run: func(c child) error {
 		ctx, cancel := context.WithTimeout(context.Background(), r.limit())
 		defer cancel()
 		return r.play(ctx, c.Group, c.Rank, func(format string, args ...any) { fmt.Printf(format+"\n", args...) })
@@ -285,13 +300,23 @@ func (r *Rounds) play(ctx context.Context, g transporttest.Group, rank int, logf
 		}
 		defer func() { err = errors.Join(err, m.Close()) }()
 	}
+	var src stages.Source = want
+	if rk.Sender != nil && r.DeviceSource {
+		ts, free, err := onDevice(ctx, d.Mem(), want)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, free()) }()
+		src = ts
+	}
+	direct := 0
 	for v := uint64(1); v <= uint64(r.Rounds); v++ {
 		if v > 1 && r.BetweenRounds != nil {
 			if err := r.BetweenRounds(ctx, rk.Endpoint); err != nil {
 				return fmt.Errorf("before round %d: %w", v, err)
 			}
 		}
-		if err := r.round(ctx, rk, rank, v, want, m, logf); err != nil {
+		if direct, err = r.round(ctx, rk, rank, v, src, want, m, logf); err != nil {
 			return fmt.Errorf("round %d: %w", v, err)
 		}
 	}
@@ -303,36 +328,84 @@ func (r *Rounds) play(ctx context.Context, g transporttest.Group, rank int, logf
 	if err != nil {
 		return err
 	}
-	rep, _ := json.Marshal(Report{Rank: rank, Ordinal: r.ordinal(rank), FreeDrop: int64(free0) - int64(free1), Held: held})
+	rep, _ := json.Marshal(Report{Rank: rank, Ordinal: r.ordinal(rank), FreeDrop: int64(free0) - int64(free1), Held: held, Direct: direct})
 	if err := x.Put(ctx, "report", rep); err != nil {
 		return err
 	}
 	return x.Barrier(ctx, "measured", r.World)
 }
 
-// round sends round v of want from the root, or receives it into m on a
-// receiver and verifies it.
-func (r *Rounds) round(ctx context.Context, rk *Rank, rank int, v uint64, want *stages.SyntheticModel, m *Model, logf func(string, ...any)) error {
+// round sends round v of src (want's tensors) from the root, or receives
+// it into m on a receiver and verifies it against want. On the root it
+// returns how many buckets the receivers read in place.
+func (r *Rounds) round(ctx context.Context, rk *Rank, rank int, v uint64, src stages.Source, want *stages.SyntheticModel, m *Model, logf func(string, ...any)) (int, error) {
 	if rk.Sender != nil {
-		st, err := rk.Sender.Sync(ctx, want, v)
+		st, err := rk.Sender.Sync(ctx, src, v)
 		if err == nil {
-			logf("rank 0 round %d: %d bytes in %d buckets in %v", v, st.Bytes, st.Buckets, st.Duration.Round(time.Millisecond))
+			logf("rank 0 round %d: %d bytes in %d buckets (%d read in place) in %v", v, st.Bytes, st.Buckets, st.Direct, st.Duration.Round(time.Millisecond))
 		}
-		return err
+		return st.Direct, err
 	}
 	st, err := rk.Receiver.Sync(ctx, m.Sink())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	n, err := m.Verify(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if st.Version != v || n != want.Size() {
-		return fmt.Errorf("committed version %d, verified %d of %d bytes", st.Version, n, want.Size())
+		return 0, fmt.Errorf("committed version %d, verified %d of %d bytes", st.Version, n, want.Size())
 	}
 	logf("rank %d round %d: %d bytes verified", rank, v, n)
-	return nil
+	return 0, nil
+}
+
+// onDevice uploads want's tensors to dev, a GPU, each into an allocation
+// of its own, and returns them as device tensors with the function that
+// frees them.
+func onDevice(ctx context.Context, dev mem.Device, want *stages.SyntheticModel) (stages.Tensors, func() error, error) {
+	cd, ok := dev.(*gpu.CUDADevice)
+	if !ok {
+		return nil, nil, fmt.Errorf("a device source needs a GPU, not %s", dev.Name())
+	}
+	s, err := cd.NewStream()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer s.Close()
+	var bufs []mem.Buffer
+	free := func() error {
+		var errs []error
+		for _, b := range bufs {
+			errs = append(errs, b.Free())
+		}
+		return errors.Join(errs...)
+	}
+	var ts stages.Tensors
+	for _, t := range want.List() {
+		n, err := t.Size()
+		if err != nil {
+			return nil, nil, errors.Join(err, free())
+		}
+		b, err := cd.Alloc(int(max(n, 1)))
+		if err != nil {
+			return nil, nil, errors.Join(err, free())
+		}
+		bufs = append(bufs, b)
+		data := make([]byte, n)
+		if err := t.ReadAt(data, 0); err != nil {
+			return nil, nil, errors.Join(err, free())
+		}
+		if err := s.CopyHtoD(b, 0, data); err != nil {
+			return nil, nil, errors.Join(err, free())
+		}
+		ts = append(ts, &stages.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Device: b})
+	}
+	if err := s.Sync(ctx); err != nil {
+		return nil, nil, errors.Join(err, free())
+	}
+	return ts, free, nil
 }
 
 // memInfoer is a device that tells its free and total memory, as a
