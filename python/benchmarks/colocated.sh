@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# colocated.sh: weightcast's colocated sync (one sender and its receivers as
+# processes sharing one GPU, the ipc transport) against the two plain-PyTorch
+# peers of torch_peers.py, 8 GiB of bf16 in 300 tensors, printing one table.
+#
+#   python/benchmarks/colocated.sh [--quick] [--demo PATH] [--out DIR]
+#
+# Rows: the demo with 1 and 3 receivers, 1 GiB and 256 MiB buckets, checksums
+# on and off, receivers reading the sender's tensors in place (--direct, the
+# default) and taking buckets (--direct=false); then each peer with 1 and 3
+# receivers. Every figure is GB/s per receiver, the median of rounds 2..N.
+# --quick keeps the 1 GiB rows and 3 rounds (about half the time; the full
+# run fits in 9 minutes on one H200). The raw JSON of every run goes to DIR
+# (default: a new temporary directory, named at the end).
+#
+# Needs the demo binary (go build -o .gpu/demo ./cmd/demo; --demo or $DEMO,
+# default .gpu/demo, else demo on PATH) and a Python with torch ($PYTHON,
+# default python3).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+demo=${DEMO:-}
+out=""
+quick=0
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--quick) quick=1 ;;
+	--demo) demo=$2; shift ;;
+	--out) out=$2; shift ;;
+	-h | --help) sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//; /^set -e/d'; exit 0 ;;
+	*) echo "colocated.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
+	esac
+	shift
+done
+if [ -z "$demo" ]; then
+	if [ -x "$root/.gpu/demo" ]; then demo=$root/.gpu/demo; else demo=$(command -v demo || true); fi
+fi
+[ -x "$demo" ] || { echo "colocated.sh: no demo binary: build it with 'go build -o .gpu/demo ./cmd/demo' or pass --demo PATH" >&2; exit 2; }
+py=${PYTHON:-python3}
+export NCCL_NVLS_ENABLE=0
+[ -n "$out" ] || out=$(mktemp -d -t colocated.XXXXXX)
+mkdir -p "$out"
+
+size=8GiB
+tensors=300
+rounds=5
+buckets="1GiB 256MiB"
+if [ "$quick" = 1 ]; then rounds=3; buckets=1GiB; fi
+
+rows=() # "label<TAB>json file"
+
+# demo ranks bucket checksum direct: one run of the demo, its JSON kept.
+run_demo() {
+	local ranks=$1 bucket=$2 sum=$3 direct=$4
+	local f="$out/demo-r$ranks-$bucket-sum$sum-direct$direct.json"
+	echo "demo: $((ranks - 1)) receivers, $bucket buckets, checksum $sum, direct $direct" >&2
+	"$demo" --transport ipc --devices 0 --size "$size" --tensors "$tensors" --rounds "$rounds" \
+		--ranks "$ranks" --bucket "$bucket" --checksum="$sum" --direct="$direct" --json >"$f" 2>"$f.stderr" || true
+	rows+=("weightcast, $((ranks - 1)) recv, $bucket, checksum $sum, $([ "$direct" = true ] && echo 'in place' || echo buckets)	$f")
+}
+
+# peer mode receivers: one run of a plain-PyTorch peer, its JSON kept.
+run_peer() {
+	local mode=$1 recv=$2
+	local f="$out/torch-$mode-r$recv.json"
+	echo "torch $mode peer: $recv receivers" >&2
+	"$py" "$here/torch_peers.py" --mode "$mode" --receivers "$recv" --size "$size" --tensors "$tensors" \
+		--bucket 1GiB --rounds "$rounds" >"$f" 2>"$f.stderr" || true
+	rows+=("torch $mode peer, $recv recv$([ "$mode" = bucket ] && echo ', 1GiB' || true)	$f")
+}
+
+for ranks in 4 2; do
+	for bucket in $buckets; do
+		for sum in true false; do
+			run_demo "$ranks" "$bucket" "$sum" true
+		done
+	done
+	for sum in true false; do
+		run_demo "$ranks" 1GiB "$sum" false
+	done
+done
+for recv in 3 1; do
+	run_peer direct "$recv"
+	run_peer bucket "$recv"
+done
+
+printf '%s\n' "${rows[@]}" | "$py" -c '
+import json, sys
+rows = []
+for line in sys.stdin:
+    label, path = line.rstrip("\n").split("\t")
+    try:
+        lines = [l for l in open(path) if l.startswith("{")]
+        d = json.loads(lines[-1])
+    except Exception as e:
+        rows.append((label, None, "no result: see " + path + ".stderr"))
+        continue
+    gbps = d.get("gbps")
+    note = ""
+    if "per_rank" in d:  # the demo
+        if d.get("error"):
+            note = "failed: " + d["error"][:80]
+        else:
+            r0 = next((r for r in d["per_rank"] if r.get("rank") == 0), None)
+            if r0 and r0.get("rounds"):
+                last = r0["rounds"][-1]
+                note = "%d of %d buckets in place" % (last.get("direct_buckets", 0), last.get("buckets", 0))
+    rows.append((label, gbps, note))
+print("| run | GB/s per receiver | note |")
+print("| --- | --- | --- |")
+for label, gbps, note in rows:
+    print("| %s | %s | %s |" % (label, "%.1f" % gbps if gbps is not None else "—", note))
+'
+echo "raw results: $out" >&2
