@@ -172,14 +172,15 @@ func runGatherLayoutPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, c layoutCase
 
 // TestGatherLayoutPTX runs random layouts under small pieces and
 // descriptor slots, grids smaller than the ranges (so that blocks stride
-// over them) and blocks of 7 to 256 threads.
+// over them) and blocks of 32 to 256 threads (whole warps, as the warps'
+// reduction needs).
 func TestGatherLayoutPTX(t *testing.T) {
 	k := gatherLayoutPTXKernel(t)
 	rng := rand.New(rand.NewPCG(41, 42))
 	for i := range 16 {
 		chunk := []int{1024, 4096, 256}[i%3]
 		c := randomLayout(rng, 10000+rng.IntN(30000), chunk)
-		threads := []int{32, 64, 7, 32}[i%4]
+		threads := []int{32, 64, 96, 32}[i%4]
 		if i == 9 {
 			threads = 256
 		}
@@ -206,7 +207,7 @@ func TestGatherLayoutPTXEdges(t *testing.T) {
 		{4000, 4000, 4000, [][4]int{{0, 0, 100, -1}, {112, 104 + gatherLayoutExtend, 50, -1}, {200, 168 + 2*gatherLayoutExtend, 50, -1}}},
 		{600, 700, 700, [][4]int{{1, 0, 7, 1}, {9, 8, 15, 9}, {48, 24, 16, -1}, {64, 40, 17, 64}, {100, 64, 31, 100}, {200, 96, 400, -1}}},
 	} {
-		runGatherLayoutPTX(t, k, rng, c, 256, 3, 2, []int{32, 16}[i%2])
+		runGatherLayoutPTX(t, k, rng, c, 256, 3, 2, []int{32, 64}[i%2])
 	}
 }
 
