@@ -18,7 +18,10 @@ import (
 // (BucketMeta.Direct) never reaches the transport: on the root nothing
 // moves, and a receiver maps the sender's memory the entries lie in and,
 // unless its sink copies from there itself, gathers them into its own
-// buffer.
+// buffer. On a receiver whose endpoint lends it the root's buffer
+// (transport.Lender: ipc, on the root's GPU), receive borrows it instead of
+// copying the bucket into its own: the later stages read the root's
+// buffer, and releasing the bucket gives it back to the root.
 
 // Broadcast adds the root's last stage: it moves each bucket's filled bytes
 // to every receiver through ep, then releases the bucket and, when done is
@@ -59,15 +62,20 @@ func (ld *Loader) Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep
 func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, ld *Loader, sink Sink) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "receive", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
 		inPlace := ld != nil && fusedTarget(sink) != nil
+		lender, lends := ep.(transport.Lender)
+		lends = lends && lender.Lends()
 		if ld == nil {
 			ld = NewLoader()
 			defer func() { err = errors.Join(err, ld.Close()) }()
 		}
 		for b := range in.All() {
 			var err error
-			if b.Meta.Direct != nil {
+			switch {
+			case b.Meta.Direct != nil:
 				err = ld.receiveDirect(ctx, b, inPlace)
-			} else {
+			case lends && b.Meta.Length > 0:
+				err = borrow(ctx, b, lender)
+			default:
 				err = move(ctx, b, ep)
 			}
 			if err != nil {
@@ -80,6 +88,19 @@ func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transpo
 		}
 		return in.Err()
 	})
+}
+
+// borrow receives b by borrowing the root's buffer that holds it (see
+// Bucket.lend).
+func borrow(ctx context.Context, b *Bucket, l transport.Lender) error {
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", b.Meta.Seq), map[string]any{"bucket": b.Meta.Seq, "round": b.Meta.Version, "lent": true})
+	defer span.End()
+	buf, release, err := l.Lend(ctx, b.Meta.Seq, int(b.Meta.Length))
+	if err != nil {
+		return err
+	}
+	b.lend(buf, release)
+	return nil
 }
 
 // move is one rank's part of the broadcast of b; nothing for a direct

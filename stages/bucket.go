@@ -2,6 +2,7 @@ package stages
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -324,6 +325,9 @@ type Bucket struct {
 	// which Publish waits for (on a receiver, the checksum of a direct
 	// bucket gathered into Buf, which unpack checks); nil otherwise.
 	sum *gpu.PendingSum
+	// delivered: the load stage handed the bucket to its sinks and
+	// acknowledged it (a lent buffer is then given back as done).
+	delivered bool
 	// srcs, on a receiver, are a direct bucket's entries where they lie
 	// in the sender's memory, mapped here (one per entry, nil for an
 	// entry of no bytes), when the round's sink copies them from there
@@ -352,6 +356,29 @@ func (b *Bucket) Release() {
 			b.put(gpu.Unfence(b.Buf))
 		}
 	})
+}
+
+// errNotDelivered is how a receiver gives back a lent buffer of a bucket
+// it did not load: its round failed first.
+var errNotDelivered = errors.New("this rank did not load the bucket: its round failed first")
+
+// lend makes buf, the root's buffer (transport.Lender), b's buffer until b
+// is released: Release then gives buf back to the root, as done once the
+// load stage delivered b and as failed otherwise, and b's own buffer back
+// to its pool.
+func (b *Bucket) lend(buf mem.Buffer, release func(error) error) {
+	own, put := b.Buf, b.put
+	b.Buf = buf
+	b.put = func(mem.Buffer) {
+		var cause error
+		if !b.delivered {
+			cause = errNotDelivered
+		}
+		release(cause) // a failure to tell the root fails its round there
+		if put != nil {
+			put(own)
+		}
+	}
 }
 
 // whenReleased has Release call f before it gives the buffer back (to

@@ -82,7 +82,12 @@ func (e *devLoopEP) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n
 	}
 	var errs []error
 	for r := 1; r < len(e.h.inbox); r++ {
-		errs = append(errs, <-done) // receivers always answer
+		select {
+		case err := <-done: // a receiver answers once it copied, or released a lent buffer
+			errs = append(errs, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	return errors.Join(errs...)
 }

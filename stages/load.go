@@ -284,6 +284,7 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 		defer func() { err = errors.Join(err, ld.keepLoad(ctx, l, err != nil)) }()
 		for u := range in.All() {
 			err := l.deliver(ctx, u)
+			u.Bucket.delivered = err == nil
 			u.Release()
 			if err != nil {
 				return err

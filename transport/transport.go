@@ -112,6 +112,26 @@ type DirectReader interface {
 	ReadsDirect() bool
 }
 
+// Lender is implemented by receiver endpoints that can hand this rank the
+// root's own buffer instead of copying each bucket into one of its own:
+// the ipc transport's, whose receivers on the root's GPU map the root's
+// buffers. The stages then read the bucket where it lies (one copy of
+// the model per receiver fewer), and the root reuses the buffer only once
+// every receiver has released it.
+type Lender interface {
+	// Lends reports whether Lend serves this rank (for ipc: it shares the
+	// root's GPU). Where it does not, the rank calls Broadcast.
+	Lends() bool
+	// Lend waits, as Broadcast does, for bucket seq of n bytes (n > 0) and
+	// returns memory this rank's GPU can read holding them: buf[:n], the
+	// root's buffer. release tells the root: release(nil) once this rank
+	// reads buf no more (every copy out of it has finished), release(err)
+	// to fail the bucket; only the first call counts. The root sends the
+	// next bucket only once every receiver has released this one. Every
+	// rank calls Broadcast or Lend for the same buckets in the same order.
+	Lend(ctx context.Context, seq uint64, n int) (buf mem.Buffer, release func(error) error, err error)
+}
+
 // Opener opens a rank's Endpoint of one transport.
 type Opener func(ctx context.Context, cfg Config) (Endpoint, error)
 

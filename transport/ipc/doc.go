@@ -18,8 +18,9 @@
 // address for receivers in the root's own process, which cannot open their
 // own handles and copy from the address directly). Each receiver copies
 // the bytes device to device on its own stream, waits for the copy, and
-// acknowledges; the root's Broadcast returns when every receiver has
-// acknowledged, which frees the buffer for the next bucket.
+// acknowledges (or borrows the buffer: below); the root's Broadcast
+// returns when every receiver has acknowledged, which frees the buffer for
+// the next bucket.
 //
 // The side channel is one TCP connection per receiver on the loopback
 // interface (option "bind" picks another local address). The root
@@ -50,6 +51,17 @@
 // package stages and docs/protocol.md; the handles travel in the
 // metadata, as the buffers' handles travel here). Such buckets never reach
 // Broadcast. A receiver that sends no UUID is sent every bucket.
+//
+// # Receivers that borrow the root's buffers
+//
+// The root also publishes its GPU's UUID under AddrKey. A receiver on the
+// same GPU lends (transport.Lender): instead of copying each bucket into
+// a buffer of its own, it hands the root's buffer, as mapped here, to the
+// stages that read it (the copies into its model), and acknowledges once
+// they are done, which is when the root may reuse the buffer. Per
+// receiver that is one copy of the model fewer, the one the GPU shared by
+// every rank had to make on top of the pack and the loads. A receiver on
+// another GPU copies the bucket on the copy engine, as before.
 //
 // # Failures
 //

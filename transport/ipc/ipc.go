@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +33,10 @@ type rootInfo struct {
 	Addr   string `json:"addr"`
 	PID    int    `json:"pid"`
 	Device int    `json:"device"`
+	// UUID is the root's GPU's UUID in hex, so that receivers on the same
+	// GPU read its buffers in place (Lend); absent where the driver
+	// cannot tell.
+	UUID string `json:"uuid,omitempty"`
 }
 
 func terr(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) *transport.Error {
@@ -126,7 +131,11 @@ func openRoot(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice) (t
 	if err != nil {
 		return nil, terr(cfg, "open", 0, false, -1, fmt.Errorf("listening on %s: %w", bind, err))
 	}
-	info, _ := json.Marshal(rootInfo{Addr: ln.Addr().String(), PID: os.Getpid(), Device: dev.Ordinal()})
+	ri := rootInfo{Addr: ln.Addr().String(), PID: os.Getpid(), Device: dev.Ordinal()}
+	if u, err := dev.UUID(); err == nil {
+		ri.UUID = hex.EncodeToString(u[:])
+	}
+	info, _ := json.Marshal(ri)
 	wctx, cancel, explain := bounded(ctx, cfg, "waiting for the receivers to connect")
 	defer cancel()
 	if err := cfg.Exchange.Put(wctx, AddrKey, info); err != nil {
@@ -374,6 +383,20 @@ func refuse(cfg transport.Config, seq uint64, closed bool, broken error, buf mem
 
 func onDevice(b mem.Buffer) bool { return b.Host() == nil && b.DevicePtr() != 0 }
 
+// refuseLend is refuse for Lend, which takes no buffer: closed, broken, or
+// no bytes to lend.
+func refuseLend(cfg transport.Config, seq uint64, closed bool, broken error, n int) error {
+	switch {
+	case closed:
+		return terr(cfg, "broadcast", seq, true, -1, transport.ErrClosed)
+	case broken != nil:
+		return terr(cfg, "broadcast", seq, true, -1, fmt.Errorf("endpoint unusable after an earlier failure: %w", broken))
+	case n <= 0:
+		return terr(cfg, "broadcast", seq, true, -1, fmt.Errorf("lending %d bytes: only buckets with bytes are lent (Broadcast the others)", n))
+	}
+	return nil
+}
+
 // ---- receiver ----
 
 type receiver struct {
@@ -381,6 +404,8 @@ type receiver struct {
 	dev     *gpu.CUDADevice
 	conn    net.Conn
 	rootPID int
+	sameGPU bool       // the root said its GPU's UUID, and it is this receiver's: Lend serves it
+	amu     sync.Mutex // one acknowledgement written at a time
 	stream  *gpu.Stream
 	opened  map[gpu.IPCHandle]mem.Buffer
 	frames  chan bucketMsg
@@ -403,16 +428,20 @@ func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice
 	if u, err := dev.UUID(); err == nil {
 		extra = readsDirect(extra, u) // a receiver of stages reads direct buckets in place
 	}
-	c, rootPID, err := dialRoot(ctx, cfg, extra)
+	c, root, err := dialRoot(ctx, cfg, extra)
 	if err != nil {
 		return fail(err)
+	}
+	var same bool
+	if u, err := dev.UUID(); err == nil && root.UUID != "" {
+		same = root.UUID == hex.EncodeToString(u[:])
 	}
 	s, err := dev.NewStream()
 	if err != nil {
 		c.Close()
 		return fail(err)
 	}
-	r := &receiver{cfg: cfg, dev: dev, conn: c, rootPID: rootPID, stream: s,
+	r := &receiver{cfg: cfg, dev: dev, conn: c, rootPID: root.PID, sameGPU: same, stream: s,
 		opened: map[gpu.IPCHandle]mem.Buffer{}, frames: make(chan bucketMsg, 4), gone: make(chan struct{}), done: make(chan struct{})}
 	r.wg.Go(r.read)
 	return r, nil
@@ -420,22 +449,23 @@ func openReceiver(ctx context.Context, cfg transport.Config, dev *gpu.CUDADevice
 
 // dialRoot finds the root's side channel through cfg.Exchange, connects
 // and runs the handshake as cfg.Rank with the receiver's extra data, and
-// returns the connection and the root's process id.
-func dialRoot(ctx context.Context, cfg transport.Config, extra []byte) (net.Conn, int, error) {
+// returns the connection and what the root published, with the process id
+// its handshake gave.
+func dialRoot(ctx context.Context, cfg transport.Config, extra []byte) (net.Conn, rootInfo, error) {
 	wctx, cancel, explain := bounded(ctx, cfg, "connecting to the root")
 	defer cancel()
 	raw, err := cfg.Exchange.Get(wctx, 0, AddrKey)
 	if err != nil {
-		return nil, 0, fmt.Errorf("waiting for the root's address: %w", explain(err))
+		return nil, rootInfo{}, fmt.Errorf("waiting for the root's address: %w", explain(err))
 	}
 	var info rootInfo
 	if err := json.Unmarshal(raw, &info); err != nil || info.Addr == "" {
-		return nil, 0, fmt.Errorf("the root published %q under %q, which is no ipc address (is the root using another transport?)", raw, AddrKey)
+		return nil, rootInfo{}, fmt.Errorf("the root published %q under %q, which is no ipc address (is the root using another transport?)", raw, AddrKey)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(wctx, "tcp", info.Addr)
 	if err != nil {
-		return nil, 0, fmt.Errorf("dialing the root at %s: %w", info.Addr, explain(err))
+		return nil, rootInfo{}, fmt.Errorf("dialing the root at %s: %w", info.Addr, explain(err))
 	}
 	hctx, hcancel := context.WithTimeout(wctx, maxHandshake)
 	defer hcancel()
@@ -454,19 +484,20 @@ func dialRoot(ctx context.Context, cfg transport.Config, extra []byte) (net.Conn
 		var pid int
 		if pid, err = decodeRootExtra(h.Extra); err == nil {
 			c.SetDeadline(time.Time{})
-			return c, pid, nil
+			info.PID = pid
+			return c, info, nil
 		}
 	}
 	c.Close()
 	switch {
 	case errors.Is(err, handshake.ErrRejected):
-		return nil, 0, fmt.Errorf("handshake with the root at %s: %w", info.Addr, err)
+		return nil, rootInfo{}, fmt.Errorf("handshake with the root at %s: %w", info.Addr, err)
 	case !stopped && ctx.Err() == nil:
-		return nil, 0, fmt.Errorf("the root at %s did not complete the handshake within %v: %w", info.Addr, min(cfg.WaitTimeout(), maxHandshake), transport.ErrTimeout)
+		return nil, rootInfo{}, fmt.Errorf("the root at %s did not complete the handshake within %v: %w", info.Addr, min(cfg.WaitTimeout(), maxHandshake), transport.ErrTimeout)
 	case !stopped:
-		return nil, 0, fmt.Errorf("handshake with the root at %s: %w", info.Addr, transport.ContextErr(ctx))
+		return nil, rootInfo{}, fmt.Errorf("handshake with the root at %s: %w", info.Addr, transport.ContextErr(ctx))
 	}
-	return nil, 0, fmt.Errorf("handshake with the root at %s: %w", info.Addr, err)
+	return nil, rootInfo{}, fmt.Errorf("handshake with the root at %s: %w", info.Addr, err)
 }
 
 // read delivers the root's bucket frames until the connection ends.
@@ -494,6 +525,8 @@ func (r *receiver) read() {
 }
 
 func (r *receiver) sendAck(a ack) error {
+	r.amu.Lock()
+	defer r.amu.Unlock()
 	r.conn.SetWriteDeadline(time.Now().Add(r.cfg.WaitTimeout()))
 	return writeFrame(r.conn, frameAck, a.encode())
 }
@@ -523,50 +556,134 @@ func (r *receiver) source(m bucketMsg) (uint64, error) {
 func (r *receiver) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	fail := func(err error, tell bool) error {
-		if tell {
-			r.sendAck(ack{seq: seq, ok: false, msg: err.Error()})
-		}
-		e := terr(r.cfg, "broadcast", seq, true, 0, err)
-		r.broken = e
-		return e
-	}
 	if err := refuse(r.cfg, seq, r.closed, r.broken, buf, n); err != nil {
 		return err
 	}
 	wctx, cancel, explain := bounded(ctx, r.cfg, fmt.Sprintf("bucket %d", seq))
 	defer cancel()
+	src, err := r.next(wctx, seq, n, explain)
+	if err != nil {
+		return r.failLocked(seq, err)
+	}
+	if n > 0 {
+		if err := r.stream.CopyDtoDPtr(gpu.Unfence(buf).DevicePtr(), src, n); err != nil {
+			return r.failLocked(seq, r.tell(seq, err))
+		}
+		if err := r.stream.Sync(wctx); err != nil {
+			return r.failLocked(seq, r.tell(seq, fmt.Errorf("copying the bucket from the root's buffer: %w", explain(err))))
+		}
+	}
+	if err := r.sendAck(ack{seq: seq, ok: true}); err != nil {
+		return r.failLocked(seq, fmt.Errorf("acknowledging to the root (%v): %w", err, transport.ErrPeerGone))
+	}
+	return nil
+}
+
+// Lends reports whether Lend serves this receiver: the root said its GPU's
+// UUID, and it is this receiver's (a lent buffer is then read at memory
+// speed; a receiver on another GPU copies buckets with Broadcast, on the
+// copy engine).
+func (r *receiver) Lends() bool { return r.sameGPU }
+
+// Lend waits for the root's word on bucket seq, as Broadcast does, and
+// returns the root's buffer holding its n bytes, as mapped here, without
+// copying them. release acknowledges: release(nil) once this rank reads
+// the buffer no more, release(err) to fail the bucket on the root. The
+// root sends its next bucket only once every receiver has acknowledged
+// this one. Lend and Broadcast are called by one goroutine at a time.
+func (r *receiver) Lend(ctx context.Context, seq uint64, n int) (mem.Buffer, func(error) error, error) {
+	r.mu.Lock()
+	err := refuseLend(r.cfg, seq, r.closed, r.broken, n)
+	r.mu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	wctx, cancel, explain := bounded(ctx, r.cfg, fmt.Sprintf("bucket %d", seq))
+	defer cancel()
+	src, err := r.next(wctx, seq, n, explain)
+	if err == nil {
+		var view mem.Buffer
+		if view, err = r.dev.View(src, n); err == nil {
+			var once sync.Once
+			release := func(cause error) error {
+				var werr error
+				once.Do(func() { werr = r.release(seq, cause) })
+				return werr
+			}
+			return view, release, nil
+		}
+		err = r.tell(seq, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return nil, nil, r.failLocked(seq, err)
+}
+
+// release acknowledges lent bucket seq: done, or failed with cause.
+func (r *receiver) release(seq uint64, cause error) error {
+	a := ack{seq: seq, ok: cause == nil}
+	if cause != nil {
+		a.msg = cause.Error()
+	}
+	err := r.sendAck(a)
+	if err != nil {
+		err = fmt.Errorf("acknowledging to the root (%v): %w", err, transport.ErrPeerGone)
+	} else if cause != nil {
+		err = cause
+	}
+	if err == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failLocked(seq, err)
+}
+
+// next waits for the root's word on bucket seq of n bytes and returns the
+// address of the root's buffer holding it in this process (0 for no
+// bytes). A mismatch or a buffer that cannot be mapped is told to the
+// root.
+func (r *receiver) next(ctx context.Context, seq uint64, n int, explain func(error) error) (uint64, error) {
 	var m bucketMsg
 	select {
 	case m = <-r.frames:
 	case <-r.gone:
-		return fail(r.goneErr, false)
-	case <-wctx.Done():
-		err := explain(wctx.Err())
+		return 0, r.goneErr
+	case <-ctx.Done():
+		err := explain(ctx.Err())
 		if errors.Is(err, transport.ErrTimeout) {
 			err = fmt.Errorf("no word from the root on the bucket within %v: %w", r.cfg.WaitTimeout(), transport.ErrTimeout)
 		}
-		return fail(err, false)
+		return 0, err
 	}
 	if m.seq != seq || m.n != uint64(n) {
-		return fail(fmt.Errorf("root sent bucket %d of %d bytes, this receiver expected bucket %d of %d bytes", m.seq, m.n, seq, n), true)
+		return 0, r.tell(seq, fmt.Errorf("root sent bucket %d of %d bytes, this receiver expected bucket %d of %d bytes", m.seq, m.n, seq, n))
 	}
-	if n > 0 {
-		src, err := r.source(m)
-		if err != nil {
-			return fail(err, true)
-		}
-		if err := r.stream.CopyDtoDPtr(gpu.Unfence(buf).DevicePtr(), src, n); err != nil {
-			return fail(err, true)
-		}
-		if err := r.stream.Sync(wctx); err != nil {
-			return fail(fmt.Errorf("copying the bucket from the root's buffer: %w", explain(err)), true)
-		}
+	if n == 0 {
+		return 0, nil
 	}
-	if err := r.sendAck(ack{seq: seq, ok: true}); err != nil {
-		return fail(fmt.Errorf("acknowledging to the root (%v): %w", err, transport.ErrPeerGone), false)
+	src, err := r.source(m)
+	if err != nil {
+		return 0, r.tell(seq, err)
 	}
-	return nil
+	return src, nil
+}
+
+// tell sends the root a failed acknowledgement of bucket seq saying err,
+// and returns err.
+func (r *receiver) tell(seq uint64, err error) error {
+	r.sendAck(ack{seq: seq, ok: false, msg: err.Error()})
+	return err
+}
+
+// failLocked marks the endpoint broken by err, a failure of bucket seq,
+// and returns it as a *transport.Error. r.mu is held.
+func (r *receiver) failLocked(seq uint64, err error) error {
+	e := terr(r.cfg, "broadcast", seq, true, 0, err)
+	if r.broken == nil {
+		r.broken = e
+	}
+	return e
 }
 
 // Close waits for a copy in flight (bounded by the config's timeout),

@@ -231,3 +231,9 @@ func runChild(cfg childConfig) error {
 		return nil
 	})
 }
+
+// TestIPCLend runs checkLend on a GPU.
+func TestIPCLend(t *testing.T) {
+	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
+	checkLend(t, gputest.Device(t))
+}

@@ -8,6 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
@@ -133,4 +138,83 @@ func TestConformanceOnFakesChild(t *testing.T) {
 	gputest.InFakeChild(t)
 	s := &transporttest.Suite{Name: Name, Open: Open, Memory: gputest.CUDAMemory{}, Ranks: transporttest.Goroutines}
 	s.Run(t)
+}
+
+// checkLend opens a root and a receiver on d as goroutines of this process
+// and moves four buckets from the root's two buffers by lending them: the
+// receiver reads each bucket in the root's buffer, the root's Broadcast
+// returns only once the receiver has released it, and a release with an
+// error fails the root's broadcast with that error.
+func checkLend(t *testing.T, d *gpu.CUDADevice) {
+	const size, count = 64 << 10, 4
+	s := gputest.Stream(t, d)
+	bufs := []mem.Buffer{gputest.Alloc(t, d, size), gputest.Alloc(t, d, size)}
+	for i, b := range bufs {
+		gputest.Fill(t, s, b, byte(0x31+i))
+	}
+	g := transporttest.NewGroup(t, "ipc-lend")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	eps := make([]transport.Endpoint, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() { eps[r], errs[r] = Open(ctx, g.Config(r, 2, d, 20*time.Second)) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps {
+		t.Cleanup(func() { ep.Close() })
+	}
+	l, ok := eps[1].(transport.Lender)
+	if !ok || !l.Lends() {
+		t.Fatal("a receiver on the root's GPU does not lend")
+	}
+	var released atomic.Int64
+	wg.Go(func() {
+		for seq := range count {
+			err := eps[0].Broadcast(ctx, uint64(seq), bufs[seq%2], size)
+			if seq == count-1 {
+				if err == nil || !strings.Contains(err.Error(), "the receiver gave up") {
+					errs[0] = fmt.Errorf("the last bucket, released with an error: Broadcast = %v", err)
+				}
+				return
+			}
+			if err != nil || released.Load() != int64(seq+1) {
+				errs[0] = fmt.Errorf("bucket %d: Broadcast returned %v with %d buckets released", seq, err, released.Load())
+				return
+			}
+		}
+	})
+	for seq := range count {
+		buf, release, err := l.Lend(ctx, uint64(seq), size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := gputest.Download(t, s, buf, size-1, 1)[0]; got != byte(0x31+seq%2) {
+			t.Fatalf("bucket %d: the lent buffer ends with %#x, want %#x", seq, got, 0x31+seq%2)
+		}
+		if seq == count-1 {
+			release(errors.New("the receiver gave up"))
+			break
+		}
+		released.Add(1)
+		if err := release(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
+
+// TestLendOnFakes runs checkLend against gputest's stand-in CUDA driver.
+func TestLendOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestLendOnFakesChild") }
+
+func TestLendOnFakesChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	checkLend(t, gputest.Device(t))
 }
