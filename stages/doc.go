@@ -19,7 +19,9 @@
 // carries the function that returns its buffer to the pool (Release), so
 // whoever finishes with a bucket last gives it back, and the pipeline
 // releases buckets left behind by a failure. Unpack checks every bucket
-// (its checksum and entries) before load hands it to a Sink.
+// (its entries, and its checksum, or it leaves the checksum to the copies
+// that load a device bucket into a lone DeviceTarget) before load hands it
+// to a Sink.
 //
 // Sender and Receiver compose these stages for the common case; the stage
 // functions (Iterate, Pack, Publish, Broadcast, Subscribe, Receive, Unpack,
@@ -34,7 +36,8 @@
 // round after round), ChecksumSink, Verify, Callback, WriteSafetensors (the
 // received model written back as the source's files), and Sinks, which
 // combines several. A sink declares what else it can do by the optional
-// interfaces it implements (Beginner, Committer, DeviceSink, Holder); load
+// interfaces it implements (Beginner, Committer, DeviceSink, DeviceTarget,
+// Holder); load
 // asks each sink itself, through Sinks too.
 //
 // Rounds are all or nothing. Every round carries a model version; once
@@ -53,7 +56,12 @@
 // host tensors through a pinned staging ring, small copies batched), each
 // bucket carries an event that orders its copies before the broadcast,
 // receivers get device views, and a bucket is released only after the
-// copies out of it have finished. The GPU state this needs between rounds
+// copies out of it have finished. Checksums are computed in the copies
+// that move the bytes (the fused kernels). Where every receiver shares the
+// sender's GPU, buckets of device tensors are direct: left unfilled, read
+// by every receiver where they lie in the sender's memory (direct.go).
+// Receivers on the root's GPU borrow the root's buckets rather than copy
+// them (transport.Lender). The GPU state this needs between rounds
 // (streams, kernels' memory, pending checksums, pinned staging) is a
 // Packer's on the sender and a Loader's on a receiver; a Sender and a
 // Receiver each own one, and their Close frees it. A Pool holds buffers
