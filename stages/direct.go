@@ -24,8 +24,9 @@ import (
 // them unfilled: each entry says where its bytes lie in the sender's
 // memory (Entry.Src: an allocation and an offset) and the bucket lists the
 // allocations with their CUDA IPC handles (BucketMeta.Direct). Each
-// receiver maps every allocation once (kept across rounds, freed by its
-// Close) and copies the entries straight into its model. No byte moves
+// receiver maps every allocation once (kept across rounds while rounds
+// use it, the rest freed by its Close) and copies the entries straight
+// into its model. No byte moves
 // on the byte transport.
 //
 // The sender exports each allocation once (cuMemGetAddressRange to find
@@ -177,20 +178,40 @@ func allocIndex(m *BucketMeta, e *exported) int {
 func newDirectInfo() *DirectInfo { return &DirectInfo{PID: os.Getpid(), Allocs: []DirectAlloc{}} }
 
 // mappings is a receiver's cache of the sender's allocations, mapped on
-// its GPU: opened from their handles once and kept across rounds, or, in
-// the sender's own process, viewed at their addresses. It is used by one
-// receive goroutine at a time; close unmaps them.
+// its GPU: opened from their handles once and kept from round to round
+// while rounds use them (a mapping no bucket of the last round used is
+// closed at the next round's first direct bucket: the sender freed or no
+// longer sends that memory), or, in the sender's own process, viewed at
+// their addresses. It is used by one receive goroutine at a time; close
+// unmaps them all.
 type mappings struct {
-	dev    *gpu.CUDADevice
-	opened map[string]mem.Buffer // by handle
+	dev     *gpu.CUDADevice
+	opened  map[string]*mapping // by handle
+	version uint64              // the round of the last bucket mapped
 }
 
-// views places each entry of the direct bucket m in this process.
+// mapping is one of the sender's allocations mapped here, and the last
+// round (model version) whose buckets used it.
+type mapping struct {
+	buf  mem.Buffer
+	used uint64
+}
+
+// views places each entry of the direct bucket m in this process. The
+// first direct bucket of a round first closes the mappings that the
+// round before did not use: no copy reads them any more (that round
+// ended before this one began).
 func (mp *mappings) views(m *BucketMeta) ([]directView, error) {
+	if m.Version != mp.version {
+		if err := mp.prune(mp.version); err != nil {
+			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
+		}
+		mp.version = m.Version
+	}
 	d := m.Direct
 	bufs := make([]mem.Buffer, len(d.Allocs))
 	for i, a := range d.Allocs {
-		b, err := mp.open(d.PID, a)
+		b, err := mp.open(d.PID, a, m.Version)
 		if err != nil {
 			return nil, fmt.Errorf("bucket %d: mapping the sender's allocation %d (%d bytes) on %s: %w", m.Seq, i, a.Size, mp.dev.Name(), err)
 		}
@@ -205,17 +226,19 @@ func (mp *mappings) views(m *BucketMeta) ([]directView, error) {
 	return out, nil
 }
 
-// open returns allocation a of the sender with process id pid, mapped.
-func (mp *mappings) open(pid int, a DirectAlloc) (mem.Buffer, error) {
+// open returns allocation a of the sender with process id pid, mapped, for
+// round version.
+func (mp *mappings) open(pid int, a DirectAlloc, version uint64) (mem.Buffer, error) {
 	if pid == os.Getpid() {
 		addr, _ := strconv.ParseUint(a.Addr, 16, 64) // checked by DecodeMeta
 		return mp.dev.View(addr, int(a.Size))
 	}
-	if b, ok := mp.opened[a.Handle]; ok {
-		if int64(b.Len()) != a.Size {
-			return nil, fmt.Errorf("the allocation %.16s… changed size from %d to %d bytes", a.Handle, b.Len(), a.Size)
+	if mm, ok := mp.opened[a.Handle]; ok {
+		if int64(mm.buf.Len()) != a.Size {
+			return nil, fmt.Errorf("the allocation %.16s… changed size from %d to %d bytes", a.Handle, mm.buf.Len(), a.Size)
 		}
-		return b, nil
+		mm.used = version
+		return mm.buf, nil
 	}
 	h, err := gpu.ParseIPCHandle(a.Handle)
 	if err != nil {
@@ -226,17 +249,29 @@ func (mp *mappings) open(pid int, a DirectAlloc) (mem.Buffer, error) {
 		return nil, err
 	}
 	if mp.opened == nil {
-		mp.opened = map[string]mem.Buffer{}
+		mp.opened = map[string]*mapping{}
 	}
-	mp.opened[a.Handle] = b
+	mp.opened[a.Handle] = &mapping{buf: b, used: version}
 	return b, nil
+}
+
+// prune closes the mappings that no bucket of round last used.
+func (mp *mappings) prune(last uint64) error {
+	var errs []error
+	for h, mm := range mp.opened {
+		if mm.used < last {
+			errs = append(errs, mm.buf.Free())
+			delete(mp.opened, h)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // close unmaps every allocation; no copy may read them any more.
 func (mp *mappings) close() error {
 	var errs []error
-	for _, b := range mp.opened {
-		errs = append(errs, b.Free())
+	for _, mm := range mp.opened {
+		errs = append(errs, mm.buf.Free())
 	}
 	mp.opened = nil
 	return errors.Join(errs...)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -324,4 +326,75 @@ func TestDirectMetaRoundTrip(t *testing.T) {
 			t.Errorf("%s: DecodeMeta = %v, want an error saying %q", name, err, c.want)
 		}
 	}
+}
+
+// TestDirectMappingsOnFakes checks a receiver's cache of the sender's
+// allocations against the stand-in driver (whose IPC handles open in the
+// process that exported them, so a sender of another process id can be
+// played here): each allocation mapped once and kept while rounds use it,
+// a mapping that a whole round did not use closed at the next round's
+// first direct bucket, and every mapping closed by close.
+func TestDirectMappingsOnFakes(t *testing.T) {
+	gputest.RunWithFakes(t, "TestDirectMappingsOnFakesChild")
+}
+
+// TestDirectMappingsOnFakesChild is the child side of
+// TestDirectMappingsOnFakes.
+func TestDirectMappingsOnFakesChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	d := gputest.Device(t)
+	bufs := []mem.Buffer{gputest.Alloc(t, d, 4096), gputest.Alloc(t, d, 8192)}
+	allocs := make([]DirectAlloc, len(bufs))
+	for i, b := range bufs {
+		h, err := d.ExportAddress(b.DevicePtr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs[i] = DirectAlloc{Handle: h.String(), Size: int64(b.Len()), Addr: strconv.FormatUint(b.DevicePtr(), 16)}
+	}
+	meta := func(version uint64, use ...int) *BucketMeta {
+		m := &BucketMeta{Version: version, Direct: &DirectInfo{PID: os.Getpid() + 1}}
+		for _, i := range use {
+			m.Direct.Allocs = append(m.Direct.Allocs, allocs[i])
+			m.Entries = append(m.Entries, Entry{Name: fmt.Sprint(i), Size: 8, Src: &EntrySource{Alloc: len(m.Direct.Allocs) - 1, Offset: 64}})
+		}
+		return m
+	}
+	mp := &mappings{dev: d}
+	for _, step := range []struct {
+		m    *BucketMeta
+		open int // mappings held after the bucket
+	}{
+		{meta(1, 0, 1), 2},
+		{meta(1, 1), 2},
+		{meta(2, 1), 2}, // allocation 0 was used in round 1: kept
+		{meta(3, 1), 1}, // round 2 did not use allocation 0: closed
+		{meta(3, 0, 1), 2},
+	} {
+		vs, err := mp.views(step.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range vs {
+			want := bufs[mustAtoi(t, step.m.Entries[i].Name)] // entries are named by their allocation
+			if v.off != 64 || v.buf.DevicePtr() != want.DevicePtr() {
+				t.Fatalf("round %d: entry %d mapped at %#x+%d, want %#x+64", step.m.Version, i, v.buf.DevicePtr(), v.off, want.DevicePtr())
+			}
+		}
+		if len(mp.opened) != step.open {
+			t.Fatalf("round %d: %d mappings held, want %d", step.m.Version, len(mp.opened), step.open)
+		}
+	}
+	if err := mp.close(); err != nil || len(mp.opened) != 0 {
+		t.Fatalf("close: %v, %d mappings left", err, len(mp.opened))
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
