@@ -138,25 +138,14 @@ var gatherLayoutCheck = []struct {
 	{5000, nil},
 }
 
-// gatherLayoutTest is what the layout kernel's self-test runs on: a Gather
-// and a Checksummer of one stream.
-type gatherLayoutTest struct {
-	g *Gather
-	c *Checksummer
-}
-
-func (t gatherLayoutTest) Close(ctx context.Context) error {
-	return errors.Join(t.g.Close(ctx), t.c.Close(ctx))
-}
-
 // checkGatherLayout runs the kernel on gatherLayoutCheck and compares
 // every byte copied and every sum with the host's.
 func (d *CUDADevice) checkGatherLayout(k *loadedKernel) error {
 	return selfTest(d, gatherLayoutCheckWait, []int{gatherLayoutCheckSize, gatherLayoutCheckSize},
-		func(s *Stream) gatherLayoutTest {
+		func(s *Stream) gatherSumTest {
 			g := &Gather{s: s, chunk: gatherCheckChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring(),
 				layK: k, layLoaded: true, layRing: gatherLayoutRanges.ring()}
-			return gatherLayoutTest{g, newChecksummer(s, nil)}
+			return gatherSumTest{g, newChecksummer(s, nil)}
 		},
 		runGatherLayoutCheck)
 }
@@ -164,7 +153,7 @@ func (d *CUDADevice) checkGatherLayout(k *loadedKernel) error {
 // runGatherLayoutCheck runs each case of gatherLayoutCheck from bufs[0]
 // into bufs[1], both filled with patterns, and checks the bytes of the
 // destination and the sum.
-func runGatherLayoutCheck(ctx context.Context, s *Stream, t gatherLayoutTest, bufs []mem.Buffer) error {
+func runGatherLayoutCheck(ctx context.Context, s *Stream, t gatherSumTest, bufs []mem.Buffer) error {
 	const size = gatherLayoutCheckSize
 	src, dst := bufs[0], bufs[1]
 	for ci, c := range gatherLayoutCheck {

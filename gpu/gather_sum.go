@@ -115,8 +115,8 @@ var gatherSumCheck = []struct {
 	{SumSrc, 5000, nil},
 }
 
-// gatherSumTest is what the fused kernel's self-test runs on: a Gather and
-// a Checksummer of one stream.
+// gatherSumTest is what the fused and layout kernels' self-tests run on:
+// a Gather and a Checksummer of one stream.
 type gatherSumTest struct {
 	g *Gather
 	c *Checksummer

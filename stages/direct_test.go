@@ -3,6 +3,7 @@ package stages
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -109,6 +110,21 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLooku
 	})
 	var logs bytes.Buffer
 	g.sender.packer.logger = slog.New(slog.NewTextHandler(&logs, nil))
+	st := runRounds(t, g, d, src, exp)
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return st, ep.moved, lines
+}
+
+// runRounds runs two rounds of src through g, whose two receivers load
+// into a DeviceModel and into a host model and a verifier, and checks that
+// both hold exp after each; it returns the root's stats of the last round.
+func runRounds(t *testing.T, g *group, d *gpu.CUDADevice, src Tensors, exp hostLookup) RoundStats {
+	t.Helper()
 	dm := newDeviceModel(t, d)
 	hm := NewHostModel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -128,13 +144,8 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLooku
 			wg.Go(func() { _, rerrs[i] = g.receivers[i].Sync(ctx, sink) })
 		}
 		wg.Wait()
-		if err := <-errs; err != nil {
-			t.Fatalf("round %d: sender: %v", v, err)
-		}
-		for i, err := range rerrs {
-			if err != nil {
-				t.Fatalf("round %d: receiver %d: %v", v, i+1, err)
-			}
+		if err := errors.Join(append(rerrs, <-errs)...); err != nil {
+			t.Fatalf("round %d: %v", v, err)
 		}
 		if _, err := dm.Verify(ctx, exp); err != nil {
 			t.Fatalf("round %d: %v", v, err)
@@ -148,13 +159,7 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLooku
 			t.Fatalf("round %d: the verifier checked %d of %d tensors", v, vs.Tensors, len(exp))
 		}
 	}
-	var lines []string
-	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
-		if l != "" {
-			lines = append(lines, l)
-		}
-	}
-	return st, ep.moved, lines
+	return st
 }
 
 // TestDirectRoundsOnFakes runs direct rounds against gputest's stand-in

@@ -1,7 +1,6 @@
 package stages
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -99,35 +98,7 @@ func checkLendRounds(t *testing.T) {
 		t.Run(fmt.Sprintf("checksum=%v", sum), func(t *testing.T) {
 			eps := make([]*lendEP, 2)
 			g := newGPUGroup(t, d, 3, 256<<10, false, sum, lending(eps))
-			dm := newDeviceModel(t, d)
-			hm := NewHostModel()
-			var st RoundStats
-			for v := uint64(1); v <= 2; v++ {
-				vs := Verify(exp)
-				errs := make(chan error, 1)
-				go func() {
-					var err error
-					st, err = g.sender.Sync(ctx, src, v)
-					errs <- err
-				}()
-				var wg sync.WaitGroup
-				rerrs := make([]error, 2)
-				for i, sink := range []Sink{dm, Sinks(hm, vs)} {
-					wg.Go(func() { _, rerrs[i] = g.receivers[i].Sync(ctx, sink) })
-				}
-				wg.Wait()
-				if err := errors.Join(append(rerrs, <-errs)...); err != nil {
-					t.Fatalf("round %d: %v", v, err)
-				}
-				if _, err := dm.Verify(ctx, exp); err != nil {
-					t.Fatalf("round %d: %v", v, err)
-				}
-				for name, w := range exp {
-					if got, ok := hm.Get(name); !ok || !bytes.Equal(got.Data, w.Data) {
-						t.Fatalf("round %d: the host model's %s differs", v, name)
-					}
-				}
-			}
+			st := runRounds(t, g, d, src, exp)
 			for i, e := range eps {
 				if n := e.lent.Load(); n != int64(2*st.Buckets) {
 					t.Fatalf("receiver %d borrowed %d buckets of two rounds of %d", i+1, n, st.Buckets)
