@@ -156,33 +156,32 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
   pthread_mutex_unlock(&allocs_mu);
   return r;
 }
+// find returns the live allocation that holds p, or NULL; allocs_mu is held.
+static alloc *find(CUdeviceptr p) {
+  for (alloc *a = allocs; a != NULL; a = a->next)
+    if (p >= a->p && p < a->p + a->n)
+      return a;
+  return NULL;
+}
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
   NEED_CTX();
   if (attr != 7) // CU_POINTER_ATTRIBUTE_BUFFER_ID
     return INVALID_VALUE;
-  CUresult r = INVALID_VALUE;
   pthread_mutex_lock(&allocs_mu);
-  for (alloc *a = allocs; a != NULL; a = a->next)
-    if (p >= a->p && p < a->p + a->n) {
-      *(unsigned long long *)data = a->id;
-      r = OK;
-      break;
-    }
+  alloc *a = find(p);
+  if (a != NULL)
+    *(unsigned long long *)data = a->id;
   pthread_mutex_unlock(&allocs_mu);
-  return r;
+  return a != NULL ? OK : INVALID_VALUE;
 }
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
   NEED_CTX();
-  CUresult r = NOT_FOUND;
   pthread_mutex_lock(&allocs_mu);
-  for (alloc *a = allocs; a != NULL; a = a->next)
-    if (p >= a->p && p < a->p + a->n) {
-      *base = a->p, *size = a->n;
-      r = OK;
-      break;
-    }
+  alloc *a = find(p);
+  if (a != NULL)
+    *base = a->p, *size = a->n;
   pthread_mutex_unlock(&allocs_mu);
-  return r;
+  return a != NULL ? OK : NOT_FOUND;
 }
 CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
   NEED_CTX();
