@@ -13,9 +13,9 @@
 # run fits in 9 minutes on one H200). The raw JSON of every run goes to DIR
 # (default: a new temporary directory, named at the end).
 #
-# Needs the demo binary (go build -o .gpu/demo ./cmd/demo; --demo or $DEMO,
-# default .gpu/demo, else demo on PATH) and a Python with torch ($PYTHON,
-# default python3).
+# Needs the demo binary (make gpu-bins, or go build -o .gpu/demo ./cmd/demo;
+# --demo or $DEMO, else .gpu/demo, the demo beside .gpu/python, or demo on
+# PATH) and a Python with torch ($PYTHON, default python3).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +34,11 @@ while [ $# -gt 0 ]; do
 	shift
 done
 if [ -z "$demo" ]; then
-	if [ -x "$root/.gpu/demo" ]; then demo=$root/.gpu/demo; else demo=$(command -v demo || true); fi
+	# In the repository (.gpu/demo), or in the .gpu folder make gpu-bins
+	# packs, whose python/benchmarks holds this script (../../demo).
+	for d in "$root/.gpu/demo" "$root/demo" "$(command -v demo || true)"; do
+		if [ -n "$d" ] && [ -x "$d" ]; then demo=$d; break; fi
+	done
 fi
 [ -x "$demo" ] || { echo "colocated.sh: no demo binary: build it with 'go build -o .gpu/demo ./cmd/demo' or pass --demo PATH" >&2; exit 2; }
 py=${PYTHON:-python3}
