@@ -189,10 +189,12 @@ func TestRecordDeleted(t *testing.T) {
 // TestGarbageDoesNotFailTheRun: without a secret, an outsider reads the
 // metadata bus's and the tcp chain's addresses from etcd and sends them
 // garbage, a frame of protocol version 0 and a HELLO for a rank that has
-// joined: the run completes verified.
+// joined: the run completes verified. It runs over tcp, whose chain the
+// outsider also sends garbage to, with or without GPUs.
 func TestGarbageDoesNotFailTheRun(t *testing.T) {
 	etcd, s := etcdStore(t, auth.TLSFiles{})
-	ps := startAll(t, etcd, "garbage", "r1", 3, append(append([]string{}, small...), "--rounds", "30")...)
+	// tcp on GPU hosts too: the outsider attacks the tcp chain's socket.
+	ps := startAll(t, etcd, "garbage", "r1", 3, append(append([]string{}, small...), "--rounds", "30", "--transport", "tcp")...)
 	bus := strings.TrimPrefix(string(waitKey(t, s, "/weightcast/garbage/r1/data/0/meta.addr")), "tcp://")
 	chain := string(waitKey(t, s, "/weightcast/garbage/r1/data/2/tcp.addr"))
 	for _, addr := range []string{bus, chain} {
