@@ -267,3 +267,49 @@ func TestReadSecretFile(t *testing.T) {
 		t.Fatal("SecretFile preferred the environment over a given path")
 	}
 }
+
+// TestMessageFormula recomputes a message MAC from the construction
+// docs/protocol.md gives (the key of label "message"; HMAC-SHA256 over
+// "weightcast message v1", the sequence number as a big-endian u64 and the
+// message), and checks that VerifyMessage refuses a MAC of another
+// message, sequence number or run.
+func TestMessageFormula(t *testing.T) {
+	k := keys(t, testSecret, "policy", "run-7")
+	msg := []byte(`{"commit":3}`)
+	got := k.MessageMAC(9, msg)
+
+	prk, err := hkdf.Extract(sha256.New, []byte(testSecret), []byte("weightcast group secret v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := []byte("weightcast/v1/")
+	for _, f := range []string{"message", "policy", "run-7"} {
+		info = binary.BigEndian.AppendUint32(info, uint32(len(f)))
+		info = append(info, f...)
+	}
+	mk, err := hkdf.Expand(sha256.New, prk, string(info), 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := hmac.New(sha256.New, mk)
+	m.Write([]byte("weightcast message v1"))
+	m.Write(binary.BigEndian.AppendUint64(nil, 9))
+	m.Write(msg)
+	if want := m.Sum(nil); !bytes.Equal(got[:], want) {
+		t.Fatalf("message MAC %x; the documented construction gives %x", got, want)
+	}
+	if err := k.VerifyMessage(9, msg, got[:]); err != nil {
+		t.Fatal(err)
+	}
+	other := keys(t, testSecret, "policy", "run-8")
+	for name, err := range map[string]error{
+		"another sequence number": k.VerifyMessage(10, msg, got[:]),
+		"another message":         k.VerifyMessage(9, []byte(`{"commit":4}`), got[:]),
+		"a truncated MAC":         k.VerifyMessage(9, msg, got[:31]),
+		"another run":             other.VerifyMessage(9, msg, got[:]),
+	} {
+		if !errors.Is(err, auth.ErrFailed) {
+			t.Errorf("%s: VerifyMessage returned %v, want authentication failed", name, err)
+		}
+	}
+}

@@ -21,7 +21,10 @@
 //     side's role and, on TLS, a channel binding (Prove, Verify), so neither
 //     a stranger nor a replay of an earlier handshake gets in;
 //   - the bucket key is the key of the per-bucket MAC (BucketKey), a keyed
-//     BLAKE3 built elsewhere.
+//     BLAKE3 built elsewhere;
+//   - the message key MACs every message of the metadata bus (bucket
+//     metadata, commit messages): HMAC-SHA256 over the message's sequence
+//     number and its bytes (MessageMAC, VerifyMessage).
 //
 // MACs are compared in constant time (crypto/hmac.Equal). A failed check is
 // an error wrapping ErrFailed ("authentication failed").

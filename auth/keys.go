@@ -21,6 +21,7 @@ type Keys struct {
 	record       [KeySize]byte
 	handshake    [KeySize]byte
 	bucket       [KeySize]byte
+	message      [KeySize]byte
 }
 
 // Group is the group the keys belong to.
@@ -32,6 +33,37 @@ func (k *Keys) RunID() string { return k.runID }
 // BucketKey is the key of the per-bucket MAC (a keyed BLAKE3 of each
 // bucket's bytes): the same on every rank of the run, and on no other run.
 func (k *Keys) BucketKey() [KeySize]byte { return k.bucket }
+
+// messageContext starts every message MAC, so that no other MAC of the
+// project's can be taken for one.
+const messageContext = "weightcast message v1"
+
+// MessageMAC returns the MAC of msg, the payload of message seq of the
+// metadata bus (bucket metadata or a commit message): HMAC-SHA256 with the
+// run's message key over "weightcast message v1", seq as a big-endian u64
+// and msg. The sequence number ties the MAC to the message's place in the
+// run, so that no message can be replayed in another.
+func (k *Keys) MessageMAC(seq uint64, msg []byte) [KeySize]byte {
+	m := hmac.New(sha256.New, k.message[:])
+	m.Write([]byte(messageContext))
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seq)
+	m.Write(b[:])
+	m.Write(msg)
+	var tag [KeySize]byte
+	m.Sum(tag[:0])
+	return tag
+}
+
+// VerifyMessage checks, in constant time, that tag is MessageMAC(seq,
+// msg). A tag that does not verify fails with an error wrapping ErrFailed.
+func (k *Keys) VerifyMessage(seq uint64, msg, tag []byte) error {
+	want := k.MessageMAC(seq, msg)
+	if !hmac.Equal(tag, want[:]) {
+		return fmt.Errorf("%w: the MAC of message %d does not verify: a process without this run's secret wrote or changed it, or the ranks were given different secrets", ErrFailed, seq)
+	}
+	return nil
+}
 
 // recordTag separates a value from its MAC in a signed record; the MAC
 // follows it as 64 lower-case hex digits.

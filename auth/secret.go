@@ -95,6 +95,7 @@ const (
 	labelRecord    = "record"
 	labelHandshake = "handshake"
 	labelBucket    = "bucket-mac"
+	labelMessage   = "message"
 )
 
 // RunKeys derives the keys of one run of a group. Every rank of the run
@@ -110,7 +111,7 @@ func (s *Secret) RunKeys(group, runID string) (*Keys, error) {
 	for _, d := range []struct {
 		label string
 		key   *[KeySize]byte
-	}{{labelRecord, &k.record}, {labelHandshake, &k.handshake}, {labelBucket, &k.bucket}} {
+	}{{labelRecord, &k.record}, {labelHandshake, &k.handshake}, {labelBucket, &k.bucket}, {labelMessage, &k.message}} {
 		b, err := hkdf.Expand(sha256.New, s.prk, runInfo(d.label, group, runID), KeySize)
 		if err != nil {
 			return nil, fmt.Errorf("auth: deriving the %s key: %w", d.label, err)
