@@ -8,8 +8,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/mem"
 )
 
@@ -109,9 +111,14 @@ type BucketMeta struct {
 	IsLast bool `json:"is_last"`
 	// Checksum is checksum.Sum of the filled bytes, or 0 when HasChecksum
 	// is false.
-	Checksum    uint64  `json:"-"`
-	HasChecksum bool    `json:"-"`
-	Entries     []Entry `json:"entries"`
+	Checksum    uint64 `json:"-"`
+	HasChecksum bool   `json:"-"`
+	// MAC is the keyed BLAKE3 of the filled bytes under the run's bucket
+	// key (see mac.go), when the group has a secret (HasMAC); travels as
+	// "bucket_mac", 64 hex digits.
+	MAC     mac.Tag `json:"-"`
+	HasMAC  bool    `json:"-"`
+	Entries []Entry `json:"entries"`
 	// Source describes the model the round carries (its checkpoint
 	// layout and metadata). Only the first bucket of a round (Index 0)
 	// carries it, and only when the sender's Source has a SourceInfo.
@@ -167,14 +174,18 @@ type Describer interface {
 // doubles.
 func (m *BucketMeta) MarshalJSON() ([]byte, error) {
 	type plain BucketMeta // drops the methods, so no recursion
-	var sum string
+	var sum, tag string
 	if m.HasChecksum {
 		sum = FormatChecksum(m.Checksum)
 	}
+	if m.HasMAC {
+		tag = formatTag(m.MAC)
+	}
 	return json.Marshal(struct {
 		*plain
-		Checksum string `json:"checksum,omitempty"`
-	}{(*plain)(m), sum})
+		Checksum  string `json:"checksum,omitempty"`
+		BucketMAC string `json:"bucket_mac,omitempty"`
+	}{(*plain)(m), sum, tag})
 }
 
 // FormatChecksum is the wire form of a bucket checksum: exactly 16
@@ -204,7 +215,8 @@ func DecodeMeta(b []byte) (*BucketMeta, error) {
 	type plain BucketMeta
 	var w struct {
 		plain
-		Checksum *string `json:"checksum"`
+		Checksum  *string `json:"checksum"`
+		BucketMAC *string `json:"bucket_mac"`
 	}
 	if err := json.Unmarshal(b, &w); err != nil {
 		return nil, fmt.Errorf("malformed bucket metadata (%d bytes): %w", len(b), err)
@@ -216,6 +228,13 @@ func DecodeMeta(b []byte) (*BucketMeta, error) {
 			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
 		}
 		m.Checksum, m.HasChecksum = v, true
+	}
+	if w.BucketMAC != nil {
+		t, err := parseTag(*w.BucketMAC)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
+		}
+		m.MAC, m.HasMAC = t, true
 	}
 	if err := m.Check(); err != nil {
 		return nil, err
@@ -333,6 +352,12 @@ type Bucket struct {
 	// entry of no bytes), when the round's sink copies them from there
 	// itself; nil when Buf holds the bucket's bytes.
 	srcs []directView
+	// auth, set when the bucket's round is signed (the group has a
+	// secret), holds the run's keys: Publish signs the bucket's metadata
+	// with them, unpack checks its MAC. mac is a device bucket's MAC
+	// being computed on the GPU, which Publish waits for; nil otherwise.
+	auth *auth.Keys
+	mac  *pendingMAC
 }
 
 // directView is where an entry of a direct bucket lies in this process:

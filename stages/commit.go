@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -77,10 +78,11 @@ func quote(b []byte) string {
 // acknowledged it. Call it once the round's last bucket has been published
 // and pub.Sync has returned, that is once every receiver has acknowledged
 // every bucket of the round; seq is the sequence number after the round's
-// last bucket. Sender.Sync does this; a pipeline composed by hand calls it
-// itself.
-func AnnounceCommit(ctx context.Context, pub transport.Publisher, seq, version uint64) error {
-	if err := pub.Publish(ctx, seq, EncodeCommit(version)); err != nil {
+// last bucket. With keys (the run's, when the group has a secret) the
+// message is signed. Sender.Sync does this; a pipeline composed by hand
+// calls it itself.
+func AnnounceCommit(ctx context.Context, pub transport.Publisher, seq, version uint64, keys *auth.Keys) error {
+	if err := pub.Publish(ctx, seq, sealMessage(keys, seq, EncodeCommit(version))); err != nil {
 		return fmt.Errorf("announcing the commit of version %d: %w", version, err)
 	}
 	if err := pub.Sync(ctx); err != nil {
@@ -93,8 +95,10 @@ func AnnounceCommit(ctx context.Context, pub transport.Publisher, seq, version u
 // message from sub, which must be message seq and the commit message of
 // version, and acknowledges it. Call it after the round's last bucket was
 // loaded and acknowledged; when it returns nil, version is committed on
-// every receiver. Receiver.Sync does this.
-func AwaitCommit(ctx context.Context, sub transport.Subscriber, seq, version uint64) error {
+// every receiver. With keys (the run's, when the group has a secret) the
+// message must be signed with them; without, it must not be signed.
+// Receiver.Sync does this.
+func AwaitCommit(ctx context.Context, sub transport.Subscriber, seq, version uint64, keys *auth.Keys) error {
 	msg, err := sub.Recv(ctx)
 	if err != nil {
 		return fmt.Errorf("waiting for the root to commit version %d: %w", version, err)
@@ -102,7 +106,11 @@ func AwaitCommit(ctx context.Context, sub transport.Subscriber, seq, version uin
 	if msg.Seq != seq {
 		return fmt.Errorf("expected the commit message of version %d as message %d, got message %d", version, seq, msg.Seq)
 	}
-	v, err := DecodeCommit(msg.Data)
+	data, err := openMessage(keys, msg.Seq, msg.Data)
+	if err != nil {
+		return fmt.Errorf("the commit message of version %d: %w", version, err)
+	}
+	v, err := DecodeCommit(data)
 	switch {
 	case err != nil:
 		return fmt.Errorf("expected the commit message of version %d after its last bucket (message %d): %w; every rank must run the same protocol", version, seq, err)

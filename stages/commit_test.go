@@ -447,13 +447,13 @@ func TestAwaitCommitRejects(t *testing.T) {
 	}
 	for name, c := range cases {
 		sub := &scriptedSubscriber{msgs: []transport.Message{c.msg}}
-		err := AwaitCommit(ctx, sub, 5, 2)
+		err := AwaitCommit(ctx, sub, 5, 2, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) || len(sub.acked) != 0 {
 			t.Errorf("%s: %v (acked %v)", name, err, sub.acked)
 		}
 	}
 	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 5, Data: EncodeCommit(2)}}}
-	if err := AwaitCommit(ctx, sub, 5, 2); err != nil || len(sub.acked) != 1 || sub.acked[0] != 5 {
+	if err := AwaitCommit(ctx, sub, 5, 2, nil); err != nil || len(sub.acked) != 1 || sub.acked[0] != 5 {
 		t.Fatalf("a good commit: %v, acked %v", err, sub.acked)
 	}
 

@@ -98,7 +98,7 @@ func Example_customPipeline() {
 				err = pub.Sync(ctx) // every receiver has every bucket
 			}
 			if err == nil {
-				err = stages.AnnounceCommit(ctx, pub, next, 1) // so version 1 is the group's
+				err = stages.AnnounceCommit(ctx, pub, next, 1, nil) // so version 1 is the group's
 			}
 			if err != nil {
 				fmt.Println("sync failed:", err)

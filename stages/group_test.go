@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
@@ -32,6 +33,7 @@ type groupOpts struct {
 	checksum bool
 	tracer   *pipeline.Tracer
 	wrapEP   func(rank int, ep transport.Endpoint) transport.Endpoint
+	auth     *auth.Keys // the run's keys: buckets carry MACs, messages are signed
 }
 
 func newGroup(t testing.TB, o groupOpts) *group {
@@ -70,14 +72,14 @@ func newGroup(t testing.TB, o groupOpts) *group {
 				t.Fatal(err)
 			}
 			g.closers = append(g.closers, pub.Close)
-			g.sender = NewSender(SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: o.checksum, Tracer: o.tracer})
+			g.sender = NewSender(SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: o.checksum, Tracer: o.tracer, Auth: o.auth})
 		} else {
 			sub, err := inproc.OpenSubscriber(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			g.closers = append(g.closers, sub.Close)
-			g.receivers = append(g.receivers, NewReceiver(ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool, Tracer: o.tracer, Rank: r}))
+			g.receivers = append(g.receivers, NewReceiver(ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool, Tracer: o.tracer, Rank: r, Auth: o.auth}))
 		}
 	}
 	t.Cleanup(g.close)

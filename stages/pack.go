@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/parallel"
@@ -81,6 +82,10 @@ type PackConfig struct {
 	FirstSeq uint64
 	// Checksum computes each bucket's checksum (checked by receivers).
 	Checksum bool
+	// Auth, the run's keys when the group has a secret, has each bucket
+	// carry a MAC of its bytes (see mac.go) and its metadata signed by
+	// Publish; nil: neither.
+	Auth *auth.Keys
 	// Source, when set, travels in the round's first bucket.
 	Source *SourceInfo
 	// Direct leaves device buckets unfilled where every tensor in them
@@ -388,6 +393,9 @@ func (r *packing) emit(last bool) error {
 		if err != nil {
 			return err // abandon releases b once its copies are done
 		}
+		if err := r.dev.queueMAC(r.ctx, b, r.cfg.Auth, r.waitSums); err != nil {
+			return err // abandon releases b once its copies are done
+		}
 		if err := r.dev.markEnd(b); err != nil {
 			return err
 		}
@@ -396,6 +404,7 @@ func (r *packing) emit(last bool) error {
 		if r.cfg.Checksum {
 			b.Meta.Checksum, b.Meta.HasChecksum = checksum.SumParallel(r.buf[:r.fill]), true
 		}
+		macHost(b, r.cfg.Auth, r.buf[:r.fill])
 		args["bytes"] = r.fill
 	}
 	if r.span != nil {
@@ -609,6 +618,9 @@ type deviceFill struct {
 	sums     *gpu.Checksummer
 	sumsWhy  error
 	readback *gpu.Readback
+
+	// macs computes bucket MACs on a stream of its own (mac.go).
+	macs deviceMAC
 
 	// lanes are the extra streams of plan.lanes, with a queue each;
 	// laneUsed marks those with copies into the current bucket, next is
@@ -1108,6 +1120,7 @@ func (f *deviceFill) close(ctx context.Context) error {
 	if f.sums != nil {
 		errs = append(errs, f.sums.Close(wctx))
 	}
+	errs = append(errs, f.macs.close(wctx))
 	if f.caster != nil {
 		errs = append(errs, f.caster.Close(wctx))
 	}

@@ -10,8 +10,9 @@ import (
 
 // Publish adds the stage that sends each bucket's metadata through pub
 // before passing the bucket on to have its bytes moved. For a device
-// bucket whose checksum Pack left pending on the GPU, it first waits for
-// the checksum (and so for the bucket's copies).
+// bucket whose checksum or MAC Pack left pending on the GPU, it first
+// waits for them (and so for the bucket's copies). The metadata of a
+// bucket packed with PackConfig.Auth goes out signed (see mac.go).
 func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
 		for b := range in.All() {
@@ -27,7 +28,8 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 	})
 }
 
-// publish completes b's checksum, if pending, and publishes its metadata.
+// publish completes b's checksum and MAC, if pending, and publishes its
+// metadata.
 func publish(ctx context.Context, b *Bucket, pub transport.Publisher) error {
 	m := &b.Meta
 	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version})
@@ -39,10 +41,14 @@ func publish(ctx context.Context, b *Bucket, pub transport.Publisher) error {
 		}
 		m.Checksum = v
 	}
+	if err := awaitMAC(ctx, b); err != nil {
+		return err
+	}
 	msg, err := EncodeMeta(m)
 	if err != nil {
 		return err
 	}
+	msg = sealMessage(b.auth, m.Seq, msg)
 	span.Args(map[string]any{"meta_bytes": len(msg)})
 	return pub.Publish(ctx, m.Seq, msg)
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -18,6 +19,11 @@ type ReceiverConfig struct {
 	Pool       *Pool
 	Tracer     *pipeline.Tracer
 	Rank       int
+	// Auth, the run's keys when the group has a secret, has the receiver
+	// check every bucket's MAC before its sink sees it and take only
+	// messages signed with them (see mac.go); nil: the root must send
+	// neither.
+	Auth *auth.Keys
 }
 
 // Receiver is one receiving rank of a sync group. Like Sender, a failed
@@ -171,7 +177,7 @@ func (r *Receiver) commit(ctx context.Context, sink Sink, seq, version uint64) (
 	if version <= last {
 		return false, fmt.Errorf("rank %d: the root sent version %d, which is not above the version committed before, %d", r.cfg.Rank, version, last)
 	}
-	if err := AwaitCommit(ctx, r.cfg.Subscriber, seq, version); err != nil {
+	if err := AwaitCommit(ctx, r.cfg.Subscriber, seq, version, r.cfg.Auth); err != nil {
 		return false, fmt.Errorf("rank %d: %w", r.cfg.Rank, err)
 	}
 	if err := committed(ctx, leaves(sink), version); err != nil {
@@ -235,7 +241,7 @@ func (r *Receiver) pipeline(sink Sink) *pipeline.Pipeline {
 		opts = append(opts, pipeline.WithTracer(r.cfg.Tracer, r.cfg.Rank))
 	}
 	p := pipeline.New(fmt.Sprintf("receive rank %d", r.cfg.Rank), opts...)
-	buckets := r.loader.Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq), r.cfg.Endpoint, sink)
+	buckets := r.loader.Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq, r.cfg.Auth), r.cfg.Endpoint, sink)
 	r.loader.Load(p, r.loader.Unpack(p, buckets, sink), sink)
 	return p
 }

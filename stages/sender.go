@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -33,6 +34,11 @@ type SenderConfig struct {
 	Pool      *Pool
 	// Checksum computes a checksum per bucket that receivers verify.
 	Checksum bool
+	// Auth, the run's keys when the group has a secret (the same as
+	// transport.Config.Auth), has every bucket carry a MAC of its bytes
+	// and every message of the round signed, which receivers given the
+	// same keys check (see mac.go); nil: neither.
+	Auth *auth.Keys
 	// Tracer, when set, records each round's spans under Rank.
 	Tracer *pipeline.Tracer
 	Rank   int
@@ -107,7 +113,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	buckets := packed(p.Metrics())
 	if err == nil {
 		// Every receiver has every bucket: the version is the group's.
-		err = AnnounceCommit(ctx, s.cfg.Publisher, s.seq+uint64(buckets), version)
+		err = AnnounceCommit(ctx, s.cfg.Publisher, s.seq+uint64(buckets), version, s.cfg.Auth)
 	}
 	stats.Version, stats.Duration, stats.Stages, stats.Graph = version, time.Since(start), p.Metrics(), p.Graph()
 	stats.Direct = s.packer.lastDirect()
@@ -153,7 +159,7 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 	if s.cfg.Wrap != nil {
 		tensors = s.cfg.Wrap(p, tensors)
 	}
-	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: s.readsDirect()}
+	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: s.readsDirect(), Auth: s.cfg.Auth}
 	if d, ok := src.(Describer); ok {
 		pc.Source = d.SourceInfo()
 	}
@@ -163,10 +169,12 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 
 // readsDirect reports whether the receivers read device tensors in place
 // in the sender's memory (direct buckets): every one of them, by the
-// endpoint's word, into device buckets.
+// endpoint's word, into device buckets, and the group has no secret (a
+// direct bucket has no bytes of its own to carry a MAC of: with a secret
+// every bucket is packed).
 func (s *Sender) readsDirect() bool {
 	d, ok := s.cfg.Endpoint.(transport.DirectReader)
-	return ok && !s.cfg.NoDirect && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
+	return ok && !s.cfg.NoDirect && s.cfg.Auth == nil && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
 }
 
 // gpuLaneTID is the trace thread id of the "pack (GPU)" lane, past the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -11,8 +12,11 @@ import (
 // Subscribe adds a receiver's source stage: it takes each bucket's metadata
 // from sub, checks it, takes a buffer from pool for its bytes, and stops
 // after the bucket marked IsLast. firstSeq is the Seq the round must start
-// at (the receiver's count of messages so far).
-func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, firstSeq uint64) *pipeline.Stream[*Bucket] {
+// at (the receiver's count of messages so far). With keys (the run's, when
+// the group has a secret) every message must be signed with them, and
+// every bucket's MAC is checked by Unpack (see mac.go); without, no
+// message may be signed.
+func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, firstSeq uint64, keys *auth.Keys) *pipeline.Stream[*Bucket] {
 	return pipeline.Source(p, "subscribe", 1, func(ctx context.Context, out *pipeline.Output[*Bucket]) error {
 		want := firstSeq
 		var version uint64
@@ -21,10 +25,14 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			if err != nil {
 				return err
 			}
-			if isCommit(msg.Data) {
-				return fmt.Errorf("message %d is a commit message (%s) where the metadata of bucket %d was expected: the root and this rank disagree on where the round ends", msg.Seq, quote(msg.Data), want)
+			data, err := openMessage(keys, msg.Seq, msg.Data)
+			if err != nil {
+				return fmt.Errorf("the metadata of bucket %d: %w", msg.Seq, err)
 			}
-			meta, err := DecodeMeta(msg.Data)
+			if isCommit(data) {
+				return fmt.Errorf("message %d is a commit message (%s) where the metadata of bucket %d was expected: the root and this rank disagree on where the round ends", msg.Seq, quote(data), want)
+			}
+			meta, err := DecodeMeta(data)
 			if err != nil {
 				return err
 			}
@@ -45,6 +53,7 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 				return err
 			}
 			b := pool.Bucket(buf, *meta)
+			b.auth = keys
 			seq := meta.Seq
 			b.Ack = func() error { return sub.Ack(ctx, seq) }
 			pipeline.Count(ctx, "buffers held", float64(pool.Held()))

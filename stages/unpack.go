@@ -31,6 +31,11 @@ import (
 // bucket into this rank's buffer, or, left in place for load to copy into
 // a DeviceTarget, by load's copies.
 //
+// With a group secret every bucket's MAC is checked here too, before any
+// sink sees it, even where its checksum is left to load (mac.go). Such a
+// group has no direct buckets: they have no bytes of their own for the
+// sender to compute a MAC of.
+//
 // A host bucket's views are slices of its bytes; a device bucket's are
 // device ranges (View.Device), which load hands to device sinks as they
 // are and copies to the host for the others.
@@ -171,6 +176,9 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 		// The span covers reading every byte: a rate is a rate.
 		span.Args(map[string]any{"bytes": m.Length})
 	}
+	if err := c.checkMAC(ctx, b, data); err != nil {
+		return nil, err
+	}
 	for i := range m.Entries {
 		e := &m.Entries[i]
 		pr, seen := c.got[e.Name]
@@ -220,15 +228,11 @@ func (c *bucketCheck) checkSum(ctx context.Context, b *Bucket, data []byte) erro
 	if data != nil {
 		got = checksum.SumParallel(data)
 	} else {
-		if c.dev == nil {
-			dev, err := cudaDeviceOf(b.Buf)
-			if err != nil {
-				return fmt.Errorf("unpack: bucket %d: %w", m.Seq, err)
-			}
-			c.dev = &deviceCheck{dev: dev}
+		dev, err := c.device(b)
+		if err != nil {
+			return err
 		}
-		var err error
-		if got, err = c.dev.sum(ctx, b); err != nil {
+		if got, err = dev.sum(ctx, b); err != nil {
 			return fmt.Errorf("checksum of bucket %d (version %d): %w", m.Seq, m.Version, err)
 		}
 	}
@@ -244,6 +248,19 @@ func verifySum(m *BucketMeta, got uint64) error {
 	}
 	return fmt.Errorf("bucket %d (version %d, %d bytes) %w: got %x, root sent %x; tensors in it: %s",
 		m.Seq, m.Version, m.Length, ErrChecksum, got, m.Checksum, entryNames(m.Entries, 8))
+}
+
+// device returns the check of device buckets on b's GPU, made at the
+// first device bucket.
+func (c *bucketCheck) device(b *Bucket) (*deviceCheck, error) {
+	if c.dev == nil {
+		dev, err := cudaDeviceOf(b.Buf)
+		if err != nil {
+			return nil, fmt.Errorf("unpack: bucket %d: %w", b.Meta.Seq, err)
+		}
+		c.dev = &deviceCheck{dev: dev}
+	}
+	return c.dev, nil
 }
 
 func entryNames(es []Entry, limit int) string {
@@ -269,6 +286,8 @@ type deviceCheck struct {
 	sums     *gpu.Checksummer // nil until first used, or where unavailable
 	sumsWhy  error            // why the checksum kernel is unavailable
 	readback *gpu.Readback
+	// macs checks device buckets' MACs (mac.go).
+	macs deviceMAC
 }
 
 // sum returns the checksum of b's filled bytes, after b's fence.
@@ -315,6 +334,7 @@ func (c *deviceCheck) close(ctx context.Context) error {
 	if c.readback != nil {
 		errs = append(errs, c.readback.Close(ctx))
 	}
+	errs = append(errs, c.macs.close(ctx))
 	if c.stream == nil {
 		return errors.Join(errs...)
 	}

@@ -1,0 +1,314 @@
+package stages
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mac"
+)
+
+// The bucket MAC and the signed metadata.
+//
+// With a group secret (SenderConfig.Auth, ReceiverConfig.Auth: the run's
+// keys), every bucket's filled bytes carry a MAC, keyed BLAKE3 under the
+// run's bucket key (mac.Sum with auth.Keys.BucketKey), and every message
+// of the metadata bus, bucket metadata and commit messages alike, is signed
+// with HMAC-SHA256 under the run's message key over its sequence number and
+// bytes (auth.Keys.MessageMAC). The metadata carries the bucket's MAC, so
+// one signature covers the bucket's sequence number, version, length,
+// is_last, entries and bytes. Without a secret nothing of this happens and
+// the wire is unchanged. docs/protocol.md gives the wire form.
+//
+// Each step has one place, beside the checksum's:
+//
+//   - pack computes the MAC where the bytes are: mac.SumParallel for a host
+//     bucket (macHost); for a device bucket the GPU MAC kernel, queued on a
+//     stream of its own after the bucket's ready event, so that neither the
+//     copies of the next bucket nor the transport's broadcast on the GPU
+//     wait for it (deviceFill.queueMAC). Where the kernel is unavailable,
+//     the bucket is copied back and its MAC computed on the CPU.
+//   - publish waits for a pending MAC and signs the metadata (awaitMAC,
+//     sealMessage); the root signs its commit message the same way.
+//   - subscribe and AwaitCommit open every message (openMessage): a message
+//     that is not signed, or whose signature does not verify, fails the
+//     round naming the bucket or the version.
+//   - unpack checks the bytes' MAC, on the GPU for a device bucket, before
+//     any sink sees the bucket (bucketCheck.checkMAC), also where the
+//     checksum is left to load's copies, and in a buffer borrowed from the
+//     root (transport.Lender). A mismatch fails the round there, so the
+//     version is committed nowhere and the last committed one stays.
+//
+// A direct bucket (direct.go) has no bytes of its own to compute a MAC of,
+// so a Sender with keys packs every bucket, and both ends refuse a direct
+// bucket in a signed round.
+
+// macMember starts the last member of a signed message, its MAC.
+const macMember = `,"mac":"`
+
+// sealLen is how many bytes signing adds to a message.
+const sealLen = len(macMember) + 2*auth.KeySize + len(`"`)
+
+// sealMessage returns msg, the JSON object sent as message seq of the
+// metadata bus, signed with keys: the object with one more member at its
+// end, "mac", the 64 lower-case hex digits of keys.MessageMAC(seq, msg).
+// msg must end with the object's closing brace and hold at least one
+// member. Without keys it returns msg.
+func sealMessage(keys *auth.Keys, seq uint64, msg []byte) []byte {
+	if keys == nil {
+		return msg
+	}
+	tag := keys.MessageMAC(seq, msg)
+	out := make([]byte, 0, len(msg)+sealLen)
+	out = append(out, msg[:len(msg)-1]...)
+	out = append(out, macMember...)
+	out = hex.AppendEncode(out, tag[:])
+	return append(out, `"}`...)
+}
+
+// openMessage checks msg, message seq of the metadata bus, as sealMessage
+// signed it with keys, and returns the message without its signature. A
+// message that is not signed, whose signature does not verify, or, without
+// keys, that is signed, fails with an error wrapping auth.ErrFailed.
+// Without keys an unsigned message is returned as it is.
+func openMessage(keys *auth.Keys, seq uint64, msg []byte) ([]byte, error) {
+	body, tag, signed := splitSeal(msg)
+	switch {
+	case keys == nil && signed:
+		return nil, fmt.Errorf("%w: message %d is signed with a group secret, and this rank has none; give every rank the same secret", auth.ErrFailed, seq)
+	case keys == nil:
+		return msg, nil
+	case !signed:
+		return nil, fmt.Errorf("%w: message %d is not signed, and this rank has a group secret: the root runs without one, or a process without the secret sent or changed it", auth.ErrFailed, seq)
+	}
+	if err := keys.VerifyMessage(seq, body, tag); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
+// splitSeal splits a signed message into the message it signs and its
+// MAC; signed is false when msg does not end in a signature.
+func splitSeal(msg []byte) (body, tag []byte, signed bool) {
+	n := len(msg) - sealLen - 1 // the signature, then the closing brace
+	if n < 1 || string(msg[n:n+len(macMember)]) != macMember || string(msg[len(msg)-2:]) != `"}` {
+		return nil, nil, false
+	}
+	tag = make([]byte, auth.KeySize)
+	if _, err := hex.Decode(tag, msg[n+len(macMember):len(msg)-2]); err != nil {
+		return nil, nil, false
+	}
+	body = append(msg[:n:n], '}') // a copy: msg stays as it is
+	return body, tag, true
+}
+
+// formatTag is the wire form of a bucket MAC: 64 lower-case hex digits.
+func formatTag(t mac.Tag) string { return t.String() }
+
+// parseTag reads a bucket MAC's wire form.
+func parseTag(s string) (mac.Tag, error) {
+	var t mac.Tag
+	if len(s) != 2*mac.Size {
+		return t, fmt.Errorf("malformed bucket MAC %q: want %d hex digits", s, 2*mac.Size)
+	}
+	if _, err := hex.Decode(t[:], []byte(s)); err != nil {
+		return t, fmt.Errorf("malformed bucket MAC %q: want %d hex digits", s, 2*mac.Size)
+	}
+	return t, nil
+}
+
+// bucketKey is the run's bucket-MAC key.
+func bucketKey(keys *auth.Keys) *mac.Key {
+	k := mac.Key(keys.BucketKey())
+	return &k
+}
+
+// macHost computes host bucket b's MAC of data, its filled bytes, when
+// the round is signed (keys set), and marks b signed.
+func macHost(b *Bucket, keys *auth.Keys, data []byte) {
+	if keys == nil {
+		return
+	}
+	b.auth = keys
+	b.Meta.MAC, b.Meta.HasMAC = mac.SumParallel(bucketKey(keys), data), true
+}
+
+// queueMAC queues, when the round is signed (keys set), the MAC of device
+// bucket b's filled bytes on the MAC's own stream, after b's ready event
+// (its fence), and marks b signed. b then carries the pending MAC, which
+// publish waits for, or queueMAC itself when wait is set; releasing b
+// gives it back.
+func (f *deviceFill) queueMAC(ctx context.Context, b *Bucket, keys *auth.Keys, wait bool) error {
+	if keys == nil {
+		return nil
+	}
+	m := &b.Meta
+	switch {
+	case m.Direct != nil:
+		return fmt.Errorf("pack: bucket %d is direct, which a group with a secret cannot send: it has no bytes of its own to compute a MAC of; pack every bucket (PackConfig.Direct false)", m.Seq)
+	case gpu.FenceOf(b.Buf) == nil:
+		return fmt.Errorf("pack: bucket %d has no ready event to order its MAC after", m.Seq)
+	}
+	p, err := f.macs.queue(ctx, f.stream.Device(), b, bucketKey(keys))
+	if err != nil {
+		return fmt.Errorf("pack: the MAC of bucket %d (version %d): %w", m.Seq, m.Version, err)
+	}
+	b.auth, b.mac, m.HasMAC = keys, p, true
+	b.whenReleased(p.close)
+	if wait {
+		return awaitMAC(ctx, b)
+	}
+	return nil
+}
+
+// awaitMAC completes b's MAC if it is pending on the GPU.
+func awaitMAC(ctx context.Context, b *Bucket) error {
+	if b.mac == nil {
+		return nil
+	}
+	tag, err := b.mac.wait(ctx)
+	if err != nil {
+		return fmt.Errorf("the MAC of bucket %d (version %d): %w", b.Meta.Seq, b.Meta.Version, err)
+	}
+	b.Meta.MAC = tag
+	return nil
+}
+
+// checkMAC compares, when b's round is signed (b.auth), the MAC of b's
+// filled bytes with the one the root sent: data's for a host bucket (data
+// is nil for a device bucket), else one computed on b's GPU.
+func (c *bucketCheck) checkMAC(ctx context.Context, b *Bucket, data []byte) error {
+	if b.auth == nil {
+		return nil
+	}
+	m := &b.Meta
+	switch {
+	case m.Direct != nil:
+		return fmt.Errorf("bucket %d (version %d) is direct (read where it lies in the sender's memory), which carries no MAC: %w: this rank has a group secret, under which the root packs every bucket", m.Seq, m.Version, auth.ErrFailed)
+	case !m.HasMAC:
+		return fmt.Errorf("bucket %d (version %d) carries no MAC: %w: this rank has a group secret, the root sent the bucket without one", m.Seq, m.Version, auth.ErrFailed)
+	}
+	key := bucketKey(b.auth)
+	var got mac.Tag
+	if data != nil {
+		got = mac.SumParallel(key, data)
+	} else {
+		dev, err := c.device(b)
+		if err != nil {
+			return err
+		}
+		p, err := dev.macs.queue(ctx, dev.dev, b, key)
+		if err != nil {
+			return fmt.Errorf("the MAC of bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
+		defer p.close()
+		if got, err = p.wait(ctx); err != nil {
+			return fmt.Errorf("the MAC of bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
+	}
+	if got.Equal(m.MAC) {
+		return nil
+	}
+	return fmt.Errorf("bucket %d (version %d, %d bytes) failed its MAC: %w: its bytes are not the ones the root sent, so they were changed on the way (the checksum does not catch a change made on purpose); tensors in it: %s",
+		m.Seq, m.Version, m.Length, auth.ErrFailed, entryNames(m.Entries, 8))
+}
+
+// pendingMAC is the MAC of a device bucket: pending on the GPU, or
+// computed on the host where the MAC kernel is unavailable.
+type pendingMAC struct {
+	p   *gpu.PendingMAC // nil when computed on the host
+	tag mac.Tag
+}
+
+func (p *pendingMAC) wait(ctx context.Context) (mac.Tag, error) {
+	if p.p == nil {
+		return p.tag, nil
+	}
+	return p.p.Wait(ctx)
+}
+
+func (p *pendingMAC) close() {
+	if p.p != nil {
+		p.p.Close()
+	}
+}
+
+// deviceMAC computes the MACs of device buckets on a stream of its own,
+// made at the first: with the GPU MAC kernel (gpu.MACer) or, where that is
+// unavailable (gpu.NewMACer says why), on the CPU after copying the bucket
+// back. Its zero value is ready to use; close frees what it made. It is
+// used by one goroutine at a time, for buckets of one GPU.
+type deviceMAC struct {
+	dev      *gpu.CUDADevice
+	stream   *gpu.Stream   // nil until the first MAC
+	macer    *gpu.MACer    // nil until the first MAC, and where the kernel is unavailable
+	why      error         // why the kernel is unavailable
+	readback *gpu.Readback // nil until needed
+}
+
+// queue queues the MAC under key of device bucket b's filled bytes, after
+// b's fence, on the stream of d, of dev, b's GPU.
+func (d *deviceMAC) queue(ctx context.Context, dev *gpu.CUDADevice, b *Bucket, key *mac.Key) (*pendingMAC, error) {
+	n := b.Meta.Length
+	if n == 0 {
+		return &pendingMAC{tag: mac.Sum(key, nil)}, nil
+	}
+	if d.stream == nil {
+		s, err := dev.NewStream()
+		if err != nil {
+			return nil, err
+		}
+		d.dev, d.stream = dev, s
+	}
+	if d.macer == nil && d.why == nil {
+		d.macer, d.why = d.stream.NewMACer()
+		if d.why != nil && !errors.Is(d.why, gpu.ErrNoMACKernel) {
+			err := d.why
+			d.macer, d.why = nil, nil
+			return nil, err
+		}
+	}
+	if d.macer == nil {
+		if d.readback == nil {
+			d.readback = d.dev.NewReadback()
+		}
+		host, err := d.readback.Read(ctx, b.Buf, int(n)) // after b's fence
+		if err != nil {
+			return nil, fmt.Errorf("on the host (%v): %w", d.why, err)
+		}
+		return &pendingMAC{tag: mac.SumParallel(key, host)}, nil
+	}
+	p, err := d.macer.Queue(b.Buf, n, key) // after b's fence
+	if err != nil {
+		return nil, err
+	}
+	return &pendingMAC{p: p}, nil
+}
+
+// close frees the stream, the kernel's memory and the pinned memory once
+// nothing queued on them runs, bounded by ctx or, once ctx is done, by
+// finalWait. On a failed wait it frees nothing a MAC may still use.
+func (d *deviceMAC) close(ctx context.Context) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	var errs []error
+	if d.readback != nil {
+		errs = append(errs, d.readback.Close(ctx))
+		d.readback = nil
+	}
+	if d.stream == nil {
+		return errors.Join(errs...)
+	}
+	if err := d.stream.Sync(ctx); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("a bucket MAC still running; leaving its memory allocated: %w", err))...)
+	}
+	if d.macer != nil {
+		errs = append(errs, d.macer.Close(ctx))
+	}
+	errs = append(errs, d.stream.Close())
+	d.stream, d.macer, d.why = nil, nil, nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,358 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/checksum/checksumtest"
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mac"
+	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/transport"
+)
+
+// testKeys returns the keys of run run of group "g" under a fixed secret.
+func testKeys(t testing.TB, run string) *auth.Keys {
+	t.Helper()
+	s, err := auth.NewSecret([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := s.RunKeys("g", run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// macRecorder records, on the root, mac.Sum of each bucket as the
+// transport moves it.
+type macRecorder struct {
+	transport.Endpoint
+	key  *mac.Key
+	mu   sync.Mutex
+	tags map[uint64]mac.Tag
+}
+
+func (r *macRecorder) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
+	r.mu.Lock()
+	r.tags[seq] = mac.Sum(r.key, buf.Host()[:n])
+	r.mu.Unlock()
+	return r.Endpoint.Broadcast(ctx, seq, buf, n)
+}
+
+// pubRecorder records every message the root publishes.
+type pubRecorder struct {
+	transport.Publisher
+	mu   sync.Mutex
+	msgs []transport.Message
+}
+
+func (p *pubRecorder) Publish(ctx context.Context, seq uint64, msg []byte) error {
+	p.mu.Lock()
+	p.msgs = append(p.msgs, transport.Message{Seq: seq, Data: bytes.Clone(msg)})
+	p.mu.Unlock()
+	return p.Publisher.Publish(ctx, seq, msg)
+}
+
+// TestSignedRounds: with the run's keys, rounds sync as without; every
+// message on the bus is signed, and every bucket's metadata carries the
+// keyed BLAKE3 of the bytes the transport moved.
+func TestSignedRounds(t *testing.T) {
+	keys := testKeys(t, "r1")
+	g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true, auth: keys})
+	rec := &macRecorder{Endpoint: g.sender.cfg.Endpoint, key: bucketKey(keys), tags: map[uint64]mac.Tag{}}
+	pub := &pubRecorder{Publisher: g.sender.cfg.Publisher}
+	g.sender.cfg.Endpoint, g.sender.cfg.Publisher = rec, pub
+	models := []*HostModel{NewHostModel(), NewHostModel(WithShadow())}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for v := uint64(1); v <= 3; v++ {
+		want := roundModel(t, v)
+		if err := g.round(ctx, want, v, []Sink{models[0], models[1]}); err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range models {
+			if err := sameAs(m, want); err != nil {
+				t.Fatalf("receiver %d, version %d: %v", i+1, v, err)
+			}
+		}
+	}
+	buckets, commits := 0, 0
+	for _, m := range pub.msgs {
+		if _, _, signed := splitSeal(m.Data); !signed {
+			t.Fatalf("message %d went out unsigned: %s", m.Seq, quote(m.Data))
+		}
+		body, err := openMessage(keys, m.Seq, m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DecodeCommit(body); err == nil {
+			commits++
+			continue
+		}
+		meta, err := DecodeMeta(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, ok := rec.tags[m.Seq]; !meta.HasMAC || !ok || meta.MAC != want {
+			t.Fatalf("bucket %d: MAC %v (set %v), the bytes moved have %v", m.Seq, meta.MAC, meta.HasMAC, want)
+		}
+		buckets++
+	}
+	if commits != 3 || buckets != len(rec.tags) || buckets < 6 {
+		t.Fatalf("%d commit messages and %d signed buckets of %d moved", commits, buckets, len(rec.tags))
+	}
+}
+
+// forgingEndpoint changes, on a receiver, the first bytes of bucket target
+// once they landed, keeping the bucket's checksum (checksumtest.Forge), as
+// a relay on the byte transport's path can: forge does it to the buffer.
+type forgingEndpoint struct {
+	transport.Endpoint
+	forge  func(ctx context.Context, buf mem.Buffer, n int) error
+	target atomic.Uint64 // the bucket's seq + 1; 0: none
+	last   atomic.Uint64 // the last bucket seen
+	forged atomic.Bool
+}
+
+func (f *forgingEndpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
+	if err := f.Endpoint.Broadcast(ctx, seq, buf, n); err != nil {
+		return err
+	}
+	f.last.Store(seq)
+	if seq+1 != f.target.Load() {
+		return nil
+	}
+	if n < checksumtest.ForgedLen {
+		return fmt.Errorf("bucket %d of %d bytes is too short to forge", seq, n)
+	}
+	f.forged.Store(true)
+	return f.forge(ctx, buf, n)
+}
+
+// forgeHost forges a host bucket.
+func forgeHost(ctx context.Context, buf mem.Buffer, n int) error {
+	b := buf.Host()[:n]
+	sum := checksum.Sum(b)
+	checksumtest.Forge(b, 0)
+	if checksum.Sum(b) != sum {
+		return errors.New("the forgery changed the checksum")
+	}
+	return nil
+}
+
+// TestMACCatchesForgery: a relay on rank 1's byte transport changes the
+// first bucket of round 2 and fixes its checksum. Without a secret the
+// forged version is committed (the checksum is fooled: it catches
+// accidents, not attackers); with one, the round fails on rank 1 with a
+// MAC mismatch naming the bucket, no rank commits version 2, and every
+// receiver still holds version 1, rank 1's in-place model too, since the
+// check comes before any sink sees the bucket.
+func TestMACCatchesForgery(t *testing.T) {
+	for _, secret := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no secret", true: "secret"}[secret], func(t *testing.T) {
+			var keys *auth.Keys
+			if secret {
+				keys = testKeys(t, "r1")
+			}
+			fe := &forgingEndpoint{forge: forgeHost}
+			g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true, auth: keys,
+				wrapEP: func(r int, ep transport.Endpoint) transport.Endpoint {
+					if r != 1 {
+						return ep
+					}
+					fe.Endpoint = ep
+					return fe
+				}})
+			models := []*HostModel{NewHostModel(), NewHostModel(WithShadow())}
+			sinks := []Sink{models[0], models[1]}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := g.round(ctx, roundModel(t, 1), 1, sinks); err != nil {
+				t.Fatal(err)
+			}
+			target := fe.last.Load() + 2 // past round 1's commit message
+			fe.target.Store(target + 1)
+			err := roundCancel(ctx, g, roundModel(t, 2), 2, sinks) // inproc's root would wait for the receivers that left
+			if !fe.forged.Load() {
+				t.Fatalf("bucket %d was never forged (round: %v)", target, err)
+			}
+			if !secret {
+				if err != nil {
+					t.Fatalf("without a secret the forged round failed: %v", err)
+				}
+				if sameAs(models[0], roundModel(t, 2)) == nil {
+					t.Fatal("the forgery did not reach rank 1's model")
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("a forged bucket was committed")
+			}
+			want := fmt.Sprintf("bucket %d (version 2, ", target)
+			if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "failed its MAC") || !errors.Is(err, auth.ErrFailed) {
+				t.Fatalf("the round failed with %v; want a MAC mismatch naming %q", err, want)
+			}
+			t.Logf("expected: %v", err)
+			if c := g.sender.Committed(); c != 1 {
+				t.Errorf("the root committed version %d", c)
+			}
+			for i, r := range g.receivers {
+				if r.Committed() != 1 || r.State() != StateIntact {
+					t.Errorf("receiver %d: committed %d, state %v; want version 1 intact", i+1, r.Committed(), r.State())
+				}
+				if err := sameAs(models[i], roundModel(t, 1)); err != nil {
+					t.Errorf("receiver %d no longer holds version 1: %v", i+1, err)
+				}
+			}
+		})
+	}
+}
+
+// TestSignedMessagesRejected: a receiver with the run's keys refuses
+// metadata and commit messages that are unsigned, signed with another
+// run's keys, changed after signing or replayed at another sequence
+// number, and a bucket without a MAC; one without keys refuses signed
+// messages. Each error names the bucket or the version.
+func TestSignedMessagesRejected(t *testing.T) {
+	keys, other := testKeys(t, "r1"), testKeys(t, "r2")
+	meta := BucketMeta{Seq: 0, Version: 1, Length: 20, IsLast: true, MAC: mac.Tag{1}, HasMAC: true,
+		Entries: []Entry{{Name: "w", DType: dtype.F32, Shape: []int64{5}, Size: 20, Total: 20}}}
+	enc, err := EncodeMeta(&meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := sealMessage(keys, 0, enc)
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(signed, &obj); err != nil || string(obj["bucket_mac"]) != `"`+meta.MAC.String()+`"` {
+		t.Fatalf("the signed metadata %s is not JSON with the bucket MAC (%v)", signed, err)
+	}
+	// An older reader ignores the signature; the body is what was signed.
+	if back, err := DecodeMeta(signed); err != nil || back.MAC != meta.MAC {
+		t.Fatalf("DecodeMeta of signed metadata: %+v, %v", back, err)
+	}
+	if body, err := openMessage(keys, 0, signed); err != nil || !bytes.Equal(body, enc) {
+		t.Fatalf("openMessage: %q, %v", body, err)
+	}
+
+	renamed := bytes.Replace(signed, []byte(`"name":"w"`), []byte(`"name":"x"`), 1)
+	unsignedMAC := meta
+	unsignedMAC.HasMAC = false
+	noMAC, _ := EncodeMeta(&unsignedMAC)
+	pool, err := NewPool(mem.Host{}, 2, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	subscribe := func(keys *auth.Keys, msg transport.Message) ([]*Bucket, error) {
+		p := pipeline.New("subscribe")
+		var got []*Bucket
+		collect(p, Subscribe(p, &scriptedSubscriber{msgs: []transport.Message{msg}}, pool, 0, keys), func(b *Bucket) { got = append(got, b) })
+		return got, p.Run(context.Background())
+	}
+	for name, c := range map[string]struct {
+		keys *auth.Keys
+		msg  transport.Message
+		want string
+	}{
+		"unsigned":         {keys, transport.Message{Seq: 0, Data: enc}, "is not signed"},
+		"another run":      {keys, transport.Message{Seq: 0, Data: sealMessage(other, 0, enc)}, "does not verify"},
+		"renamed entry":    {keys, transport.Message{Seq: 0, Data: renamed}, "does not verify"},
+		"replayed":         {keys, transport.Message{Seq: 7, Data: signed}, "does not verify"},
+		"no secret here":   {nil, transport.Message{Seq: 0, Data: signed}, "this rank has none"},
+		"truncated sealed": {keys, transport.Message{Seq: 0, Data: signed[:len(signed)-3]}, "is not signed"},
+	} {
+		_, err := subscribe(c.keys, c.msg)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, auth.ErrFailed) || !strings.Contains(err.Error(), fmt.Sprintf("bucket %d", c.msg.Seq)) {
+			t.Errorf("%s: %v; want an authentication failure naming the bucket, saying %q", name, err, c.want)
+		}
+	}
+	got, err := subscribe(keys, transport.Message{Seq: 0, Data: signed})
+	if err != nil || len(got) != 1 || got[0].auth != keys {
+		t.Fatalf("good signed metadata: %d buckets, %v", len(got), err)
+	}
+
+	// Signed metadata without a bucket MAC passes the bus and fails in
+	// unpack, before any view is made.
+	got, err = subscribe(keys, transport.Message{Seq: 0, Data: sealMessage(keys, 0, noMAC)})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("signed metadata without a bucket MAC: %v", err)
+	}
+	hb, _ := mem.Host{}.Alloc(4096)
+	buf := hb.Host()
+	b := &Bucket{Meta: got[0].Meta, Buf: hb, auth: keys}
+	if _, err := newBucketCheck(nil).unpack(context.Background(), b); err == nil || !strings.Contains(err.Error(), "bucket 0 (version 1) carries no MAC") {
+		t.Fatalf("a bucket without a MAC: %v", err)
+	}
+	b.Meta.MAC, b.Meta.HasMAC = mac.Sum(bucketKey(keys), buf[:20]), true
+	if u, err := newBucketCheck(nil).unpack(context.Background(), b); err != nil || len(u.Views) != 1 {
+		t.Fatalf("a bucket with its MAC: %v", err)
+	}
+
+	// The commit message.
+	ctx := context.Background()
+	commit := EncodeCommit(2)
+	if _, err := DecodeCommit(sealMessage(keys, 5, commit)); err == nil {
+		t.Fatal("DecodeCommit took a signed commit message: older readers would take it unchecked")
+	}
+	for name, c := range map[string]struct {
+		keys *auth.Keys
+		msg  transport.Message
+		want string
+	}{
+		"unsigned":       {keys, transport.Message{Seq: 5, Data: commit}, "is not signed"},
+		"another run":    {keys, transport.Message{Seq: 5, Data: sealMessage(other, 5, commit)}, "does not verify"},
+		"replayed":       {keys, transport.Message{Seq: 5, Data: sealMessage(keys, 4, commit)}, "does not verify"},
+		"no secret here": {nil, transport.Message{Seq: 5, Data: sealMessage(keys, 5, commit)}, "this rank has none"},
+	} {
+		sub := &scriptedSubscriber{msgs: []transport.Message{c.msg}}
+		err := AwaitCommit(ctx, sub, 5, 2, c.keys)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "commit message of version 2") || len(sub.acked) != 0 {
+			t.Errorf("%s: %v (acked %v)", name, err, sub.acked)
+		}
+	}
+	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 5, Data: sealMessage(keys, 5, commit)}}}
+	if err := AwaitCommit(ctx, sub, 5, 2, keys); err != nil || len(sub.acked) != 1 {
+		t.Fatalf("a signed commit: %v, acked %v", err, sub.acked)
+	}
+}
+
+// TestSecretMismatch: a root with a secret and a receiver without one, or
+// the other way round, fail their first round saying so, and commit
+// nothing.
+func TestSecretMismatch(t *testing.T) {
+	keys := testKeys(t, "r1")
+	for name, c := range map[string]struct {
+		root, recv *auth.Keys
+		want       string
+	}{
+		"receiver without": {keys, nil, "this rank has none"},
+		"root without":     {nil, keys, "is not signed"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := newGroup(t, groupOpts{world: 2, bucket: 64 << 10, checksum: true, auth: c.root})
+			g.receivers[0].cfg.Auth = c.recv
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := roundCancel(ctx, g, roundModel(t, 1), 1, []Sink{NewHostModel()})
+			if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, auth.ErrFailed) {
+				t.Fatalf("%v; want authentication failed, %q", err, c.want)
+			}
+			if g.sender.Committed() != 0 || g.receivers[0].Committed() != 0 {
+				t.Fatal("a version was committed")
+			}
+		})
+	}
+}
