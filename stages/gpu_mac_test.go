@@ -1,0 +1,174 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/checksum"
+	"github.com/weightcast/weightcast/checksum/checksumtest"
+	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mac"
+	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/transport"
+)
+
+// TestGPUMAC runs the device paths of the bucket MAC on a GPU, with the
+// MAC kernel (unless WEIGHTCAST_GPU_MAC=off): see deviceMACRounds.
+func TestGPUMAC(t *testing.T) {
+	d := gputest.Device(t)
+	deviceMACRounds(t, d, os.Getenv(gpu.MACEnv) != "off")
+}
+
+// TestDeviceMACOnFakes runs the device paths of the bucket MAC against
+// gputest's stand-in CUDA driver, where the MAC kernel is unavailable: both
+// ends then compute the MAC on the CPU after copying the bucket back.
+func TestDeviceMACOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestDeviceMACOnFakesChild") }
+
+// TestDeviceMACOnFakesChild is the child side of TestDeviceMACOnFakes.
+func TestDeviceMACOnFakesChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	deviceMACRounds(t, gputest.Device(t), false)
+}
+
+// deviceMACRounds checks the bucket MAC of device buckets on d, computed by
+// the MAC kernel where kernel is set, else on the CPU after a copy back:
+// each packed device bucket's MAC equals mac.Sum of its bytes; signed
+// rounds from a root with device buckets and from one with host buckets
+// pass on receivers with device buckets (a device sink with a verifier,
+// and a host sink); and a bucket forged on a receiver's GPU, its checksum
+// kept, fails the round with a MAC mismatch naming it.
+func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
+	s := gputest.Stream(t, d)
+	keys := testKeys(t, "gpu")
+	rng := rand.New(rand.NewPCG(41, 42))
+	src := randomTensors(rng, 60, 700<<10)
+	exp := hostLookup{}
+	for _, tn := range src {
+		exp[tn.Name] = tn
+	}
+	const bucket = 256 << 10
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// Where each MAC was computed: by the kernel, or on the host.
+	checkPath := func(where string, m *deviceMAC) {
+		t.Helper()
+		switch {
+		case kernel && m.macer == nil:
+			t.Fatalf("%s: no MAC kernel (%v)", where, m.why)
+		case !kernel && !errors.Is(m.why, gpu.ErrNoMACKernel):
+			t.Fatalf("%s: the MACs were not computed on the host (kernel %v, %v)", where, m.macer != nil, m.why)
+		}
+	}
+
+	pool := devicePool(t, d, DefaultBuffers, bucket)
+	pk := testPacker(t, defaultPlan, gpu.DefaultStagingConfig())
+	n := 0
+	err := packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: true, Auth: keys}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
+		if !bk.Meta.HasMAC || bk.auth != keys || bk.mac == nil {
+			return fmt.Errorf("bucket %d: no MAC pending (HasMAC %v)", bk.Meta.Seq, bk.Meta.HasMAC)
+		}
+		if err := awaitMAC(ctx, bk); err != nil { // as Publish does
+			return err
+		}
+		host, err := rb.Read(ctx, bk.Buf, int(bk.Meta.Length))
+		if err != nil {
+			return err
+		}
+		if want := mac.Sum(bucketKey(keys), host); bk.Meta.MAC != want {
+			return fmt.Errorf("bucket %d (%d bytes): MAC %v, mac.Sum %v", bk.Meta.Seq, bk.Meta.Length, bk.Meta.MAC, want)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPath("pack", &pk.dev.macs)
+	t.Logf("%d packed buckets, each MAC equal to mac.Sum of its bytes", n)
+
+	signed := func(g *group) *group {
+		g.sender.cfg.Auth = keys
+		for _, r := range g.receivers {
+			r.cfg.Auth = keys
+		}
+		return g
+	}
+	for _, rootHost := range []bool{false, true} {
+		g := signed(newGPUGroup(t, d, 3, bucket, rootHost, true, nil))
+		dm := newDeviceModel(t, d)
+		hm := NewHostModel()
+		if err := roundCancel(ctx, g, src, 1, []Sink{Sinks(dm, Verify(exp)), hm}); err != nil {
+			t.Fatalf("root with host buckets %v: %v", rootHost, err)
+		}
+		if _, err := dm.Verify(ctx, exp); err != nil {
+			t.Fatal(err)
+		}
+		for name, w := range exp {
+			if got, ok := hm.Get(name); !ok || string(got.Data) != string(w.Data) {
+				t.Fatalf("the host model's %s differs", name)
+			}
+		}
+		for i, r := range g.receivers {
+			checkPath(fmt.Sprintf("receiver %d", i+1), &r.loader.check.macs)
+		}
+		if !rootHost {
+			checkPath("root", &g.sender.packer.dev.macs)
+		}
+	}
+
+	for _, sink := range []string{"device", "host"} {
+		fe := &forgingEndpoint{forge: forgeDevice(s)}
+		fe.target.Store(1 + 1) // bucket 1
+		g := signed(newGPUGroup(t, d, 2, bucket, false, true, func(r int, ep transport.Endpoint) transport.Endpoint {
+			if r != 1 {
+				return ep
+			}
+			fe.Endpoint = ep
+			return fe
+		}))
+		var sk Sink = NewHostModel()
+		if sink == "device" {
+			sk = newDeviceModel(t, d)
+		}
+		err := roundCancel(ctx, g, src, 1, []Sink{sk})
+		if err == nil || !strings.Contains(err.Error(), "bucket 1 (version 1, ") || !strings.Contains(err.Error(), "failed its MAC") || !errors.Is(err, auth.ErrFailed) {
+			t.Fatalf("%s sink: a forged device bucket: %v", sink, err)
+		}
+		if !fe.forged.Load() {
+			t.Fatalf("%s sink: bucket 1 was never forged", sink)
+		}
+		t.Logf("%s sink, expected: %v", sink, err)
+	}
+}
+
+// forgeDevice forges a device bucket on stream s: its first bytes copied
+// back, forged keeping the checksum, and written again.
+func forgeDevice(s *gpu.Stream) func(ctx context.Context, buf mem.Buffer, n int) error {
+	return func(ctx context.Context, buf mem.Buffer, n int) error {
+		b := make([]byte, n)
+		if err := s.CopyDtoH(b, buf, 0); err != nil {
+			return err
+		}
+		if err := s.Sync(ctx); err != nil {
+			return err
+		}
+		sum := checksum.Sum(b)
+		checksumtest.Forge(b, 0)
+		if checksum.Sum(b) != sum {
+			return errors.New("the forgery changed the checksum")
+		}
+		if err := s.CopyHtoD(buf, 0, b[:checksumtest.ForgedLen]); err != nil {
+			return err
+		}
+		return s.Sync(ctx)
+	}
+}
