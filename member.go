@@ -14,6 +14,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/owned"
+	"github.com/weightcast/weightcast/internal/testhook"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -282,6 +283,9 @@ func (m *member) openDevice(peers []peer) error {
 }
 
 func (m *member) config(ex transport.Exchange) transport.Config {
+	if testhook.Exchange != nil {
+		ex = testhook.Exchange(ex)
+	}
 	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout,
 		Auth: m.keys, TLS: m.tls}
 }

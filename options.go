@@ -74,8 +74,10 @@ type Options struct {
 	Advertise string
 	// Secret, when set, is the group secret every rank of the group holds
 	// (auth.ReadSecretFile): every rendezvous record is signed with keys
-	// derived from it for this run, and every connection between ranks
-	// proves that both ends hold it. Nil means no secret.
+	// derived from it for this run, every connection between ranks
+	// proves that both ends hold it, every bucket carries a MAC of its
+	// bytes that receivers check before using them, and every metadata
+	// message is signed. Nil means no secret.
 	Secret *auth.Secret
 	// TLS, when its files are given, runs the connections that cross the
 	// network — etcd (served over TLS by a rank 0 that serves it), the tcp

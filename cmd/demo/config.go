@@ -134,7 +134,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group `NAME` (no '/' or spaces); one run at a time may hold a group")
 	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
 	fs.StringVar(&c.advertise, "advertise", "", "`ADDRESS` other hosts reach this one at; sockets then bind every interface")
-	fs.StringVar(&c.secretFile, "secret-file", "", "read the group secret from `PATH` (mode 0600; or "+auth.SecretFileEnv+"): every rank must prove it, every record is signed")
+	fs.StringVar(&c.secretFile, "secret-file", "", "read the group secret from `PATH` (mode 0600; or "+auth.SecretFileEnv+"): every rank must prove it, every record and message is signed, every bucket carries a MAC")
 	fs.StringVar(&c.tlsFiles.CA, "tls-ca", "", "with --tls-cert and --tls-key: mutual TLS 1.3 for etcd, the tcp chain and the metadata bus, trusting the CA certificates in `FILE`")
 	fs.StringVar(&c.tlsFiles.Cert, "tls-cert", "", "this host's certificate `FILE`, valid for the address other ranks dial it by")
 	fs.StringVar(&c.tlsFiles.Key, "tls-key", "", "the private key `FILE` of --tls-cert")

@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(serveEtcdEnv) != "" {
 		os.Exit(serveEtcd()) // a child process of TestEtcdKilled
 	}
+	if addr := os.Getenv(relayEnv); addr != "" {
+		os.Exit(relayedRank(addr)) // a rank of TestRelayForgesBucket
+	}
 	dir, err := os.MkdirTemp("", "demo-test-")
 	if err != nil {
 		panic(err)
@@ -89,11 +92,17 @@ var small = []string{"--size", "4MiB", "--tensors", "30", "--bucket", "256KiB", 
 
 func startRank(t *testing.T, etcd, group, run string, rank, world int, args ...string) *rankProc {
 	t.Helper()
+	return startRankOf(t, demoBin, nil, etcd, group, run, rank, world, args...)
+}
+
+// startRankOf is startRank running bin, with env added to the environment.
+func startRankOf(t *testing.T, bin string, env []string, etcd, group, run string, rank, world int, args ...string) *rankProc {
+	t.Helper()
 	full := append([]string{"--rank", strconv.Itoa(rank), "--world-size", strconv.Itoa(world), "--rendezvous", etcd,
 		"--group", group, "--run-id", run, "--json"}, args...)
-	p := &rankProc{rank: rank, cmd: exec.Command(demoBin, full...), done: make(chan struct{})}
+	p := &rankProc{rank: rank, cmd: exec.Command(bin, full...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.err
-	p.cmd.Env = append(os.Environ(), "NCCL_NVLS_ENABLE=0")
+	p.cmd.Env = append(append(os.Environ(), "NCCL_NVLS_ENABLE=0"), env...)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
