@@ -3,6 +3,7 @@ package stages
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -301,9 +302,13 @@ func TestSignedMessagesRejected(t *testing.T) {
 		t.Fatalf("a bucket with its MAC: %v", err)
 	}
 
-	// The commit message.
+	// The commit message, signed as docs/protocol.md writes it.
 	ctx := context.Background()
 	commit := EncodeCommit(2)
+	tag := keys.MessageMAC(5, []byte(`{"commit":2}`))
+	if got, want := string(sealMessage(keys, 5, commit)), `{"commit":2,"mac":"`+hex.EncodeToString(tag[:])+`"}`; got != want {
+		t.Fatalf("signed commit message %s, want %s", got, want)
+	}
 	if _, err := DecodeCommit(sealMessage(keys, 5, commit)); err == nil {
 		t.Fatal("DecodeCommit took a signed commit message: older readers would take it unchecked")
 	}
