@@ -18,6 +18,10 @@ func fmix64(k uint64) uint64 {
 	return k
 }
 
+// Term returns word w's contribution to the sum at word index i:
+// fmix64(w + (i+1)·φ).
+func Term(w, i uint64) uint64 { return fmix64(w + (i+1)*phi) }
+
 // partial sums the contributions of the words of b, whose first word has
 // index first.
 func partial(b []byte, first uint64) uint64 {

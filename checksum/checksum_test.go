@@ -155,3 +155,15 @@ func TestFinish(t *testing.T) {
 		t.Fatal("Finish(0, 0) is not the checksum of nothing")
 	}
 }
+
+// TestTerm: the sum of the words' terms, finished, is Sum.
+func TestTerm(t *testing.T) {
+	b := []byte("0123456789abcdef01234567")
+	var s uint64
+	for i := range 3 {
+		s += Term(binary.LittleEndian.Uint64(b[8*i:]), uint64(i))
+	}
+	if Finish(s, int64(len(b))) != Sum(b) {
+		t.Fatal("Finish of the terms is not Sum")
+	}
+}

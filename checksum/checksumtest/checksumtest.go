@@ -5,7 +5,11 @@
 // keyed MAC, such as package mac's, stops that).
 package checksumtest
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/weightcast/weightcast/checksum"
+)
 
 // ForgedLen is how many bytes Forge changes: eight words it alters and one
 // it solves.
@@ -22,30 +26,19 @@ func Forge(b []byte, first uint64) {
 	word := func(j int) uint64 { return binary.LittleEndian.Uint64(b[8*j:]) }
 	var before, after uint64
 	for j := range 9 {
-		before += term(word(j), first+uint64(j))
+		before += checksum.Term(word(j), first+uint64(j))
 	}
 	for j := range 8 {
 		binary.LittleEndian.PutUint64(b[8*j:], ^word(j))
-		after += term(word(j), first+uint64(j))
+		after += checksum.Term(word(j), first+uint64(j))
 	}
 	// The ninth word's term must make up the difference.
 	w := unfmix64(before-after) - (first+9)*phi
 	binary.LittleEndian.PutUint64(b[64:], w)
 }
 
+// phi is the checksum's index multiplier (package checksum's doc).
 const phi = 0x9e3779b97f4a7c15
-
-// term is word w's contribution at index i, as package checksum defines it.
-func term(w, i uint64) uint64 { return fmix64(w + (i+1)*phi) }
-
-func fmix64(k uint64) uint64 {
-	k ^= k >> 33
-	k *= 0xff51afd7ed558ccd
-	k ^= k >> 33
-	k *= 0xc4ceb9fe1a85ec53
-	k ^= k >> 33
-	return k
-}
 
 // unfmix64 inverts fmix64: each shift-xor by 33 is its own inverse on 64
 // bits, and each odd multiplier has an inverse modulo 2^64.
