@@ -23,6 +23,13 @@
 // that load a device bucket into a lone DeviceTarget) before load hands it
 // to a Sink.
 //
+// With a group secret (SenderConfig.Auth, ReceiverConfig.Auth: the run's
+// auth.Keys), every bucket also carries a keyed BLAKE3 MAC of its bytes,
+// computed where they are (on the GPU for device buckets), every metadata
+// message is signed, and unpack checks the MAC before any sink sees the
+// bucket, so bytes changed on purpose on any path fail the round instead
+// of being committed (mac.go).
+//
 // Sender and Receiver compose these stages for the common case; the stage
 // functions (Iterate, Pack, Publish, Broadcast, Subscribe, Receive, Unpack,
 // Load) compose custom pipelines, such as one that drops frozen tensors
