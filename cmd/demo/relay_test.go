@@ -49,7 +49,7 @@ func TestRelayForgesBucket(t *testing.T) {
 				addr, _, _ := bytes.Cut(v, []byte("\nwcmac1:")) // the record's signature, with a secret
 				return string(addr), err
 			})
-			args := []string{"--size", "4MiB", "--tensors", "30", "--bucket", "256KiB", "--timeout", "30s", "--rounds", "3"}
+			args := []string{"--transport", "tcp", "--size", "4MiB", "--tensors", "30", "--bucket", "256KiB", "--timeout", "30s", "--rounds", "3"}
 			if secret {
 				args = append(args, "--secret-file", secretFile(t))
 			}
@@ -189,10 +189,10 @@ func (rl *relay) serve(up net.Conn, conns *sync.Map) {
 	}
 	conns.Store(down, nil)
 	defer down.Close()
-	go func() {
+	rl.wg.Go(func() {
 		io.Copy(up, down) // acknowledgements and verdicts, untouched
 		up.Close()
-	}()
+	})
 	if err := rl.forward(down, bufio.NewReader(up)); err != nil && !isClosed(err) {
 		rl.t.Errorf("relay: %v", err)
 	}
