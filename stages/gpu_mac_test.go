@@ -125,6 +125,46 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 		}
 	}
 
+	// A root whose receivers could read its tensors in place packs every
+	// bucket all the same: a direct bucket has no bytes to MAC.
+	dsrc, dexp := directSource(t, d, s, 43, false)
+	var dep *directEP
+	g := signed(newGPUGroup(t, d, 3, bucket, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
+		if r == 0 {
+			dep = &directEP{Endpoint: e}
+			return dep
+		}
+		return e
+	}))
+	if st := runRounds(t, g, d, dsrc, dexp); st.Direct != 0 || dep.moved != 2*st.Buckets {
+		t.Fatalf("with a secret, %d direct buckets and %d of 2×%d moved by the transport", st.Direct, dep.moved, st.Buckets)
+	}
+
+	// Receivers that borrow the root's buffers check the MAC in them; a
+	// bucket changed in the root's buffer after its MAC was computed (as
+	// by a process that opened its IPC handle) fails the round.
+	lenders := make([]*lendEP, 2)
+	lending := func(r int, e transport.Endpoint) transport.Endpoint {
+		if r == 0 {
+			return e
+		}
+		lenders[r-1] = &lendEP{devLoopEP: e.(*devLoopEP)}
+		return lenders[r-1]
+	}
+	runRounds(t, signed(newGPUGroup(t, d, 3, bucket, false, true, lending)), d, dsrc, dexp)
+	fl := &forgingLender{lendEP: &lendEP{}, forge: forgeDevice(s), target: 1}
+	g = signed(newGPUGroup(t, d, 2, bucket, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
+		if r == 0 {
+			return e
+		}
+		fl.devLoopEP = e.(*devLoopEP)
+		return fl
+	}))
+	err = roundCancel(ctx, g, dsrc, 1, []Sink{newDeviceModel(t, d)})
+	if err == nil || !strings.Contains(err.Error(), "bucket 1 (version 1, ") || !strings.Contains(err.Error(), "failed its MAC") || !fl.forged {
+		t.Fatalf("a lent bucket forged in the root's buffer (forged %v): %v", fl.forged, err)
+	}
+
 	for _, sink := range []string{"device", "host"} {
 		fe := &forgingEndpoint{forge: forgeDevice(s)}
 		fe.target.Store(1 + 1) // bucket 1
@@ -148,6 +188,26 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 		}
 		t.Logf("%s sink, expected: %v", sink, err)
 	}
+}
+
+// forgingLender lends the root's buffers, forging bucket target in the
+// root's buffer before lending it.
+type forgingLender struct {
+	*lendEP
+	forge  func(ctx context.Context, buf mem.Buffer, n int) error
+	target uint64
+	forged bool
+}
+
+func (f *forgingLender) Lend(ctx context.Context, seq uint64, n int) (mem.Buffer, func(error) error, error) {
+	buf, release, err := f.lendEP.Lend(ctx, seq, n)
+	if err == nil && seq == f.target {
+		f.forged = true
+		if err = f.forge(ctx, buf, n); err != nil {
+			release(err)
+		}
+	}
+	return buf, release, err
 }
 
 // forgeDevice forges a device bucket on stream s: its first bytes copied
