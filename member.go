@@ -2,6 +2,7 @@ package weightcast
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -124,6 +125,19 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 	}
 	if m.pool, err = stages.NewPool(m.dev, stages.DefaultBuffers, int(o.BucketSize)); err != nil {
 		return nil, fmt.Errorf("%s: %w", m.who(), err)
+	}
+	if m.group != nil {
+		// No rank starts a round before every rank is open: a transport's
+		// open may still need the rendezvous after its own side is up (a
+		// tcp receiver looks up its successor), and a rank 0 whose first
+		// round failed at once would otherwise leave, taking the
+		// rendezvous it served with it, while a receiver still waits on it.
+		// The name is this group's own (a run id may be reused).
+		uid := m.group.UniqueID()
+		sum := sha256.Sum256(uid[:])
+		if err := m.group.Barrier(ctx, fmt.Sprintf("open-%x", sum[:8])); err != nil {
+			return nil, fmt.Errorf("%s: waiting for every rank to open: %w", m.who(), err)
+		}
 	}
 	return m, nil
 }

@@ -16,8 +16,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/internal/testhook"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -400,5 +402,81 @@ func TestEndOfRun(t *testing.T) {
 	}
 	if KindOf(errs[1]) != KindPeerGone || !strings.Contains(errs[1].Error(), "ended the run") {
 		t.Fatalf("a round after the end: %v (kind %d)", errs[1], KindOf(errs[1]))
+	}
+}
+
+// lateExchange holds back the last receiver's publishing of its tcp
+// address, as a rank on a loaded machine would be late to.
+type lateExchange struct {
+	transport.Exchange
+	late  bool
+	delay time.Duration
+}
+
+func (x lateExchange) Put(ctx context.Context, key string, value []byte) error {
+	if x.late {
+		select {
+		case <-time.After(x.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return x.Exchange.Put(ctx, key, value)
+}
+
+// failingSource fails a round at once, as a trainer's bad tensor does.
+type failingSource struct{ err error }
+
+func (f failingSource) Tensors(context.Context, func(*stages.Tensor) error) error { return f.err }
+
+// TestFirstRoundFailsWhileAReceiverOpens has rank 0's first round fail at
+// once and rank 0 leave, while the last receiver is still opening its
+// transport (late to publish its address, longer than rank 0 waits for
+// the others when it leaves). No rank starts a round before every rank is
+// open, so each receiver fails with the root's reason, not with a
+// rendezvous that went away under it.
+func TestFirstRoundFailsWhileAReceiverOpens(t *testing.T) {
+	const world = 3
+	testhook.Exchange = func(x transport.Exchange) transport.Exchange {
+		g, _ := x.(interface{ Rank() int })
+		return lateExchange{Exchange: x, late: g != nil && g.Rank() == world-1, delay: 6 * time.Second}
+	}
+	t.Cleanup(func() { testhook.Exchange = nil })
+	addr := freeAddr(t)
+	o := Options{Group: "late", RunID: "l1", Rendezvous: "etcd://" + addr, ServeRendezvous: true, BucketSize: 4 << 10,
+		Device: "cpu", Transport: "tcp", Timeout: 20 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		o := o
+		o.Rank, o.WorldSize = r, world
+		wg.Go(func() {
+			if r == 0 {
+				s, err := OpenSender(ctx, o)
+				if err != nil {
+					errs[0] = err
+					return
+				}
+				_, errs[0] = s.Send(ctx, failingSource{errors.New("tensor \"t.strided\" is not contiguous")}, 1)
+				s.Close()
+				return
+			}
+			o.ServeRendezvous = false
+			rcv, err := OpenReceiver(ctx, o)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			_, errs[r] = rcv.Receive(ctx, stages.NewHostModel())
+			rcv.Close()
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "t.strided") {
+			t.Errorf("rank %d: %v; want the root's reason", r, err)
+		}
 	}
 }
