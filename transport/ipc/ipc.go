@@ -272,7 +272,14 @@ func (r *root) handle(buf mem.Buffer) (gpu.IPCHandle, error) {
 
 // Broadcast waits until the bucket's bytes are written (its fence), tells
 // every receiver where they are, and returns when every receiver has
-// copied them and acknowledged, after which buf may be reused.
+// copied them and acknowledged, after which buf may be reused. Where one
+// receiver fails (hangs up, refuses the bucket), Broadcast still waits,
+// within the same bound, for every other receiver it told of the bucket to
+// acknowledge it or hang up, since each may be reading buf until then, and
+// returns the first failure (a failed write, else the lowest rank's). A
+// wait ended by ctx or the bound
+// returns at once, and a receiver that had not acknowledged may then still
+// read buf.
 func (r *root) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -301,7 +308,27 @@ func (r *root) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int)
 	}
 	frame := msg.encode()
 	deadline, _ := wctx.Deadline()
-	for _, p := range r.peers {
+	told, err := r.announce(frame, deadline, explain)
+	culprit := -1
+	if err != nil {
+		culprit = r.peers[told].rank
+	}
+	for _, p := range r.peers[:told] {
+		if perr := r.await(wctx, explain, p, seq); perr != nil && err == nil {
+			err, culprit = perr, p.rank
+		}
+	}
+	if err != nil {
+		return fail(culprit, err)
+	}
+	return nil
+}
+
+// announce writes a bucket's frame to every receiver in rank order, each
+// write bounded by deadline. It returns how many it told, and the error of
+// the write that failed (the receiver at index told), or nil.
+func (r *root) announce(frame []byte, deadline time.Time, explain func(error) error) (int, error) {
+	for i, p := range r.peers {
 		p.wmu.Lock()
 		p.conn.SetWriteDeadline(deadline)
 		err := writeFrame(p.conn, frameBucket, frame)
@@ -309,35 +336,40 @@ func (r *root) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int)
 		if err != nil {
 			select {
 			case <-p.gone:
-				return fail(p.rank, p.err)
+				return i, p.err
 			default:
 			}
-			return fail(p.rank, fmt.Errorf("telling rank %d about the bucket (%v): %w", p.rank, explain(err), transport.ErrPeerGone))
+			return i, fmt.Errorf("telling rank %d about the bucket (%v): %w", p.rank, explain(err), transport.ErrPeerGone)
 		}
 	}
-	for _, p := range r.peers {
-		var a ack
+	return len(r.peers), nil
+}
+
+// await waits, bounded by ctx, for receiver p's acknowledgement of bucket
+// seq, and returns why p failed it (hung up first, failed it, acknowledged
+// another bucket, or stayed silent until ctx ended), or nil.
+func (r *root) await(ctx context.Context, explain func(error) error, p *peer, seq uint64) error {
+	var a ack
+	select {
+	case a = <-p.acks:
+	case <-p.gone:
 		select {
-		case a = <-p.acks:
-		case <-p.gone:
-			select {
-			case a = <-p.acks: // it acknowledged, then hung up (a receiver done with its last bucket)
-			default:
-				return fail(p.rank, p.err)
-			}
-		case <-wctx.Done():
-			err := explain(wctx.Err())
-			if errors.Is(err, transport.ErrTimeout) {
-				err = fmt.Errorf("rank %d did not acknowledge within %v: %w", p.rank, r.cfg.WaitTimeout(), transport.ErrTimeout)
-			}
-			return fail(p.rank, err)
+		case a = <-p.acks: // it acknowledged, then hung up (a receiver done with its last bucket)
+		default:
+			return p.err
 		}
-		switch {
-		case a.seq != seq:
-			return fail(p.rank, fmt.Errorf("rank %d acknowledged bucket %d while the root sent bucket %d", p.rank, a.seq, seq))
-		case !a.ok:
-			return fail(p.rank, fmt.Errorf("rank %d failed: %s", p.rank, a.msg))
+	case <-ctx.Done():
+		err := explain(ctx.Err())
+		if errors.Is(err, transport.ErrTimeout) {
+			err = fmt.Errorf("rank %d did not acknowledge within %v: %w", p.rank, r.cfg.WaitTimeout(), transport.ErrTimeout)
 		}
+		return err
+	}
+	switch {
+	case a.seq != seq:
+		return fmt.Errorf("rank %d acknowledged bucket %d while the root sent bucket %d", p.rank, a.seq, seq)
+	case !a.ok:
+		return fmt.Errorf("rank %d failed: %s", p.rank, a.msg)
 	}
 	return nil
 }

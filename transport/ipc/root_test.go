@@ -131,6 +131,56 @@ func TestRootReceiverHangsUp(t *testing.T) {
 	}
 }
 
+// TestRootFailureWaitsForReaders checks that a Broadcast failed by one
+// receiver (rank 1 hangs up) returns only once every other receiver told
+// of the bucket has acknowledged it (rank 2 holds it a while first): until
+// then rank 2 may be reading the root's buffer, which the root's caller
+// reuses, or frees, once Broadcast returns.
+func TestRootFailureWaitsForReaders(t *testing.T) {
+	holding, hold := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(hold) }) }
+	ep := openFakeGroup(t, 3, 30*time.Second, func(rank int, m bucketMsg) (ack, bool) {
+		if rank == 1 {
+			return ack{}, false
+		}
+		close(holding)
+		<-hold
+		return ack{seq: m.seq, ok: true}, true
+	})
+	t.Cleanup(let) // before the group's cleanup, which waits for rank 2
+	returned := make(chan error, 1)
+	go func() { returned <- ep.Broadcast(context.Background(), 0, fakeDeviceBuf{64}, 64) }()
+	defer func() { let(); <-returned }()
+	<-holding
+	select {
+	case <-ep.(*root).peers[0].gone: // the root has seen rank 1 hang up
+	case <-time.After(10 * time.Second):
+		t.Fatal("the root did not see rank 1 hang up within 10s")
+	}
+	// A root that did not wait for rank 2 would now return at once; one
+	// that waits returns only after rank 2 acknowledges. A second is far
+	// more than the first needs, even on a loaded machine.
+	select {
+	case err := <-returned:
+		returned <- err
+		t.Fatalf("Broadcast returned (%v) while rank 2 still held the bucket", err)
+	case <-time.After(time.Second):
+	}
+	let()
+	var err error
+	select {
+	case err = <-returned:
+		returned <- err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Broadcast did not return within 10s of rank 2's acknowledgement")
+	}
+	var te *transport.Error
+	if !errors.As(err, &te) || te.Peer != 1 || !errors.Is(err, transport.ErrPeerGone) || !te.HasSeq || te.Seq != 0 {
+		t.Fatalf("Broadcast = %v; want ErrPeerGone from peer 1 at bucket 0", err)
+	}
+}
+
 func TestRootReceiverSilent(t *testing.T) {
 	const bound = 300 * time.Millisecond
 	release := make(chan struct{})
