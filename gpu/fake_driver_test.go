@@ -234,4 +234,51 @@ func TestFakeDriverChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	unlock()
+
+	// Memory freed while another goroutine still copies out of it (a
+	// root's bucket buffer, say, freed before a receiver's copy): the
+	// stand-in, like the driver, refuses such copies with
+	// CUDA_ERROR_INVALID_VALUE and moves nothing, rather than read or
+	// write freed memory; so it does a copy that runs past the end of its
+	// allocation.
+	dead, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := dead.DevicePtr()
+	if err := dead.Free(); err != nil {
+		t.Fatal(err)
+	}
+	gputest.Fill(t, s, b, 7)
+	for _, c := range []struct {
+		what     string
+		dst, src uint64
+	}{
+		{"from freed memory", b.DevicePtr(), at},
+		{"into freed memory", at, a.DevicePtr()},
+		{"past the end of the source", b.DevicePtr(), a.DevicePtr() + 1},
+	} {
+		if err := s.CopyDtoDPtr(c.dst, c.src, n); !errors.Is(err, gpu.CUDAErrorInvalidValue) {
+			t.Errorf("a copy %s: %v; want CUDA_ERROR_INVALID_VALUE", c.what, err)
+		}
+	}
+	if err := s.CopyDtoHPtr(make([]byte, n), at); !errors.Is(err, gpu.CUDAErrorInvalidValue) {
+		t.Errorf("a copy from freed memory to the host: %v; want CUDA_ERROR_INVALID_VALUE", err)
+	}
+	if got := gputest.Download(t, s, b, 0, n); !bytes.Equal(got, bytes.Repeat([]byte{7}, n)) {
+		t.Fatalf("a refused copy changed byte %d of its destination", gputest.FirstDiff(got, bytes.Repeat([]byte{7}, n)))
+	}
+
+	// The gather kernel reading freed memory faults, and the fault loses
+	// the context, as on a GPU: every later call fails (this is the
+	// test's last use of the device; closing it at the end fails too).
+	g = s.NewGather()
+	cb.Reset()
+	cb.Add(b.DevicePtr(), at, 4096)
+	if err := g.Copy(ctx, &cb); !errors.Is(err, gpu.CUDAResult(700)) {
+		t.Fatalf("gathering from freed memory: %v; want CUDA_ERROR_ILLEGAL_ADDRESS (700)", err)
+	}
+	if err := s.Memset(b, 0, 1, 0); !errors.Is(err, gpu.CUDAResult(700)) {
+		t.Fatalf("a memset after the fault: %v; want CUDA_ERROR_ILLEGAL_ADDRESS (700)", err)
+	}
 }

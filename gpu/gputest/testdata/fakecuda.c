@@ -5,7 +5,10 @@
 // it runs is wc_gather. It refuses what the real driver would refuse and a
 // careless binding might do: a call without the context current, a handle
 // it did not make, flags the package does not use, a launch whose grid does
-// not match its arguments. It is test data, never shipped.
+// not match its arguments. Where the driver returns an error rather than
+// crash, so does it: a copy from or into freed memory (see mem_mu), a
+// handle already destroyed (see objects_mu). It is test data, never
+// shipped.
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,44 +26,82 @@ enum {
   INVALID_PTX = 218,
   INVALID_HANDLE = 400,
   NOT_FOUND = 500,
+  ILLEGAL_ADDRESS = 700,
 };
 
 enum { STREAM = 0x57524d31, EVENT = 0x45564e31, MODULE = 0x4d4f4431, GATHER = 0x47415431 };
 
-typedef struct {
+// An object is a stream, event, module or function. The live ones are
+// kept in a list, so that a handle is checked by looking it up, never by
+// reading memory that may have been freed: a handle destroyed on one
+// thread and used on another gets INVALID_HANDLE, as from the driver.
+// objects_mu guards the list, the objects and clock_ms.
+typedef struct object {
   unsigned magic;
   int gather; // a module: its image has the wc_gather entry
   int timed;  // an event created without CU_EVENT_DISABLE_TIMING
   double at;  // a timed event: the stand-in's clock when last recorded, in ms
+  struct object *next;
 } object;
 
+static object *objects;
+static pthread_mutex_t objects_mu = PTHREAD_MUTEX_INITIALIZER;
 static double clock_ms; // advances 1 ms at each recording of a timed event
 
 static void *make(unsigned magic) {
   object *o = calloc(1, sizeof(object));
   o->magic = magic;
+  pthread_mutex_lock(&objects_mu);
+  o->next = objects;
+  objects = o;
+  pthread_mutex_unlock(&objects_mu);
   return o;
 }
 
-static int is(const void *p, unsigned magic) { return p != NULL && ((const object *)p)->magic == magic; }
-
-static CUresult drop(void *p, unsigned magic) {
-  if (!is(p, magic))
-    return INVALID_HANDLE;
-  ((object *)p)->magic = 0;
-  free(p);
-  return OK;
+// is reports whether p is a live object of kind magic; objects_mu is held.
+static int is(const void *p, unsigned magic) {
+  for (object *o = objects; o != NULL; o = o->next)
+    if (o == p)
+      return o->magic == magic;
+  return 0;
 }
 
-static int primary;       // the one device's primary context
-static __thread void *current; // the calling thread's current context
+// alive is is for a caller that does not hold objects_mu.
+static int alive(const void *p, unsigned magic) {
+  pthread_mutex_lock(&objects_mu);
+  int ok = is(p, magic);
+  pthread_mutex_unlock(&objects_mu);
+  return ok;
+}
 
-#define NEED_CTX()         \
-  if (current != &primary) \
-  return INVALID_CONTEXT
-#define NEED_STREAM(s)         \
-  if (s != NULL && !is(s, STREAM)) \
-  return INVALID_HANDLE
+static CUresult drop(void *p, unsigned magic) {
+  CUresult r = INVALID_HANDLE;
+  pthread_mutex_lock(&objects_mu);
+  for (object **o = &objects; *o != NULL; o = &(*o)->next)
+    if (*o == p) {
+      if ((*o)->magic == magic) {
+        *o = ((object *)p)->next;
+        free(p);
+        r = OK;
+      }
+      break;
+    }
+  pthread_mutex_unlock(&objects_mu);
+  return r;
+}
+
+static int primary;             // the one device's primary context
+static __thread void *current; // the calling thread's current context
+static int faulted;            // a launch touched memory outside live allocations: the context is lost
+
+#define NEED_CTX()                                 \
+  if (current != &primary)                         \
+    return INVALID_CONTEXT;                        \
+  if (__atomic_load_n(&faulted, __ATOMIC_RELAXED)) \
+    return ILLEGAL_ADDRESS
+#define NEED_STREAM(s)                \
+  if (s != NULL && !alive(s, STREAM)) \
+    return INVALID_HANDLE
 
 CUresult cuInit(unsigned flags) { return flags == 0 ? OK : INVALID_VALUE; }
 CUresult cuDriverGetVersion(int *v) {
@@ -116,36 +157,43 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
   *free = *total / 2;
   return OK;
 }
-// The live allocations, for cuMemGetAddressRange_v2 (calls come from
-// many threads at once).
+// The live allocations: device memory (cuMemAlloc_v2) and pinned host
+// memory (cuMemHostAlloc). Calls come from many threads at once. Each
+// copy, memset and launch holds mem_mu for reading while it checks that the
+// device side of each of its ranges lies in one live allocation and moves
+// the bytes, and a free holds it for writing: so a free never pulls memory
+// from under a copy, and a copy after the free (from a buffer its owner
+// freed while another thread still reads it) fails with INVALID_VALUE, as
+// the driver refuses an address in no allocation, instead of touching
+// freed memory.
 typedef struct alloc {
   CUdeviceptr p;
   size_t n;
+  int host;              // pinned host memory
   unsigned long long id; // CU_POINTER_ATTRIBUTE_BUFFER_ID
   struct alloc *next;
 } alloc;
 static alloc *allocs;
 static unsigned long long next_id = 1;
-static pthread_mutex_t allocs_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t mem_mu = PTHREAD_RWLOCK_INITIALIZER;
 
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-  NEED_CTX();
-  *p = (CUdeviceptr)(uintptr_t)malloc(n);
+static void track(void *p, size_t n, int host) {
   alloc *a = malloc(sizeof(alloc));
-  a->p = *p, a->n = n;
-  pthread_mutex_lock(&allocs_mu);
+  a->p = (CUdeviceptr)(uintptr_t)p, a->n = n, a->host = host;
+  pthread_rwlock_wrlock(&mem_mu);
   a->id = next_id++;
   a->next = allocs;
   allocs = a;
-  pthread_mutex_unlock(&allocs_mu);
-  return OK;
+  pthread_rwlock_unlock(&mem_mu);
 }
-CUresult cuMemFree_v2(CUdeviceptr p) {
-  NEED_CTX();
-  CUresult r = INVALID_VALUE; // not an allocation's start
-  pthread_mutex_lock(&allocs_mu);
+
+// untrack frees the live allocation of its kind that starts at p, once
+// every copy in flight has finished; INVALID_VALUE where there is none.
+static CUresult untrack(CUdeviceptr p, int host) {
+  CUresult r = INVALID_VALUE;
+  pthread_rwlock_wrlock(&mem_mu);
   for (alloc **a = &allocs; *a != NULL; a = &(*a)->next)
-    if ((*a)->p == p) {
+    if ((*a)->p == p && (*a)->host == host) {
       alloc *dead = *a;
       *a = dead->next;
       free(dead);
@@ -153,34 +201,75 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
       r = OK;
       break;
     }
-  pthread_mutex_unlock(&allocs_mu);
+  pthread_rwlock_unlock(&mem_mu);
   return r;
 }
-// find returns the live allocation that holds p, or NULL; allocs_mu is held.
+
+// find returns the live device allocation that holds p, or NULL; mem_mu
+// is held.
 static alloc *find(CUdeviceptr p) {
   for (alloc *a = allocs; a != NULL; a = a->next)
-    if (p >= a->p && p < a->p + a->n)
+    if (!a->host && p >= a->p && p < a->p + a->n)
       return a;
   return NULL;
+}
+
+// live reports whether n bytes at p lie in one live allocation, of device
+// memory or of pinned host memory (mapped, so a device address too);
+// mem_mu is held.
+static int live(CUdeviceptr p, size_t n) {
+  if (n == 0)
+    return 1;
+  for (alloc *a = allocs; a != NULL; a = a->next)
+    if (p >= a->p && p < a->p + a->n)
+      return n <= a->p + a->n - p;
+  return 0;
+}
+
+// The sides of a copy: HOST, any host memory (not checked: the driver
+// takes pageable memory), or LIVE, a device address, which must be live.
+enum { HOST, LIVE };
+
+// move copies n bytes from src to dst, each of side HOST or LIVE, and
+// returns INVALID_VALUE, moving nothing, where a LIVE side is not.
+static CUresult move(CUdeviceptr dst, int ds, CUdeviceptr src, int ss, size_t n) {
+  pthread_rwlock_rdlock(&mem_mu);
+  CUresult r = (ds == HOST || live(dst, n)) && (ss == HOST || live(src, n)) ? OK : INVALID_VALUE;
+  if (r == OK)
+    memmove((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n);
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  NEED_CTX();
+  void *m = malloc(n);
+  track(m, n, 0);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return OK;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  NEED_CTX();
+  return untrack(p, 0); // INVALID_VALUE: not an allocation's start
 }
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
   NEED_CTX();
   if (attr != 7) // CU_POINTER_ATTRIBUTE_BUFFER_ID
     return INVALID_VALUE;
-  pthread_mutex_lock(&allocs_mu);
+  pthread_rwlock_rdlock(&mem_mu);
   alloc *a = find(p);
   if (a != NULL)
     *(unsigned long long *)data = a->id;
-  pthread_mutex_unlock(&allocs_mu);
+  pthread_rwlock_unlock(&mem_mu);
   return a != NULL ? OK : INVALID_VALUE;
 }
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
   NEED_CTX();
-  pthread_mutex_lock(&allocs_mu);
+  pthread_rwlock_rdlock(&mem_mu);
   alloc *a = find(p);
   if (a != NULL)
     *base = a->p, *size = a->n;
-  pthread_mutex_unlock(&allocs_mu);
+  pthread_rwlock_unlock(&mem_mu);
   return a != NULL ? OK : NOT_FOUND;
 }
 CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
@@ -188,42 +277,42 @@ CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
   if (flags != 3) // PORTABLE | DEVICEMAP
     return INVALID_VALUE;
   *pp = malloc(n);
+  track(*pp, n, 1);
   return OK;
 }
 CUresult cuMemFreeHost(void *p) {
   NEED_CTX();
-  free(p);
-  return OK;
+  return untrack((CUdeviceptr)(uintptr_t)p, 1);
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
   NEED_CTX();
   NEED_STREAM(s);
-  memcpy((void *)(uintptr_t)dst, src, n);
-  return OK;
+  return move(dst, LIVE, (CUdeviceptr)(uintptr_t)src, HOST, n);
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
   NEED_CTX();
   NEED_STREAM(s);
-  memcpy(dst, (void *)(uintptr_t)src, n);
-  return OK;
+  return move((CUdeviceptr)(uintptr_t)dst, HOST, src, LIVE, n);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
   NEED_CTX();
   NEED_STREAM(s);
-  memmove((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n);
-  return OK;
+  return move(dst, LIVE, src, LIVE, n);
 }
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
   NEED_CTX();
   NEED_STREAM(s);
-  memmove((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n);
-  return OK;
+  return move(dst, LIVE, src, LIVE, n);
 }
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *s) {
   NEED_CTX();
   NEED_STREAM(s);
-  memset((void *)(uintptr_t)dst, v, n);
-  return OK;
+  pthread_rwlock_rdlock(&mem_mu);
+  CUresult r = live(dst, n) ? OK : INVALID_VALUE;
+  if (r == OK)
+    memset((void *)(uintptr_t)dst, v, n);
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
 }
 CUresult cuStreamCreate(void **s, unsigned flags) {
   NEED_CTX();
@@ -238,38 +327,49 @@ CUresult cuStreamDestroy_v2(void *s) {
 }
 CUresult cuStreamQuery(void *s) {
   NEED_CTX();
-  return is(s, STREAM) ? OK : INVALID_HANDLE;
+  return alive(s, STREAM) ? OK : INVALID_HANDLE;
 }
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
   NEED_CTX();
-  return is(s, STREAM) && is(e, EVENT) && flags == 0 ? OK : INVALID_HANDLE;
+  return alive(s, STREAM) && alive(e, EVENT) && flags == 0 ? OK : INVALID_HANDLE;
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
   NEED_CTX();
   if (flags != 2 && flags != 0) // CU_EVENT_DISABLE_TIMING, or a timed event
     return INVALID_VALUE;
-  *e = make(EVENT);
-  ((object *)*e)->timed = flags == 0;
+  object *o = make(EVENT);
+  pthread_mutex_lock(&objects_mu);
+  o->timed = flags == 0;
+  pthread_mutex_unlock(&objects_mu);
+  *e = o;
   return OK;
 }
 CUresult cuEventRecord(void *e, void *s) {
   NEED_CTX();
-  if (!is(e, EVENT) || !is(s, STREAM))
-    return INVALID_HANDLE;
-  if (((object *)e)->timed)
-    ((object *)e)->at = ++clock_ms;
-  return OK;
+  CUresult r = INVALID_HANDLE;
+  pthread_mutex_lock(&objects_mu);
+  if (is(e, EVENT) && is(s, STREAM)) {
+    if (((object *)e)->timed)
+      ((object *)e)->at = ++clock_ms;
+    r = OK;
+  }
+  pthread_mutex_unlock(&objects_mu);
+  return r;
 }
 CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end) {
   NEED_CTX();
-  if (!is(start, EVENT) || !is(end, EVENT) || !((object *)start)->timed || !((object *)end)->timed)
-    return INVALID_HANDLE;
-  *ms = (float)(((object *)end)->at - ((object *)start)->at);
-  return OK;
+  CUresult r = INVALID_HANDLE;
+  pthread_mutex_lock(&objects_mu);
+  if (is(start, EVENT) && is(end, EVENT) && ((object *)start)->timed && ((object *)end)->timed) {
+    *ms = (float)(((object *)end)->at - ((object *)start)->at);
+    r = OK;
+  }
+  pthread_mutex_unlock(&objects_mu);
+  return r;
 }
 CUresult cuEventQuery(void *e) {
   NEED_CTX();
-  return is(e, EVENT) ? OK : INVALID_HANDLE;
+  return alive(e, EVENT) ? OK : INVALID_HANDLE;
 }
 CUresult cuEventDestroy_v2(void *e) {
   NEED_CTX();
@@ -316,9 +416,15 @@ CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *siz
   NEED_STREAM(s);
   if (numAttrs != 1 || attrsIdxs[0] != 0 || attrs[0].srcAccessOrder != 1 || attrs[0].flags != 0)
     return INVALID_VALUE;
-  for (size_t i = 0; i < count; i++)
+  CUresult r = OK;
+  pthread_rwlock_rdlock(&mem_mu);
+  for (size_t i = 0; i < count && r == OK; i++)
+    if (!live(dsts[i], sizes[i]) || !live(srcs[i], sizes[i]))
+      r = INVALID_VALUE; // the batch is refused whole
+  for (size_t i = 0; i < count && r == OK; i++)
     memmove((void *)(uintptr_t)dsts[i], (void *)(uintptr_t)srcs[i], sizes[i]);
-  return OK;
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
 }
 
 CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, void **vals) {
@@ -330,18 +436,20 @@ CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, 
     return INVALID_PTX;
   }
   object *o = make(MODULE);
+  pthread_mutex_lock(&objects_mu);
   o->gather = strstr(image, ".entry wc_gather(") != NULL;
+  pthread_mutex_unlock(&objects_mu);
   *m = o;
   return OK;
 }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
   NEED_CTX();
-  if (!is(m, MODULE))
-    return INVALID_HANDLE;
-  if (strcmp(name, "wc_gather") != 0 || !((object *)m)->gather)
-    return NOT_FOUND;
-  *f = make(GATHER);
-  return OK;
+  pthread_mutex_lock(&objects_mu);
+  CUresult r = !is(m, MODULE) ? INVALID_HANDLE : strcmp(name, "wc_gather") != 0 || !((object *)m)->gather ? NOT_FOUND : OK;
+  pthread_mutex_unlock(&objects_mu);
+  if (r == OK)
+    *f = make(GATHER);
+  return r;
 }
 CUresult cuModuleUnload(void *m) {
   NEED_CTX();
@@ -349,19 +457,31 @@ CUresult cuModuleUnload(void *m) {
 }
 
 // cuLaunchKernel runs wc_gather(ranges, count): count ranges of (source,
-// destination, length), one block of 256 threads each.
+// destination, length), one block of 256 threads each. A kernel that reads
+// or writes outside live memory faults, and the fault loses the context,
+// as on the GPU: this call and every later one return ILLEGAL_ADDRESS (the
+// driver reports it at the next call that waits).
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, void *s, void **params, void **extra) {
   NEED_CTX();
   NEED_STREAM(s);
-  if (!is(f, GATHER))
+  if (!alive(f, GATHER))
     return INVALID_HANDLE;
   CUdeviceptr ranges = *(CUdeviceptr *)params[0];
   unsigned count = *(unsigned *)params[1];
   if (gx != count || gy != 1 || gz != 1 || bx != 256 || by != 1 || bz != 1 || shared != 0 || extra != NULL)
     return INVALID_VALUE;
   const uint64_t *r = (const uint64_t *)(uintptr_t)ranges;
-  for (unsigned i = 0; i < count; i++)
+  pthread_rwlock_rdlock(&mem_mu);
+  int ok = live(ranges, 24 * (size_t)count);
+  for (unsigned i = 0; i < count && ok; i++)
+    ok = live(r[3 * i + 1], r[3 * i + 2]) && live(r[3 * i], r[3 * i + 2]);
+  for (unsigned i = 0; i < count && ok; i++)
     memmove((void *)(uintptr_t)r[3 * i + 1], (void *)(uintptr_t)r[3 * i], r[3 * i + 2]);
+  pthread_rwlock_unlock(&mem_mu);
+  if (!ok) {
+    __atomic_store_n(&faulted, 1, __ATOMIC_RELAXED);
+    return ILLEGAL_ADDRESS;
+  }
   return OK;
 }
