@@ -2,7 +2,6 @@ package weightcast
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -131,11 +130,9 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 		// open may still need the rendezvous after its own side is up (a
 		// tcp receiver looks up its successor), and a rank 0 whose first
 		// round failed at once would otherwise leave, taking the
-		// rendezvous it served with it, while a receiver still waits on it.
-		// The name is this group's own (a run id may be reused).
-		uid := m.group.UniqueID()
-		sum := sha256.Sum256(uid[:])
-		if err := m.group.Barrier(ctx, fmt.Sprintf("open-%x", sum[:8])); err != nil {
+		// rendezvous it served with it, while a receiver still waits on it
+		// (docs/protocol.md, "A run, step by step").
+		if err := m.group.Barrier(ctx, "open"); err != nil {
 			return nil, fmt.Errorf("%s: waiting for every rank to open: %w", m.who(), err)
 		}
 	}
@@ -393,6 +390,21 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 	m.mu.Unlock()
 
 	var watch sync.WaitGroup
+	for _, l := range []any{m.pub, m.sub} {
+		// The bus failing for the other side's reason (a receiver that
+		// gave up between rounds, the root's abort) ends the round at
+		// once: the byte transport, waiting for that side, may never
+		// hear of it (NCCL has no way to).
+		if w, ok := l.(transport.Watcher); ok {
+			watch.Go(func() {
+				select {
+				case <-w.Failed():
+					cancel(w.Err())
+				case <-ctx.Done():
+				}
+			})
+		}
+	}
 	if m.group != nil {
 		watch.Go(func() {
 			select {

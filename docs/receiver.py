@@ -191,13 +191,7 @@ class Rendezvous:
         if root["world_size"] != self.world:
             self.abort("world-size-mismatch", "rank %d was started with world size %d but rank 0 with %d"
                        % (self.rank, self.world, root["world_size"]), [0, self.rank])
-        barrier = run + "join/"
-        created, _ = e.create(barrier + str(self.rank), "", leased=False)
-        if not created:
-            raise Failure("rank %d reached the join barrier twice" % self.rank)
-        if e.add(barrier + "count") == self.world:
-            e.create(barrier + "done", "", leased=False)
-        e.wait(barrier + "done", run + "abort")
+        self.barrier("join/", "the join barrier")
         ranks = e.list(run + "ranks/")
         for r in range(self.world):
             v = ranks.get(run + "ranks/%d" % r)
@@ -206,6 +200,16 @@ class Rendezvous:
             rec = json.loads(v)
             if not isinstance(rec, dict) or rec.get("world_size") != self.world or not isinstance(rec.get("endpoints", {}), dict):
                 raise Failure("rank %d's record is malformed: %r" % (r, v))
+
+    def barrier(self, prefix, what):
+        """Rendezvous, "Barrier": prefix is under the run ("join/")."""
+        e, p = self.etcd, self.run + prefix
+        created, _ = e.create(p + str(self.rank), "", leased=False)
+        if not created:
+            raise Failure("rank %d reached %s twice" % (self.rank, what))
+        if e.add(p + "count") == self.world:
+            e.create(p + "done", "", leased=False)
+        e.wait(p + "done", self.run + "abort")
 
     def put(self, key, value):
         created, _ = self.etcd.create(self.run + "data/%d/%s" % (self.rank, key), value, leased=True)
@@ -666,6 +670,7 @@ def main():
         print("joined", flush=True)
         bus = Bus(rdv.get(0, "meta.addr").decode(), a.rank, a.world_size, a.group, deadline)
         chain = Chain(rdv, a.rank, a.world_size, a.group, bus.tick, deadline)
+        rdv.barrier("barrier/open/", "the open barrier")
         receive(bus, chain, a.out, deadline)
         print("end", flush=True)
         return 0

@@ -53,3 +53,14 @@ type Subscriber interface {
 type Aborter interface {
 	Abort(err error)
 }
+
+// Watcher is implemented by Publishers and Subscribers that tell, while a
+// round waits elsewhere (on the byte transport, which may never hear of
+// it), that the bus has failed for a reason other than this side's own
+// Abort: the other side gave up, broke the protocol, or its connection
+// failed. Failed is closed then, and Err says why. Sender and Receiver end
+// a running round with Err at once.
+type Watcher interface {
+	Failed() <-chan struct{}
+	Err() error
+}

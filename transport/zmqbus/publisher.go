@@ -182,6 +182,7 @@ func (p *publisher) abortLocked(err *transport.Error, code uint32) *transport.Er
 		return p.fatal
 	}
 	p.fatal = err
+	p.failedLocked()
 	text := errorText(err.Error())
 	for r := 1; r < len(p.peers); r++ {
 		if pr := &p.peers[r]; pr.joined && pr.gone == nil {
@@ -545,7 +546,20 @@ func (p *publisher) Sync(ctx context.Context) error {
 func (p *publisher) Abort(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.fatal == nil {
+		p.selfAborted = true
+	}
 	p.abortLocked(busError(p.cfg, "abort", 0, false, -1, fmt.Errorf("%w: %v", ErrAborted, err)), codeAborted)
+}
+
+// Err is the failure that ended the bus, or nil (transport.Watcher).
+func (p *publisher) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fatal == nil {
+		return nil
+	}
+	return p.fatal
 }
 
 // Close says BYE to every receiver, closes the socket and joins the

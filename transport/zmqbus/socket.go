@@ -42,7 +42,26 @@ type busSocket struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced by broadcastLocked on every change; never nil
 	closing bool          // set by shutdown: API calls fail with ErrClosed, the goroutines report nothing more
+	// failed is closed by failedLocked when the bus fails for a reason
+	// other than this side's own Abort (Watcher); selfAborted marks that
+	// Abort ended it.
+	failed      chan struct{}
+	hasFailed   bool
+	selfAborted bool
 }
+
+// failedLocked closes failed, once, unless this side's own Abort ended
+// the bus.
+func (b *busSocket) failedLocked() {
+	if !b.hasFailed && !b.selfAborted {
+		b.hasFailed = true
+		close(b.failed)
+	}
+}
+
+// Failed is closed once the bus has failed for a reason other than this
+// side's own Abort; Err then says why (transport.Watcher).
+func (b *busSocket) Failed() <-chan struct{} { return b.failed }
 
 // sideHooks are the parts of the socket goroutines that differ between the
 // publisher and the subscriber.
@@ -70,6 +89,7 @@ func (b *busSocket) adopt(cfg transport.Config, opts options, sock zmq4.Socket, 
 	b.stop = make(chan struct{})
 	b.writerDone = make(chan struct{})
 	b.changed = make(chan struct{})
+	b.failed = make(chan struct{})
 }
 
 // start starts the three goroutines that own the socket; shutdown stops

@@ -178,7 +178,18 @@ func (s *subscriber) failLocked(err error) {
 		op = "open"
 	}
 	s.err = busError(s.cfg, op, s.expect, s.welcomed, 0, err)
+	s.failedLocked()
 	s.broadcastLocked()
+}
+
+// Err is the failure that ended the bus, or nil (transport.Watcher).
+func (s *subscriber) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		return nil
+	}
+	return s.err
 }
 
 // Abort ends the bus because this receiver's round failed with err, and
@@ -191,6 +202,7 @@ func (s *subscriber) Abort(err error) {
 	if s.err != nil {
 		return
 	}
+	s.selfAborted = true
 	s.failLocked(fmt.Errorf("%w: %v", ErrAborted, err))
 	s.out.push(zmq4.NewMsgFrom(encodeHeader(typeError, codeAborted, s.expect), errorText(err.Error())))
 }

@@ -136,3 +136,8 @@ func millis(d time.Duration) uint32 {
 func busError(cfg transport.Config, op string, seq uint64, hasSeq bool, peer int, err error) *transport.Error {
 	return &transport.Error{Transport: Name, Group: cfg.Group, Rank: cfg.Rank, Op: op, Seq: seq, HasSeq: hasSeq, Peer: peer, Err: err}
 }
+
+var (
+	_ transport.Watcher = (*publisher)(nil)
+	_ transport.Watcher = (*subscriber)(nil)
+)
