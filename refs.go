@@ -57,7 +57,7 @@ type refSource struct {
 }
 
 func (r refSource) Tensors(ctx context.Context, emit func(*stages.Tensor) error) error {
-	if err := r.s.awaitStreams(ctx, r.refs); err != nil {
+	if err := awaitStreams(ctx, r.refs, r.s.device, r.s.opts.Timeout); err != nil {
 		return err
 	}
 	for i := range r.refs {
@@ -72,33 +72,50 @@ func (r refSource) Tensors(ctx context.Context, emit func(*stages.Tensor) error)
 	return nil
 }
 
-// tensor turns a Ref into a stages.Tensor, checking it.
-func (s *Sender) tensor(r *Ref) (*stages.Tensor, error) {
+// layout checks what a Ref says of itself and returns its dtype and
+// byte length: a dtype weightcast knows, dense elements, bytes that match
+// dtype and shape. Its errors name the tensor and wrap ErrConfig.
+func (r *Ref) layout() (dtype.DType, int64, error) {
 	dt, err := dtype.Parse(r.DType)
 	if err != nil {
 		names := make([]string, 0, len(dtype.All()))
 		for _, d := range dtype.All() {
 			names = append(names, d.String())
 		}
-		return nil, fmt.Errorf("%w: tensor %q has dtype %q, which weightcast cannot send (it sends %s)", ErrConfig, r.Name, r.DType, strings.Join(names, ", "))
+		return 0, 0, fmt.Errorf("%w: tensor %q has dtype %q, which weightcast cannot send (it sends %s)", ErrConfig, r.Name, r.DType, strings.Join(names, ", "))
 	}
 	if r.Strided {
-		return nil, fmt.Errorf("%w: tensor %q (%s%v) is not contiguous; send a contiguous copy (tensor.contiguous(), numpy.ascontiguousarray)", ErrConfig, r.Name, dt, r.Shape)
+		return 0, 0, fmt.Errorf("%w: tensor %q (%s%v) is not contiguous; hand in a contiguous tensor (tensor.contiguous(), numpy.ascontiguousarray)", ErrConfig, r.Name, dt, r.Shape)
 	}
 	size, err := dt.Bytes(r.Shape)
 	if err != nil {
-		return nil, fmt.Errorf("%w: tensor %q: %v", ErrConfig, r.Name, err)
+		return 0, 0, fmt.Errorf("%w: tensor %q: %v", ErrConfig, r.Name, err)
+	}
+	switch {
+	case r.Data != nil || r.Addr == 0 && size == 0:
+		if int64(len(r.Data)) != size {
+			return 0, 0, fmt.Errorf("%w: tensor %q is %s%v, %d bytes, but %d bytes were handed in", ErrConfig, r.Name, dt, r.Shape, size, len(r.Data))
+		}
+	case r.Bytes != 0 && r.Bytes != size:
+		return 0, 0, fmt.Errorf("%w: tensor %q is %s%v, %d bytes, but it holds %d bytes", ErrConfig, r.Name, dt, r.Shape, size, r.Bytes)
+	}
+	return dt, size, nil
+}
+
+// onHost reports whether the Ref's bytes are host memory (Data): a
+// tensor of no bytes with no address counts as one.
+func (r *Ref) onHost(size int64) bool { return r.Data != nil || r.Addr == 0 && size == 0 }
+
+// tensor turns a Ref into a stages.Tensor, checking it.
+func (s *Sender) tensor(r *Ref) (*stages.Tensor, error) {
+	dt, size, err := r.layout()
+	if err != nil {
+		return nil, err
 	}
 	t := &stages.Tensor{Name: r.Name, DType: dt, Shape: r.Shape}
-	if r.Data != nil || r.Addr == 0 && size == 0 {
-		if int64(len(r.Data)) != size {
-			return nil, fmt.Errorf("%w: tensor %q is %s%v, %d bytes, but %d bytes were handed in", ErrConfig, r.Name, dt, r.Shape, size, len(r.Data))
-		}
+	if r.onHost(size) {
 		t.Data = r.Data
 		return t, nil
-	}
-	if r.Bytes != 0 && r.Bytes != size {
-		return nil, fmt.Errorf("%w: tensor %q is %s%v, %d bytes, but it holds %d bytes", ErrConfig, r.Name, dt, r.Shape, size, r.Bytes)
 	}
 	dev, err := s.device(r.Device)
 	if err != nil {
@@ -153,7 +170,7 @@ func (s *Sender) readStream(d *gpu.CUDADevice) (*gpu.Stream, error) {
 // awaitStreams waits, bounded by ctx and the timeout, for an event
 // recorded now on each stream that device tensors name: their writes are
 // then done.
-func (s *Sender) awaitStreams(ctx context.Context, refs []Ref) error {
+func awaitStreams(ctx context.Context, refs []Ref, device func(int) (*gpu.CUDADevice, error), timeout time.Duration) error {
 	type key struct {
 		dev    int
 		stream uintptr
@@ -166,7 +183,7 @@ func (s *Sender) awaitStreams(ctx context.Context, refs []Ref) error {
 			continue
 		}
 		seen[k] = true
-		dev, err := s.device(r.Device)
+		dev, err := device(r.Device)
 		if err != nil {
 			return fmt.Errorf("tensor %q: %w", r.Name, err)
 		}
@@ -174,7 +191,7 @@ func (s *Sender) awaitStreams(ctx context.Context, refs []Ref) error {
 		if err != nil {
 			return fmt.Errorf("tensor %q: ordering after stream %#x: %w", r.Name, r.Stream, err)
 		}
-		wctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+		wctx, cancel := context.WithTimeout(ctx, timeout)
 		err = ev.Wait(wctx)
 		cancel()
 		ev.Close()

@@ -480,3 +480,97 @@ func TestFirstRoundFailsWhileAReceiverOpens(t *testing.T) {
 		}
 	}
 }
+
+// TestReceiveIntoHost receives rounds straight into host tensors handed
+// in by address (numpy arrays from Python), over tcp: byte-identical to
+// the sender's, in place across rounds; then a destination of another
+// shape fails the round on every rank, naming the tensor.
+func TestReceiveIntoHost(t *testing.T) {
+	addr := freeAddr(t)
+	o := Options{Group: "into", RunID: "i1", Rendezvous: "etcd://" + addr, ServeRendezvous: true, BucketSize: 8 << 10, Device: "cpu", Timeout: 30 * time.Second}
+	s, rs := ranks(t, 3, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(5, 6))
+	shape := randomTensors(rng, 40, 20<<10) // sizes from 0 to 2.5 buckets
+	dsts := make([][]Ref, len(rs))
+	for i := range rs {
+		for _, tn := range shape {
+			dsts[i] = append(dsts[i], Ref{Name: tn.Name, DType: tn.DType.String(), Shape: tn.Shape, Data: make([]byte, len(tn.Data))})
+		}
+	}
+	into := func(ctx context.Context, version uint64, src stages.Tensors) []error {
+		errs := make([]error, len(rs)+1)
+		var wg sync.WaitGroup
+		wg.Go(func() { _, errs[0] = s.Send(ctx, src, version) })
+		for i, r := range rs {
+			wg.Go(func() { _, errs[i+1] = r.ReceiveInto(ctx, dsts[i]) })
+		}
+		wg.Wait()
+		return errs
+	}
+	for v := uint64(1); v <= 2; v++ {
+		src := randomTensors(rng, 40, 20<<10)
+		for i, tn := range src { // the same names, dtypes and shapes every round
+			tn.Shape, tn.Data = shape[i].Shape, tn.Data[:0]
+			for range len(shape[i].Data) {
+				tn.Data = append(tn.Data, byte(rng.Uint32()))
+			}
+		}
+		if err := errors.Join(into(ctx, v, src)...); err != nil {
+			t.Fatalf("version %d: %v", v, err)
+		}
+		for i := range rs {
+			for j, tn := range src {
+				if !bytes.Equal(dsts[i][j].Data, tn.Data) {
+					t.Fatalf("version %d, receiver %d: tensor %q differs", v, i+1, tn.Name)
+				}
+			}
+		}
+	}
+	dsts[1][7].Shape = []int64{3, 1}
+	dsts[1][7].Data = make([]byte, 12)
+	errs := into(ctx, 3, shape)
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), `"layer.7"`) {
+			t.Errorf("rank %d: %v; want the failure naming layer.7", r, err)
+		}
+	}
+	if k := KindOf(errs[2]); k != KindConfig {
+		t.Errorf("the receiver that had the wrong shape: kind %d for %v, want KindConfig", k, errs[2])
+	}
+}
+
+// TestReceiveIntoRefused checks what ReceiveInto refuses before a round:
+// each refusal names the tensor, and the round fails on every rank with
+// it instead of leaving the others waiting.
+func TestReceiveIntoRefused(t *testing.T) {
+	cases := []struct {
+		ref  Ref
+		want string
+	}{
+		{Ref{Name: "s", DType: "F32", Shape: []int64{4}, Data: make([]byte, 16), Strided: true}, "not contiguous"},
+		{Ref{Name: "d", DType: "F32", Shape: []int64{4}, Addr: 0x1000, Device: 0, Bytes: 16}, "host memory"},
+		{Ref{Name: "b", DType: "F32", Shape: []int64{4}, Data: make([]byte, 15)}, "15 bytes"},
+	}
+	for i, c := range cases {
+		t.Run(c.ref.Name, func(t *testing.T) {
+			addr := freeAddr(t)
+			o := Options{Group: "refused", RunID: fmt.Sprint("r", i), Rendezvous: "etcd://" + addr, ServeRendezvous: true, BucketSize: 8 << 10, Device: "cpu", Timeout: 30 * time.Second}
+			s, rs := ranks(t, 2, o)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var serr error
+			var wg sync.WaitGroup
+			wg.Go(func() { _, serr = s.Send(ctx, randomTensors(rand.New(rand.NewPCG(1, 1)), 3, 1024), 1) })
+			_, err := rs[0].ReceiveInto(ctx, []Ref{c.ref})
+			wg.Wait()
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), fmt.Sprintf("%q", c.ref.Name)) || KindOf(err) != KindConfig {
+				t.Fatalf("receiver: %v (kind %d); want KindConfig naming %q and saying %q", err, KindOf(err), c.ref.Name, c.want)
+			}
+			if serr == nil || !strings.Contains(serr.Error(), c.want) {
+				t.Fatalf("sender: %v; want the receiver's reason", serr)
+			}
+		})
+	}
+}

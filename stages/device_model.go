@@ -46,6 +46,9 @@ type DeviceModel struct {
 	allocs  int
 	fence   *gpu.Event // recorded by the last Flush after its copies
 	closed  bool
+	// fixed: the tensors are someone else's (NewDeviceModelOver): never
+	// allocated, replaced or freed.
+	fixed bool
 }
 
 // NewDeviceModel returns an empty model on dev.
@@ -55,6 +58,27 @@ func NewDeviceModel(dev *gpu.CUDADevice) (*DeviceModel, error) {
 		return nil, fmt.Errorf("device model: %w", err)
 	}
 	return &DeviceModel{dev: dev, stream: s, tensors: map[string]*DeviceTensor{}}, nil
+}
+
+// NewDeviceModelOver returns a model over device tensors someone else
+// owns, such as a PyTorch model's parameters (their Buf views of memory on
+// dev): received bytes land in them in place. It never allocates, replaces
+// or frees a tensor: a received tensor it does not hold, or one whose
+// dtype or shape differs, fails the load, naming it. Close frees only the
+// model's stream.
+func NewDeviceModelOver(dev *gpu.CUDADevice, tensors map[string]*DeviceTensor) (*DeviceModel, error) {
+	m, err := NewDeviceModel(dev)
+	if err != nil {
+		return nil, err
+	}
+	for name, t := range tensors {
+		if size, err := t.DType.Bytes(t.Shape); err != nil || size > 0 && (t.Buf == nil || int64(t.Buf.Len()) < size) {
+			m.Close()
+			return nil, fmt.Errorf("device model: tensor %q (%s%v) has no memory of its size", name, t.DType, t.Shape)
+		}
+	}
+	m.tensors, m.fixed = tensors, true
+	return m, nil
 }
 
 var _ DeviceTarget = (*DeviceModel)(nil)
@@ -67,6 +91,12 @@ func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
 	t := m.tensors[e.Name]
 	if t != nil && t.DType == e.DType && slices.Equal(t.Shape, e.Shape) {
 		return t, nil
+	}
+	if m.fixed {
+		if t == nil {
+			return nil, fmt.Errorf("received tensor %q (%s%v), which the model does not hold", e.Name, e.DType, e.Shape)
+		}
+		return nil, fmt.Errorf("received tensor %q is %s%v, the model's is %s%v", e.Name, e.DType, e.Shape, t.DType, t.Shape)
 	}
 	if t != nil && t.Buf != nil {
 		m.retired = append(m.retired, t.Buf)
@@ -348,6 +378,9 @@ func (m *DeviceModel) Close() error {
 	}
 	m.closed = true
 	var errs []error
+	if m.fixed {
+		m.tensors = nil
+	}
 	for _, t := range m.tensors {
 		if t.Buf != nil {
 			errs = append(errs, t.Buf.Free())
