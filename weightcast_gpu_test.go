@@ -3,13 +3,17 @@ package weightcast
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/stages"
 )
@@ -128,3 +132,82 @@ func packRefs(b *testing.B, pk *stages.Packer, src stages.Source, pool *stages.P
 // stand-in CUDA driver, so machines without a GPU check tensors by address
 // (RecordOn on the caller's stream, device-to-host reads) too.
 func TestRefsOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestGPURefsIntoHostBuckets") }
+
+// TestGPUReceiveInto receives rounds straight into device tensors handed
+// in by address, as a PyTorch rollout worker's parameters are: device
+// tensors sent by address from the same GPU over ipc land byte for byte in
+// the receivers' own allocations, two rounds, in place; then a received
+// tensor the receiver does not hold fails the round on every rank, naming
+// it.
+func TestGPUReceiveInto(t *testing.T) {
+	d := gputest.Device(t)
+	st := gputest.Stream(t, d)
+	addr := freeAddr(t)
+	o := Options{Group: "gpu-into", RunID: "g1", Rendezvous: "etcd://" + addr, ServeRendezvous: true, BucketSize: 1 << 20,
+		Device: fmt.Sprintf("cuda:%d", d.Ordinal()), Transport: "ipc", Timeout: 30 * time.Second}
+	sender, rs := ranks(t, 3, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(7, 8))
+	sizes := []int{0, 4, 1000, 1 << 20, 3<<20 + 8, 64 << 10}
+	var src []Ref
+	var srcBufs []mem.Buffer
+	for i, n := range sizes {
+		b := gputest.Alloc(t, d, max(n, 1))
+		srcBufs = append(srcBufs, b)
+		src = append(src, Ref{Name: fmt.Sprintf("p%d", i), DType: "U8", Shape: []int64{int64(n)}, Addr: b.DevicePtr(), Device: d.Ordinal(), Stream: st.Handle(), Bytes: int64(n)})
+	}
+	dst := make([][]Ref, len(rs))
+	dstBufs := make([][]mem.Buffer, len(rs))
+	for i := range rs {
+		for j, r := range src {
+			b := gputest.Alloc(t, d, max(sizes[j], 1))
+			dstBufs[i] = append(dstBufs[i], b)
+			r.Addr = b.DevicePtr()
+			dst[i] = append(dst[i], r)
+		}
+	}
+	round := func(version uint64) []error {
+		errs := make([]error, len(rs)+1)
+		var wg sync.WaitGroup
+		wg.Go(func() { _, errs[0] = sender.SendRefs(ctx, src, version) })
+		for i, r := range rs {
+			wg.Go(func() { _, errs[i+1] = r.ReceiveInto(ctx, dst[i]) })
+		}
+		wg.Wait()
+		return errs
+	}
+	for v := uint64(1); v <= 2; v++ {
+		want := make([][]byte, len(sizes))
+		for j, n := range sizes {
+			want[j] = gputest.RandomBytes(rng, n)
+			if n > 0 {
+				gputest.Upload(t, st, srcBufs[j], 0, want[j])
+			}
+		}
+		gputest.Sync(t, st)
+		if err := errors.Join(round(v)...); err != nil {
+			t.Fatalf("version %d: %v", v, err)
+		}
+		for i := range rs {
+			for j, n := range sizes {
+				if n == 0 {
+					continue
+				}
+				if got := gputest.Download(t, st, dstBufs[i][j], 0, n); !bytes.Equal(got, want[j]) {
+					t.Fatalf("version %d, receiver %d: p%d differs", v, i+1, j)
+				}
+			}
+		}
+	}
+	dst[0] = dst[0][1:] // receiver 1 no longer holds p0
+	for r, err := range round(3) {
+		if err == nil || !strings.Contains(err.Error(), `"p0"`) {
+			t.Errorf("rank %d: %v; want the failure naming p0", r, err)
+		}
+	}
+}
+
+// TestReceiveIntoOnFakes runs TestGPUReceiveInto against gputest's
+// stand-in CUDA driver.
+func TestReceiveIntoOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestGPUReceiveInto") }

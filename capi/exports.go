@@ -70,11 +70,30 @@ func wc_send(handle C.int64_t, version C.uint64_t, tensors *C.wc_tensor, n C.int
 //export wc_wait
 func wc_wait(handle C.int64_t, timeoutMS C.int32_t) C.int {
 	return status(func() (int, error) {
+		if r, err := lookup[*receiverHandle](int64(handle)); err == nil {
+			return r.wait(int32(timeoutMS))
+		}
 		h, err := lookup[*senderHandle](int64(handle))
 		if err != nil {
 			return 0, err
 		}
 		return h.wait(int32(timeoutMS))
+	})
+}
+
+//export wc_receive_into
+func wc_receive_into(handle C.int64_t, tensors *C.wc_tensor, n C.int64_t, names *C.char, namesLen C.int64_t, dims *C.int64_t, ndims C.int64_t) C.int {
+	return status(func() (int, error) {
+		h, err := lookup[*receiverHandle](int64(handle))
+		if err != nil {
+			return 0, err
+		}
+		refs, err := decodeRefs(tensors, n, names, namesLen, dims, ndims)
+		if err != nil {
+			h.r.Abort(err) // the others fail with the cause
+			return 0, err
+		}
+		return wcOK, h.receiveInto(refs)
 	})
 }
 

@@ -212,16 +212,16 @@ func (h *senderHandle) send(version uint64, refs []weightcast.Ref) error {
 	})
 }
 
-// wait waits at most ms for the round.
-func (h *senderHandle) wait(ms int32) (int, error) {
-	done := h.running()
+// wait waits at most ms for the round wc_send or wc_receive_into started.
+func (r *roundRunner) wait(ms int32) (int, error) {
+	done := r.running()
 	if done == nil {
-		return 0, fmt.Errorf("%w: no round is running: wc_wait follows wc_send", weightcast.ErrConfig)
+		return 0, fmt.Errorf("%w: no round is running: wc_wait follows wc_send or wc_receive_into", weightcast.ErrConfig)
 	}
 	if !waitFor(done, ms) {
 		return wcAgain, nil
 	}
-	return wcOK, h.finish()
+	return wcOK, r.finish()
 }
 
 func (h *senderHandle) close() error {
@@ -259,6 +259,14 @@ func openReceiver(text string) (int64, error) {
 func (h *receiverHandle) receive() error {
 	return h.start("receiving another", func() error {
 		_, err := h.r.Receive(context.Background(), h.views)
+		return err
+	})
+}
+
+// receiveInto starts a round written straight into refs.
+func (h *receiverHandle) receiveInto(refs []weightcast.Ref) error {
+	return h.start("receiving another", func() error {
+		_, err := h.r.ReceiveInto(context.Background(), refs)
 		return err
 	})
 }

@@ -119,9 +119,21 @@ int wc_open_receiver(char *config_json, int64_t *handle);
  * committed one). Returns at once; wc_wait reports the end. */
 int wc_send(int64_t handle, uint64_t version, wc_tensor *tensors, int64_t n, char *names, int64_t names_len, int64_t *dims, int64_t ndims);
 
-/* Wait at most timeout_ms for the round wc_send started: WC_AGAIN while it
- * runs, WC_OK once every receiver committed it, or the round's error. */
+/* Wait at most timeout_ms for the round wc_send or wc_receive_into started:
+ * WC_AGAIN while it runs, WC_OK once every receiver committed it, or the
+ * round's error. */
 int wc_wait(int64_t handle, int32_t timeout_ms);
+
+/* Start receiving one round straight into n tensors of the caller's, by
+ * name (descriptors as wc_send's; wc_tensor.stream: the CUstream whose
+ * queued work uses the tensor, waited for before the first write), as a
+ * rollout engine updates its parameters in place: device tensors on the
+ * receiver's GPU when its buckets are on a GPU, host tensors when they are
+ * in host memory. Returns at once; wc_wait reports the end, after which
+ * every byte is in place. A received tensor not among them, or one of
+ * another dtype or shape, fails the round on every rank naming it; the
+ * tensors must stay allocated until wc_wait reports the end. */
+int wc_receive_into(int64_t handle, wc_tensor *tensors, int64_t n, char *names, int64_t names_len, int64_t *dims, int64_t ndims);
 
 /* Start receiving one round; take it bucket by bucket with wc_next. */
 int wc_receive(int64_t handle);

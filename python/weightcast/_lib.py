@@ -60,6 +60,7 @@ def lib():
                 "wc_send": ([i64, u64, vp, i64, vp, i64, vp, i64], ctypes.c_int),
                 "wc_wait": ([i64, i32], ctypes.c_int),
                 "wc_receive": ([i64], ctypes.c_int),
+                "wc_receive_into": ([i64, vp, i64, vp, i64, vp, i64], ctypes.c_int),
                 "wc_next": ([i64, u64, i32, ctypes.POINTER(Batch)], ctypes.c_int),
                 "wc_abort": ([i64, cp], ctypes.c_int),
                 "wc_committed": ([i64, ctypes.POINTER(u64)], ctypes.c_int),
