@@ -56,21 +56,26 @@ func TestGPURefsIntoHostBuckets(t *testing.T) {
 // (64 of 16 MiB, the path PyTorch tensors take through SendRefs: views,
 // an event on the caller's stream) into 256 MiB device buckets, against
 // one plain device-to-device copy of the same bytes; both in GB/s.
-func BenchmarkGPUPackRefs(b *testing.B) {
+func BenchmarkGPUPackRefs(b *testing.B) { benchPackRefs(b, 1<<30, 16<<20, 256<<20) }
+
+// BenchmarkGPUPackRefs16GiB is BenchmarkGPUPackRefs at the size of a real
+// model: 16 GiB of 256 MiB tensors into 1 GiB buckets.
+func BenchmarkGPUPackRefs16GiB(b *testing.B) { benchPackRefs(b, 16<<30, 256<<20, 1<<30) }
+
+func benchPackRefs(b *testing.B, total, each, bucket int) {
 	d := gputest.Device(b)
 	st := gputest.Stream(b, d)
-	const total, each = 1 << 30, 16 << 20
 	var refs []Ref
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range total / each {
 		buf := gputest.Alloc(b, d, each)
 		gputest.Upload(b, st, buf, 0, gputest.RandomBytes(rng, 4096))
-		refs = append(refs, Ref{Name: fmt.Sprintf("layers.%d.weight", i), DType: "BF16", Shape: []int64{each / 2}, Addr: buf.DevicePtr(), Device: d.Ordinal(), Stream: st.Handle()})
+		refs = append(refs, Ref{Name: fmt.Sprintf("layers.%d.weight", i), DType: "BF16", Shape: []int64{int64(each / 2)}, Addr: buf.DevicePtr(), Device: d.Ordinal(), Stream: st.Handle()})
 	}
 	gputest.Sync(b, st)
 	b.Run("plainD2D", func(b *testing.B) {
 		src, dst := gputest.Alloc(b, d, total), gputest.Alloc(b, d, total)
-		b.SetBytes(total)
+		b.SetBytes(int64(total))
 		for b.Loop() {
 			if err := st.CopyDtoD(dst, 0, src, 0, total); err != nil {
 				b.Fatal(err)
@@ -80,7 +85,7 @@ func BenchmarkGPUPackRefs(b *testing.B) {
 		b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	})
 	b.Run("pack", func(b *testing.B) {
-		pool, err := stages.NewPool(d, stages.DefaultBuffers, 256<<20)
+		pool, err := stages.NewPool(d, stages.DefaultBuffers, bucket)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -94,7 +99,7 @@ func BenchmarkGPUPackRefs(b *testing.B) {
 		for range 3 {
 			packRefs(b, pk, src, pool)
 		}
-		b.SetBytes(total)
+		b.SetBytes(int64(total))
 		b.ResetTimer()
 		for b.Loop() {
 			packRefs(b, pk, src, pool)

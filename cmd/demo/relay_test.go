@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -198,8 +200,10 @@ func (rl *relay) serve(up net.Conn, conns *sync.Map) {
 	}
 }
 
+// isClosed reports an error of a connection that one end closed: rank 2
+// hanging up on the relay once its round failed.
 func isClosed(err error) bool {
-	return err == io.EOF || strings.Contains(err.Error(), "use of closed network connection") || strings.Contains(err.Error(), "connection reset")
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // forward copies the tcp chain's downstream stream from r to w as
