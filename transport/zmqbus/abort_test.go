@@ -72,3 +72,47 @@ func TestAbortReachesLateReceivers(t *testing.T) {
 		t.Fatalf("late receiver took %v to fail", d)
 	}
 }
+
+// TestWatcherTellsTheOtherSide: an Abort closes Failed on the other side,
+// with the reason in Err, and never on the side that aborted (its own
+// round already knows why it failed).
+func TestWatcherTellsTheOtherSide(t *testing.T) {
+	failed := func(w transport.Watcher) bool {
+		select {
+		case <-w.Failed():
+			return true
+		default:
+			return false
+		}
+	}
+	wait := func(t *testing.T, w transport.Watcher, want string) {
+		t.Helper()
+		select {
+		case <-w.Failed():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Failed not closed 10s after the other side aborted")
+		}
+		if err := w.Err(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Err: %v; want the other side's reason %q", err, want)
+		}
+	}
+	t.Run("receiver aborts", func(t *testing.T) {
+		ctx := testContext(t, 30*time.Second)
+		pub, subs := openAll(t, ctx, configs(t, 3, 10*time.Second, nil))
+		subs[1].(transport.Aborter).Abort(errors.New("load_into: no tensor p0"))
+		wait(t, pub.(transport.Watcher), "no tensor p0")
+		if failed(subs[1].(transport.Watcher)) {
+			t.Error("the receiver that aborted sees its own bus as failed by the other side")
+		}
+		wait(t, subs[0].(transport.Watcher), "no tensor p0") // the root's abort passes it on
+	})
+	t.Run("root aborts", func(t *testing.T) {
+		ctx := testContext(t, 30*time.Second)
+		pub, subs := openAll(t, ctx, configs(t, 2, 10*time.Second, nil))
+		pub.(transport.Aborter).Abort(errors.New("the trainer's generator failed"))
+		wait(t, subs[0].(transport.Watcher), "the trainer's generator failed")
+		if failed(pub.(transport.Watcher)) {
+			t.Error("the root that aborted sees its own bus as failed by the other side")
+		}
+	})
+}
