@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -173,14 +172,7 @@ func TestGPUReceiveInto(t *testing.T) {
 		}
 	}
 	round := func(version uint64) []error {
-		errs := make([]error, len(rs)+1)
-		var wg sync.WaitGroup
-		wg.Go(func() { _, errs[0] = sender.SendRefs(ctx, src, version) })
-		for i, r := range rs {
-			wg.Go(func() { _, errs[i+1] = r.ReceiveInto(ctx, dst[i]) })
-		}
-		wg.Wait()
-		return errs
+		return intoRound(ctx, rs, dst, func(ctx context.Context) error { _, err := sender.SendRefs(ctx, src, version); return err })
 	}
 	for v := uint64(1); v <= 2; v++ {
 		want := make([][]byte, len(sizes))

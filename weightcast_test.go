@@ -500,14 +500,7 @@ func TestReceiveIntoHost(t *testing.T) {
 		}
 	}
 	into := func(ctx context.Context, version uint64, src stages.Tensors) []error {
-		errs := make([]error, len(rs)+1)
-		var wg sync.WaitGroup
-		wg.Go(func() { _, errs[0] = s.Send(ctx, src, version) })
-		for i, r := range rs {
-			wg.Go(func() { _, errs[i+1] = r.ReceiveInto(ctx, dsts[i]) })
-		}
-		wg.Wait()
-		return errs
+		return intoRound(ctx, rs, dsts, func(ctx context.Context) error { _, err := s.Send(ctx, src, version); return err })
 	}
 	for v := uint64(1); v <= 2; v++ {
 		src := randomTensors(rng, 40, 20<<10)
@@ -573,4 +566,17 @@ func TestReceiveIntoRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// intoRound runs send and, on every receiver i, ReceiveInto(dsts[i]) at
+// once, and returns each rank's error (rank 0's first).
+func intoRound(ctx context.Context, rs []*Receiver, dsts [][]Ref, send func(context.Context) error) []error {
+	errs := make([]error, len(rs)+1)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = send(ctx) })
+	for i, r := range rs {
+		wg.Go(func() { _, errs[i+1] = r.ReceiveInto(ctx, dsts[i]) })
+	}
+	wg.Wait()
+	return errs
 }
