@@ -197,18 +197,26 @@ class Sender(_Rank):
         except BaseException as e:
             self._abort(f"rank 0: building version {version} failed: {type(e).__name__}: {e}")
             raise
-        n = len(recs) // _lib.TENSOR.size
         L = _lib.lib()
-        rbuf = (ctypes.c_char * len(recs)).from_buffer(recs) if recs else None
-        nbuf = (ctypes.c_char * len(names)).from_buffer(names) if names else None
-        dptr = dims.buffer_info()[0] if dims else None
-        _lib.check(L.wc_send(h, version, rbuf and ctypes.addressof(rbuf), n, nbuf and ctypes.addressof(nbuf), len(names), dptr, len(dims)))
+        _lib.check(L.wc_send(h, version, *_flat(recs, names, dims)))
         self._wait(lambda ms: L.wc_wait(h, ms))
         del keep
 
     def close(self):
         if not getattr(self, "_idle", False):
             super().close()
+
+
+def _flat(recs, names, dims):
+    """The arguments after the handle of wc_send and wc_receive_into for
+    the descriptors _describe built: records, count, names, their length,
+    dims, their count (addresses into the buffers, which the caller keeps
+    alive during the call; the library reads them only then)."""
+    n = len(recs) // _lib.TENSOR.size
+    rptr = ctypes.addressof((ctypes.c_char * len(recs)).from_buffer(recs)) if recs else None
+    nptr = ctypes.addressof((ctypes.c_char * len(names)).from_buffer(names)) if names else None
+    dptr = dims.buffer_info()[0] if dims else None
+    return rptr, n, nptr, len(names), dptr, len(dims)
 
 
 def _describe(named_tensors):
@@ -338,17 +346,12 @@ class Receiver(_Rank):
         finally:
             gen.close()
 
-
     def _receive_into(self, mapping):
         """load_into through the library: one call with every destination."""
         h = self._handle()
         recs, names, dims, keep = _describe(mapping.items())
-        n = len(recs) // _lib.TENSOR.size
         L = _lib.lib()
-        rbuf = (ctypes.c_char * len(recs)).from_buffer(recs) if recs else None
-        nbuf = (ctypes.c_char * len(names)).from_buffer(names) if names else None
-        dptr = dims.buffer_info()[0] if dims else None
-        _lib.check(L.wc_receive_into(h, rbuf and ctypes.addressof(rbuf), n, nbuf and ctypes.addressof(nbuf), len(names), dptr, len(dims)))
+        _lib.check(L.wc_receive_into(h, *_flat(recs, names, dims)))
         self._wait(lambda ms: L.wc_wait(h, ms))
         del keep
 
