@@ -241,3 +241,53 @@ func TestConfigSecurity(t *testing.T) {
 		t.Fatalf("a secret every user may read: %v", err)
 	}
 }
+
+// TestReceiveIntoThroughHandles receives a round straight into host
+// tensors handed in by address (wc_receive_into, then wc_wait on the
+// receiver's handle); wc_next refuses an into-round and wc_wait a round
+// wc_receive started (nobody would take its batches).
+func TestReceiveIntoThroughHandles(t *testing.T) {
+	s, r, hs, hr := openPair(t, "capi-into")
+	defer func() { closeHandle(hr); closeHandle(hs) }()
+	var src, dst []weightcast.Ref
+	for i, n := range []int{0, 8, 5000, 12} {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(i*17 + j)
+		}
+		name := fmt.Sprintf("t%d", i)
+		src = append(src, weightcast.Ref{Name: name, DType: "U8", Shape: []int64{int64(n)}, Data: b})
+		dst = append(dst, weightcast.Ref{Name: name, DType: "U8", Shape: []int64{int64(n)}, Data: make([]byte, n)})
+	}
+	if err := r.receiveInto(dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.next(0, 10); codeOf(err) != -2 || !strings.Contains(err.Error(), "wc_wait") {
+		t.Fatalf("wc_next during a wc_receive_into round: %v", err)
+	}
+	if err := s.send(1, src); err != nil {
+		t.Fatal(err)
+	}
+	waitOK := func(what string, wait func(int32) (int, error)) {
+		t.Helper()
+		for code := wcAgain; code == wcAgain; {
+			var err error
+			if code, err = wait(100); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+	}
+	waitOK("receiver", r.waitInto)
+	waitOK("sender", s.wait)
+	for i := range src {
+		if !bytes.Equal(dst[i].Data, src[i].Data) {
+			t.Fatalf("%s differs", src[i].Name)
+		}
+	}
+	if err := r.receive(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.waitInto(10); codeOf(err) != -2 || !strings.Contains(err.Error(), "wc_next") {
+		t.Fatalf("wc_wait during a wc_receive round: %v", err)
+	}
+}

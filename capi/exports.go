@@ -71,7 +71,7 @@ func wc_send(handle C.int64_t, version C.uint64_t, tensors *C.wc_tensor, n C.int
 func wc_wait(handle C.int64_t, timeoutMS C.int32_t) C.int {
 	return status(func() (int, error) {
 		if r, err := lookup[*receiverHandle](int64(handle)); err == nil {
-			return r.wait(int32(timeoutMS))
+			return r.waitInto(int32(timeoutMS))
 		}
 		h, err := lookup[*senderHandle](int64(handle))
 		if err != nil {

@@ -239,6 +239,7 @@ type receiverHandle struct {
 	mu   sync.Mutex
 	held *stages.Batch // handed out by next, not yet released
 	out  *cBatch       // the C memory describing held
+	into bool          // the running round was started by wc_receive_into
 }
 
 func openReceiver(text string) (int64, error) {
@@ -265,10 +266,40 @@ func (h *receiverHandle) receive() error {
 
 // receiveInto starts a round written straight into refs.
 func (h *receiverHandle) receiveInto(refs []weightcast.Ref) error {
-	return h.start("receiving another", func() error {
+	err := h.start("receiving another", func() error {
 		_, err := h.r.ReceiveInto(context.Background(), refs)
 		return err
 	})
+	if err == nil {
+		h.setInto(true)
+	}
+	return err
+}
+
+func (h *receiverHandle) setInto(v bool) {
+	h.mu.Lock()
+	h.into = v
+	h.mu.Unlock()
+}
+
+func (h *receiverHandle) isInto() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.into
+}
+
+// waitInto waits at most ms for the round wc_receive_into started; a round
+// wc_receive started is taken with wc_next instead (waiting for it would
+// wait for ever: nobody takes its batches).
+func (h *receiverHandle) waitInto(ms int32) (int, error) {
+	if h.running() != nil && !h.isInto() {
+		return 0, fmt.Errorf("%w: the running round was started by wc_receive: take it with wc_next (wc_wait follows wc_receive_into)", weightcast.ErrConfig)
+	}
+	code, err := h.wait(ms)
+	if code != wcAgain {
+		h.setInto(false)
+	}
+	return code, err
 }
 
 // next releases the batch handed out before, after an event on stream,
@@ -277,6 +308,9 @@ func (h *receiverHandle) next(stream uintptr, ms int32) (int, *cBatch, error) {
 	done := h.running()
 	if done == nil {
 		return 0, nil, fmt.Errorf("%w: no round is running: wc_next follows wc_receive", weightcast.ErrConfig)
+	}
+	if h.isInto() {
+		return 0, nil, fmt.Errorf("%w: the running round was started by wc_receive_into: wait for it with wc_wait", weightcast.ErrConfig)
 	}
 	if err := h.release(stream); err != nil {
 		return 0, nil, err

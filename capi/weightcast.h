@@ -121,7 +121,8 @@ int wc_send(int64_t handle, uint64_t version, wc_tensor *tensors, int64_t n, cha
 
 /* Wait at most timeout_ms for the round wc_send or wc_receive_into started:
  * WC_AGAIN while it runs, WC_OK once every receiver committed it, or the
- * round's error. */
+ * round's error. A round wc_receive started is taken with wc_next instead
+ * (WC_ERR_CONFIG here), and wc_next refuses a wc_receive_into round. */
 int wc_wait(int64_t handle, int32_t timeout_ms);
 
 /* Start receiving one round straight into n tensors of the caller's, by
