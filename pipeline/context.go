@@ -8,12 +8,28 @@ import (
 type stageKey struct{}
 
 type stageInfo struct {
-	p *Pipeline
-	s *stage
+	p      *Pipeline
+	s      *stage
+	cancel context.CancelCauseFunc // the pipeline's: Fail records a failure with it
 }
 
-func withStage(ctx context.Context, p *Pipeline, s *stage) context.Context {
-	return context.WithValue(ctx, stageKey{}, &stageInfo{p: p, s: s})
+func withStage(ctx context.Context, p *Pipeline, s *stage, cancel context.CancelCauseFunc) context.Context {
+	return context.WithValue(ctx, stageKey{}, &stageInfo{p: p, s: s, cancel: cancel})
+}
+
+// Fail records err as the failure of the stage running with ctx at once,
+// as returning it would record it: the pipeline is cancelled with it
+// (unless another failure came first) before the stage does anything
+// more. A stage calls it before work that others observe as a consequence
+// of its failure, such as giving back an item whose release tells another
+// process that the item was not used, so that Run reports err and not
+// what the others did about it. It returns err, which the stage still
+// returns; a nil err, or a ctx of no stage, records nothing.
+func Fail(ctx context.Context, err error) error {
+	if si := stageOf(ctx); si != nil && err != nil {
+		si.cancel(&StageError{Pipeline: si.p.name, Stage: si.s.name, Err: err})
+	}
+	return err
 }
 
 func stageOf(ctx context.Context) *stageInfo {

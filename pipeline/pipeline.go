@@ -275,7 +275,7 @@ func (p *Pipeline) check() error {
 }
 
 func (p *Pipeline) runStage(ctx context.Context, cancel context.CancelCauseFunc, s *stage) (err error) {
-	sctx := withStage(ctx, p, s)
+	sctx := withStage(ctx, p, s, cancel)
 	s.c.start.Store(time.Now().UnixNano())
 	defer func() { s.c.end.Store(time.Now().UnixNano()) }()
 	var pc panics.Catcher

@@ -353,3 +353,32 @@ func TestHelpersReleaseFailedItems(t *testing.T) {
 		})
 	}
 }
+
+// TestFailComesFirst: a stage that calls Fail before telling the world
+// of its failure (here: a channel another goroutine waits on, which then
+// cancels Run's context, as a peer told of the failure would end the
+// round) has Run report its error, not the cancellation that followed.
+func TestFailComesFirst(t *testing.T) {
+	for range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		told := make(chan struct{})
+		go func() { <-told; cancel() }()
+		p := New("fail")
+		src := Source(p, "src", 1, func(ctx context.Context, out *Output[int]) error { return out.Send(1) })
+		Sink(p, "sink", src, func(ctx context.Context, in *Input[int]) error {
+			for range in.All() {
+				err := errors.New("bucket 3 failed its MAC")
+				Fail(ctx, err)
+				close(told)
+				<-ctx.Done() // the cancellation has happened
+				return err
+			}
+			return in.Err()
+		})
+		err := p.Run(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "failed its MAC") {
+			t.Fatalf("Run: %v; want the stage's failure", err)
+		}
+	}
+}

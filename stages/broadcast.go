@@ -79,6 +79,7 @@ func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transpo
 				err = move(ctx, b, ep)
 			}
 			if err != nil {
+				pipeline.Fail(ctx, err) // before a lent bucket's release tells the root
 				b.Release()
 				return err
 			}

@@ -285,6 +285,7 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 		for u := range in.All() {
 			err := l.deliver(ctx, u)
 			u.Bucket.delivered = err == nil
+			pipeline.Fail(ctx, err) // before a lent bucket's release tells the root
 			u.Release()
 			if err != nil {
 				return err

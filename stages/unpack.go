@@ -103,6 +103,9 @@ func unpackStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ld *Loader,
 		for b := range in.All() {
 			u, err := c.unpack(ctx, b)
 			if err != nil {
+				// The failure first, then the release: a lent bucket's
+				// release tells the root this rank did not load it.
+				pipeline.Fail(ctx, err)
 				b.Release()
 				return err
 			}
