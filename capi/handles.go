@@ -123,17 +123,18 @@ type roundRunner struct {
 	mu   sync.Mutex
 	done chan struct{} // the running round's; nil when none
 	err  error         // its result, once done is closed
+	into bool          // the running round was started by wc_receive_into
 }
 
 // start runs fn on a new goroutine, refusing while a round runs.
-func (r *roundRunner) start(what string, fn func() error) error {
+func (r *roundRunner) start(what string, into bool, fn func() error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done != nil {
 		return fmt.Errorf("%w: a round is already running; wait for it (wc_wait, wc_next) before %s", weightcast.ErrConfig, what)
 	}
 	done := make(chan struct{})
-	r.done = done
+	r.done, r.into = done, into
 	go func() {
 		defer close(done)
 		err := fn()
@@ -156,8 +157,16 @@ func (r *roundRunner) finish() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	err := r.err
-	r.done, r.err = nil, nil
+	r.done, r.err, r.into = nil, nil, false
 	return err
+}
+
+// runningInto reports whether the running round was started by
+// wc_receive_into.
+func (r *roundRunner) runningInto() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done != nil && r.into
 }
 
 // join waits for a running round to end (after its context was cancelled).
@@ -206,7 +215,7 @@ func openSender(text string) (int64, error) {
 
 // send starts the round of refs.
 func (h *senderHandle) send(version uint64, refs []weightcast.Ref) error {
-	return h.start("sending another", func() error {
+	return h.start("sending another", false, func() error {
 		_, err := h.s.SendRefs(context.Background(), refs, version)
 		return err
 	})
@@ -239,7 +248,6 @@ type receiverHandle struct {
 	mu   sync.Mutex
 	held *stages.Batch // handed out by next, not yet released
 	out  *cBatch       // the C memory describing held
-	into bool          // the running round was started by wc_receive_into
 }
 
 func openReceiver(text string) (int64, error) {
@@ -258,7 +266,7 @@ func openReceiver(text string) (int64, error) {
 
 // receive starts a round.
 func (h *receiverHandle) receive() error {
-	return h.start("receiving another", func() error {
+	return h.start("receiving another", false, func() error {
 		_, err := h.r.Receive(context.Background(), h.views)
 		return err
 	})
@@ -266,40 +274,20 @@ func (h *receiverHandle) receive() error {
 
 // receiveInto starts a round written straight into refs.
 func (h *receiverHandle) receiveInto(refs []weightcast.Ref) error {
-	err := h.start("receiving another", func() error {
+	return h.start("receiving another", true, func() error {
 		_, err := h.r.ReceiveInto(context.Background(), refs)
 		return err
 	})
-	if err == nil {
-		h.setInto(true)
-	}
-	return err
-}
-
-func (h *receiverHandle) setInto(v bool) {
-	h.mu.Lock()
-	h.into = v
-	h.mu.Unlock()
-}
-
-func (h *receiverHandle) isInto() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.into
 }
 
 // waitInto waits at most ms for the round wc_receive_into started; a round
 // wc_receive started is taken with wc_next instead (waiting for it would
 // wait for ever: nobody takes its batches).
 func (h *receiverHandle) waitInto(ms int32) (int, error) {
-	if h.running() != nil && !h.isInto() {
+	if h.running() != nil && !h.runningInto() {
 		return 0, fmt.Errorf("%w: the running round was started by wc_receive: take it with wc_next (wc_wait follows wc_receive_into)", weightcast.ErrConfig)
 	}
-	code, err := h.wait(ms)
-	if code != wcAgain {
-		h.setInto(false)
-	}
-	return code, err
+	return h.wait(ms)
 }
 
 // next releases the batch handed out before, after an event on stream,
@@ -309,7 +297,7 @@ func (h *receiverHandle) next(stream uintptr, ms int32) (int, *cBatch, error) {
 	if done == nil {
 		return 0, nil, fmt.Errorf("%w: no round is running: wc_next follows wc_receive", weightcast.ErrConfig)
 	}
-	if h.isInto() {
+	if h.runningInto() {
 		return 0, nil, fmt.Errorf("%w: the running round was started by wc_receive_into: wait for it with wc_wait", weightcast.ErrConfig)
 	}
 	if err := h.release(stream); err != nil {
