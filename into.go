@@ -7,7 +7,6 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
-	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -22,8 +21,8 @@ import (
 // tensors); when it returns every byte is in place.
 //
 // A received tensor dst does not hold, or one whose dtype or shape
-// differs, fails the round on every rank with an error naming it
-// (ErrConfig), and so does a Ref of dst that cannot be written as given
+// differs, fails the round on every rank with an error naming it (of
+// KindConfig), and so does a Ref of dst that cannot be written as given
 // (strided, on another GPU, in host memory while the buckets are on a
 // GPU); tensors of dst the round does not carry are left as they are.
 // As with Receive, a failed round leaves the Receiver broken, and State
@@ -86,7 +85,7 @@ func (r *Receiver) into(dst []Ref) (stages.Sink, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return deviceInto{m}, func() { m.Close() }, nil
+	return m, func() { m.Close() }, nil
 }
 
 // device returns the receiver's own GPU: the only one ReceiveInto writes
@@ -96,33 +95,6 @@ func (r *Receiver) device(ordinal int) (*gpu.CUDADevice, error) {
 		return d, nil
 	}
 	return nil, fmt.Errorf("%w: cuda:%d is not this receiver's GPU", ErrConfig, ordinal)
-}
-
-// deviceInto is ReceiveInto's sink on a GPU: a DeviceModel over the
-// caller's tensors, whose refusals of a tensor it does not hold, or holds
-// in another shape, are the caller's mistake (ErrConfig).
-type deviceInto struct{ *stages.DeviceModel }
-
-func (d deviceInto) Target(ctx context.Context, e *stages.Entry) (mem.Buffer, int64, error) {
-	buf, off, err := d.DeviceModel.Target(ctx, e)
-	return buf, off, configErr(err)
-}
-
-func (d deviceInto) LoadDevice(ctx context.Context, e *stages.Entry, src mem.Buffer, off int64) error {
-	return configErr(d.DeviceModel.LoadDevice(ctx, e, src, off))
-}
-
-func (d deviceInto) Load(ctx context.Context, e *stages.Entry, data []byte) error {
-	return configErr(d.DeviceModel.Load(ctx, e, data))
-}
-
-// configErr marks a refusal of the destination tensors as the caller's
-// mistake; nil stays nil.
-func configErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: receiving into the tensors handed in: %w", ErrConfig, err)
 }
 
 // hostInto is ReceiveInto's sink on a host: each entry's bytes are copied

@@ -60,6 +60,11 @@ func NewDeviceModel(dev *gpu.CUDADevice) (*DeviceModel, error) {
 	return &DeviceModel{dev: dev, stream: s, tensors: map[string]*DeviceTensor{}}, nil
 }
 
+// ErrNotHeld is wrapped by the refusal of a DeviceModel made with
+// NewDeviceModelOver to take a tensor it does not hold, or holds with
+// another dtype or shape: the caller handed in the wrong tensors.
+var ErrNotHeld = errors.New("not held by the model as received")
+
 // NewDeviceModelOver returns a model over device tensors someone else
 // owns, such as a PyTorch model's parameters (their Buf views of memory on
 // dev): received bytes land in them in place. It never allocates, replaces
@@ -94,9 +99,9 @@ func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
 	}
 	if m.fixed {
 		if t == nil {
-			return nil, fmt.Errorf("received tensor %q (%s%v), which the model does not hold", e.Name, e.DType, e.Shape)
+			return nil, fmt.Errorf("%w: received tensor %q (%s%v), which the model does not hold", ErrNotHeld, e.Name, e.DType, e.Shape)
 		}
-		return nil, fmt.Errorf("received tensor %q is %s%v, the model's is %s%v", e.Name, e.DType, e.Shape, t.DType, t.Shape)
+		return nil, fmt.Errorf("%w: received tensor %q is %s%v, the model's is %s%v", ErrNotHeld, e.Name, e.DType, e.Shape, t.DType, t.Shape)
 	}
 	if t != nil && t.Buf != nil {
 		m.retired = append(m.retired, t.Buf)
