@@ -446,48 +446,23 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 }
 
 // peerGoneCause adds to err, a transport's lost peer, why the peer left
-// when the metadata bus or the rendezvous says so a moment later: a peer
-// that stopped because the root gave up (which the bus tells every rank
-// at once) or because its etcd record was deleted or rewritten closes its
-// connections before its neighbours hear the reason, so they wait for it
-// briefly (a second at most).
+// when the rendezvous says so a moment later: a peer whose etcd record was
+// deleted or rewritten closes its connections before its neighbours hear
+// the reason, so they wait for it briefly (a second at most). The
+// metadata bus's word on a lost peer is added earlier, by the stages,
+// before they abort the bus.
 func (m *member) peerGoneCause(err error) error {
-	var bus transport.Watcher
-	for _, l := range []any{m.pub, m.sub} {
-		if w, ok := l.(transport.Watcher); ok {
-			bus = w
-		}
-	}
-	var busFailed, groupGone <-chan struct{}
-	if bus != nil {
-		busFailed = bus.Failed()
-	}
-	if m.group != nil {
-		groupGone = m.group.PeerGone()
-	}
-	if busFailed == nil && groupGone == nil {
+	if m.group == nil {
 		return err
 	}
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
-	case <-busFailed:
-	case <-groupGone:
+	case <-m.group.PeerGone():
 	case <-t.C:
 	}
-	if bus != nil {
-		if berr := bus.Err(); berr != nil && !strings.Contains(err.Error(), berr.Error()) {
-			select {
-			case <-busFailed: // the other side's reason, not this rank's own abort
-				err = fmt.Errorf("%w (the metadata bus: %v)", err, berr)
-			default:
-			}
-		}
-	}
-	if m.group != nil {
-		if gerr := m.group.Err(); errors.Is(gerr, rendezvous.ErrTampered) && !strings.Contains(err.Error(), gerr.Error()) {
-			err = fmt.Errorf("%w (the rendezvous: %v)", err, gerr)
-		}
+	if gerr := m.group.Err(); errors.Is(gerr, rendezvous.ErrTampered) && !strings.Contains(err.Error(), gerr.Error()) {
+		err = fmt.Errorf("%w (the rendezvous: %v)", err, gerr)
 	}
 	return err
 }

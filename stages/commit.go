@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/transport"
@@ -158,4 +161,35 @@ func (s SinkState) String() string {
 		return "partial (resync needed)"
 	}
 	return "SinkState(" + strconv.Itoa(int(s)) + ")"
+}
+
+// busWordWait bounds how long a round that failed on a lost peer waits
+// for the metadata bus to fail on its own before abortBus aborts it.
+const busWordWait = time.Second
+
+// abortBus ends the metadata bus (a Publisher or Subscriber) after this
+// rank's round failed with err, telling the other side why, and returns
+// err with the bus's own reason added when that says more. A neighbour
+// that stopped because the root gave up or fell silent hangs up on this
+// rank a moment before this rank's bus hears the same (each rank's
+// liveness runs out on its own clock); aborting the bus at once would
+// lose that word, and the error would name the neighbour alone. So a
+// lost peer (transport.ErrPeerGone) first waits, busWordWait at most, for
+// the bus to fail for the other side's reason (transport.Watcher).
+func abortBus(bus any, err error) error {
+	if w, ok := bus.(transport.Watcher); ok && errors.Is(err, transport.ErrPeerGone) {
+		t := time.NewTimer(busWordWait)
+		select {
+		case <-w.Failed():
+			if berr := w.Err(); berr != nil && !strings.Contains(err.Error(), berr.Error()) {
+				err = fmt.Errorf("%w (the metadata bus: %v)", err, berr)
+			}
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	if a, ok := bus.(transport.Aborter); ok {
+		a.Abort(err)
+	}
+	return err
 }

@@ -491,3 +491,57 @@ func FuzzDecodeCommit(f *testing.F) {
 		}
 	})
 }
+
+// watchedBus is a metadata bus end for abortBus: a Watcher that fails
+// with reason when the test closes failed, and an Aborter that records
+// what it was told.
+type watchedBus struct {
+	failed  chan struct{}
+	reason  error
+	aborted error
+}
+
+func (b *watchedBus) Failed() <-chan struct{} { return b.failed }
+
+func (b *watchedBus) Err() error {
+	select {
+	case <-b.failed:
+		return b.reason
+	default:
+		return nil
+	}
+}
+
+func (b *watchedBus) Abort(err error) { b.aborted = err }
+
+// TestAbortBusWaitsForTheBussWord: a round that failed because a
+// neighbour hung up names what the bus says a moment later (the root fell
+// silent), and tells the other side that, not the neighbour alone.
+func TestAbortBusWaitsForTheBussWord(t *testing.T) {
+	lost := fmt.Errorf("tcp broadcast: rank 2 closed the connection: %w", transport.ErrPeerGone)
+	t.Run("the bus fails a moment later", func(t *testing.T) {
+		b := &watchedBus{failed: make(chan struct{}), reason: errors.New("no message or heartbeat from the root (rank 0) for 3s")}
+		time.AfterFunc(50*time.Millisecond, func() { close(b.failed) })
+		err := abortBus(b, lost)
+		if !errors.Is(err, transport.ErrPeerGone) || !strings.Contains(err.Error(), "rank 2 closed") || !strings.Contains(err.Error(), "(the metadata bus: no message or heartbeat from the root (rank 0)") {
+			t.Fatalf("abortBus = %v", err)
+		}
+		if b.aborted != err {
+			t.Fatalf("the bus was told %v, want %v", b.aborted, err)
+		}
+	})
+	t.Run("the bus stays up", func(t *testing.T) {
+		b := &watchedBus{failed: make(chan struct{})}
+		if err := abortBus(b, lost); err != lost || b.aborted != lost {
+			t.Fatalf("abortBus = %v, told %v; want %v unchanged", err, b.aborted, lost)
+		}
+	})
+	t.Run("not a lost peer", func(t *testing.T) {
+		b := &watchedBus{failed: make(chan struct{}), reason: errors.New("bus reason")}
+		close(b.failed)
+		own := errors.New("bucket 3: checksum mismatch")
+		if err := abortBus(b, own); err != own || b.aborted != own {
+			t.Fatalf("abortBus = %v, told %v; want %v unchanged", err, b.aborted, own)
+		}
+	})
+}

@@ -96,10 +96,10 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 		return stats, r.end(fmt.Errorf("rank %d: no round after version %d: %w", r.cfg.Rank, r.Committed(), err))
 	}
 	if err != nil {
-		if a, ok := r.cfg.Subscriber.(transport.Aborter); ok {
-			a.Abort(err) // the root fails with this reason, not "rank r left"
-		}
-		if aerr := abort(leaves(sink)); aerr != nil { // nothing of the failed round stays behind
+		// The root fails with this reason, not "rank r left"; nothing of
+		// the failed round stays behind in the sink.
+		err = abortBus(r.cfg.Subscriber, err)
+		if aerr := abort(leaves(sink)); aerr != nil {
 			err = fmt.Errorf("%w; and dropping the failed round from the sink: %w", err, aerr)
 		}
 	}

@@ -126,10 +126,8 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		}
 	}
 	if err != nil {
+		err = abortBus(s.cfg.Publisher, err) // receivers fail with this reason, not "the root left"
 		s.broken = err
-		if a, ok := s.cfg.Publisher.(transport.Aborter); ok {
-			a.Abort(err) // receivers fail with this reason, not "the root left"
-		}
 		return stats, err
 	}
 	s.seq += uint64(buckets) + 1 // the buckets and the commit message

@@ -236,7 +236,10 @@ func signalRank(t *testing.T, group string, sig syscall.Signal, name string) {
 				}
 				msg := p.err.String() + p.out.String()
 				if !strings.Contains(msg, fmt.Sprintf("rank %d", victim)) {
-					t.Errorf("rank %d's error does not name rank %d:\n%s", p.rank, victim, msg)
+					// The error alone, first: the whole summary is long
+					// enough for a CI log to cut the part that matters.
+					t.Errorf("rank %d's error does not name rank %d: %q\nstderr: %s\nsummary: %s",
+						p.rank, victim, p.summary(t).PerRank[0].Error, p.err.String(), p.out.String())
 				}
 				t.Logf("rank %d exited %.1fs after the %s: %s", p.rank, p.exited.Sub(sent).Seconds(), name, p.summary(t).PerRank[0].Error)
 			}
