@@ -439,32 +439,33 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 	if err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
 		err = fmt.Errorf("%w (cause: %w)", err, cause)
 	}
-	if err != nil && errors.Is(err, transport.ErrPeerGone) {
-		err = m.peerGoneCause(err)
-	}
 	return err
 }
 
-// peerGoneCause adds to err, a transport's lost peer, why the peer left
-// when the rendezvous says so a moment later: a peer whose etcd record was
-// deleted or rewritten closes its connections before its neighbours hear
-// the reason, so they wait for it briefly (a second at most). The
-// metadata bus's word on a lost peer is added earlier, by the stages,
-// before they abort the bus.
-func (m *member) peerGoneCause(err error) error {
-	if m.group == nil {
+// tamperWitness tells the stages, when a round fails on a lost peer,
+// the rendezvous's verdict on tampered records: a peer whose etcd record
+// was deleted or rewritten closes its connections before its neighbours
+// hear why (stages.SenderConfig.Witnesses). A peer gone for any other
+// reason is the transport's and the bus's to name.
+type tamperWitness struct{ g *rendezvous.Group }
+
+func (w tamperWitness) Failed() <-chan struct{} { return w.g.PeerGone() }
+
+func (w tamperWitness) Err() error {
+	if err := w.g.Err(); errors.Is(err, rendezvous.ErrTampered) {
 		return err
 	}
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	select {
-	case <-m.group.PeerGone():
-	case <-t.C:
+	return nil
+}
+
+func (tamperWitness) String() string { return "the rendezvous" }
+
+// witnesses are what may say why a round's peer was lost, besides the bus.
+func (m *member) witnesses() []transport.Watcher {
+	if m.group == nil {
+		return nil
 	}
-	if gerr := m.group.Err(); errors.Is(gerr, rendezvous.ErrTampered) && !strings.Contains(err.Error(), gerr.Error()) {
-		err = fmt.Errorf("%w (the rendezvous: %v)", err, gerr)
-	}
-	return err
+	return []transport.Watcher{tamperWitness{m.group}}
 }
 
 // Abort fails the rank's round with cause, on every rank: the running

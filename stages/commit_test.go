@@ -522,7 +522,7 @@ func TestAbortBusWaitsForTheBussWord(t *testing.T) {
 	t.Run("the bus fails a moment later", func(t *testing.T) {
 		b := &watchedBus{failed: make(chan struct{}), reason: errors.New("no message or heartbeat from the root (rank 0) for 3s")}
 		time.AfterFunc(50*time.Millisecond, func() { close(b.failed) })
-		err := abortBus(b, lost)
+		err := abortBus(b, lost, nil)
 		if !errors.Is(err, transport.ErrPeerGone) || !strings.Contains(err.Error(), "rank 2 closed") || !strings.Contains(err.Error(), "(the metadata bus: no message or heartbeat from the root (rank 0)") {
 			t.Fatalf("abortBus = %v", err)
 		}
@@ -532,7 +532,7 @@ func TestAbortBusWaitsForTheBussWord(t *testing.T) {
 	})
 	t.Run("the bus stays up", func(t *testing.T) {
 		b := &watchedBus{failed: make(chan struct{})}
-		if err := abortBus(b, lost); err != lost || b.aborted != lost {
+		if err := abortBus(b, lost, nil); err != lost || b.aborted != lost {
 			t.Fatalf("abortBus = %v, told %v; want %v unchanged", err, b.aborted, lost)
 		}
 	})
@@ -540,8 +540,34 @@ func TestAbortBusWaitsForTheBussWord(t *testing.T) {
 		b := &watchedBus{failed: make(chan struct{}), reason: errors.New("bus reason")}
 		close(b.failed)
 		own := errors.New("bucket 3: checksum mismatch")
-		if err := abortBus(b, own); err != own || b.aborted != own {
+		if err := abortBus(b, own, nil); err != own || b.aborted != own {
 			t.Fatalf("abortBus = %v, told %v; want %v unchanged", err, b.aborted, own)
 		}
 	})
+}
+
+// namedWatcher is a watchedBus that names itself, as a witness does.
+type namedWatcher struct{ *watchedBus }
+
+func (namedWatcher) String() string { return "the rendezvous" }
+
+// TestAbortBusHearsWitnesses: the word of a witness other than the bus
+// (the rendezvous's verdict on a tampered record) is added the same way,
+// under its own name, and a witness that fails with no reason to give
+// (its Err is nil) does not end the wait for the bus's.
+func TestAbortBusHearsWitnesses(t *testing.T) {
+	lost := fmt.Errorf("rank 2 closed the connection: %w", transport.ErrPeerGone)
+	bus := &watchedBus{failed: make(chan struct{}), reason: errors.New("the root gave up: bucket 7 is short")}
+	mute := &watchedBus{failed: make(chan struct{})} // fails, says nothing
+	close(mute.failed)
+	rdv := namedWatcher{&watchedBus{failed: make(chan struct{}), reason: errors.New(`record "ranks/2" was deleted`)}}
+	time.AfterFunc(30*time.Millisecond, func() { close(rdv.failed) })
+	time.AfterFunc(60*time.Millisecond, func() { close(bus.failed) })
+	err := abortBus(bus, lost, []transport.Watcher{mute, rdv})
+	if !strings.Contains(err.Error(), `(the rendezvous: record "ranks/2" was deleted)`) {
+		t.Fatalf("abortBus = %v, want the rendezvous's word", err)
+	}
+	if bus.aborted != err {
+		t.Fatalf("the bus was told %v, want %v", bus.aborted, err)
+	}
 }

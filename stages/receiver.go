@@ -24,6 +24,12 @@ type ReceiverConfig struct {
 	// messages signed with them (see mac.go); nil: the root must send
 	// neither.
 	Auth *auth.Keys
+	// Witnesses, besides the bus itself, may say why a peer was lost:
+	// when a round fails on a lost peer (transport.ErrPeerGone), the
+	// first reason one of them gives within a second is added to the
+	// error, before the bus is aborted (the front door passes the
+	// rendezvous's verdict on tampered records).
+	Witnesses []transport.Watcher
 }
 
 // Receiver is one receiving rank of a sync group. Like Sender, a failed
@@ -98,7 +104,7 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	if err != nil {
 		// The root fails with this reason, not "rank r left"; nothing of
 		// the failed round stays behind in the sink.
-		err = abortBus(r.cfg.Subscriber, err)
+		err = abortBus(r.cfg.Subscriber, err, r.cfg.Witnesses)
 		if aerr := abort(leaves(sink)); aerr != nil {
 			err = fmt.Errorf("%w; and dropping the failed round from the sink: %w", err, aerr)
 		}

@@ -54,6 +54,12 @@ type SenderConfig struct {
 	// in memory that CUDA IPC cannot share go through buckets where the
 	// receivers could read the others in place. Nil means slog.Default().
 	Logger *slog.Logger
+	// Witnesses, besides the bus itself, may say why a peer was lost:
+	// when a round fails on a lost peer (transport.ErrPeerGone), the
+	// first reason one of them gives within a second is added to the
+	// error, before the bus is aborted (the front door passes the
+	// rendezvous's verdict on tampered records).
+	Witnesses []transport.Watcher
 }
 
 // Sender is the root of a sync group. It keeps its endpoint, publisher and
@@ -126,7 +132,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		}
 	}
 	if err != nil {
-		err = abortBus(s.cfg.Publisher, err) // receivers fail with this reason, not "the root left"
+		err = abortBus(s.cfg.Publisher, err, s.cfg.Witnesses) // receivers fail with this reason, not "the root left"
 		s.broken = err
 		return stats, err
 	}
