@@ -55,10 +55,10 @@ type SenderConfig struct {
 	// receivers could read the others in place. Nil means slog.Default().
 	Logger *slog.Logger
 	// Witnesses, besides the bus itself, may say why a peer was lost:
-	// when a round fails on a lost peer (transport.ErrPeerGone), the
-	// first reason one of them gives within a second is added to the
-	// error, before the bus is aborted (the front door passes the
-	// rendezvous's verdict on tampered records).
+	// when a round fails on a lost peer (transport.ErrPeerGone), what
+	// they and the bus say is added to the error before the bus is
+	// aborted, after a wait of a second at most for the first word (the
+	// front door passes the rendezvous's verdict on tampered records).
 	Witnesses []transport.Watcher
 }
 
