@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,17 +66,26 @@ func (fakeEndpoint) Close() error                                             { 
 
 // TestRegister opens a registered transport, lists it, validates the
 // config first, and refuses a second registration of a name.
+// fakeOpened is what the test-fake transport was last opened with;
+// registerFake registers it once per process (registration is global, and
+// -count runs a test again in the same process).
+var (
+	fakeOpened   transport.Config
+	registerFake sync.Once
+)
+
 func TestRegister(t *testing.T) {
-	var opened transport.Config
-	transport.Register("test-fake", func(ctx context.Context, cfg transport.Config) (transport.Endpoint, error) {
-		opened = cfg
-		return fakeEndpoint{}, nil
+	registerFake.Do(func() {
+		transport.Register("test-fake", func(ctx context.Context, cfg transport.Config) (transport.Endpoint, error) {
+			fakeOpened = cfg
+			return fakeEndpoint{}, nil
+		})
 	})
 	if !slices.Contains(transport.Names(), "test-fake") {
 		t.Fatalf("Names() = %v, want test-fake among them", transport.Names())
 	}
-	if _, err := transport.Open(context.Background(), "test-fake", config()); err != nil || opened.Group != "g" {
-		t.Fatalf("Open = %v, opened %+v", err, opened)
+	if _, err := transport.Open(context.Background(), "test-fake", config()); err != nil || fakeOpened.Group != "g" {
+		t.Fatalf("Open = %v, opened %+v", err, fakeOpened)
 	}
 	bad := config()
 	bad.WorldSize = 1
