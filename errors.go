@@ -40,7 +40,7 @@ func KindOf(err error) Kind {
 		return KindClosed
 	case errors.Is(err, ErrConfig), errors.Is(err, rendezvous.ErrWorldSizeMismatch),
 		errors.Is(err, rendezvous.ErrDuplicateRank), errors.Is(err, rendezvous.ErrInvalid),
-		errors.Is(err, zmqbus.ErrHandshake), errors.Is(err, stages.ErrNotHeld):
+		errors.Is(err, zmqbus.ErrHandshake), errors.Is(err, stages.ErrNotHeld), errors.Is(err, stages.ErrStaleVersion):
 		return KindConfig
 	case errors.Is(err, stages.ErrChecksum):
 		return KindChecksum

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -60,6 +61,12 @@ type Options struct {
 	// NoChecksum turns off the per-bucket checksum the sender computes
 	// and every receiver checks.
 	NoChecksum bool
+	// RolloutDType, when valid, is the dtype the sender casts every
+	// floating-point tensor (F32, BF16, F16) to before it is sent, on the
+	// GPU for device tensors (stages.Cast): BF16 or F16 for a bf16 rollout
+	// of an f32 trainer, as verl's rollout_dtype. dtype.Invalid (the zero
+	// value) sends every tensor as it is.
+	RolloutDType dtype.DType
 	// NoDirect has the sender pack every bucket even where every receiver
 	// shares its GPU and could read its device tensors in place
 	// (stages.SenderConfig.NoDirect), to compare.
@@ -210,6 +217,11 @@ func (o *Options) check(role string) error {
 	}
 	if _, _, err := parseDevice(o.Device); err != nil {
 		return bad("%v", err)
+	}
+	switch o.RolloutDType {
+	case dtype.Invalid, dtype.F32, dtype.BF16, dtype.F16:
+	default:
+		return bad("rollout dtype %s: choose BF16, F16 or F32 (floating tensors are cast to it), or none to send tensors as they are", o.RolloutDType)
 	}
 	return nil
 }

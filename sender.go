@@ -39,11 +39,13 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 }
 
 // Send sends one round: every tensor of src as model version, which must
-// be above the last committed one. It returns once every receiver has
+// be above the last committed one (Options.RolloutDType casts its floating
+// tensors first). It returns once every receiver has
 // committed it. A failed round fails on every rank and leaves the Sender
 // broken (stages.ErrBroken): open a new group.
 func (s *Sender) Send(ctx context.Context, src stages.Source, version uint64) (stages.RoundStats, error) {
 	var st stages.RoundStats
+	src = stages.Cast(src, s.opts.RolloutDType)
 	err := s.round(ctx, func(ctx context.Context) error {
 		var err error
 		st, err = s.s.Sync(ctx, src, version)

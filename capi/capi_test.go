@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -39,8 +40,19 @@ func TestParseConfig(t *testing.T) {
 	if err != nil || o.Rank != 0 {
 		t.Fatalf("rank from env map: %+v, %v", o, err)
 	}
+	// A launcher that numbers ranks itself (verl) has rank 0 serve the
+	// rendezvous without the torchrun variables; dtype is the rollout cast.
+	o, err = parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "run_id": "r", "serve_rendezvous": true, "dtype": "BF16"}`, func(string) string { return "" })
+	if err != nil || !o.ServeRendezvous || o.RolloutDType != dtype.BF16 {
+		t.Fatalf("serve_rendezvous and dtype: %+v, %v", o, err)
+	}
+	if o, err = parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "run_id": "r", "dtype": "keep"}`, func(string) string { return "" }); err != nil || o.RolloutDType != dtype.Invalid {
+		t.Fatalf("dtype keep: %+v, %v", o, err)
+	}
 	for _, c := range []struct{ json, want string }{
 		{`{"rnk": 1}`, `unknown field "rnk"`},
+		{`{"serve_rendezvous": true}`, "serve_rendezvous needs rendezvous"},
+		{`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "dtype": "i32"}`, `dtype "i32": choose`},
 		{`{"bucket": "lots"}`, `bucket "lots"`},
 		{`{"bucket": -4}`, "must be positive"},
 		{`{"timeout": 0}`, "timeout 0 s"},

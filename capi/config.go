@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/dustin/go-humanize"
 
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/dtype"
 )
 
 // config is the JSON object wc_open_sender and wc_open_receiver take; a
@@ -30,6 +32,14 @@ type config struct {
 	Checksum   *bool           `json:"checksum"`
 	Device     *string         `json:"device"`
 	Advertise  string          `json:"advertise"`
+	// ServeRendezvous has rank 0 serve the rendezvous (an embedded etcd)
+	// at Rendezvous's address, as it does under torchrun, for callers that
+	// place ranks themselves (verl's build_topology) instead of through
+	// the torchrun variables.
+	ServeRendezvous bool `json:"serve_rendezvous"`
+	// DType is the rollout dtype the sender casts floating tensors to:
+	// "bf16", "f16", "f32", or "" / "keep" to send them as they are.
+	DType string `json:"dtype"`
 	// SecretFile names the group secret's file (mode 0600); empty means
 	// WEIGHTCAST_SECRET_FILE, or no secret. TLSCA, TLSCert and TLSKey are
 	// the PEM files of mutual TLS.
@@ -73,6 +83,21 @@ func parseConfig(text string, getenv func(string) string) (weightcast.Options, e
 	}
 	if c.Device != nil {
 		o.Device = *c.Device
+	}
+	if c.ServeRendezvous {
+		if c.Rendezvous == nil {
+			return o, fmt.Errorf("%w: serve_rendezvous needs rendezvous \"etcd://HOST:PORT\", the address rank 0 serves it at", weightcast.ErrConfig)
+		}
+		o.ServeRendezvous = true
+	}
+	switch d := strings.ToLower(strings.TrimSpace(c.DType)); d {
+	case "", "keep":
+	default:
+		t, err := dtype.Parse(d)
+		if err != nil || (t != dtype.BF16 && t != dtype.F16 && t != dtype.F32) {
+			return o, fmt.Errorf("%w: dtype %q: choose \"bf16\", \"f16\" or \"f32\" (floating tensors are cast to it on the sender), or \"keep\"", weightcast.ErrConfig, c.DType)
+		}
+		o.RolloutDType = t
 	}
 	if c.Checksum != nil {
 		o.NoChecksum = !*c.Checksum

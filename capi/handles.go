@@ -121,13 +121,14 @@ func closeHandle(h int64) error {
 // roundRunner runs one round at a time on a goroutine it owns.
 type roundRunner struct {
 	mu   sync.Mutex
-	done chan struct{} // the running round's; nil when none
-	err  error         // its result, once done is closed
-	into bool          // the running round was started by wc_receive_into
+	done chan struct{}     // the running round's; nil when none
+	err  error             // its result, once done is closed
+	into bool              // the running round was started by wc_receive_into
+	last stages.RoundStats // the last round's, once it ended (Version 0: none yet)
 }
 
 // start runs fn on a new goroutine, refusing while a round runs.
-func (r *roundRunner) start(what string, into bool, fn func() error) error {
+func (r *roundRunner) start(what string, into bool, fn func() (stages.RoundStats, error)) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done != nil {
@@ -137,9 +138,9 @@ func (r *roundRunner) start(what string, into bool, fn func() error) error {
 	r.done, r.into = done, into
 	go func() {
 		defer close(done)
-		err := fn()
+		st, err := fn()
 		r.mu.Lock()
-		r.err = err
+		r.err, r.last = err, st
 		r.mu.Unlock()
 	}()
 	return nil
@@ -215,9 +216,8 @@ func openSender(text string) (int64, error) {
 
 // send starts the round of refs.
 func (h *senderHandle) send(version uint64, refs []weightcast.Ref) error {
-	return h.start("sending another", false, func() error {
-		_, err := h.s.SendRefs(context.Background(), refs, version)
-		return err
+	return h.start("sending another", false, func() (stages.RoundStats, error) {
+		return h.s.SendRefs(context.Background(), refs, version)
 	})
 }
 
@@ -266,17 +266,15 @@ func openReceiver(text string) (int64, error) {
 
 // receive starts a round.
 func (h *receiverHandle) receive() error {
-	return h.start("receiving another", false, func() error {
-		_, err := h.r.Receive(context.Background(), h.views)
-		return err
+	return h.start("receiving another", false, func() (stages.RoundStats, error) {
+		return h.r.Receive(context.Background(), h.views)
 	})
 }
 
 // receiveInto starts a round written straight into refs.
 func (h *receiverHandle) receiveInto(refs []weightcast.Ref) error {
-	return h.start("receiving another", true, func() error {
-		_, err := h.r.ReceiveInto(context.Background(), refs)
-		return err
+	return h.start("receiving another", true, func() (stages.RoundStats, error) {
+		return h.r.ReceiveInto(context.Background(), refs)
 	})
 }
 
@@ -390,16 +388,23 @@ func info(h int64) (string, error) {
 	}
 	var dev string
 	var ordinal = -1
+	var runner *roundRunner
 	switch v := v.(type) {
 	case *senderHandle:
-		m, dev = v.s, v.s.Device().Name()
+		m, dev, runner = v.s, v.s.Device().Name(), &v.roundRunner
 	case *receiverHandle:
-		m, dev = v.r, v.r.Device().Name()
+		m, dev, runner = v.r, v.r.Device().Name(), &v.roundRunner
 		if v.dev != nil {
 			ordinal = v.dev.Ordinal()
 		}
 	}
 	name, reason := m.Transport()
-	b, err := json.Marshal(map[string]any{"role": kindName(v), "rank": m.Rank(), "world_size": m.WorldSize(), "transport": name, "reason": reason, "device": dev, "cuda": ordinal})
+	out := map[string]any{"role": kindName(v), "rank": m.Rank(), "world_size": m.WorldSize(), "transport": name, "reason": reason, "device": dev, "cuda": ordinal}
+	runner.mu.Lock()
+	if st := runner.last; st.Version != 0 && runner.done == nil {
+		out["last_round"] = map[string]any{"version": st.Version, "bytes": st.Bytes, "buckets": st.Buckets, "tensors": st.Tensors, "seconds": st.Duration.Seconds()}
+	}
+	runner.mu.Unlock()
+	b, err := json.Marshal(out)
 	return string(b), err
 }

@@ -156,9 +156,11 @@ int wc_committed(int64_t handle, uint64_t *version);
 /* What a receiver's last round left: 0 intact, 1 partial (resync needed). */
 int wc_state(int64_t handle, int32_t *state);
 
-/* A JSON object describing the handle ("rank", "world_size", "transport",
- * "reason", "device", "bucket"), copied into buf (NUL-terminated, truncated to
- * cap). Returns the full length, or an error code. */
+/* A JSON object describing the handle ("role", "rank", "world_size",
+ * "transport", "reason", "device", "cuda", and, once a round has ended and no
+ * other runs, "last_round": {"version", "bytes", "buckets", "tensors",
+ * "seconds"} of that round on this rank), copied into buf (NUL-terminated,
+ * truncated to cap). Returns the full length, or an error code. */
 int64_t wc_info(int64_t handle, char *buf, int64_t cap);
 
 /* Close the handle: ends a running round, releases everything. Idempotent:

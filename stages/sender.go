@@ -96,6 +96,10 @@ func NewSender(cfg SenderConfig) *Sender {
 // runs; Close is idempotent.
 func (s *Sender) Close() error { return s.packer.Close() }
 
+// ErrStaleVersion is wrapped by the refusal of a round whose version is not
+// above the last committed one: the caller must give a higher version.
+var ErrStaleVersion = errors.New("stale model version")
+
 // Sync sends one round: every tensor of src, as model version version,
 // which must be above the last committed version (versions increase; 0 is
 // never a version). Once every receiver has acknowledged every bucket, it
@@ -106,7 +110,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		return RoundStats{}, fmt.Errorf("sender %w: %w", ErrBroken, s.broken)
 	}
 	if c := s.committed.Load(); version <= c {
-		return RoundStats{}, fmt.Errorf("model version %d is not above the last committed version %d: give every round a higher version", version, c)
+		return RoundStats{}, fmt.Errorf("%w: model version %d is not above the last committed version %d: give every round a higher version", ErrStaleVersion, version, c)
 	}
 	start := time.Now()
 	p := s.pipeline(src, version)

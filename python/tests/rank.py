@@ -60,6 +60,8 @@ def main():
     bucket = spec.get("bucket", 64 << 10)
     versions = spec.get("versions", [1])
     small = spec.get("small", 2000)
+    if spec.get("model") == "torch":
+        return torch_rank(spec, opts, role, bucket, versions)
     try:
         if role == "sender":
             with weightcast.Sender(bucket=bucket, **opts) as s:
@@ -105,6 +107,43 @@ def main():
         say(event="error", type="KeyboardInterrupt", text="interrupted")
         sys.exit(3)
     except Exception as e:  # weightcast.Error, and a generator's own
+        say(event="error", type=type(e).__name__, text=str(e))
+        sys.exit(2)
+
+
+def torch_rank(spec, opts, role, bucket, versions):
+    """A rank of the torch model (torchmodel.py): torch CPU tensors in and
+    out, through receive() or load_into()."""
+    import torch  # noqa: F401
+    import torchmodel
+    try:
+        if role == "sender":
+            with weightcast.Sender(bucket=bucket, **opts) as s:
+                say(event="opened", transport=s.transport)
+                for v in versions:
+                    st = s.send(torchmodel.weights(v), v)
+                    say(event="round", version=v, committed=s.version, stats=st)
+        else:
+            with weightcast.Receiver(bucket=bucket, **opts) as r:
+                say(event="opened", transport=r.transport)
+                for v in versions:
+                    if spec.get("mode") == "load_into":
+                        like = torchmodel.weights(v)
+                        if spec.get("cast"):
+                            like = torchmodel.cast(like, getattr(torch, spec["cast"]))
+                        # a fresh model's own tensors, tied weights included
+                        dst = {name: torch.zeros_like(t) for name, t in like}
+                        dst["lm_head.weight"] = dst["embed_tokens.weight"]
+                        r.load_into(dst)
+                        got = list(dst.items())
+                    else:
+                        got = [(name, t.clone()) for name, t in r.receive()]
+                        for name, t in got:
+                            if not isinstance(t, torch.Tensor):
+                                raise TypeError(f"{name} arrived as {type(t).__name__}, not a torch tensor")
+                    say(event="round", version=v, committed=r.version, state=r.state, digests=torchmodel.digests(got),
+                        stats=r.last_round)
+    except Exception as e:
         say(event="error", type=type(e).__name__, text=str(e))
         sys.exit(2)
 

@@ -51,9 +51,10 @@ class _Rank:
 
     _open = None  # the library's open call, by name
 
-    def __init__(self, rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device, security):
+    def __init__(self, rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device, security, extra=None):
         cfg = {"group": group, "transport": transport, "bucket": bucket, "timeout": float(timeout), "checksum": bool(checksum)}
         cfg.update({k: str(v) for k, v in security.items() if v is not None})
+        cfg.update({k: v for k, v in (extra or {}).items() if v is not None})
         for key, value in (("rank", rank), ("world_size", world_size), ("rendezvous", rendezvous), ("run_id", run_id)):
             if value is not None:
                 cfg[key] = value
@@ -67,12 +68,25 @@ class _Rank:
         h = ctypes.c_int64()
         _lib.check(getattr(L, self._open)(json.dumps(cfg).encode(), ctypes.byref(h)))
         self._h = h.value
-        buf = ctypes.create_string_buffer(4096)
-        _lib.check(L.wc_info(self._h, buf, len(buf)))
-        info = json.loads(buf.value)
+        info = self._info()
         self.rank, self.world_size = info["rank"], info["world_size"]
         self.transport, self.device = info["transport"], info["device"]
         self._cuda = info.get("cuda", -1)
+
+    def _info(self):
+        buf = ctypes.create_string_buffer(8192)
+        _lib.check(_lib.lib().wc_info(self._handle(), buf, len(buf)))
+        return json.loads(buf.value)
+
+    @property
+    def last_round(self):
+        """What the last round moved on this rank, once it ended: a dict of
+        ``version``, ``bytes`` (bucket bytes, after any rollout dtype cast),
+        ``buckets``, ``tensors`` and ``seconds``; None before the first
+        (and on a trainer rank that does not send)."""
+        if getattr(self, "_idle", False):
+            return None
+        return self._info().get("last_round")
 
     def _handle(self):
         if self._h is None:
@@ -153,6 +167,13 @@ class Sender(_Rank):
     ``secret_file`` (default $WEIGHTCAST_SECRET_FILE) names the group secret
     every rank must prove it holds; ``tls_ca``, ``tls_cert`` and ``tls_key``
     the PEM files of mutual TLS for etcd, the tcp chain and the bus.
+    ``dtype`` (a torch dtype, or "bf16", "f16", "f32") is the rollout dtype:
+    floating-point tensors are cast to it by the library before they are
+    sent, on the GPU for CUDA tensors. ``serve_rendezvous=True`` with
+    ``rendezvous="etcd://HOST:PORT"`` has rank 0 serve the rendezvous there
+    itself (what MASTER_ADDR/MASTER_PORT do under torchrun), for launchers
+    that number ranks themselves; ``advertise`` is the address other hosts
+    reach this one at.
 
     Trainer ranks that do not send (verl's rank -1) make ``Sender(rank=-1)``:
     it joins nothing, and its send() only iterates the tensors, so that the
@@ -164,20 +185,24 @@ class Sender(_Rank):
 
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
                  transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
-                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None):
+                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None,
+                 dtype=None, serve_rendezvous=False, advertise=None):
         if rank == -1:
             self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
             self._idle = True
             return
         self._idle = False
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
-                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
+                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key),
+                         dict(dtype=_dtype_name(dtype), serve_rendezvous=bool(serve_rendezvous) or None, advertise=advertise))
 
     def send(self, named_tensors, version):
         """Send one round: every (name, tensor) of named_tensors (an iterable:
         model.named_parameters(), state_dict().items(), a generator) as model
         ``version``, which must be above the last committed one. Returns once
-        every receiver has committed it.
+        every receiver has committed it, with ``last_round`` (a dict of
+        version, bytes, buckets, tensors, seconds). A version that is not
+        above the last committed one raises ConfigError.
 
         torch CUDA tensors are read in place from device memory, after the
         work already queued on the current stream of their device (no copy
@@ -190,7 +215,7 @@ class Sender(_Rank):
         if self._idle:
             for _ in named_tensors:
                 pass
-            return
+            return None
         h = self._handle()
         try:
             recs, names, dims, keep = _describe(named_tensors)
@@ -201,6 +226,7 @@ class Sender(_Rank):
         _lib.check(L.wc_send(h, version, *_flat(recs, names, dims)))
         self._wait(lambda ms: L.wc_wait(h, ms))
         del keep
+        return self.last_round
 
     def close(self):
         if not getattr(self, "_idle", False):
@@ -219,6 +245,34 @@ def _flat(recs, names, dims):
     return rptr, n, nptr, len(names), dptr, len(dims)
 
 
+def _what(x):
+    """A short description of a value for an error message."""
+    if isinstance(x, tuple):
+        return f"a tuple of {len(x)}"
+    return f"a {type(x).__module__}.{type(x).__name__}" if type(x).__module__ not in ("builtins",) else f"a {type(x).__name__}"
+
+
+def _dtype_name(dtype):
+    """The library's spelling of a rollout dtype: a torch dtype or a name."""
+    if dtype is None:
+        return None
+    name = str(dtype).replace("torch.", "").lower()
+    return {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32"}.get(name, name)
+
+
+def _need_numpy(device):
+    """A receiver whose buckets may be in host memory hands them out through
+    numpy: refuse to join without it, before any other rank waits on us."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        torch = _torch()
+        on_gpu = device not in ("cpu", "host") and torch is not None and torch.cuda.is_available()
+        if not on_gpu:
+            raise ConfigError("weightcast.Receiver needs numpy for buckets in host memory (pip install numpy); "
+                              "only a receiver whose buckets are on a GPU can do without it") from None
+
+
 def _describe(named_tensors):
     """The flat descriptors of a round (see wc_tensor in weightcast.h): the
     records, the names, the dims, and the tensors, kept referenced until the
@@ -231,8 +285,16 @@ def _describe(named_tensors):
     # By dtype object: numpy's dtype.name is slow (microseconds).
     npdt = {np.dtype(k): v for k, v in _NUMPY.items()} if np is not None else {}
     pack = _lib.TENSOR.pack
+    if hasattr(named_tensors, "items") and callable(named_tensors.items):
+        named_tensors = named_tensors.items()  # a state_dict or any mapping
     for item in named_tensors:
-        name, t = item
+        try:
+            name, t = item
+        except (TypeError, ValueError):
+            raise ConfigError(f"send: each item must be a (name, tensor) pair, got {_what(item)}; pass model.named_parameters(), "
+                              "state_dict().items() or a dict of name -> tensor") from None
+        if not isinstance(name, str):
+            raise ConfigError(f"send: a tensor's name must be a str, got {_what(name)}; pass (name, tensor) pairs")
         keep.append(t)
         nb = name.encode()
         if torch is not None and isinstance(t, torch.Tensor):
@@ -246,7 +308,8 @@ def _describe(named_tensors):
             else:
                 dev, stream = -1, 0
             shape = t.shape
-            recs += pack(t.data_ptr(), t.nbytes, stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
+            # Tensor.nbytes is missing on torch 1.13's Parameters.
+            recs += pack(t.data_ptr(), t.element_size() * t.numel(), stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
         elif np is not None and isinstance(t, np.ndarray):
             wire = npdt.get(t.dtype) or t.dtype.name
             flags = 0 if t.flags.c_contiguous else _lib.STRIDED
@@ -261,15 +324,18 @@ def _describe(named_tensors):
 
 class Receiver(_Rank):
     """A receiving rank (1 .. world_size-1) of a group. Same keywords as
-    Sender."""
+    Sender, less ``dtype`` and ``serve_rendezvous``."""
 
     _open = "wc_open_receiver"
 
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
                  transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
-                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None):
+                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, advertise=None):
+        _need_numpy(device)
+        self._batch = _lib.Batch()
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
-                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
+                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key),
+                         dict(advertise=advertise))
 
     @property
     def state(self):
@@ -295,25 +361,35 @@ class Receiver(_Rank):
         before its end aborts the round on every rank. After the round,
         ``version`` is the committed version.
         """
-        h = self._handle()
-        L = _lib.lib()
-        _lib.check(L.wc_receive(h))
         torch = _torch()
-        batch = _lib.Batch()
-        finished = False
+        rnd = _Round(self)
         try:
             while True:
-                stream = self._stream(torch)
-                rc = self._wait(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
-                if rc == _lib.DONE:
-                    finished = True
+                views = rnd.next(self._stream(torch))
+                if views is None:
                     return
-                yield from _views(batch, torch)
+                yield from views
         finally:
-            if not finished:
-                self._abort(f"rank {self.rank}: receive() was left before the round ended (the loop over it broke, raised, or was interrupted with Ctrl-C)")
-                stream = self._stream(torch)
-                self._drain(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+            rnd.close()
+
+    async def areceive(self):
+        """receive() for asyncio: an async generator of the same (name,
+        tensor) views, waiting for each bucket in a worker thread so the
+        event loop runs on. The bucket is reused only after the work queued
+        until then on the current stream of the thread iterating it."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        torch = _torch()
+        rnd = _Round(self)
+        try:
+            while True:
+                views = await loop.run_in_executor(None, rnd.next, self._stream(torch))
+                if views is None:
+                    return
+                for item in views:
+                    yield item
+        finally:
+            await loop.run_in_executor(None, rnd.close)
 
     def load_into(self, mapping):
         """Receive one round copied in place into the tensors or arrays of
@@ -356,6 +432,38 @@ class Receiver(_Rank):
         del keep
 
 
+class _Round:
+    """One receive() round of a Receiver: next(stream) waits for the next
+    bucket and returns its (name, tensor) views, or None once the round is
+    committed on every receiver; the previous bucket is reused only after
+    the work queued on stream until this call. close() after the end does
+    nothing; before it, it aborts the round on every rank and lets it end."""
+
+    def __init__(self, receiver):
+        self._r = receiver
+        self._h = receiver._handle()
+        self._stream = 0
+        self._finished = False
+        _lib.check(_lib.lib().wc_receive(self._h))
+
+    def next(self, stream):
+        L, h, batch = _lib.lib(), self._h, self._r._batch
+        self._stream = stream
+        rc = self._r._wait(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+        if rc == _lib.DONE:
+            self._finished = True
+            return None
+        return list(_views(batch, _torch()))
+
+    def close(self):
+        if self._finished:
+            return
+        self._finished = True
+        L, h, batch, stream = _lib.lib(), self._h, self._r._batch, self._stream
+        self._r._abort(f"rank {self._r.rank}: receive() was left before the round ended (the loop over it broke, raised, or was interrupted with Ctrl-C)")
+        self._r._drain(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+
+
 def _on_gpu(mapping, torch, ordinal):
     """Whether every value of mapping is a contiguous torch tensor on CUDA
     device ordinal, which the library can write into itself."""
@@ -395,11 +503,19 @@ def _copy(name, dst, view, torch, tdt):
 
 
 def _as_torch(arr, wire, torch):
-    t = torch.from_numpy(arr)
+    """A host view as a torch CPU tensor of the wire dtype. BF16 goes
+    through int16 (torch 1.13 has no uint16 tensors); FP8 stays raw uint8
+    on a torch without float8 dtypes."""
     if wire == "BF16":
-        t = t.view(torch.bfloat16)
-    elif wire in ("F8_E4M3", "F8_E5M2"):
-        t = t.view(torch.float8_e4m3fn if wire == "F8_E4M3" else torch.float8_e5m2)
+        return torch.from_numpy(arr.view("int16")).view(torch.bfloat16)
+    try:
+        t = torch.from_numpy(arr)
+    except TypeError:
+        return arr  # U16, U32, U64 on a torch without those dtypes (before 2.3)
+    if wire in ("F8_E4M3", "F8_E5M2"):
+        dt = getattr(torch, "float8_e4m3fn" if wire == "F8_E4M3" else "float8_e5m2", None)
+        if dt is not None:
+            t = t.view(dt)
     return t
 
 
