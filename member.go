@@ -341,6 +341,13 @@ func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
 // release closes everything opened, in reverse order.
 func (m *member) release() error {
 	var errs []error
+	// A receiver closing after the root ended the run may find the
+	// rendezvous the root served gone, with every lease on it: leaving it
+	// then cannot be confirmed, and need not be.
+	var rootEnded bool
+	if w, ok := m.sub.(transport.Watcher); ok {
+		rootEnded = errors.Is(w.Err(), transport.ErrEnded)
+	}
 	for _, f := range m.extra {
 		errs = append(errs, f())
 	}
@@ -359,7 +366,7 @@ func (m *member) release() error {
 		// Leaving a group that already broke (a peer died, perhaps the
 		// rank 0 that served the rendezvous) cannot be confirmed; the
 		// round's error has said what happened.
-		if err := m.group.Close(); err != nil && m.group.Err() == nil {
+		if err := m.group.Close(); err != nil && m.group.Err() == nil && !rootEnded {
 			errs = append(errs, err)
 		}
 	}

@@ -580,3 +580,27 @@ func intoRound(ctx context.Context, rs []*Receiver, dsts [][]Ref, send func(cont
 	wg.Wait()
 	return errs
 }
+
+// TestCloseAfterTheRootLeft closes the receivers only after the root has
+// closed, taking down the rendezvous it served: leaving cannot be confirmed
+// then, and Close must not report that as a failure (a vLLM worker closed
+// after its trainer, say).
+func TestCloseAfterTheRootLeft(t *testing.T) {
+	o := Options{Group: "late-close", RunID: "l1", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10, Timeout: 30 * time.Second}
+	s, rs := ranks(t, 3, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src := randomTensors(rand.New(rand.NewPCG(3, 3)), 5, 1<<10)
+	send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
+	if err := syncRound(ctx, s, rs, send, []stages.Sink{stages.NewHostModel(), stages.NewHostModel()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // waits a bounded while for the receivers to leave, then goes
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if err := r.Close(); err != nil {
+			t.Errorf("rank %d: Close after the root ended the run: %v", r.Rank(), err)
+		}
+	}
+}

@@ -50,6 +50,10 @@ setup(
     packages=["weightcast"],
     package_data={"weightcast": ["libweightcast.so", "weightcast.h"]},
     python_requires=">=3.8",
+    # numpy for host buckets; torch is optional (imported when the caller
+    # uses it): 1.13 and 2.x are supported, CUDA tensors need a CUDA build.
+    install_requires=["numpy>=1.21"],
+    extras_require={"torch": ["torch>=1.13"]},
     distclass=BinaryDistribution,
     cmdclass=cmdclass,
     zip_safe=False,
