@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/internal/testhook"
+	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
@@ -579,4 +581,78 @@ func intoRound(ctx context.Context, rs []*Receiver, dsts [][]Ref, send func(cont
 	}
 	wg.Wait()
 	return errs
+}
+
+// quittingExchange makes rank 1 fail its open, as a process that exits
+// would, after a second of looking up its successor's address: before it
+// ever connects to rank 2.
+type quittingExchange struct{ transport.Exchange }
+
+func (x quittingExchange) Get(ctx context.Context, rank int, key string) ([]byte, error) {
+	if rank != 2 || key != "tcp.addr" {
+		return x.Exchange.Get(ctx, rank, key)
+	}
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return nil, errors.New("rank 1 exits before it connects to its successor")
+}
+
+// TestPredecessorGoneWhileOpening has rank 1 of a tcp chain leave before
+// it connects to rank 2, which waits in accept for it: rank 2 ends within
+// seconds of the rendezvous noticing, naming rank 1 as gone, not at its
+// 30 s timeout.
+func TestPredecessorGoneWhileOpening(t *testing.T) {
+	const world = 3
+	testhook.Exchange = func(x transport.Exchange) transport.Exchange {
+		if g, _ := x.(interface{ Rank() int }); g != nil && g.Rank() == 1 {
+			return quittingExchange{x}
+		}
+		return x
+	}
+	t.Cleanup(func() { testhook.Exchange = nil })
+	o := Options{Group: "quit", RunID: "q1", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10,
+		Device: "cpu", Transport: "tcp", Timeout: 30 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, world)
+	took := make([]time.Duration, world)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for r := range world {
+		o := o
+		o.Rank, o.WorldSize = r, world
+		wg.Go(func() {
+			defer func() { took[r] = time.Since(start) }()
+			if r == 0 {
+				s, err := OpenSender(ctx, o)
+				if err == nil {
+					s.Close()
+				}
+				errs[0] = err
+				return
+			}
+			o.ServeRendezvous = false
+			rcv, err := OpenReceiver(ctx, o)
+			if err == nil {
+				rcv.Close()
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		t.Logf("rank %d after %v: %v", r, took[r].Round(time.Millisecond), err)
+	}
+	var gone *rendezvous.Error
+	switch err := errs[2]; {
+	case err == nil:
+		t.Fatal("rank 2 opened without its predecessor")
+	case took[2] > 15*time.Second:
+		t.Errorf("rank 2 took %v to give up on rank 1, which had left (timeout 30 s)", took[2])
+	case KindOf(err) != KindPeerGone || !errors.As(err, &gone) || !slices.Contains(gone.Ranks, 1):
+		t.Errorf("rank 2: %v (kind %d); want rank 1 named as gone", err, KindOf(err))
+	}
 }
