@@ -166,13 +166,13 @@ func (m *member) join(ctx context.Context) error {
 		}
 		m.emb = emb
 	}
-	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout, rendezvous.WithTLS(m.tls))
+	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout, rendezvous.WithTLS(m.tls), rendezvous.WithLogger(o.Logger))
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.who(), err)
 	}
 	g, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
 		Group: o.Group, RunID: o.RunID, Rank: o.Rank, WorldSize: o.WorldSize, Timeout: o.Timeout,
-		Endpoints: m.facts(), Auth: m.keys,
+		Endpoints: m.facts(), Auth: m.keys, Logger: o.Logger,
 	})
 	if err != nil {
 		return err // Join closed the store; its errors name group and rank
@@ -298,7 +298,7 @@ func (m *member) config(ex transport.Exchange) transport.Config {
 		ex = testhook.Exchange(ex)
 	}
 	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout,
-		Auth: m.keys, TLS: m.tls}
+		Auth: m.keys, TLS: m.tls, Logger: m.opts.Logger}
 }
 
 // openLinks opens the metadata bus and the byte transport.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -655,4 +656,40 @@ func TestPredecessorGoneWhileOpening(t *testing.T) {
 	case KindOf(err) != KindPeerGone || !errors.As(err, &gone) || !slices.Contains(gone.Ranks, 1):
 		t.Errorf("rank 2: %v (kind %d); want rank 1 named as gone", err, KindOf(err))
 	}
+}
+
+// TestWaitNotices opens rank 0 of 2 alone: while it waits for rank 1, it
+// says so through Options.Logger (every rendezvous.NoticeEvery), naming
+// who it waits for and who has joined, then times out.
+func TestWaitNotices(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	o := Options{Group: "notices", RunID: "n1", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10,
+		Device: "cpu", Transport: "tcp", Timeout: rendezvous.NoticeEvery + 2*time.Second, Rank: 0, WorldSize: 2,
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))}
+	s, err := OpenSender(context.Background(), o)
+	if err == nil {
+		s.Close()
+		t.Fatal("rank 0 opened without rank 1")
+	}
+	if KindOf(err) != KindTimeout {
+		t.Errorf("rank 0 alone: %v; want a timeout", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := logs.String(); !strings.Contains(got, "waiting for rank 1 to join (1 of 2 joined), ") {
+		t.Fatalf("rank 0 said %q while it waited; want who it waits for and who joined", got)
+	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
