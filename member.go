@@ -118,7 +118,7 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 		if err := m.openDevice(peers); err != nil {
 			return nil, err
 		}
-		if err := m.openLinks(ctx, m.config(m.group)); err != nil {
+		if err := m.openWatched(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -166,13 +166,13 @@ func (m *member) join(ctx context.Context) error {
 		}
 		m.emb = emb
 	}
-	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout, rendezvous.WithTLS(m.tls))
+	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout, rendezvous.WithTLS(m.tls), rendezvous.WithLogger(o.Logger))
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.who(), err)
 	}
 	g, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
 		Group: o.Group, RunID: o.RunID, Rank: o.Rank, WorldSize: o.WorldSize, Timeout: o.Timeout,
-		Endpoints: m.facts(), Auth: m.keys,
+		Endpoints: m.facts(), Auth: m.keys, Logger: o.Logger,
 	})
 	if err != nil {
 		return err // Join closed the store; its errors name group and rank
@@ -298,7 +298,7 @@ func (m *member) config(ex transport.Exchange) transport.Config {
 		ex = testhook.Exchange(ex)
 	}
 	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout,
-		Auth: m.keys, TLS: m.tls}
+		Auth: m.keys, TLS: m.tls, Logger: m.opts.Logger}
 }
 
 // openLinks opens the metadata bus and the byte transport.
@@ -336,6 +336,51 @@ func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
 	}
 	m.endpoint, err = transport.Open(ctx, m.choice, cfg)
 	return err
+}
+
+// openWatched opens the metadata bus and the byte transport while
+// watching the group: a peer that leaves or dies meanwhile (the one a
+// transport waits for, often) ends the open within peerGoneGrace of the
+// rendezvous noticing, with the group's error naming it, instead of at
+// the transport's timeout.
+func (m *member) openWatched(ctx context.Context) error {
+	lctx, cancel := context.WithCancelCause(ctx)
+	var watch sync.WaitGroup
+	watch.Go(func() { m.watchGroup(lctx, cancel) })
+	err := m.openLinks(lctx, m.config(m.group))
+	cause := context.Cause(lctx)
+	cancel(nil)
+	watch.Wait()
+	if gerr := m.group.Err(); err != nil && gerr != nil && cause == gerr {
+		return fmt.Errorf("%s: %w; it broke while this rank opened its transports: %w", m.who(), gerr, err)
+	}
+	return err
+}
+
+// watchGroup cancels ctx with the group's error once the group broke (a
+// peer gone, the rendezvous lost) and peerGoneGrace has passed since this
+// rank first saw it, so that the transports' own errors, which name the
+// rank that failed first, win. It returns when ctx ends.
+func (m *member) watchGroup(ctx context.Context, cancel context.CancelCauseFunc) {
+	select {
+	case <-m.group.PeerGone():
+	case <-ctx.Done():
+		return
+	}
+	// The grace counts from when a round (or the open) first saw the
+	// loss, so that short rounds after it do not each restart it.
+	m.mu.Lock()
+	if m.goneAt.IsZero() {
+		m.goneAt = time.Now()
+	}
+	grace := time.NewTimer(max(peerGoneGrace-time.Since(m.goneAt), 0))
+	m.mu.Unlock()
+	defer grace.Stop()
+	select {
+	case <-grace.C:
+		cancel(m.group.Err())
+	case <-ctx.Done():
+	}
 }
 
 // release closes everything opened, in reverse order.
@@ -413,27 +458,7 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 		}
 	}
 	if m.group != nil {
-		watch.Go(func() {
-			select {
-			case <-m.group.PeerGone():
-			case <-ctx.Done():
-				return
-			}
-			// The grace counts from when a round first saw the loss, so
-			// that short rounds after it do not each restart it.
-			m.mu.Lock()
-			if m.goneAt.IsZero() {
-				m.goneAt = time.Now()
-			}
-			grace := time.NewTimer(max(peerGoneGrace-time.Since(m.goneAt), 0))
-			m.mu.Unlock()
-			defer grace.Stop()
-			select {
-			case <-grace.C:
-				cancel(m.group.Err())
-			case <-ctx.Done():
-			}
-		})
+		watch.Go(func() { m.watchGroup(ctx, cancel) })
 	}
 	err := fn(ctx)
 	cause := context.Cause(ctx)

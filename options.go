@@ -3,6 +3,7 @@ package weightcast
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -99,6 +100,13 @@ type Options struct {
 	// Progress, when set, is called on the sender after each bucket has
 	// moved.
 	Progress func(*stages.BucketMeta)
+	// Logger hears what a rank waits for while it waits to meet the
+	// others (every rendezvous.NoticeEvery: "waiting for rank 2 to join
+	// (2 of 3 joined), 1m40s left"; etcd not answering yet) and the
+	// transports' warnings (connections refused before their handshake
+	// completed, rate-limited). Nil means slog.Default(), which writes to
+	// stderr; slog.New(slog.DiscardHandler) silences it.
+	Logger *slog.Logger
 }
 
 // FromEnv returns o with the settings it leaves unset taken from the

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/internal/testhook"
+	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
@@ -603,4 +606,114 @@ func TestCloseAfterTheRootLeft(t *testing.T) {
 			t.Errorf("rank %d: Close after the root ended the run: %v", r.Rank(), err)
 		}
 	}
+}
+
+// quittingExchange makes rank 1 fail its open, as a process that exits
+// would, after a second of looking up its successor's address: before it
+// ever connects to rank 2.
+type quittingExchange struct{ transport.Exchange }
+
+func (x quittingExchange) Get(ctx context.Context, rank int, key string) ([]byte, error) {
+	if rank != 2 || key != "tcp.addr" {
+		return x.Exchange.Get(ctx, rank, key)
+	}
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return nil, errors.New("rank 1 exits before it connects to its successor")
+}
+
+// TestPredecessorGoneWhileOpening has rank 1 of a tcp chain leave before
+// it connects to rank 2, which waits in accept for it: rank 2 ends within
+// seconds of the rendezvous noticing, naming rank 1 as gone, not at its
+// 30 s timeout.
+func TestPredecessorGoneWhileOpening(t *testing.T) {
+	const world = 3
+	testhook.Exchange = func(x transport.Exchange) transport.Exchange {
+		if g, _ := x.(interface{ Rank() int }); g != nil && g.Rank() == 1 {
+			return quittingExchange{x}
+		}
+		return x
+	}
+	t.Cleanup(func() { testhook.Exchange = nil })
+	o := Options{Group: "quit", RunID: "q1", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10,
+		Device: "cpu", Transport: "tcp", Timeout: 30 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, world)
+	took := make([]time.Duration, world)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for r := range world {
+		o := o
+		o.Rank, o.WorldSize = r, world
+		wg.Go(func() {
+			defer func() { took[r] = time.Since(start) }()
+			if r == 0 {
+				s, err := OpenSender(ctx, o)
+				if err == nil {
+					s.Close()
+				}
+				errs[0] = err
+				return
+			}
+			o.ServeRendezvous = false
+			rcv, err := OpenReceiver(ctx, o)
+			if err == nil {
+				rcv.Close()
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		t.Logf("rank %d after %v: %v", r, took[r].Round(time.Millisecond), err)
+	}
+	var gone *rendezvous.Error
+	switch err := errs[2]; {
+	case err == nil:
+		t.Fatal("rank 2 opened without its predecessor")
+	case took[2] > 15*time.Second:
+		t.Errorf("rank 2 took %v to give up on rank 1, which had left (timeout 30 s)", took[2])
+	case KindOf(err) != KindPeerGone || !errors.As(err, &gone) || !slices.Contains(gone.Ranks, 1):
+		t.Errorf("rank 2: %v (kind %d); want rank 1 named as gone", err, KindOf(err))
+	}
+}
+
+// TestWaitNotices opens rank 0 of 2 alone: while it waits for rank 1, it
+// says so through Options.Logger (every rendezvous.NoticeEvery), naming
+// who it waits for and who has joined, then times out.
+func TestWaitNotices(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	o := Options{Group: "notices", RunID: "n1", Rendezvous: "etcd://" + freeAddr(t), ServeRendezvous: true, BucketSize: 4 << 10,
+		Device: "cpu", Transport: "tcp", Timeout: rendezvous.NoticeEvery + 2*time.Second, Rank: 0, WorldSize: 2,
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))}
+	s, err := OpenSender(context.Background(), o)
+	if err == nil {
+		s.Close()
+		t.Fatal("rank 0 opened without rank 1")
+	}
+	if KindOf(err) != KindTimeout {
+		t.Errorf("rank 0 alone: %v; want a timeout", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := logs.String(); !strings.Contains(got, "waiting for rank 1 to join (1 of 2 joined), ") {
+		t.Fatalf("rank 0 said %q while it waited; want who it waits for and who joined", got)
+	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

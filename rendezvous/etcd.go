@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
@@ -35,6 +36,14 @@ type EtcdOption func(*etcdOptions)
 type etcdOptions struct {
 	ttl time.Duration
 	tls *auth.TLS
+	log *slog.Logger
+}
+
+// WithLogger sends DialEtcd's notices, every NoticeEvery while etcd does
+// not answer yet, to l; nil (the default) means slog.Default(), which
+// writes to stderr.
+func WithLogger(l *slog.Logger) EtcdOption {
+	return func(o *etcdOptions) { o.log = l }
 }
 
 // WithTLS makes the client speak TLS 1.3 to etcd, verifying the server's
@@ -129,7 +138,7 @@ func DialEtcd(ctx context.Context, endpoints []string, timeout time.Duration, op
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := cli.Get(pctx, KeyPrefix, clientv3.WithCountOnly()); err != nil {
+	if err := firstAnswer(pctx, cli, where, o.log); err != nil {
 		cli.Close()
 		switch {
 		case ctx.Err() != nil:
@@ -145,6 +154,30 @@ func DialEtcd(ctx context.Context, endpoints []string, timeout time.Duration, op
 		ttl:       int64(math.Ceil(o.ttl.Seconds())),
 		leaseSem:  make(chan struct{}, 1),
 	}, nil
+}
+
+// firstAnswer waits, within ctx, for etcd's answer to a first request,
+// saying every NoticeEvery that it still waits. etcd may come up late (a
+// rank 0 that serves it starting after the others), so a refused
+// connection is waited past too.
+func firstAnswer(ctx context.Context, cli *clientv3.Client, where string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	for {
+		actx, cancel := context.WithTimeout(ctx, NoticeEvery)
+		_, err := cli.Get(actx, KeyPrefix, clientv3.WithCountOnly())
+		expired := actx.Err() != nil
+		cancel()
+		if err == nil || !expired || ctx.Err() != nil {
+			return err
+		}
+		left := ""
+		if dl, ok := ctx.Deadline(); ok {
+			left = fmt.Sprintf(", %v left", time.Until(dl).Round(time.Second))
+		}
+		log.Info(fmt.Sprintf("rendezvous: waiting for etcd at %s to answer (it does not yet: not started, or not reachable from here)%s", where, left))
+	}
 }
 
 // Endpoints returns the endpoints the store was dialed with.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/auth/authtest"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -78,5 +79,24 @@ func TestDialEtcdUnreachable(t *testing.T) {
 	}
 	if _, err := rendezvous.DialEtcd(context.Background(), nil, 0); !errors.Is(err, rendezvous.ErrInvalid) {
 		t.Fatalf("dial with no endpoints = %v; want ErrInvalid", err)
+	}
+}
+
+// TestDialEtcdNotices dials an etcd that never answers: DialEtcd says
+// every NoticeEvery that it still waits, and how long is left, through
+// WithLogger, then times out.
+func TestDialEtcdNotices(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // never accepts
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	var logs authtest.LogBuffer
+	_, err = rendezvous.DialEtcd(context.Background(), []string{silent.Addr().String()}, rendezvous.NoticeEvery+time.Second, rendezvous.WithLogger(logs.Logger()))
+	if !errors.Is(err, rendezvous.ErrTimeout) {
+		t.Fatalf("dial of a silent etcd: %v; want ErrTimeout", err)
+	}
+	if got := logs.String(); !strings.Contains(got, "waiting for etcd at "+silent.Addr().String()+" to answer") || !strings.Contains(got, "s left") {
+		t.Fatalf("DialEtcd said %q while it waited; want the address and the time left", got)
 	}
 }

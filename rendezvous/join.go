@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -60,7 +61,16 @@ type JoinOptions struct {
 	// ends when its lease expires, a live run's does not. Zero means
 	// DefaultLeaseTTL plus 2 seconds (use more with a longer lease TTL).
 	HeldWait time.Duration
+	// Logger hears, every NoticeEvery while Join waits, what it waits
+	// for and who has arrived ("waiting for rank 2 to join (2 of 3
+	// joined), 1m40s left"). Nil means slog.Default(), which writes to
+	// stderr; slog.New(slog.DiscardHandler) silences it.
+	Logger *slog.Logger
 }
+
+// NoticeEvery is how often a rank that still waits to join, or for etcd
+// to answer, says so (JoinOptions.Logger, WithLogger).
+const NoticeEvery = 5 * time.Second
 
 func (o JoinOptions) timeout() time.Duration {
 	if o.Timeout > 0 {
@@ -216,9 +226,15 @@ func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err err
 			abort(j.fromAbort(v))
 		}
 	}()
+	noticeDone := make(chan struct{})
+	go func() {
+		defer close(noticeDone)
+		j.notice(actx)
+	}()
 	defer func() {
 		abort(nil)
 		<-watchDone
+		<-noticeDone
 	}()
 
 	g, err = j.join(actx, timeout)
@@ -487,6 +503,48 @@ func (j *joiner) fromAbort(val []byte) *Error {
 	}
 	return j.errorf(sentinel, rec.Key, rec.Ranks, "%s (reported by rank %d at %s; if that was an earlier launch, start this one with a new run id)",
 		rec.Detail, rec.By, rec.Time.Format(time.RFC3339))
+}
+
+// notice says, every NoticeEvery until ctx ends, who this rank still
+// waits for in Join and who has arrived: the ranks not registered, or if
+// all registered, those not at the join barrier.
+func (j *joiner) notice(ctx context.Context) {
+	log := j.opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	t := time.NewTicker(NoticeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		n := j.opts.WorldSize
+		what := "join"
+		missing, _, err := j.missingRanks(ctx, j.keys.seen())
+		if err == nil && len(missing) == 0 {
+			what = "reach the join barrier"
+			missing, _, err = j.missingRanks(ctx, j.keys.joinBarrier())
+		}
+		if err != nil || len(missing) == 0 || ctx.Err() != nil {
+			continue // the wait is ending, or the listing failed: the next tick tells
+		}
+		left := ""
+		if dl, ok := ctx.Deadline(); ok {
+			left = fmt.Sprintf(", %v left", time.Until(dl).Round(time.Second))
+		}
+		log.Info(fmt.Sprintf("group %q run %q rank %d: waiting for %s to %s (%d of %d %s)%s",
+			j.opts.Group, j.opts.RunID, j.opts.Rank, rankList(missing), what, n-len(missing), n, pastTense(what), left))
+	}
+}
+
+func pastTense(what string) string {
+	if what == "join" {
+		return "joined"
+	}
+	return "at the barrier"
 }
 
 // timeoutError names the ranks that never came: those not registered, or

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/auth/authtest"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
@@ -527,5 +528,23 @@ func TestOwnLeaseLost(t *testing.T) {
 	}
 	if _, _, err := s1.CreateLeased(ctx, "/lost/k", nil); !errors.Is(err, rendezvous.ErrLeaseLost) {
 		t.Fatalf("create leased after the lease was lost = %v; want ErrLeaseLost", err)
+	}
+}
+
+// TestJoinNotices has rank 1 of 2 never come: while rank 0 waits, it says
+// every NoticeEvery who it waits for and who is there, and how long is
+// left, through JoinOptions.Logger.
+func TestJoinNotices(t *testing.T) {
+	t.Parallel()
+	e := startEmbedded(t)
+	var logs authtest.LogBuffer
+	specs := world("notices", "r", 2, rendezvous.NoticeEvery+1500*time.Millisecond)[:1]
+	specs[0].opts.Logger = logs.Logger()
+	res := joinRanks(t, etcdOpener(t, e, 5*time.Second), specs)
+	if !errors.Is(res[0].err, rendezvous.ErrTimeout) {
+		t.Fatalf("Join without rank 1: %v; want ErrTimeout", res[0].err)
+	}
+	if got := logs.String(); !strings.Contains(got, "rank 0: waiting for rank 1 to join (1 of 2 joined), ") || !strings.Contains(got, "s left") {
+		t.Fatalf("rank 0 said %q while it waited; want who it waits for, who joined and the time left", got)
 	}
 }

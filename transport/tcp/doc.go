@@ -45,7 +45,13 @@
 // refuses and logs (rate-limited, Config.Logger) every connection that
 // fails it, and keeps waiting for its predecessor, so no stranger can
 // take a rank's place, stall the receiver or fail the group; a timeout
-// names what it refused.
+// names what it refused. At most 64 handshakes run at once, and one more
+// connection takes the place of the one least likely to be the
+// predecessor's (handshake.Admit: a silent one first, then one from the
+// busiest source host, then the oldest), so strangers that connect first
+// and stall cannot keep the predecessor out; a dialer whose connection is
+// closed before any answer dials again (5 connections in all). A receiver
+// with TLS answers a plain hello with a refusal that says so.
 //
 // With Config.TLS every connection is mutual TLS 1.3 first (each end
 // verifies the other's certificate against the authority; the dialer

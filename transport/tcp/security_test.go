@@ -3,6 +3,7 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"strings"
@@ -176,6 +177,92 @@ func TestTLSMismatch(t *testing.T) {
 				t.Fatalf("opened: root %v, receiver %v", errs[0], errs[1])
 			}
 			t.Logf("root: %v", errs[0])
+			if name == "root plain" && (!errors.Is(errs[0], ErrHandshake) || !strings.Contains(errs[0].Error(), "rank 1 runs with TLS")) {
+				t.Errorf("a plain root: %v; want rank 1's refusal saying it runs with TLS", errs[0])
+			}
+		})
+	}
+}
+
+// floodSize is how many stranger connections TestStrangerFlood opens
+// before the real root: several times the handshakes a receiver runs at
+// once.
+const floodSize = 4 * handshake.MaxInFlight
+
+// flood opens n connections to addr (loopback only) that stall: half say
+// nothing, half send the first bytes of a hello and then stall (a
+// slowloris). It returns them; the caller closes them.
+func flood(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	if host, _, _ := net.SplitHostPort(addr); !net.ParseIP(host).IsLoopback() {
+		t.Fatalf("flood of %s: loopback only", addr)
+	}
+	conns := make([]net.Conn, 0, n)
+	for i := range n {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("stranger %d: %v", i, err)
+		}
+		if i%2 == 1 {
+			var b [6]byte
+			binary.BigEndian.PutUint32(b[:], magic)
+			binary.BigEndian.PutUint16(b[4:], version)
+			c.Write(b[:])
+		}
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// TestStrangerFlood has strangers open several times as many stalled
+// connections to rank 1 as it runs handshakes at once, before the real
+// root connects, with and without a secret and with TLS: the root is
+// still admitted, within seconds (the wait's bound is a minute and a
+// stalled handshake's 10 s), and neither end fails.
+func TestStrangerFlood(t *testing.T) {
+	secret, ca := authtest.Secret(t), authtest.NewCA(t)
+	for name, c := range map[string]struct {
+		secret *auth.Secret
+		ca     *authtest.CA
+	}{"no secret": {nil, nil}, "secret": {secret, nil}, "TLS and secret": {secret, ca}} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfgs := authtest.Secure(t, transporttest.Configs(t.Name(), 2, time.Minute), c.secret, c.ca)
+			var logs authtest.LogBuffer
+			cfgs[1].Logger = logs.Logger()
+			var (
+				rx    transport.Endpoint
+				rxErr error
+				wg    sync.WaitGroup
+			)
+			wg.Go(func() { rx, rxErr = Open(ctx, cfgs[1]) })
+			addr, err := cfgs[0].Exchange.Get(ctx, 1, AddrKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns := flood(t, string(addr), floodSize)
+			defer func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			}()
+			start := time.Now()
+			root, err := Open(ctx, cfgs[0])
+			wg.Wait()
+			if err != nil || rxErr != nil {
+				t.Fatalf("after a flood of %d strangers: root %v, receiver %v", floodSize, err, rxErr)
+			}
+			defer root.Close()
+			defer rx.Close()
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("the root took %v to open after the flood", d)
+			}
+			bufs := hostBufs(t, 2, 100)
+			copy(bufs[0].Host(), "hello")
+			if err := errors.Join(broadcastAll(ctx, []transport.Endpoint{root, rx}, 0, bufs, 5)...); err != nil {
+				t.Fatal(err)
+			}
 		})
 	}
 }

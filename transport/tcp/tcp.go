@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -319,10 +320,27 @@ func (e *endpoint) secure(ctx context.Context, c net.Conn, server bool, host str
 		tc = tls.Client(c, e.cfg.TLS.Client(host))
 	}
 	if err := tc.HandshakeContext(ctx); err != nil {
+		var plain tls.RecordHeaderError
+		if server && errors.As(err, &plain) && plain.Conn != nil && binary.BigEndian.Uint32(plain.RecordHeader[:4]) == magic {
+			e.refusePlain(plain.Conn)
+		}
 		return nil, nil, fmt.Errorf("TLS handshake: %w", err)
 	}
 	b, err := auth.TLSBinding(tc.ConnectionState())
 	return tc, b, err
+}
+
+// refusePlain answers a plain handshake that reached this rank, which runs
+// with TLS, with a refusal saying so, so that the dialer names the cause
+// instead of seeing the connection close. It reads what the dialer sent
+// after the refusal (until the dialer closes, within a second), since a
+// connection closed with unread bytes is reset and the dialer could lose
+// the refusal. The caller closes c.
+func (e *endpoint) refusePlain(c net.Conn) {
+	c.SetDeadline(time.Now().Add(time.Second))
+	if handshake.Refuse(c, proto, fmt.Sprintf("rank %d runs with TLS, and this connection does not: give every rank the same TLS settings", e.rank)) == nil {
+		io.Copy(io.Discard, io.LimitReader(c, handshake.MaxGroup+handshake.MaxExtra+256))
+	}
 }
 
 // acceptPrev accepts the connection of rank-1. Every connection whose
@@ -386,27 +404,67 @@ func (e *endpoint) dialNext(ctx context.Context) (net.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(dctx, "tcp", string(addr))
-	if err != nil {
-		switch {
-		case ctxErr(ctx) != nil:
-			err = fmt.Errorf("connecting to rank %d at %s: %w", next, addr, ctxErr(ctx))
-		case errors.Is(err, syscall.ECONNREFUSED):
-			err = fmt.Errorf("rank %d at %s refused the connection; is it still running? (%v): %w", next, addr, err, transport.ErrPeerGone)
-		case ctxErr(dctx) != nil || isTimeout(err):
-			err = fmt.Errorf("connecting to rank %d at %s: no answer within %v: %w", next, addr, e.timeout, transport.ErrTimeout)
-		default:
-			err = fmt.Errorf("connecting to rank %d at %s: %w", next, addr, err)
+	for attempt := 1; ; attempt++ {
+		c, err := e.dial(ctx, dctx, next, string(addr))
+		if err != nil {
+			return nil, fail(err)
 		}
-		return nil, fail(err)
-	}
-	sc, err := e.introduce(ctx, c, next, string(addr))
-	if err != nil {
+		sc, err := e.introduce(ctx, c, next, string(addr))
+		if err == nil {
+			return sc, nil
+		}
 		c.Close()
-		return nil, fail(err)
+		var unanswered *unansweredError
+		switch {
+		case !errors.As(err, &unanswered):
+			return nil, fail(err)
+		case attempt == maxAttempts:
+			return nil, fail(fmt.Errorf("%w (it closed all %d connections this rank opened)", err, attempt))
+		}
+		// A receiver under a flood of strangers' connections may have
+		// closed this one to make room (handshake.Admit); a new one
+		// takes the place of a stranger's.
+		t := time.NewTimer(time.Duration(attempt) * retryPause)
+		select {
+		case <-t.C:
+		case <-dctx.Done():
+			t.Stop()
+			return nil, fail(err)
+		}
 	}
-	return sc, nil
+}
+
+// maxAttempts bounds the connections dialNext opens to a successor that
+// closes them before answering the handshake, retryPause (times the
+// attempt) the pause after each.
+const (
+	maxAttempts = 5
+	retryPause  = 100 * time.Millisecond
+)
+
+// unansweredError is the error of a handshake whose peer closed the
+// connection before it answered anything: worth a new connection.
+type unansweredError struct{ err error }
+
+func (e *unansweredError) Error() string { return e.err.Error() }
+func (e *unansweredError) Unwrap() error { return e.err }
+
+// dial connects to rank next at addr, within dctx.
+func (e *endpoint) dial(ctx, dctx context.Context, next int, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(dctx, "tcp", addr)
+	if err == nil {
+		return c, nil
+	}
+	switch {
+	case ctxErr(ctx) != nil:
+		return nil, fmt.Errorf("connecting to rank %d at %s: %w", next, addr, ctxErr(ctx))
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return nil, fmt.Errorf("rank %d at %s refused the connection; is it still running? (%v): %w", next, addr, err, transport.ErrPeerGone)
+	case ctxErr(dctx) != nil || isTimeout(err):
+		return nil, fmt.Errorf("connecting to rank %d at %s: no answer within %v: %w", next, addr, e.timeout, transport.ErrTimeout)
+	}
+	return nil, fmt.Errorf("connecting to rank %d at %s: %w", next, addr, err)
 }
 
 // introduce runs TLS (with the config's TLS) and the handshake on c, the
@@ -422,14 +480,25 @@ func (e *endpoint) introduce(ctx context.Context, c net.Conn, next int, addr str
 	host, _, _ := net.SplitHostPort(addr)
 	sc, binding, err := e.secure(hctx, c, false, host)
 	if err != nil {
-		return nil, fmt.Errorf("rank %d at %s: %w; give every rank the same TLS settings, with certificates valid for the addresses they publish", next, addr, ioError(ctx, err, next, e.timeout, "TLS"))
+		hint := "if it runs without TLS, give every rank the same TLS settings"
+		var cert *tls.CertificateVerificationError
+		if errors.As(err, &cert) {
+			hint = "give every rank a certificate of the same authority, valid for the addresses they publish"
+		}
+		err = fmt.Errorf("rank %d at %s: %w; %s", next, addr, ioError(ctx, err, next, e.timeout, "TLS"), hint)
+		if errors.Is(err, transport.ErrPeerGone) && ctxErr(ctx) == nil {
+			err = &unansweredError{err}
+		}
+		return nil, err
 	}
 	_, err = handshake.Dial(sc, proto, e.side(binding), e.wantRank(next))
 	switch {
 	case err == nil:
 		return sc, nil
-	case e.cfg.TLS == nil && isGone(err):
-		return nil, fmt.Errorf("handshake with rank %d at %s: it closed the connection (%v); if it runs with TLS, give this rank the same TLS settings: %w", next, addr, err, transport.ErrPeerGone)
+	case isGone(err) && ctxErr(ctx) == nil:
+		// A rank with TLS answers a plain handshake with a refusal
+		// saying so; one that closes without a word is busy, or going.
+		return nil, &unansweredError{fmt.Errorf("handshake with rank %d at %s: it closed the connection before answering (%v); is it still running, and is this its address?: %w", next, addr, err, transport.ErrPeerGone)}
 	case errors.Is(err, handshake.ErrNotPeer):
 		return nil, fmt.Errorf("rank %d's published address %s answered, but %v; check the exchange and the %s option", next, addr, err, OptAdvertise)
 	case errors.Is(err, handshake.ErrRejected), errors.Is(err, handshake.ErrMalformed):

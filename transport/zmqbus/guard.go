@@ -2,6 +2,7 @@ package zmqbus
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -209,7 +210,7 @@ func (guardTransport) Listen(ctx context.Context, addr string) (net.Listener, er
 	if err != nil {
 		return nil, err
 	}
-	l := &guardListener{inner: inner, cfg: guardFrom(ctx), ready: make(chan *guardConn), done: make(chan struct{}), shaking: map[net.Conn]struct{}{}}
+	l := &guardListener{inner: inner, cfg: guardFrom(ctx), ready: make(chan *guardConn), done: make(chan struct{}), shaking: map[net.Conn]time.Time{}}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -234,7 +235,9 @@ func (guardTransport) Addr(ep string) (string, error) {
 // accept loop, so a client that connects and stays silent (a health check,
 // a port scan) would stall every later receiver. The listener hands zmq4 a
 // connection only once it has completed TLS (with TLS settings) and its
-// peer has sent the 10-byte ZMTP signature, within the handshake bound.
+// peer has sent its whole ZMTP greeting and READY (guardConn.greet),
+// within the handshake bound, screening connections concurrently, at most
+// maxScreening at once.
 // Its goroutines end when it is closed.
 type guardListener struct {
 	inner net.Listener
@@ -245,7 +248,47 @@ type guardListener struct {
 
 	mu      sync.Mutex
 	closed  bool
-	shaking map[net.Conn]struct{} // accepted connections not yet through the ZMTP handshake
+	shaking map[net.Conn]time.Time // accepted connections not yet through the ZMTP handshake, and when
+}
+
+// maxScreening bounds the connections a guardListener screens at once; one
+// more closes one of them (evictLocked).
+const maxScreening = 256
+
+// evictLocked closes a connection still in its handshake to make room for
+// a new one: the oldest of the source host with the most of them. A real
+// receiver's handshake takes a round trip or two, so only a flood that
+// opens maxScreening connections from its host meanwhile can close it (and
+// the receiver's dialer then connects again).
+func (l *guardListener) evictLocked() {
+	per := map[string]int{}
+	for c := range l.shaking {
+		per[sourceHost(c)]++
+	}
+	var victim net.Conn
+	for c, at := range l.shaking {
+		if victim == nil {
+			victim = c
+			continue
+		}
+		n, m := per[sourceHost(c)], per[sourceHost(victim)]
+		if n > m || n == m && at.Before(l.shaking[victim]) {
+			victim = c
+		}
+	}
+	if victim != nil {
+		delete(l.shaking, victim)
+		victim.Close()
+	}
+}
+
+// sourceHost is the host part of c's remote address.
+func sourceHost(c net.Conn) string {
+	s := c.RemoteAddr().String()
+	if h, _, err := net.SplitHostPort(s); err == nil {
+		return h
+	}
+	return s
 }
 
 func (l *guardListener) acceptLoop() {
@@ -270,14 +313,17 @@ func (l *guardListener) acceptLoop() {
 			c.Close()
 			return
 		}
-		l.shaking[c] = struct{}{}
+		if len(l.shaking) >= maxScreening {
+			l.evictLocked()
+		}
+		l.shaking[c] = time.Now()
 		l.wg.Add(1)
 		l.mu.Unlock()
 		go l.screen(c)
 	}
 }
 
-// screen runs TLS on c (with TLS settings), waits for the ZMTP signature,
+// screen runs TLS on c (with TLS settings), greets its peer (greet),
 // then queues c's guardConn for Accept.
 func (l *guardListener) screen(c net.Conn) {
 	defer l.wg.Done()
@@ -289,8 +335,7 @@ func (l *guardListener) screen(c net.Conn) {
 	}
 	g := newGuardConn(conn, l.cfg, func(*guardConn) { l.untrack(c) })
 	g.binding, g.accepted = binding, true
-	sig, err := g.br.Peek(10)
-	if err != nil || sig[0] != 0xFF || sig[9] != 0x7F {
+	if err := g.greet(); err != nil {
 		g.finishHandshake(false)
 		return
 	}
@@ -299,6 +344,62 @@ func (l *guardListener) screen(c net.Conn) {
 	case <-l.done:
 		g.finishHandshake(false)
 	}
+}
+
+// serverGreeting is the ZMTP greeting zmq4 sends on an accepted
+// connection: signature, version 3.0, mechanism NULL, as-server 0.
+var serverGreeting = func() []byte {
+	b := make([]byte, zmtpGreeting)
+	b[0], b[9], b[10] = 0xFF, 0x7F, 3
+	copy(b[12:32], "NULL")
+	return b
+}()
+
+// maxScreenedReady bounds the first command (READY) that greet reads
+// ahead: what fits in the read buffer after the greeting and a long frame
+// header.
+const maxScreenedReady = readBuffer - zmtpGreeting - 9
+
+// greet runs, on an accepted connection and before zmq4 sees it, the part
+// of the ZMTP handshake that waits for the peer: it sends zmq4's greeting
+// (and swallows the one zmq4 writes later), then waits, within the
+// handshake bound, until the peer's whole greeting and its first command
+// (READY) have arrived in the read buffer. zmq4 then runs the handshake of
+// every accepted connection from memory, one at a time in its accept
+// loop, but without waiting on anyone: a stranger that stalls in its
+// greeting stalls only its own screening goroutine.
+func (g *guardConn) greet() error {
+	if _, err := g.Conn.Write(serverGreeting); err != nil {
+		return err
+	}
+	g.swallow = zmtpGreeting
+	b, err := g.br.Peek(zmtpGreeting + 2)
+	if err != nil {
+		return err
+	}
+	mech := strings.TrimRight(string(b[12:32]), "\x00")
+	switch {
+	case b[0] != 0xFF || b[9] != 0x7F:
+		return fmt.Errorf("%w: no ZMTP signature", ErrProtocol)
+	case b[10] < 3:
+		return fmt.Errorf("%w: ZMTP version %d.%d, want 3.0 or later", ErrProtocol, b[10], b[11])
+	case mech != "NULL":
+		return fmt.Errorf("%w: ZMTP mechanism %q, want NULL", ErrProtocol, mech)
+	case b[64]&flagCommand == 0:
+		return fmt.Errorf("%w: the first ZMTP frame is not a command", ErrProtocol)
+	}
+	hdr, size := 2, uint64(b[65])
+	if b[64]&flagLong != 0 {
+		if b, err = g.br.Peek(zmtpGreeting + 9); err != nil {
+			return err
+		}
+		hdr, size = 9, binary.BigEndian.Uint64(b[65:])
+	}
+	if size > maxScreenedReady {
+		return &limitError{what: "incoming first ZMTP command", size: size, limit: maxScreenedReady}
+	}
+	_, err = g.br.Peek(zmtpGreeting + hdr + int(size))
+	return err
 }
 
 func (l *guardListener) Accept() (net.Conn, error) {
@@ -477,6 +578,7 @@ type guardConn struct {
 	wmu     sync.Mutex
 	wf      framer
 	pending []byte
+	swallow int // bytes of zmq4's greeting still to drop: greet sent it
 }
 
 func newGuardConn(c net.Conn, cfg guardConfig, onDone func(*guardConn)) *guardConn {
@@ -649,6 +751,26 @@ func readyIdentity(b []byte) (string, error) {
 func (g *guardConn) Write(p []byte) (int, error) {
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
+	if g.swallow > 0 {
+		// zmq4's greeting, which greet sent already: the same bytes.
+		k := min(g.swallow, len(p))
+		at := zmtpGreeting - g.swallow
+		if !bytes.Equal(p[:k], serverGreeting[at:at+k]) {
+			return 0, fmt.Errorf("%w: zmq4's greeting differs from the one sent for it", ErrProtocol)
+		}
+		g.wf.feed(p[:k], nil, func(byte, int) {})
+		g.swallow -= k
+		if k == len(p) {
+			return k, nil
+		}
+		n, err := g.write(p[k:])
+		return k + n, err
+	}
+	return g.write(p)
+}
+
+// write is Write after the greeting, under wmu.
+func (g *guardConn) write(p []byte) (int, error) {
 	ends, endAt := false, 0
 	g.wf.feed(p, nil, func(flags byte, at int) {
 		if messageEnd(flags) {

@@ -275,3 +275,75 @@ func TestGuardRefusesAnonymous(t *testing.T) {
 	}
 	roundTrip(t, ctx, pub, openSubscriber(t, ctx, cfgs[1]))
 }
+
+// busFlood opens n connections to the root's bus (loopback only) that
+// stall: a third say nothing, a third send the ZMTP signature, a third
+// the whole greeting but no READY. The test closes them when it ends.
+func busFlood(t *testing.T, ctx context.Context, cfg transport.Config, n int) {
+	t.Helper()
+	addr := rootAddr(t, ctx, cfg)
+	hostPort := strings.TrimPrefix(strings.TrimPrefix(addr, "tcp://"), tlsScheme)
+	if host, _, _ := net.SplitHostPort(hostPort); !net.ParseIP(host).IsLoopback() {
+		t.Fatalf("flood of %s: loopback only", addr)
+	}
+	greeting := zmtpReady("DEALER", "")[:64]
+	for i := range n {
+		c, err := net.DialTimeout("tcp", hostPort, 5*time.Second)
+		if err != nil {
+			t.Fatalf("stranger %d: %v", i, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		switch i % 3 {
+		case 1:
+			c.Write(greeting[:10])
+		case 2:
+			c.Write(greeting)
+		}
+	}
+}
+
+// TestBusStrangerFlood has strangers open more stalled connections to the
+// root's bus than it screens at once before the receivers join, with and without a secret and
+// with TLS: every receiver still joins within seconds (the handshake
+// bound is 10 s, the wait's 30 s), and the bus carries messages.
+func TestBusStrangerFlood(t *testing.T) {
+	secret, ca := authtest.Secret(t), authtest.NewCA(t)
+	for name, c := range map[string]struct {
+		secret *auth.Secret
+		ca     *authtest.CA
+	}{"no secret": {nil, nil}, "secret": {secret, nil}, "TLS and secret": {secret, ca}} {
+		t.Run(name, func(t *testing.T) {
+			ctx := testContext(t, time.Minute)
+			cfgs := authtest.Secure(t, configs(t, 3, 30*time.Second, nil), c.secret, c.ca)
+			pub := openPublisher(t, ctx, cfgs[0])
+			busFlood(t, ctx, cfgs[1], maxScreening+60)
+			start := time.Now()
+			subs := make([]transport.Subscriber, 2)
+			errs := make([]error, 3)
+			var wg sync.WaitGroup
+			for i := range subs {
+				wg.Go(func() { subs[i], errs[i+1] = OpenSubscriber(ctx, cfgs[i+1]) })
+			}
+			wg.Wait()
+			for _, s := range subs {
+				if s != nil {
+					defer s.Close()
+				}
+			}
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("after a flood of stalled connections: %v", err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("the receivers took %v to join after the flood", d)
+			}
+			wg.Go(func() { errs[0] = produce(ctx, pub, 10) })
+			for i, s := range subs {
+				wg.Go(func() { errs[i+1] = consume(ctx, s, i+1, 10) })
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -41,6 +41,10 @@ type subscriber struct {
 	sendErr    error  // a failed send, reported by tick unless the reader reports the cause first
 }
 
+// maxDialAttempts bounds the ZMTP connections OpenSubscriber opens to a
+// root that closes them in their handshake.
+const maxDialAttempts = 5
+
 // OpenSubscriber opens a receiver's side of the metadata bus of
 // cfg.Group: it reads the root's address from cfg.Exchange (key AddrKey
 // of rank 0), connects a ZeroMQ DEALER whose routing identity is
@@ -113,7 +117,22 @@ func OpenSubscriber(ctx context.Context, cfg transport.Config) (transport.Subscr
 		zmq4.WithLogger(quietZMQ),
 	)
 	stopDial := context.AfterFunc(octx, cancel)
-	err = sock.Dial(guardScheme + "://" + hostPort)
+	for attempt := 1; ; attempt++ {
+		err = sock.Dial(guardScheme + "://" + hostPort)
+		if err == nil || attempt == maxDialAttempts || octx.Err() != nil || reg.dialError() != nil {
+			break
+		}
+		// The root's guard may have closed this connection in its
+		// handshake to make room under a flood of strangers' ones
+		// (guardListener.evictLocked): a new one takes a stranger's
+		// place.
+		t := time.NewTimer(time.Duration(attempt) * 100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-octx.Done():
+			t.Stop()
+		}
+	}
 	if !stopDial() && err == nil {
 		err = octx.Err()
 	}

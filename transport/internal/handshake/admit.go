@@ -6,14 +6,18 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/internal/ratelog"
 )
 
-// MaxInFlight bounds the handshakes Admit runs at once; connections past
-// it are closed at once.
+// MaxInFlight bounds the handshakes Admit runs at once. A connection that
+// arrives when that many are in progress takes the place of the one least
+// likely to be the awaited peer (see Admit), which is closed; only when
+// the closed ones have not yet finished either is the new one closed at
+// once.
 const MaxInFlight = 64
 
 // maxNotes bounds the refusals Admit describes.
@@ -69,12 +73,79 @@ func (r Refusals) String() string {
 }
 
 type result[T any] struct {
-	c   net.Conn
+	c   *watched
 	v   T
 	err error
 }
 
+// watched is an accepted connection in its handshake: it notes whether
+// its peer has sent anything yet.
+type watched struct {
+	net.Conn
+	spoke   atomic.Bool
+	evicted atomic.Bool // closed by Admit to make room
+}
+
+func (w *watched) Read(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	if n > 0 && !w.spoke.Load() {
+		w.spoke.Store(true)
+	}
+	return n, err
+}
+
+// handshaking is one handshake in progress.
+type handshaking struct {
+	c     *watched
+	start time.Time
+	src   string // the peer's host
+}
+
 var past = time.Unix(1, 0)
+
+// host is the host part of a remote address, the unit of Admit's
+// per-source accounting.
+func host(a net.Addr) string {
+	s := a.String()
+	if h, _, err := net.SplitHostPort(s); err == nil {
+		return h
+	}
+	return s
+}
+
+// victim picks the handshake in progress to close for a new connection:
+// one whose peer has sent nothing yet before one that has, then one from
+// the source with the most handshakes in progress, then the oldest. The
+// awaited peer speaks first and at once, arrives after strangers that
+// stalled before it, and shares a source with few of them unless it shares
+// their host, so it is the last to go.
+func victim(live map[*watched]handshaking) *watched {
+	per := map[string]int{}
+	for _, h := range live {
+		per[h.src]++
+	}
+	var best *handshaking
+	for _, h := range live {
+		switch {
+		case best == nil:
+		case h.c.spoke.Load() != best.c.spoke.Load():
+			if h.c.spoke.Load() {
+				continue
+			}
+		case per[h.src] != per[best.src]:
+			if per[h.src] < per[best.src] {
+				continue
+			}
+		case !h.start.Before(best.start):
+			continue
+		}
+		best = &h
+	}
+	if best == nil {
+		return nil
+	}
+	return best.c
+}
 
 // Admit accepts connections on ln and runs admit on each, in a goroutine
 // of its own and bounded by a.Bound (through the connection's deadline and
@@ -82,6 +153,17 @@ var past = time.Unix(1, 0)
 // connection admit refuses is closed, logged and noted, and the wait goes
 // on: a connection that did not complete its handshake never ends it. A
 // connection admit accepts after a.Want others is closed too.
+//
+// At most MaxInFlight handshakes run at once. When one more connection
+// arrives, the handshake least likely to be an awaited peer's is closed
+// (noted as refused) and the new one takes its place: first one whose
+// peer has sent nothing yet, then one from the host with the most
+// handshakes in progress, then the oldest. So strangers that connect
+// before an awaited peer and stall cannot keep it out: it arrives after
+// them and speaks at once.
+//
+// admit is given c wrapped (to see whether its peer spoke); the
+// connection in an Admitted is the one admit returned in its value.
 //
 // Admit takes ln and closes it. It returns the admitted connections, the
 // refusals, and an error only when ctx ended or ln failed first; then the
@@ -92,10 +174,14 @@ func Admit[T any](ctx context.Context, ln net.Listener, a Admission, admit func(
 		wg       sync.WaitGroup
 		refused  Refusals
 		admitted []Admitted[T]
-		results  = make(chan result[T], MaxInFlight)
+		// Evicted handshakes end at once (their connection is
+		// closed), but may not have yet when the next arrives: at
+		// most 2*MaxInFlight goroutines run.
+		results  = make(chan result[T], 2*MaxInFlight)
 		accepted = make(chan net.Conn)
 		lnErr    = make(chan error, 1)
-		inFlight = 0
+		live     = map[*watched]handshaking{} // not evicted
+		running  = 0                          // goroutines, evicted ones too
 	)
 	wg.Go(func() {
 		for {
@@ -121,31 +207,43 @@ func Admit[T any](ctx context.Context, ln net.Listener, a Admission, admit func(
 	for len(admitted) < a.Want && err == nil {
 		select {
 		case c := <-accepted:
-			if inFlight == MaxInFlight {
-				c.Close()
-				refuse(c, fmt.Errorf("%d handshakes already in progress", MaxInFlight))
-				continue
+			if len(live) == MaxInFlight {
+				if running == cap(results) {
+					c.Close()
+					refuse(c, fmt.Errorf("%d handshakes already in progress", MaxInFlight))
+					continue
+				}
+				v := victim(live)
+				delete(live, v)
+				v.evicted.Store(true)
+				v.Close()
 			}
-			inFlight++
+			w := &watched{Conn: c}
+			live[w] = handshaking{c: w, start: time.Now(), src: host(c.RemoteAddr())}
+			running++
 			wg.Go(func() {
 				hctx, hcancel := context.WithTimeout(ctx, a.Bound)
 				defer hcancel()
 				dl, _ := hctx.Deadline()
-				c.SetDeadline(dl)
-				stop := context.AfterFunc(hctx, func() { c.SetDeadline(past) })
-				v, err := admit(hctx, c)
+				w.SetDeadline(dl)
+				stop := context.AfterFunc(hctx, func() { w.SetDeadline(past) })
+				v, err := admit(hctx, w)
 				if !stop() && err == nil {
 					err = fmt.Errorf("handshake did not complete within %v", a.Bound)
 				}
-				if err == nil {
-					c.SetDeadline(time.Time{})
-				} else {
-					c.Close()
+				if w.evicted.Load() && err != nil {
+					err = fmt.Errorf("closed to make room: %d handshakes were in progress, and this one's peer the least likely to be awaited", MaxInFlight)
 				}
-				results <- result[T]{c, v, err} // never blocks: capacity MaxInFlight
+				if err == nil {
+					w.SetDeadline(time.Time{})
+				} else {
+					w.Close()
+				}
+				results <- result[T]{w, v, err} // never blocks: capacity 2*MaxInFlight
 			})
 		case r := <-results:
-			inFlight--
+			running--
+			delete(live, r.c)
 			if r.err != nil {
 				refuse(r.c, r.err)
 			} else {

@@ -151,3 +151,14 @@ func Accept(c io.ReadWriter, p Protocol, me Side, check Check) (Hello, error) {
 func (h Hello) String() string {
 	return fmt.Sprintf("rank %d of group %q (world size %d, version %d)", h.Rank, h.Group, h.World, h.Version)
 }
+
+// Refuse answers the initiator of a connection with a refusal for reason,
+// in place of a handshake: a hello that says nothing of this end (no
+// group, rank or nonce) and a verdict refusing the initiator's hello, so
+// that its Dial fails with a *Rejected saying reason. A responder uses it
+// where it cannot run the handshake at all, such as a rank with TLS
+// answering a plain connection.
+func Refuse(w io.Writer, p Protocol, reason string) error {
+	_, err := w.Write(reject("%s", reason).append(Side{}.hello(p, auth.Nonce{})))
+	return err
+}

@@ -292,3 +292,65 @@ func TestAdmit(t *testing.T) {
 		t.Fatalf("Admit that admits nobody: %v; want the context's deadline", err)
 	}
 }
+
+// TestAdmitFlood has twice as many strangers as Admit runs handshakes at
+// once connect before the real peer and stall, half of them silent and
+// half after a few bytes: the real peer takes the place of one of them
+// and is admitted, and the strangers closed to make room are noted.
+func TestAdmitFlood(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	me := Side{Group: "g", Rank: 2, World: 4}
+	var strangers []net.Conn
+	defer func() {
+		for _, c := range strangers {
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		admitted []Admitted[Hello]
+		refused  Refusals
+		aerr     error
+		wg       sync.WaitGroup
+	)
+	wg.Go(func() {
+		admitted, refused, aerr = Admit(ctx, ln, Admission{Want: 1, Bound: 20 * time.Second, What: "test rank 2"}, func(ctx context.Context, c net.Conn) (Hello, error) {
+			return Accept(c, proto, me, wantRank(1))
+		})
+	})
+	for i := range 2 * MaxInFlight {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			c.Write([]byte{0x77})
+		}
+		strangers = append(strangers, c)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := Dial(c, proto, Side{Group: "g", Rank: 1, World: 4}, wantRank(2)); err != nil {
+		t.Fatalf("the real peer after %d strangers: %v", len(strangers), err)
+	}
+	wg.Wait()
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	defer admitted[0].Conn.Close()
+	if admitted[0].Value.Rank != 1 {
+		t.Fatalf("admitted %v", admitted[0].Value)
+	}
+	if refused.N < MaxInFlight {
+		t.Errorf("refusals %d; want the %d strangers closed to make room", refused.N, MaxInFlight)
+	}
+}
