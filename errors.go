@@ -49,7 +49,7 @@ func KindOf(err error) Kind {
 	case errors.Is(err, transport.ErrTimeout), errors.Is(err, rendezvous.ErrTimeout),
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &wait) && errors.Is(wait.Err, context.DeadlineExceeded):
 		return KindTimeout
-	case errors.Is(err, zmqbus.ErrAborted), errors.Is(err, rendezvous.ErrAborted), errors.Is(err, context.Canceled):
+	case errors.Is(err, zmqbus.ErrAborted), errors.Is(err, rendezvous.ErrAborted), errors.Is(err, context.Canceled), errors.Is(err, ErrInterrupted):
 		return KindAborted
 	}
 	return KindOther

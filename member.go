@@ -32,6 +32,11 @@ import (
 // Receiver, and of a round that Close ended.
 var ErrClosed = errors.New("closed")
 
+// ErrInterrupted is the cause a caller gives the context of an open it
+// gives up (the C library's wc_interrupt, on Ctrl-C): the other ranks of
+// the run are told, and KindOf counts it as KindAborted.
+var ErrInterrupted = errors.New("interrupted")
+
 // peerGoneGrace is how long a rank lets its transports report a failure
 // before it acts on the rendezvous saying a peer is gone: when a rank
 // fails, its neighbours usually fail and leave within milliseconds too, and

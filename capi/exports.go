@@ -51,6 +51,13 @@ func wc_open_receiver(config *C.char, handle *C.int64_t) C.int {
 	})
 }
 
+//export wc_interrupt
+func wc_interrupt(reason *C.char) C.int {
+	return status(func() (int, error) {
+		return opens.interrupt(C.GoString(reason)), nil
+	})
+}
+
 //export wc_send
 func wc_send(handle C.int64_t, version C.uint64_t, tensors *C.wc_tensor, n C.int64_t, names *C.char, namesLen C.int64_t, dims *C.int64_t, ndims C.int64_t) C.int {
 	return status(func() (int, error) {

@@ -118,6 +118,42 @@ func closeHandle(h int64) error {
 	return v.(interface{ close() error }).close()
 }
 
+// openSet holds the contexts of the opens in flight, so that wc_interrupt
+// can end them (an open waits for every rank to join, for minutes at most).
+type openSet struct {
+	mu   sync.Mutex
+	next int
+	m    map[int]context.CancelCauseFunc
+}
+
+var opens = openSet{m: map[int]context.CancelCauseFunc{}}
+
+// start returns the context of one open and the function that ends it.
+func (s *openSet) start() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s.mu.Lock()
+	id := s.next
+	s.next++
+	s.m[id] = cancel
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		delete(s.m, id)
+		s.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// interrupt ends every open in flight with reason, and returns how many.
+func (s *openSet) interrupt(reason string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cancel := range s.m {
+		cancel(fmt.Errorf("%w: %s", weightcast.ErrInterrupted, reason))
+	}
+	return len(s.m)
+}
+
 // roundRunner runs one round at a time on a goroutine it owns.
 type roundRunner struct {
 	mu   sync.Mutex
@@ -207,7 +243,9 @@ func openSender(text string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	s, err := weightcast.OpenSender(context.Background(), o)
+	ctx, done := opens.start()
+	defer done()
+	s, err := weightcast.OpenSender(ctx, o)
 	if err != nil {
 		return 0, err
 	}
@@ -255,7 +293,9 @@ func openReceiver(text string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	r, err := weightcast.OpenReceiver(context.Background(), o)
+	ctx, done := opens.start()
+	defer done()
+	r, err := weightcast.OpenReceiver(ctx, o)
 	if err != nil {
 		return 0, err
 	}

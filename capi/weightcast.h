@@ -146,6 +146,11 @@ int wc_receive(int64_t handle);
  * the round is committed, WC_AGAIN, or the round's error. */
 int wc_next(int64_t handle, uint64_t stream, int32_t timeout_ms, wc_batch *out);
 
+/* End every wc_open_sender and wc_open_receiver in flight in this process
+ * (from another thread: a signal handler's, say), with reason as the cause
+ * the other ranks report; each returns WC_ERR_ABORTED. Returns how many. */
+int wc_interrupt(char *reason);
+
 /* Fail the running round (or, between rounds, the next) on every rank, with
  * reason as the cause the others report. The handle is broken after it. */
 int wc_abort(int64_t handle, char *reason);

@@ -252,6 +252,10 @@ func Join(ctx context.Context, store Store, opts JoinOptions) (g *Group, err err
 		return nil, j.refusedAuthError(refused) // waited in vain for a record that verifies
 	case ctx.Err() == nil && jctx.Err() != nil, errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return nil, j.timeoutError(ctx, timeout, err)
+	case ctx.Err() != nil:
+		// The caller gave up (Ctrl-C): the ranks still waiting learn why
+		// from the abort key instead of waiting out their timeout.
+		return nil, j.fail(j.errorf(ErrAborted, "", nil, "rank %d gave up joining: %v", opts.Rank, context.Cause(ctx)))
 	default:
 		return nil, j.errorf(err, "", nil, "joining failed")
 	}

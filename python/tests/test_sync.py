@@ -146,3 +146,24 @@ def test_wrong_world_size(group):
         assert code == 2 and err, (r.rank, events)
         assert err[0]["type"] == "ConfigError" and "world size" in err[0]["text"], err
     assert time.monotonic() - start < 30
+
+
+def test_interrupt_while_opening(group):
+    """Ctrl-C on rank 0 while it waits for a rank that never starts: rank 0
+    raises KeyboardInterrupt at once, and the rank that did start fails
+    within seconds saying rank 0 was interrupted (not blaming etcd after
+    its timeout)."""
+    ranks = group([
+        {"role": "sender", "versions": [1], "bucket": BUCKET, "small": 10},
+        {"role": "receiver", "versions": [1], "bucket": BUCKET, "small": 10},
+    ], world=3)  # rank 2 never starts
+    time.sleep(3)  # both are waiting in the join
+    ranks[0].kill(signal.SIGINT)
+    start = time.monotonic()
+    code, events = ranks[0].finish(timeout=30)
+    assert code == 3 and ranks[0].of("error")[0]["type"] == "KeyboardInterrupt", (code, events)
+    assert time.monotonic() - start < 10, f"rank 0 took {time.monotonic() - start:.1f} s to stop"
+    code, events = ranks[1].finish(timeout=30)
+    err = ranks[1].of("error")
+    assert code == 2 and err and "interrupted (Ctrl-C) while opening" in err[0]["text"], events
+    assert time.monotonic() - start < 10, f"rank 1 took {time.monotonic() - start:.1f} s to fail"

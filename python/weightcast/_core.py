@@ -4,6 +4,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 from array import array
 
 from . import _lib
@@ -46,6 +47,39 @@ def _torch_dtypes(torch):
     return out
 
 
+def _open(fn, cfg, who):
+    """Call an open of the library (which waits for every rank to join) on
+    a thread of its own, so that Ctrl-C reaches Python meanwhile: it ends
+    the open, and the other ranks are told why, instead of waiting out
+    their timeout. Returns the handle."""
+    out = {}
+
+    def run():
+        h = ctypes.c_int64()
+        try:
+            _lib.check(fn(cfg, ctypes.byref(h)))  # the error text is this thread's
+            out["h"] = h.value
+        except BaseException as e:
+            out["err"] = e
+
+    t = threading.Thread(target=run, name="weightcast-open", daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.1)
+    except KeyboardInterrupt:
+        L = _lib.lib()
+        L.wc_interrupt(f"{who}: interrupted (Ctrl-C) while opening".encode())
+        t.join()  # the open ends at once with its context
+        if "h" in out:  # it had finished: leave the group again
+            L.wc_abort(out["h"], f"{who}: interrupted (Ctrl-C)".encode())
+            L.wc_close(out["h"])
+        raise
+    if "err" in out:
+        raise out["err"]
+    return out["h"]
+
+
 class _Rank:
     """What Sender and Receiver share: the handle, its options, close."""
 
@@ -64,10 +98,8 @@ class _Rank:
         # library loaded: hand over Python's view of the torchrun variables.
         cfg["env"] = {k: os.environ[k] for k in _TORCHRUN if k in os.environ}
         self._h = None
-        L = _lib.lib()
-        h = ctypes.c_int64()
-        _lib.check(getattr(L, self._open)(json.dumps(cfg).encode(), ctypes.byref(h)))
-        self._h = h.value
+        who = cfg.get("rank", cfg["env"].get("RANK", "?"))
+        self._h = _open(getattr(_lib.lib(), self._open), json.dumps(cfg).encode(), f"rank {who}")
         info = self._info()
         self.rank, self.world_size = info["rank"], info["world_size"]
         self.transport, self.device = info["transport"], info["device"]

@@ -63,6 +63,7 @@ def lib():
                 "wc_receive_into": ([i64, vp, i64, vp, i64, vp, i64], ctypes.c_int),
                 "wc_next": ([i64, u64, i32, ctypes.POINTER(Batch)], ctypes.c_int),
                 "wc_abort": ([i64, cp], ctypes.c_int),
+                "wc_interrupt": ([cp], ctypes.c_int),
                 "wc_committed": ([i64, ctypes.POINTER(u64)], ctypes.c_int),
                 "wc_state": ([i64, ctypes.POINTER(i32)], ctypes.c_int),
                 "wc_info": ([i64, cp, i64], i64),
