@@ -314,7 +314,11 @@ func TestJoinGroupInUse(t *testing.T) {
 			t.Fatalf("run A rank %d: %v", r, x.err)
 		}
 	}
-	second := joinRanks(t, open, world("busy", "run-B", 2, 20*time.Second))
+	// Run B's rank 0 waits 3 s (not the default 12 s) for run A's hold to
+	// end: A is alive, so the wait ends in ErrGroupInUse either way.
+	specsB := world("busy", "run-B", 2, 20*time.Second)
+	specsB[0].opts.HeldWait = 3 * time.Second
+	second := joinRanks(t, open, specsB)
 	for r, x := range second {
 		re := asError(t, x.err)
 		if !errors.Is(x.err, rendezvous.ErrGroupInUse) || re.Group != "busy" || !strings.Contains(x.err.Error(), `live run "run-A"`) {
@@ -338,6 +342,24 @@ func TestJoinGroupInUse(t *testing.T) {
 	t.Logf("owner key expired %v after the crash (TTL %v)", expiry, ttl)
 	if expiry > ttl+3*time.Second {
 		t.Fatalf("owner key expired %v after the crash; want about the TTL %v", expiry, ttl)
+	}
+	// Every rank has a lease of its own, kept alive on its own schedule:
+	// run A's rank 1 may outlive the owner key (its last keep-alive came
+	// later, or etcd expires it in a later sweep), and run B's rank 1
+	// revoked its lease in Close only if etcd answered in time. A run
+	// with a live rank is not swept (its ranks could still be waiting to
+	// join), so wait for every rank key of runs A and B to be gone: from
+	// then on, run C's claim must sweep both.
+	for _, run := range []string{"run-A", "run-B"} {
+		left, err := watcher.List(ctx, rendezvous.KeyPrefix+"busy/"+run+"/ranks/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range left {
+			if err := watcher.WaitAbsent(ctx, k); err != nil {
+				t.Fatalf("%s's key %q did not expire: %v", run, k, err)
+			}
+		}
 	}
 	third := joinRanks(t, open, world("busy", "run-C", 2, 20*time.Second))
 	for r, x := range third {
