@@ -164,6 +164,21 @@ func testJoin8(t *testing.T, open func() rendezvous.Store) {
 	if err := res[3].g.Put(ctx, "tcp/addr", []byte("again")); !errors.Is(err, rendezvous.ErrDuplicateKey) {
 		t.Fatalf("second Put of a key = %v; want ErrDuplicateKey", err)
 	}
+	// A key another writer created before this rank published it is not
+	// this rank's mistake: ErrTampered, saying another writer did it.
+	other := open()
+	defer other.Close()
+	if _, _, err := other.Create(ctx, rendezvous.KeyPrefix+"g8/run-1/data/2/tcp.addr", []byte("127.0.0.1:9")); err != nil {
+		t.Fatal(err)
+	}
+	err := res[2].g.Put(ctx, "tcp.addr", []byte("10.0.0.2:7002"))
+	if re := asError(t, err); !errors.Is(err, rendezvous.ErrTampered) || errors.Is(err, rendezvous.ErrDuplicateKey) || len(re.Ranks) != 0 ||
+		!strings.Contains(err.Error(), "another writer created the key first") || strings.Contains(err.Error(), "twice") {
+		t.Fatalf("Put of a key another writer created = %v; want ErrTampered saying another writer created it", err)
+	}
+	if _, err := other.DeleteIf(ctx, rendezvous.KeyPrefix+"g8/run-1/data/2/tcp.addr", []byte("127.0.0.1:9")); err != nil {
+		t.Fatal(err)
+	}
 
 	// Rank 0 ends the run: the others see it gone, naming rank 0.
 	if err := res[0].g.Close(); err != nil {
