@@ -1,9 +1,13 @@
 package rendezvous_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -294,6 +298,75 @@ func TestJoinDuplicateRank(t *testing.T) {
 		}
 	}
 	t.Logf("duplicate rank error: %v", res[len(res)-1].err)
+}
+
+// TestJoinRelaunchAfterKill: a relaunch with the run id of a launch
+// killed a moment ago finds that launch's rank keys still on their leases.
+// A holder on this host whose process has ended (by its pid, or a pid now
+// of a process started at another time) is said to have ended, with the
+// hint to start with a new run id, on rank 0 (the group's hold) and on
+// the others alike; a holder that runs is said to run.
+func TestJoinRelaunchAfterKill(t *testing.T) {
+	t.Parallel()
+	host, _ := os.Hostname()
+	pidNS, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		t.Skipf("skipping: needs /proc: %v", err)
+	}
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	record := func(pid int, start string) []byte {
+		b, _ := json.Marshal(map[string]any{"world_size": 3, "host": host, "pid": pid, "start": start, "pidns": pidNS})
+		return b
+	}
+	selfStat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(selfStat[bytes.LastIndexByte(selfStat, ')')+1:]))
+	myStart := f[19]
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		rank      int
+		pid       int
+		start     string
+		wantWords []string
+	}{
+		{"receiver, holder exited", 2, exited.Process.Pid, "1", []string{fmt.Sprintf("held by pid %d on this host", exited.Process.Pid), "which has ended", "start this launch with a new run id"}},
+		{"receiver, pid reused", 2, os.Getpid(), myStart + "7", []string{"which has ended", "start this launch with a new run id"}},
+		{"rank 0, holder exited", 0, exited.Process.Pid, "1", []string{fmt.Sprintf("rank 0 of run \"old\" is still held by pid %d", exited.Process.Pid), "which has ended", "start this launch with a new run id"}},
+		{"receiver, holder runs", 2, os.Getpid(), myStart, []string{fmt.Sprintf("held by pid %d on this host", os.Getpid()), "which is running", "give each process its own rank"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := rendezvoustest.NewMem()
+			left := m.NewStore()
+			defer left.Close()
+			if tc.rank == 0 {
+				if _, _, err := left.Create(ctx, rendezvous.KeyPrefix+"g/owner", []byte("old")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, _, err := left.Create(ctx, fmt.Sprintf("%sg/old/ranks/%d", rendezvous.KeyPrefix, tc.rank), record(tc.pid, tc.start)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := rendezvous.Join(ctx, m.NewStore(), rendezvous.JoinOptions{Group: "g", RunID: "old", Rank: tc.rank, WorldSize: 3, Timeout: 5 * time.Second})
+			re := asError(t, err)
+			if !errors.Is(err, rendezvous.ErrDuplicateRank) || !slices.Equal(re.Ranks, []int{tc.rank}) {
+				t.Fatalf("%v; want ErrDuplicateRank naming rank %d", err, tc.rank)
+			}
+			for _, w := range tc.wantWords {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v\ndoes not say %q", err, w)
+				}
+			}
+			if tc.start != myStart && strings.Contains(err.Error(), "which is running") {
+				t.Errorf("an ended holder is said to run: %v", err)
+			}
+		})
+	}
 }
 
 func TestJoinWorldSizeMismatch(t *testing.T) {
