@@ -94,11 +94,6 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 			return nil, fmt.Errorf("%w: %s: TLS: %w", ErrConfig, m.who(), err)
 		}
 	}
-	if o.Secret != nil && o.Transport != "inproc" {
-		if m.keys, err = o.Secret.RunKeys(o.Group, o.RunID); err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
-		}
-	}
 	if o.Transport == "inproc" {
 		m.choice, m.reason = "inproc", "chosen: every rank in this process"
 		m.dev = m.hostMemory()
@@ -169,6 +164,26 @@ func (m *member) join(ctx context.Context) error {
 	store, err := rendezvous.DialEtcd(ctx, []string{addr}, o.Timeout, rendezvous.WithTLS(m.tls))
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.who(), err)
+	}
+	if o.RunID == "" {
+		// A served rendezvous is the run's own (check allows no run id
+		// only then): rank 0 names the run there, the others read it.
+		if o.Rank == 0 {
+			o.RunID = rendezvous.NewRunID()
+			err = rendezvous.PublishServedRun(ctx, store, o.Group, o.RunID, o.Secret)
+		} else {
+			o.RunID, err = rendezvous.AwaitServedRun(ctx, store, o.Group, o.Rank, o.Secret, o.Timeout)
+		}
+		if err != nil {
+			store.Close()
+			return fmt.Errorf("%s: %w", m.who(), err)
+		}
+	}
+	if o.Secret != nil {
+		if m.keys, err = o.Secret.RunKeys(o.Group, o.RunID); err != nil {
+			store.Close()
+			return fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
+		}
 	}
 	g, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
 		Group: o.Group, RunID: o.RunID, Rank: o.Rank, WorldSize: o.WorldSize, Timeout: o.Timeout,
@@ -521,6 +536,10 @@ func (m *member) Device() mem.Device { return m.dev }
 
 // Transport names the byte transport in use and why it was chosen.
 func (m *member) Transport() (name, reason string) { return m.choice, m.reason }
+
+// RunID returns the run's id: Options.RunID, or, when that was left empty
+// with a served rendezvous, the one rank 0 made up and published there.
+func (m *member) RunID() string { return m.opts.RunID }
 
 // Rank is this rank's place in the group.
 func (m *member) Rank() int { return m.opts.Rank }

@@ -54,6 +54,7 @@ type config struct {
 	runID      string
 	advertise  string
 	hostEtcd   string // address rank 0 serves an embedded etcd on (torchrun style)
+	served     bool   // the rendezvous is rank 0's own (torchrun style): no run id needed
 	localRank  int    // LOCAL_RANK: which of this host's GPUs a rank started across hosts takes; -1 unset
 
 	// Security: the group secret and the TLS settings, read by parseConfig.
@@ -132,7 +133,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks `N` of a group spread over hosts")
 	fs.StringVar(&c.rendezvous, "rendezvous", "", "etcd to meet at, `etcd://HOST:PORT` (default: an embedded etcd)")
 	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group `NAME` (no '/' or spaces); one run at a time may hold a group")
-	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
+	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: TORCHELASTIC_RUN_ID; made up for a local launch, and by rank 0 when it serves the rendezvous (MASTER_ADDR); with --rendezvous give it)")
 	fs.StringVar(&c.advertise, "advertise", "", "`ADDRESS` other hosts reach this one at; sockets then bind every interface")
 	fs.StringVar(&c.secretFile, "secret-file", "", "read the group secret from `PATH` (mode 0600; or "+auth.SecretFileEnv+"): every rank must prove it, every record and message is signed, every bucket carries a MAC")
 	fs.StringVar(&c.tlsFiles.CA, "tls-ca", "", "with --tls-cert and --tls-key: mutual TLS 1.3 for etcd, the tcp chain and the metadata bus, trusting the CA certificates in `FILE`")
@@ -303,7 +304,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 			return nil, fmt.Errorf("MASTER_ADDR is set but MASTER_PORT is not; set both, as torchrun does")
 		}
 		addr := net.JoinHostPort(getenv("MASTER_ADDR"), port)
-		c.rendezvous = "etcd://" + addr
+		c.rendezvous, c.served = "etcd://"+addr, true
 		if c.rank == 0 {
 			c.hostEtcd = addr
 		}
@@ -333,8 +334,8 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 		if c.transport == "inproc" {
 			return nil, fmt.Errorf("--transport inproc runs every rank in one process; it cannot be used with --rank")
 		}
-		if c.runID == "" {
-			return nil, fmt.Errorf("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%%s) shared by the launcher), so that a crashed launch never blocks the next")
+		if c.runID == "" && !c.served {
+			return nil, fmt.Errorf("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%%s) shared by the launcher), so that a crashed launch never blocks the next; with MASTER_ADDR and MASTER_PORT, where rank 0 serves the rendezvous, it needs none")
 		}
 	}
 	if c.ranks < 2 {

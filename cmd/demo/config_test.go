@@ -45,3 +45,26 @@ func TestSecretFileMode(t *testing.T) {
 		}
 	}
 }
+
+// TestServedRendezvousNeedsNoRunID: a rank started with torchrun's
+// variables, where rank 0 serves the rendezvous, needs no run id (also
+// with torchrun's default TORCHELASTIC_RUN_ID=none); one given
+// --rendezvous still does.
+func TestServedRendezvousNeedsNoRunID(t *testing.T) {
+	for _, runID := range []string{"", "none"} {
+		for _, rank := range []string{"0", "1"} {
+			env := map[string]string{"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": runID}
+			c, err := parseConfig(nil, func(k string) string { return env[k] })
+			if err != nil {
+				t.Fatalf("rank %s, TORCHELASTIC_RUN_ID=%q: %v", rank, runID, err)
+			}
+			if c.runID != "" || !c.served {
+				t.Fatalf("rank %s: run id %q, served %v; want none, served", rank, c.runID, c.served)
+			}
+		}
+	}
+	_, err := parseConfig([]string{"--rank", "1", "--world-size", "2", "--rendezvous", "etcd://127.0.0.1:2379"}, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "--rank needs --run-id") {
+		t.Fatalf("--rendezvous without --run-id: %v; want it refused", err)
+	}
+}
