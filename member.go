@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/owned"
@@ -46,6 +48,9 @@ const (
 	keyHost = "weightcast.host" // host identity: ranks with equal ones share a machine
 	keyGPUs = "weightcast.gpus" // GPUs this rank may use (0 with Device "cpu")
 	keyNCCL = "weightcast.nccl" // "1" when NCCL loads here
+	// keyBucket is the rank's bucket size in bytes: every rank must use
+	// the same, which the join checks.
+	keyBucket = "weightcast.bucket"
 )
 
 // member is what a Sender and a Receiver share: one rank's place in a
@@ -193,7 +198,38 @@ func (m *member) join(ctx context.Context) error {
 		return err // Join closed the store; its errors name group and rank
 	}
 	m.group = g
-	return nil
+	return m.checkBuckets()
+}
+
+// checkBuckets fails the join when the ranks were given different bucket
+// sizes, naming each rank that differs from rank 0 and both sizes. Every
+// rank reads the same records, so every rank fails alike, before any opens
+// its transport. A rank that did not publish its size (a receiver written
+// from the protocol alone) is not judged.
+func (m *member) checkBuckets() error {
+	size := func(r int) (int64, bool) {
+		v, ok := m.group.Endpoint(r, keyBucket)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	root, ok := size(0)
+	if !ok {
+		return nil
+	}
+	var differ []string
+	for r := 1; r < m.opts.WorldSize; r++ {
+		if n, ok := size(r); ok && n != root {
+			differ = append(differ, fmt.Sprintf("rank %d with %s (%d bytes)", r, humanize.IBytes(uint64(n)), n))
+		}
+	}
+	if len(differ) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: bucket size mismatch: %s, but rank 0 with %s (%d bytes); give every rank the same bucket size",
+		ErrConfig, m.who(), strings.Join(differ, ", "), humanize.IBytes(uint64(root)), root)
 }
 
 // facts are what this rank tells the others when it joins.
@@ -210,7 +246,7 @@ func (m *member) facts() map[string]string {
 	if gpus > 0 && m.opts.Transport == "auto" && nccl.Load(nccl.Options{}) == nil {
 		ncclOK = "1"
 	}
-	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK}
+	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK, keyBucket: strconv.FormatInt(m.opts.BucketSize, 10)}
 }
 
 // peer is what one rank published when it joined.

@@ -68,3 +68,53 @@ func TestServedRendezvousNeedsNoRunID(t *testing.T) {
 		t.Fatalf("--rendezvous without --run-id: %v; want it refused", err)
 	}
 }
+
+// TestSizeTooSmall: --size 0, or a size below the smallest synthetic model
+// of the tensors asked for, is refused naming the least that works.
+func TestSizeTooSmall(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--size", "0"}, "--size 0: a model needs at least one byte"},
+		{[]string{"--size", "1KiB"}, "--size 1KiB: the smallest synthetic model of 291 tensors of BF16 is"},
+		{[]string{"--size", "100", "--tensors", "10"}, "give --size 144 or more, or fewer --tensors"},
+	} {
+		if _, err := parseConfig(tc.args, noEnv); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v; want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+	if _, err := parseConfig([]string{"--size", "144", "--tensors", "10"}, noEnv); err != nil {
+		t.Errorf("the smallest model that can be made: %v", err)
+	}
+}
+
+// TestHostBucketsOfEveryLocalRank: the host memory check counts the two
+// buckets of every rank on this machine, not of one.
+func TestHostBucketsOfEveryLocalRank(t *testing.T) {
+	const avail = 24 << 30
+	parse := func(env map[string]string, args ...string) *config {
+		t.Helper()
+		c, err := parseConfig(args, func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	err := parse(nil, "--bucket", "10GiB", "--ranks", "4").checkHostBuckets(avail)
+	if err == nil || !strings.Contains(err.Error(), "the 4 ranks on this machine hold two buckets each in host memory (80 GiB in all), more than the 24 GiB this machine has available") {
+		t.Errorf("4 local ranks of 10 GiB buckets on 24 GiB: %v", err)
+	}
+	if err := parse(nil, "--bucket", "5GiB", "--ranks", "2").checkHostBuckets(avail); err != nil {
+		t.Errorf("2 local ranks of 5 GiB buckets on 24 GiB: %v", err)
+	}
+	rankArgs := []string{"--bucket", "10GiB", "--rank", "1", "--world-size", "4", "--rendezvous", "etcd://127.0.0.1:1", "--run-id", "x"}
+	if err := parse(nil, rankArgs...).checkHostBuckets(avail); err != nil {
+		t.Errorf("one rank of its own with 10 GiB buckets on 24 GiB: %v", err)
+	}
+	err = parse(map[string]string{"LOCAL_WORLD_SIZE": "2"}, rankArgs...).checkHostBuckets(avail)
+	if err == nil || !strings.Contains(err.Error(), "the 2 ranks on this machine") {
+		t.Errorf("LOCAL_WORLD_SIZE=2 ranks of 10 GiB buckets on 24 GiB: %v", err)
+	}
+}
