@@ -25,9 +25,15 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# The Python tests run even when a Go package fails, and `test` still
+# fails then: the exit status is the Go tests' if they failed, else pytest's.
 test: fmt-check vet nocgo
-	$(GO) test -race -timeout 10m $(PKGS)
-	$(MAKE) pytest
+	@status=0; \
+	echo "$(GO) test -race -timeout 10m $(PKGS)"; \
+	$(GO) test -race -timeout 10m $(PKGS) || status=$$?; \
+	$(MAKE) pytest || { [ $$status -ne 0 ] || status=$$?; }; \
+	if [ $$status -ne 0 ]; then echo "make test: failed (go test, then pytest: see above)"; fi; \
+	exit $$status
 
 # libweightcast.so (the C interface, ./capi) built into the Python package,
 # so that `PYTHONPATH=python python3 -c "import weightcast"` works.

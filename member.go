@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/owned"
@@ -51,6 +53,9 @@ const (
 	keyHost = "weightcast.host" // host identity: ranks with equal ones share a machine
 	keyGPUs = "weightcast.gpus" // GPUs this rank may use (0 with Device "cpu")
 	keyNCCL = "weightcast.nccl" // "1" when NCCL loads here
+	// keyBucket is the rank's bucket size in bytes: every rank must use
+	// the same, which the join checks.
+	keyBucket = "weightcast.bucket"
 )
 
 // member is what a Sender and a Receiver share: one rank's place in a
@@ -97,11 +102,6 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 	if !o.TLS.IsZero() {
 		if m.tls, err = o.TLS.Load(); err != nil {
 			return nil, fmt.Errorf("%w: %s: TLS: %w", ErrConfig, m.who(), err)
-		}
-	}
-	if o.Secret != nil && o.Transport != "inproc" {
-		if m.keys, err = o.Secret.RunKeys(o.Group, o.RunID); err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
 		}
 	}
 	if o.Transport == "inproc" {
@@ -175,6 +175,26 @@ func (m *member) join(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.who(), err)
 	}
+	if o.RunID == "" {
+		// A served rendezvous is the run's own (check allows no run id
+		// only then): rank 0 names the run there, the others read it.
+		if o.Rank == 0 {
+			o.RunID = rendezvous.NewRunID()
+			err = rendezvous.PublishServedRun(ctx, store, o.Group, o.RunID, o.Secret)
+		} else {
+			o.RunID, err = rendezvous.AwaitServedRun(ctx, store, o.Group, o.Rank, o.Secret, o.Timeout)
+		}
+		if err != nil {
+			store.Close()
+			return fmt.Errorf("%s: %w", m.who(), err)
+		}
+	}
+	if o.Secret != nil {
+		if m.keys, err = o.Secret.RunKeys(o.Group, o.RunID); err != nil {
+			store.Close()
+			return fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
+		}
+	}
 	g, err := rendezvous.Join(ctx, store, rendezvous.JoinOptions{
 		Group: o.Group, RunID: o.RunID, Rank: o.Rank, WorldSize: o.WorldSize, Timeout: o.Timeout,
 		Endpoints: m.facts(), Auth: m.keys, Logger: o.Logger,
@@ -183,7 +203,38 @@ func (m *member) join(ctx context.Context) error {
 		return err // Join closed the store; its errors name group and rank
 	}
 	m.group = g
-	return nil
+	return m.checkBuckets()
+}
+
+// checkBuckets fails the join when the ranks were given different bucket
+// sizes, naming each rank that differs from rank 0 and both sizes. Every
+// rank reads the same records, so every rank fails alike, before any opens
+// its transport. A rank that did not publish its size (a receiver written
+// from the protocol alone) is not judged.
+func (m *member) checkBuckets() error {
+	size := func(r int) (int64, bool) {
+		v, ok := m.group.Endpoint(r, keyBucket)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	root, ok := size(0)
+	if !ok {
+		return nil
+	}
+	var differ []string
+	for r := 1; r < m.opts.WorldSize; r++ {
+		if n, ok := size(r); ok && n != root {
+			differ = append(differ, fmt.Sprintf("rank %d with %s (%d bytes)", r, humanize.IBytes(uint64(n)), n))
+		}
+	}
+	if len(differ) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: bucket size mismatch: %s, but rank 0 with %s (%d bytes); give every rank the same bucket size",
+		ErrConfig, m.who(), strings.Join(differ, ", "), humanize.IBytes(uint64(root)), root)
 }
 
 // facts are what this rank tells the others when it joins.
@@ -200,7 +251,7 @@ func (m *member) facts() map[string]string {
 	if gpus > 0 && m.opts.Transport == "auto" && nccl.Load(nccl.Options{}) == nil {
 		ncclOK = "1"
 	}
-	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK}
+	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK, keyBucket: strconv.FormatInt(m.opts.BucketSize, 10)}
 }
 
 // peer is what one rank published when it joined.
@@ -558,6 +609,10 @@ func (m *member) Device() mem.Device { return m.dev }
 
 // Transport names the byte transport in use and why it was chosen.
 func (m *member) Transport() (name, reason string) { return m.choice, m.reason }
+
+// RunID returns the run's id: Options.RunID, or, when that was left empty
+// with a served rendezvous, the one rank 0 made up and published there.
+func (m *member) RunID() string { return m.opts.RunID }
 
 // Rank is this rank's place in the group.
 func (m *member) Rank() int { return m.opts.Rank }

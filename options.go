@@ -46,7 +46,10 @@ type Options struct {
 	// address (torchrun's MASTER_ADDR:MASTER_PORT); the others dial it.
 	ServeRendezvous bool
 	// RunID names this launch: the same on every rank, new for every
-	// launch, so that a crashed launch never blocks the next.
+	// launch, so that a crashed launch never blocks the next. With
+	// ServeRendezvous it may be left empty: the rendezvous rank 0 serves
+	// lives as long as the run, so rank 0 makes up a run id and publishes
+	// it there, and the other ranks read it from the server they dial.
 	RunID string
 	// Transport moves the bucket bytes: "auto" (or empty), "tcp", "ipc",
 	// "nccl" or "inproc". auto is decided from what every rank reported
@@ -113,8 +116,9 @@ type Options struct {
 // torchrun variables in getenv: Rank (when negative) from RANK, WorldSize
 // (when 0) from WORLD_SIZE, Rendezvous (when empty) from MASTER_ADDR and
 // MASTER_PORT with rank 0 serving it, RunID (when empty) from
-// TORCHELASTIC_RUN_ID, Device (when empty) "cuda:LOCAL_RANK". A variable
-// that is set but malformed is an error naming it.
+// TORCHELASTIC_RUN_ID unless it is torchrun's default "none" (a served
+// rendezvous needs no run id), Device (when empty) "cuda:LOCAL_RANK". A
+// variable that is set but malformed is an error naming it.
 func (o Options) FromEnv(getenv func(string) string) (Options, error) {
 	num := func(name string) (int, bool, error) {
 		v := getenv(name)
@@ -210,8 +214,8 @@ func (o *Options) check(role string) error {
 		if _, err := RendezvousAddr(o.Rendezvous); err != nil {
 			return bad("%v", err)
 		}
-		if o.RunID == "" {
-			return bad("no run id: give the same one to every rank of a launch and a new one to every launch (a job id, or TORCHELASTIC_RUN_ID under torchrun)")
+		if o.RunID == "" && !o.ServeRendezvous {
+			return bad("no run id: give the same one to every rank of a launch and a new one to every launch (a job id, or TORCHELASTIC_RUN_ID under torchrun), or let rank 0 serve the rendezvous (MASTER_ADDR and MASTER_PORT, Options.ServeRendezvous), which then needs none")
 		}
 		if o.RunID == "owner" {
 			return bad("run id \"owner\" is reserved")

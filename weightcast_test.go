@@ -300,6 +300,16 @@ func TestOptions(t *testing.T) {
 	if err := base.check("sender"); err != nil {
 		t.Fatal(err)
 	}
+	// A rendezvous rank 0 serves is the run's own: no run id needed.
+	served := base
+	served.RunID, served.ServeRendezvous = "", true
+	if err := served.check("receiver"); err == nil {
+		t.Fatal("a receiver (rank 0) was accepted")
+	}
+	served.Rank = 1
+	if err := served.check("receiver"); err != nil {
+		t.Fatalf("no run id with a served rendezvous: %v", err)
+	}
 	env := map[string]string{"RANK": "x"}
 	if _, err := (Options{Rank: -1}).FromEnv(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), `RANK="x"`) {
 		t.Fatalf("bad RANK: %v", err)

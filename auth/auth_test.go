@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -240,8 +241,22 @@ func TestReadSecretFile(t *testing.T) {
 	if _, err := k.OpenRecord("/k", keys(t, testSecret, "g", "r").SignRecord("/k", nil)); err != nil {
 		t.Fatalf("a secret file with a trailing newline is not the same secret: %v", err)
 	}
-	if _, err := auth.ReadSecretFile(write("group", testSecret, 0o640)); err != nil {
-		t.Errorf("a group-readable secret file was refused: %v", err)
+	if _, err := auth.ReadSecretFile(write("readonly", testSecret, 0o400)); err != nil {
+		t.Errorf("a secret file only its owner can read was refused: %v", err)
+	}
+	// Any access for the group or other users is refused, naming the
+	// mode found and the chmod that fixes it.
+	for _, mode := range []os.FileMode{0o640, 0o660, 0o604, 0o644, 0o610, 0o601, 0o666} {
+		p := write(fmt.Sprintf("mode%o", mode), testSecret, mode)
+		_, err := auth.ReadSecretFile(p)
+		var me *auth.SecretModeError
+		if !errors.As(err, &me) || me.Mode != mode || me.Path != p {
+			t.Errorf("mode %#o: ReadSecretFile = %v; want a *SecretModeError with that mode", mode, err)
+			continue
+		}
+		if want := fmt.Sprintf("mode %#o", mode); !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "chmod 600 "+p) {
+			t.Errorf("mode %#o: %v; want it to say %q and chmod 600 %s", mode, err, want, p)
+		}
 	}
 	for name, c := range map[string]struct {
 		path, want string

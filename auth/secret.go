@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 )
 
@@ -47,29 +49,56 @@ func NewSecret(b []byte) (*Secret, error) {
 	return &Secret{prk: prk}, nil
 }
 
+// SecretModeError is the error of a group secret file whose mode grants
+// its group or other users any access: only its owner may read or write
+// it (mode 0600 or 0400).
+type SecretModeError struct {
+	Path string
+	Mode fs.FileMode // the permission bits found
+}
+
+func (e *SecretModeError) Error() string {
+	who := "the users of its group"
+	if e.Mode&0o007 != 0 {
+		who = "every user of this host"
+	}
+	return fmt.Sprintf("auth: group secret file %s has mode %#o, so %s can read or change it; only its owner may: run chmod 600 %s", e.Path, e.Mode, who, e.Path)
+}
+
 // ReadSecretFile reads a group secret from the file at path: its bytes,
 // without trailing white space (so a secret written by `echo` or `base64`
-// works). It refuses a file that every user of the host may read or
-// write: give it mode 0600 or 0640.
+// works). It refuses a file that is not regular, and one whose mode lets
+// anyone but its owner read, write or run it (a *SecretModeError): give it
+// mode 0600. Every reader of a secret file (the demo, the C library, the
+// Python package through it) goes through this check.
 func ReadSecretFile(path string) (*Secret, error) {
-	fi, err := os.Stat(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: group secret file: %w", err)
+	}
+	defer f.Close()
+	// The mode of the file opened, not of whatever the path names later.
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("auth: group secret file: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("auth: group secret file %s is not a regular file", path)
 	}
-	if perm := fi.Mode().Perm(); perm&0o007 != 0 {
-		return nil, fmt.Errorf("auth: group secret file %s has mode %#o, so every user of this host can read or change it; run chmod 600 %s", path, perm, path)
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, &SecretModeError{Path: path, Mode: perm}
 	}
 	if fi.Size() > MaxSecretLen+64 {
 		return nil, fmt.Errorf("auth: group secret file %s holds %d bytes; a secret has at most %d", path, fi.Size(), MaxSecretLen)
 	}
-	b, err := os.ReadFile(path)
+	b, err := io.ReadAll(io.LimitReader(f, MaxSecretLen+65))
 	if err != nil {
 		return nil, fmt.Errorf("auth: group secret file: %w", err)
 	}
 	defer clear(b)
+	if len(b) > MaxSecretLen+64 {
+		return nil, fmt.Errorf("auth: group secret file %s holds more than %d bytes; a secret has at most %d", path, MaxSecretLen+64, MaxSecretLen)
+	}
 	s, err := NewSecret(bytes.TrimRight(b, " \t\r\n"))
 	if err != nil {
 		return nil, fmt.Errorf("%w (in %s)", err, path)

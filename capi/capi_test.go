@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/stages"
 )
@@ -246,11 +247,17 @@ func TestConfigSecurity(t *testing.T) {
 	if err != nil || o.Secret == nil || o.TLS.CA != "ca.pem" || o.TLS.Cert != "c.pem" || o.TLS.Key != "k.pem" {
 		t.Fatalf("secret from the env map, TLS files: %+v, %v", o, err)
 	}
-	if err := os.Chmod(path, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "secret_file": "`+path+`"}`, func(string) string { return "" }); codeOf(err) != -2 || !strings.Contains(err.Error(), "secret_file") {
-		t.Fatalf("a secret every user may read: %v", err)
+	// Readable or writable by anyone but its owner: refused through the
+	// one check of auth.ReadSecretFile, as a configuration error.
+	for _, mode := range []os.FileMode{0o644, 0o660, 0o640} {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "secret_file": "`+path+`"}`, func(string) string { return "" })
+		var me *auth.SecretModeError
+		if codeOf(err) != -2 || !strings.Contains(err.Error(), "secret_file") || !errors.As(err, &me) || me.Mode != mode {
+			t.Fatalf("a secret file of mode %#o: %v; want a configuration error with auth.SecretModeError", mode, err)
+		}
 	}
 }
 

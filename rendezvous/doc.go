@@ -64,7 +64,9 @@
 //
 //	/weightcast/<group>/<run>/data/<rank>/<key>
 //	    Group.Put(key) of that rank, on its lease; Group.Get(rank, key)
-//	    waits for it.
+//	    waits for it. Put of a key this rank published already fails with
+//	    ErrDuplicateKey; of a key another writer created first, with
+//	    ErrTampered.
 //
 // Because every key of a run is under its run id, keys a crashed run
 // leaves behind never block a new run; the new run's rank 0, once it holds

@@ -41,7 +41,8 @@ var (
 	// auth.ErrFailed: "authentication failed".
 	ErrAuth = auth.ErrFailed
 	// ErrTampered: a rank's record was deleted or rewritten while its
-	// rank lived, by something other than that rank.
+	// rank lived, by something other than that rank; or a key a rank was
+	// to publish (Group.Put) was created first by another writer.
 	ErrTampered = errors.New("record deleted or rewritten")
 )
 

@@ -33,6 +33,12 @@ type Group struct {
 	goneErr  error // written before gone is closed
 	watchers sync.WaitGroup
 
+	// published are the exchange keys Put was called with, so that a key
+	// found taken is told apart: taken by this rank's own earlier Put
+	// (ErrDuplicateKey), or by another writer (ErrTampered).
+	pubMu     sync.Mutex
+	published map[string]bool
+
 	closed    atomic.Bool // set first thing in Close
 	closeOnce sync.Once
 	closeErr  error
@@ -247,22 +253,45 @@ func validKey(key string) bool {
 
 // Put publishes value under key for the other ranks (transport.Exchange).
 // A rank publishes each key once per run; the value lives on this rank's
-// lease.
+// lease. A second Put of a key fails with ErrDuplicateKey. A key that
+// another writer created first (no rank of the run writes another's keys,
+// so something else writes under KeyPrefix: with a group secret, a record
+// that does not verify is replaced instead) fails with ErrTampered.
 func (g *Group) Put(ctx context.Context, key string, value []byte) error {
 	if !validKey(key) {
 		return g.errorf(ErrInvalid, "", nil, "exchange key %q must be non-empty, without spaces or control characters", key)
 	}
 	sk := g.keys.data(g.opts.Rank, key)
+	g.pubMu.Lock()
+	again := g.published[key]
+	if !again {
+		if g.published == nil {
+			g.published = map[string]bool{}
+		}
+		g.published[key] = true
+	}
+	g.pubMu.Unlock()
+	if again {
+		return g.errorf(ErrDuplicateKey, sk, []int{g.opts.Rank}, "rank %d published %q twice; publish each key once per run", g.opts.Rank, key)
+	}
 	wctx, cancel := g.bound(ctx)
 	defer cancel()
 	created, _, err := g.createRecord(wctx, sk, value, true)
 	if err != nil {
+		// Not published: a later Put of the key may try again.
+		g.pubMu.Lock()
+		delete(g.published, key)
+		g.pubMu.Unlock()
 		return g.waitError(ctx, wctx, err, sk, fmt.Sprintf("publishing %q", key), func() *Error {
 			return g.errorf(ErrTimeout, sk, nil, "publishing %q took longer than %v; check that etcd is reachable", key, g.timeout)
 		})
 	}
 	if !created {
-		return g.errorf(ErrDuplicateKey, sk, []int{g.opts.Rank}, "rank %d published %q twice; publish each key once per run", g.opts.Rank, key)
+		hint := "give every rank the same group secret (a record without it is then replaced) and protect etcd with TLS client certificates"
+		if g.opts.Auth != nil {
+			hint = "the record there verifies, so a process holding the group secret wrote it: look for another program using this group and run id, and protect etcd with TLS client certificates"
+		}
+		return g.errorf(ErrTampered, sk, nil, "rank %d could not publish %q: another writer created the key first (this rank had not published it, and no rank writes another's keys), so something other than this run's ranks writes under %s; %s, then start the run again with a new run id", g.opts.Rank, key, KeyPrefix, hint)
 	}
 	return nil
 }

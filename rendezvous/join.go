@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/internal/owned"
 )
 
 // DefaultTimeout bounds Join, and each later wait of a Group, when
@@ -124,6 +125,11 @@ type rankRecord struct {
 	Endpoints map[string]string `json:"endpoints,omitempty"`
 	Host      string            `json:"host,omitempty"`
 	PID       int               `json:"pid,omitempty"`
+	// Start and PIDNS identify the process further (its start time since
+	// boot in clock ticks, its pid namespace), so that a rank on the same
+	// host can tell that the process has ended even if its pid was reused.
+	Start string `json:"start,omitempty"`
+	PIDNS string `json:"pidns,omitempty"`
 	// Lease is the id of the lease that holds the key, in hex: when the
 	// key disappears while the lease lives, something deleted it.
 	Lease string `json:"lease,omitempty"`
@@ -140,6 +146,25 @@ func (r rankRecord) lease() int64 {
 
 func (r rankRecord) holder() string {
 	return fmt.Sprintf("pid %d on host %q (world size %d)", r.PID, r.Host, r.WorldSize)
+}
+
+// heldBy says who holds a rank's key, from its record, and what to do:
+// when the holder ran on this host and has ended (killed, or crashed before
+// it could leave), the key lives on only until its lease expires, but the
+// run id stays used by that launch's keys, so the launch needs a new one.
+func (j *joiner) heldBy(rank int, rec rankRecord) string {
+	host, _ := os.Hostname()
+	proc := owned.Process{PID: rec.PID, Start: rec.Start, PIDNS: rec.PIDNS}
+	switch {
+	case rec.PID > 0 && rec.Host == host && proc.Ended():
+		return fmt.Sprintf("rank %d of run %q is still held by pid %d on this host (%q), which has ended (killed, or crashed before it could leave): its key goes when its lease expires, a lease TTL after that, but that launch's keys stay under run id %q; start this launch with a new run id",
+			rank, j.opts.RunID, rec.PID, host, j.opts.RunID)
+	case rec.PID > 0 && rec.Host == host && rec.PIDNS != "" && rec.PIDNS == owned.Self().PIDNS:
+		return fmt.Sprintf("rank %d of run %q is already held by pid %d on this host (%q, world size %d), which is running; give each process its own rank, and if pid %d is an earlier launch, stop it or start this launch with a new run id",
+			rank, j.opts.RunID, rec.PID, host, rec.WorldSize, rec.PID)
+	}
+	return fmt.Sprintf("rank %d of run %q is already held by %s; give each process its own rank; if that is an earlier launch (one killed less than the lease TTL ago still holds its ranks), start this launch with a new run id",
+		rank, j.opts.RunID, rec.holder())
 }
 
 // rootRecord is the value rank 0 publishes for the run.
@@ -309,7 +334,7 @@ func (j *joiner) claimGroup(ctx context.Context) error {
 			j.deleteDeadRuns(ctx)
 			return nil
 		case string(holder) == j.opts.RunID:
-			return j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "rank 0 of run %q is already running; start exactly one process with rank 0", j.opts.RunID))
+			return j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "%s", j.rootHeld(ctx)))
 		case waited:
 			return j.fail(j.errorf(ErrGroupInUse, key, nil, "group %q is in use by live run %q (still held after waiting %v for a dead run's lease to expire); wait for run %q to finish or pick another --group", j.opts.Group, holder, wait, holder))
 		}
@@ -327,6 +352,20 @@ func (j *joiner) claimGroup(ctx context.Context) error {
 		}
 		waited = true
 	}
+}
+
+// rootHeld says who holds the group under this rank 0's own run id: the
+// holder's rank record names its process, which may have ended on this
+// host (a relaunch after kill -9 with the same run id).
+func (j *joiner) rootHeld(ctx context.Context) string {
+	if val, ok, err := j.store.Get(ctx, j.keys.rank(0)); err == nil && ok {
+		if v, err := j.open(j.keys.rank(0), val); err == nil {
+			if rec, err := decodeRankRecord(v); err == nil && rec.PID > 0 {
+				return j.heldBy(0, rec)
+			}
+		}
+	}
+	return fmt.Sprintf("rank 0 of run %q is already running; start exactly one process with rank 0, and if that is an earlier launch (one killed less than the lease TTL ago still holds the group), start this launch with a new run id", j.opts.RunID)
 }
 
 // heldWait is how long rank 0 waits for a group held by another run.
@@ -370,8 +409,9 @@ func (j *joiner) register(ctx context.Context) error {
 		return err
 	}
 	host, _ := os.Hostname()
-	rec := rankRecord{WorldSize: j.opts.WorldSize, Endpoints: j.opts.Endpoints, Host: host, PID: os.Getpid(),
-		Lease: strconv.FormatUint(uint64(lease), 16)}
+	self := owned.Self()
+	rec := rankRecord{WorldSize: j.opts.WorldSize, Endpoints: j.opts.Endpoints, Host: host, PID: self.PID,
+		Start: self.Start, PIDNS: self.PIDNS, Lease: strconv.FormatUint(uint64(lease), 16)}
 	val, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -388,8 +428,7 @@ func (j *joiner) register(ctx context.Context) error {
 		return err
 	}
 	other, _ := decodeRankRecord(existing) // only for the message
-	return j.fail(j.errorf(ErrDuplicateRank, key, []int{j.opts.Rank},
-		"rank %d of run %q is already held by %s; give each process its own rank", j.opts.Rank, j.opts.RunID, other.holder()))
+	return j.fail(j.errorf(ErrDuplicateRank, key, []int{j.opts.Rank}, "%s", j.heldBy(j.opts.Rank, other)))
 }
 
 // publishRoot creates the unique id on rank 0 and publishes it.

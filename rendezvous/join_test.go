@@ -1,9 +1,13 @@
 package rendezvous_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -165,6 +169,21 @@ func testJoin8(t *testing.T, open func() rendezvous.Store) {
 	if err := res[3].g.Put(ctx, "tcp/addr", []byte("again")); !errors.Is(err, rendezvous.ErrDuplicateKey) {
 		t.Fatalf("second Put of a key = %v; want ErrDuplicateKey", err)
 	}
+	// A key another writer created before this rank published it is not
+	// this rank's mistake: ErrTampered, saying another writer did it.
+	other := open()
+	defer other.Close()
+	if _, _, err := other.Create(ctx, rendezvous.KeyPrefix+"g8/run-1/data/2/tcp.addr", []byte("127.0.0.1:9")); err != nil {
+		t.Fatal(err)
+	}
+	err := res[2].g.Put(ctx, "tcp.addr", []byte("10.0.0.2:7002"))
+	if re := asError(t, err); !errors.Is(err, rendezvous.ErrTampered) || errors.Is(err, rendezvous.ErrDuplicateKey) || len(re.Ranks) != 0 ||
+		!strings.Contains(err.Error(), "another writer created the key first") || strings.Contains(err.Error(), "twice") {
+		t.Fatalf("Put of a key another writer created = %v; want ErrTampered saying another writer created it", err)
+	}
+	if _, err := other.DeleteIf(ctx, rendezvous.KeyPrefix+"g8/run-1/data/2/tcp.addr", []byte("127.0.0.1:9")); err != nil {
+		t.Fatal(err)
+	}
 
 	// Rank 0 ends the run: the others see it gone, naming rank 0.
 	if err := res[0].g.Close(); err != nil {
@@ -282,6 +301,75 @@ func TestJoinDuplicateRank(t *testing.T) {
 	t.Logf("duplicate rank error: %v", res[len(res)-1].err)
 }
 
+// TestJoinRelaunchAfterKill: a relaunch with the run id of a launch
+// killed a moment ago finds that launch's rank keys still on their leases.
+// A holder on this host whose process has ended (by its pid, or a pid now
+// of a process started at another time) is said to have ended, with the
+// hint to start with a new run id, on rank 0 (the group's hold) and on
+// the others alike; a holder that runs is said to run.
+func TestJoinRelaunchAfterKill(t *testing.T) {
+	t.Parallel()
+	host, _ := os.Hostname()
+	pidNS, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		t.Skipf("skipping: needs /proc: %v", err)
+	}
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	record := func(pid int, start string) []byte {
+		b, _ := json.Marshal(map[string]any{"world_size": 3, "host": host, "pid": pid, "start": start, "pidns": pidNS})
+		return b
+	}
+	selfStat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(selfStat[bytes.LastIndexByte(selfStat, ')')+1:]))
+	myStart := f[19]
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		rank      int
+		pid       int
+		start     string
+		wantWords []string
+	}{
+		{"receiver, holder exited", 2, exited.Process.Pid, "1", []string{fmt.Sprintf("held by pid %d on this host", exited.Process.Pid), "which has ended", "start this launch with a new run id"}},
+		{"receiver, pid reused", 2, os.Getpid(), myStart + "7", []string{"which has ended", "start this launch with a new run id"}},
+		{"rank 0, holder exited", 0, exited.Process.Pid, "1", []string{fmt.Sprintf("rank 0 of run \"old\" is still held by pid %d", exited.Process.Pid), "which has ended", "start this launch with a new run id"}},
+		{"receiver, holder runs", 2, os.Getpid(), myStart, []string{fmt.Sprintf("held by pid %d on this host", os.Getpid()), "which is running", "give each process its own rank"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := rendezvoustest.NewMem()
+			left := m.NewStore()
+			defer left.Close()
+			if tc.rank == 0 {
+				if _, _, err := left.Create(ctx, rendezvous.KeyPrefix+"g/owner", []byte("old")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, _, err := left.Create(ctx, fmt.Sprintf("%sg/old/ranks/%d", rendezvous.KeyPrefix, tc.rank), record(tc.pid, tc.start)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := rendezvous.Join(ctx, m.NewStore(), rendezvous.JoinOptions{Group: "g", RunID: "old", Rank: tc.rank, WorldSize: 3, Timeout: 5 * time.Second})
+			re := asError(t, err)
+			if !errors.Is(err, rendezvous.ErrDuplicateRank) || !slices.Equal(re.Ranks, []int{tc.rank}) {
+				t.Fatalf("%v; want ErrDuplicateRank naming rank %d", err, tc.rank)
+			}
+			for _, w := range tc.wantWords {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v\ndoes not say %q", err, w)
+				}
+			}
+			if tc.start != myStart && strings.Contains(err.Error(), "which is running") {
+				t.Errorf("an ended holder is said to run: %v", err)
+			}
+		})
+	}
+}
+
 func TestJoinWorldSizeMismatch(t *testing.T) {
 	t.Parallel()
 	e := startEmbedded(t)
@@ -315,7 +403,11 @@ func TestJoinGroupInUse(t *testing.T) {
 			t.Fatalf("run A rank %d: %v", r, x.err)
 		}
 	}
-	second := joinRanks(t, open, world("busy", "run-B", 2, 20*time.Second))
+	// Run B's rank 0 waits 3 s (not the default 12 s) for run A's hold to
+	// end: A is alive, so the wait ends in ErrGroupInUse either way.
+	specsB := world("busy", "run-B", 2, 20*time.Second)
+	specsB[0].opts.HeldWait = 3 * time.Second
+	second := joinRanks(t, open, specsB)
 	for r, x := range second {
 		re := asError(t, x.err)
 		if !errors.Is(x.err, rendezvous.ErrGroupInUse) || re.Group != "busy" || !strings.Contains(x.err.Error(), `live run "run-A"`) {
@@ -339,6 +431,24 @@ func TestJoinGroupInUse(t *testing.T) {
 	t.Logf("owner key expired %v after the crash (TTL %v)", expiry, ttl)
 	if expiry > ttl+3*time.Second {
 		t.Fatalf("owner key expired %v after the crash; want about the TTL %v", expiry, ttl)
+	}
+	// Every rank has a lease of its own, kept alive on its own schedule:
+	// run A's rank 1 may outlive the owner key (its last keep-alive came
+	// later, or etcd expires it in a later sweep), and run B's rank 1
+	// revoked its lease in Close only if etcd answered in time. A run
+	// with a live rank is not swept (its ranks could still be waiting to
+	// join), so wait for every rank key of runs A and B to be gone: from
+	// then on, run C's claim must sweep both.
+	for _, run := range []string{"run-A", "run-B"} {
+		left, err := watcher.List(ctx, rendezvous.KeyPrefix+"busy/"+run+"/ranks/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range left {
+			if err := watcher.WaitAbsent(ctx, k); err != nil {
+				t.Fatalf("%s's key %q did not expire: %v", run, k, err)
+			}
+		}
 	}
 	third := joinRanks(t, open, world("busy", "run-C", 2, 20*time.Second))
 	for r, x := range third {

@@ -89,13 +89,19 @@
 //
 // Render draws, top to bottom: the title, the caption (by default the
 // otherData "command") and a line of facts (wall time, ranks, buckets, the
-// rest of otherData), a legend of bucket colors (one swatch per palette
-// color, "bucket mod 10", when there are more buckets than
-// Options.MaxLegendBuckets), the lanes grouped by rank with counters under
-// them, a time axis from the first event with 1-2-5 ticks in µs, ms or s
-// chosen from the span, and a per-stage utilization table. Every bar has a
-// <title> tooltip with the stage, bucket, round, start, duration, bytes and
-// throughput. The output is a pure function of the trace and the options:
+// rest of otherData), a legend of bucket colors, the lanes grouped by rank
+// with counters under them (a lane with no spans or instants, a stage that
+// did nothing on its rank, is left out), a time axis from the first event
+// with 1-2-5 ticks in µs, ms or s chosen from the span, and a per-stage
+// utilization table of the stages that ran. A chart's buckets, counted in
+// order of sequence number, take the 20 colors of the palette in turn, so
+// no two of the first 20 share one; bars and the legend label a bucket by
+// its index in its round (0, 1, ... in every round: sequence numbers skip
+// the commit message of each round), the legend under a heading per round
+// when there are several, or one swatch per color when there are more
+// buckets than Options.MaxLegendBuckets. Every bar has a <title> tooltip
+// with the stage, the bucket's index in its round and sequence number, the
+// round, start, duration, bytes and throughput. The output is a pure function of the trace and the options:
 // coordinates have at most two decimals and everything is sorted, so golden
 // files compare byte for byte.
 //

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,14 +32,15 @@ type Options struct {
 	Caption string
 	// MaxLegendBuckets is how many buckets the color legend lists one by
 	// one; with more buckets it shows one swatch per palette color instead.
-	// 0 means 12; a negative value leaves the legend out.
+	// 0 means 20, the palette's size; a negative value leaves the legend
+	// out.
 	MaxLegendBuckets int
 }
 
 const (
 	defaultWidth     = 1200
 	defaultTitle     = "weightcast pipeline timeline"
-	defaultMaxLegend = 12
+	defaultMaxLegend = 20
 
 	margin     = 24.0
 	rowH       = 20.0 // one row of a lane
@@ -62,23 +64,30 @@ const (
 	colorUtil     = "#5b7087"
 )
 
-// palette is the categorical palette for buckets (Tableau 10): bucket k is
-// drawn in palette[k % len(palette)] on every lane of every rank, so that one
-// bucket can be followed through the stages and two buckets in flight at
-// once (double buffering) stand out.
+// palette is the categorical palette for buckets: Tableau 10, then the
+// lighter companion of each of its hues. A chart's buckets are counted in
+// order of their sequence numbers, and the k-th is drawn in
+// palette[k % len(palette)] on every lane of every rank, so that one
+// bucket can be followed through the stages, two buckets in flight at once
+// (double buffering) stand out, and no two of the first 20 share a color.
 var palette = []string{
 	"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
 	"#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+	"#a0cbe8", "#ffbe7d", "#ff9d9a", "#b3dcd8", "#8cd17d",
+	"#f6e3a1", "#d4a6c8", "#fbd3d9", "#d7b5a6", "#79706e",
 }
 
 // paletteInk is the text color that reads on each palette color.
 var paletteInk = []string{
 	"#ffffff", "#1f2328", "#ffffff", "#1f2328", "#ffffff",
 	"#1f2328", "#ffffff", "#1f2328", "#ffffff", "#1f2328",
+	"#1f2328", "#1f2328", "#1f2328", "#1f2328", "#1f2328",
+	"#1f2328", "#1f2328", "#1f2328", "#1f2328", "#ffffff",
 }
 
-// BucketColor is the fill Render uses for bucket k's bars (k >= 0), and the
-// fill of spans without a bucket for NoBucket.
+// BucketColor is the fill Render uses for the k-th bucket of a chart (its
+// buckets counted from 0 in order of sequence number), and the fill of
+// spans without a bucket for NoBucket.
 func BucketColor(k int) string {
 	if k < 0 {
 		return colorNoBucket
@@ -158,6 +167,12 @@ type renderer struct {
 	chartX0, chartX1 float64
 	buckets          []int // distinct bucket numbers, sorted
 	noBucket         bool  // some span has no bucket
+	// Each bucket's place: its index among buckets (its color), its
+	// round (NoRound when no span of it says), and its index among the
+	// buckets of that round (its label). rounds are the rounds with
+	// buckets, in order.
+	order, roundOf, inRound map[int]int
+	rounds                  []int
 }
 
 func newRenderer(t *Trace, opts Options, start, end float64) *renderer {
@@ -175,21 +190,31 @@ func newRenderer(t *Trace, opts Options, start, end float64) *renderer {
 	if opts.MaxLegendBuckets == 0 {
 		opts.MaxLegendBuckets = defaultMaxLegend
 	}
-	r := &renderer{t: t, opts: opts, stats: Utilization(t), t0: start, span: end - start}
+	// The table, as the lanes, leaves out stages that did nothing.
+	stats := slices.DeleteFunc(Utilization(t), func(s StageStats) bool { return s.Items == 0 })
+	r := &renderer{t: t, opts: opts, stats: stats, t0: start, span: end - start}
 	if r.span <= 0 {
 		r.span = 1
 	}
-	seen := map[int]bool{}
+	r.roundOf = map[int]int{}
 	labelW := 0.0
 	for _, p := range t.Processes {
 		for _, l := range p.Lanes {
+			if empty(l) {
+				continue
+			}
 			labelW = max(labelW, textW(l.Name, 12))
 			for _, s := range l.Spans {
 				if s.Bucket == NoBucket {
 					r.noBucket = true
-				} else if !seen[s.Bucket] {
-					seen[s.Bucket] = true
+					continue
+				}
+				round, seen := r.roundOf[s.Bucket]
+				if !seen {
 					r.buckets = append(r.buckets, s.Bucket)
+					r.roundOf[s.Bucket] = s.Round
+				} else if round == NoRound {
+					r.roundOf[s.Bucket] = s.Round
 				}
 			}
 		}
@@ -198,6 +223,17 @@ func newRenderer(t *Trace, opts Options, start, end float64) *renderer {
 		}
 	}
 	sort.Ints(r.buckets)
+	r.order, r.inRound = map[int]int{}, map[int]int{}
+	count := map[int]int{}
+	for i, k := range r.buckets {
+		round := r.roundOf[k]
+		r.order[k], r.inRound[k] = i, count[round]
+		if count[round] == 0 {
+			r.rounds = append(r.rounds, round)
+		}
+		count[round]++
+	}
+	sort.Ints(r.rounds)
 	r.labelW = max(110, math.Ceil(labelW)+32)
 	r.width = max(float64(opts.Width), 2*margin+r.labelW+320, 2*margin+r.tableWidth())
 	r.chartX0 = margin + r.labelW
@@ -256,7 +292,12 @@ func (r *renderer) write(out *bytes.Buffer) {
 		}
 		y += headerH
 		blockTop := y
-		for li, l := range p.Lanes {
+		li := -1
+		for _, l := range p.Lanes {
+			if empty(l) {
+				continue // a stage that did nothing on this rank
+			}
+			li++
 			h := float64(l.Depth) * rowH
 			if li%2 == 1 {
 				bg.f(`<rect x="%s" y="%s" width="%s" height="%s" fill="%s"/>`+"\n", px(margin), px(y), px(r.width-2*margin), px(h), colorStripe)
@@ -265,7 +306,7 @@ func (r *renderer) write(out *bytes.Buffer) {
 			y += h
 		}
 		for ci, c := range p.Counters {
-			if (len(p.Lanes)+ci)%2 == 1 {
+			if (li+1+ci)%2 == 1 {
 				bg.f(`<rect x="%s" y="%s" width="%s" height="%s" fill="%s"/>`+"\n", px(margin), px(y), px(r.width-2*margin), px(counterH), colorStripe)
 			}
 			r.counter(&fg, c, y)
@@ -342,29 +383,50 @@ func (r *renderer) facts() string {
 }
 
 // legend draws the bucket colors starting at y and returns the y below it.
+// Buckets are labeled as their bars are: by their index in their round,
+// under a heading per round when the chart has rounds.
 func (r *renderer) legend(b *svg, y float64) float64 {
 	type item struct {
-		bucket int // NoBucket for the "no bucket" entry
-		label  string
+		bucket  int    // sequence number, NoBucket for the "no bucket" entry
+		color   int    // palette index
+		label   string // the swatch's label, or a round's heading
+		heading bool
 	}
 	var items []item
 	prefix := "bucket"
 	note := ""
 	if len(r.buckets) <= r.opts.MaxLegendBuckets {
-		for _, k := range r.buckets {
-			items = append(items, item{k, strconv.Itoa(k)})
+		headings := len(r.rounds) > 1
+		for _, round := range r.rounds {
+			if headings {
+				h := "round " + strconv.Itoa(round)
+				if round == NoRound {
+					h = "no round"
+				}
+				items = append(items, item{label: h, heading: true})
+			}
+			for _, k := range r.buckets {
+				if r.roundOf[k] == round {
+					items = append(items, item{bucket: k, color: r.order[k], label: strconv.Itoa(r.inRound[k])})
+				}
+			}
 		}
 	} else {
-		// Collapsed: one swatch per palette color.
-		prefix = "bucket mod " + strconv.Itoa(len(palette))
+		// Collapsed: one swatch per palette color, which the chart's
+		// buckets take in turn.
+		prefix = "bucket colors, in turn"
 		n := min(len(palette), r.opts.MaxLegendBuckets)
 		for k := 0; k < n; k++ {
-			items = append(items, item{k, strconv.Itoa(k)})
+			items = append(items, item{bucket: k, color: k, label: strconv.Itoa(k + 1)})
 		}
-		note = fmt.Sprintf("%d buckets, %d–%d; colors repeat every %d", len(r.buckets), r.buckets[0], r.buckets[len(r.buckets)-1], len(palette))
+		in := ""
+		if len(r.rounds) > 1 || r.rounds[0] != NoRound {
+			in = " in " + plural(len(r.rounds), "round")
+		}
+		note = fmt.Sprintf("%d buckets%s; the colors repeat every %d buckets", len(r.buckets), in, len(palette))
 	}
 	if r.noBucket {
-		items = append(items, item{NoBucket, "no bucket"})
+		items = append(items, item{bucket: NoBucket, label: "no bucket"})
 	}
 	b.f(`<g class="legend" font-size="11" fill="%s">`+"\n", colorText)
 	x := margin
@@ -372,6 +434,16 @@ func (r *renderer) legend(b *svg, y float64) float64 {
 	x += textW(prefix, 11) + 10
 	rowStart := x
 	for _, it := range items {
+		if it.heading {
+			w := textW(it.label, 11) + 8
+			if x+w+40 > r.width-margin {
+				x = rowStart
+				y += 18
+			}
+			b.text(x, y+10, it.label, ` class="legend-round" fill="`+colorMuted+`"`)
+			x += w
+			continue
+		}
 		w := 16 + textW(it.label, 11) + 12
 		if x+w > r.width-margin {
 			x = rowStart
@@ -381,7 +453,7 @@ func (r *renderer) legend(b *svg, y float64) float64 {
 		if it.bucket == NoBucket {
 			b.f(`<rect x="%s" y="%s" width="12" height="12" rx="2" fill="%s" stroke="%s"/>`, px(x), px(y), colorNoBucket, colorNoStroke)
 		} else {
-			b.f(`<rect x="%s" y="%s" width="12" height="12" rx="2" fill="%s"/>`, px(x), px(y), BucketColor(it.bucket))
+			b.f(`<rect x="%s" y="%s" width="12" height="12" rx="2" fill="%s"/>`, px(x), px(y), BucketColor(it.color))
 		}
 		b.f(`<text x="%s" y="%s">%s</text></g>`+"\n", px(x+16), px(y+10), esc(it.label))
 		x += w
@@ -398,6 +470,10 @@ func (r *renderer) legend(b *svg, y float64) float64 {
 	return y + 14
 }
 
+// empty reports whether a lane has nothing to draw: a stage that did no
+// work on its rank (a sender's iterate lane, say). Render leaves it out.
+func empty(l *Lane) bool { return len(l.Spans) == 0 && len(l.Instants) == 0 }
+
 // lane draws one lane's label, bars and instants with its top at y.
 func (r *renderer) lane(b *svg, p *Process, l *Lane, y float64) {
 	b.f(`<g class="lane" data-pid="%d" data-tid="%d" data-stage="%s">`+"\n", l.PID, l.TID, esc(l.Name))
@@ -412,9 +488,9 @@ func (r *renderer) lane(b *svg, p *Process, l *Lane, y float64) {
 		}
 		fill, stroke, ink, label := colorNoBucket, "", colorText, s.Name
 		if s.Bucket != NoBucket {
-			fill = BucketColor(s.Bucket)
-			ink = paletteInk[s.Bucket%len(palette)]
-			label = strconv.Itoa(s.Bucket)
+			k := r.order[s.Bucket]
+			fill, ink = BucketColor(k), paletteInk[k%len(palette)]
+			label = strconv.Itoa(r.inRound[s.Bucket])
 		} else {
 			stroke = ` stroke="` + colorNoStroke + `" stroke-width="0.75"`
 		}
@@ -491,10 +567,12 @@ func (r *renderer) tooltip(p *Process, s Span) string {
 	}
 	fmt.Fprintf(&b, "%s: %s (%s)", stage, s.Name, p.Name)
 	var ids []string
-	if s.Bucket != NoBucket {
-		ids = append(ids, "bucket "+strconv.Itoa(s.Bucket))
-	}
-	if s.Round != NoRound {
+	switch round := r.roundOf[s.Bucket]; {
+	case s.Bucket != NoBucket && round != NoRound:
+		ids = append(ids, fmt.Sprintf("bucket %d of round %d (sequence number %d)", r.inRound[s.Bucket], round, s.Bucket))
+	case s.Bucket != NoBucket:
+		ids = append(ids, fmt.Sprintf("bucket %d (sequence number %d)", r.inRound[s.Bucket], s.Bucket))
+	case s.Round != NoRound:
 		ids = append(ids, "round "+strconv.Itoa(s.Round))
 	}
 	if len(ids) > 0 {

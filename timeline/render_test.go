@@ -401,7 +401,7 @@ func TestRenderLegend(t *testing.T) {
 	if len(items) != len(palette) {
 		t.Errorf("collapsed legend has %d items, want one per palette color (%d)", len(items), len(palette))
 	}
-	if !strings.Contains(text, "30 buckets, 0–29; colors repeat every 10") {
+	if !strings.Contains(text, "30 buckets; the colors repeat every 20 buckets") {
 		t.Errorf("collapsed legend text %q does not say how colors repeat", text)
 	}
 	items, _ = legendItems(Options{MaxLegendBuckets: 40})
@@ -506,5 +506,71 @@ func TestRenderFile(t *testing.T) {
 	err = RenderFile("testdata/pipeline.json", filepath.Join(dir, "no", "such", "dir.svg"), Options{})
 	if err == nil || !strings.Contains(err.Error(), "dir.svg") {
 		t.Errorf("RenderFile into a missing directory: %v, want an error naming the SVG path", err)
+	}
+}
+
+// TestRenderLegendRounds: 12 buckets of 3 rounds whose sequence numbers
+// skip one per round (the bus's commit message takes it, as the stages
+// trace them) are labeled 0–3 in each round, under a heading per round,
+// on the legend and on the bars alike; each of the 12 has a color of its
+// own; a lane with no spans (the sender's iterate, say) and its table row
+// are left out.
+func TestRenderLegendRounds(t *testing.T) {
+	evs := []ev{threadName(0, 1, "iterate"), threadName(0, 2, "pack"), threadName(0, 3, "idle")}
+	for round := 1; round <= 3; round++ {
+		for i := range 4 {
+			seq := 5*(round-1) + i
+			e := span(0, 2, "pack", seq, float64(seq)*10, 8)
+			e["args"].(map[string]any)["round"] = round
+			evs = append(evs, e)
+		}
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, mustRead(t, traceJSON(t, evs...)), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	svg := parseSVG(t, buf.Bytes())
+	var labels, headings []string
+	fills := map[string]string{}
+	for _, n := range svg.find(hasClass("legend-item")) {
+		labels = append(labels, n.allText())
+		for _, r := range n.find(func(c *node) bool { return c.name == "rect" }) {
+			fills[n.attrs["data-bucket"]] = r.attrs["fill"]
+		}
+	}
+	for _, n := range svg.find(hasClass("legend-round")) {
+		headings = append(headings, n.text)
+	}
+	if got := strings.Join(labels, ","); got != "0,1,2,3,0,1,2,3,0,1,2,3" {
+		t.Errorf("legend labels %s; want 0–3 for each round", got)
+	}
+	if got := strings.Join(headings, ","); got != "round 1,round 2,round 3" {
+		t.Errorf("legend headings %q; want one per round", got)
+	}
+	colors := map[string]bool{}
+	for _, f := range fills {
+		colors[f] = true
+	}
+	if len(fills) != 12 || len(colors) != 12 {
+		t.Errorf("12 buckets have %d distinct colors: %v", len(colors), fills)
+	}
+	bars := barsOf(t, svg, "0", "pack")
+	for seq, want := range map[string]string{"0": "0", "5": "0", "8": "3", "13": "3"} {
+		if bars[seq].attrs["fill"] != fills[seq] {
+			t.Errorf("bucket %s: bar fill %s, legend fill %s", seq, bars[seq].attrs["fill"], fills[seq])
+		}
+		if title := bars[seq].allText(); !strings.Contains(title, "bucket "+want+" of round") || !strings.Contains(title, "sequence number "+seq) {
+			t.Errorf("bucket %s's tooltip %q does not name it as bucket %s of its round", seq, title, want)
+		}
+	}
+	var lanes []string
+	for _, n := range svg.find(hasClass("lane-label")) {
+		lanes = append(lanes, n.text)
+	}
+	if got := strings.Join(lanes, ","); got != "pack" {
+		t.Errorf("lanes %q; want only pack (iterate and idle have no spans)", got)
+	}
+	if text := svg.find(hasClass("summary"))[0].allText(); strings.Contains(text, "iterate") || strings.Contains(text, "idle") {
+		t.Errorf("the table lists a stage without spans:\n%s", text)
 	}
 }

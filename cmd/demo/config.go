@@ -54,6 +54,8 @@ type config struct {
 	runID      string
 	advertise  string
 	hostEtcd   string // address rank 0 serves an embedded etcd on (torchrun style)
+	served     bool   // the rendezvous is rank 0's own (torchrun style): no run id needed
+	localWorld int    // LOCAL_WORLD_SIZE: ranks on this host (torchrun), 0 when unknown
 	localRank  int    // LOCAL_RANK: which of this host's GPUs a rank started across hosts takes; -1 unset
 
 	// Security: the group secret and the TLS settings, read by parseConfig.
@@ -132,7 +134,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks `N` of a group spread over hosts")
 	fs.StringVar(&c.rendezvous, "rendezvous", "", "etcd to meet at, `etcd://HOST:PORT` (default: an embedded etcd)")
 	fs.StringVar(&c.group, "group", "weightcast-demo", "sync group `NAME` (no '/' or spaces); one run at a time may hold a group")
-	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: made up for a local launch; across hosts give it, or TORCHELASTIC_RUN_ID)")
+	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: TORCHELASTIC_RUN_ID; made up for a local launch, and by rank 0 when it serves the rendezvous (MASTER_ADDR); with --rendezvous give it)")
 	fs.StringVar(&c.advertise, "advertise", "", "`ADDRESS` other hosts reach this one at; sockets then bind every interface")
 	fs.StringVar(&c.secretFile, "secret-file", "", "read the group secret from `PATH` (mode 0600; or "+auth.SecretFileEnv+"): every rank must prove it, every record and message is signed, every bucket carries a MAC")
 	fs.StringVar(&c.tlsFiles.CA, "tls-ca", "", "with --tls-cert and --tls-key: mutual TLS 1.3 for etcd, the tcp chain and the metadata bus, trusting the CA certificates in `FILE`")
@@ -270,6 +272,12 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	switch {
 	case c.tensors < 1:
 		return nil, fmt.Errorf("--tensors %d: a model needs at least one tensor", c.tensors)
+	case c.modelPath == "":
+		if err := c.checkSyntheticSize(raw.size); err != nil {
+			return nil, err
+		}
+	}
+	switch {
 	case c.rounds < 1:
 		return nil, fmt.Errorf("--rounds %d: run at least one round", c.rounds)
 	case c.timeout <= 0:
@@ -303,13 +311,18 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 			return nil, fmt.Errorf("MASTER_ADDR is set but MASTER_PORT is not; set both, as torchrun does")
 		}
 		addr := net.JoinHostPort(getenv("MASTER_ADDR"), port)
-		c.rendezvous = "etcd://" + addr
+		c.rendezvous, c.served = "etcd://"+addr, true
 		if c.rank == 0 {
 			c.hostEtcd = addr
 		}
 	}
 	if c.runID == "" && getenv("TORCHELASTIC_RUN_ID") != "" && getenv("TORCHELASTIC_RUN_ID") != "none" {
 		c.runID = getenv("TORCHELASTIC_RUN_ID")
+	}
+	if v := getenv("LOCAL_WORLD_SIZE"); v != "" {
+		if c.localWorld, err = strconv.Atoi(v); err != nil || c.localWorld < 1 {
+			return nil, fmt.Errorf("LOCAL_WORLD_SIZE=%q is not a number of ranks", v)
+		}
 	}
 	if v := getenv("LOCAL_RANK"); v != "" {
 		if c.localRank, err = strconv.Atoi(v); err != nil || c.localRank < 0 {
@@ -333,8 +346,8 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 		if c.transport == "inproc" {
 			return nil, fmt.Errorf("--transport inproc runs every rank in one process; it cannot be used with --rank")
 		}
-		if c.runID == "" {
-			return nil, fmt.Errorf("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%%s) shared by the launcher), so that a crashed launch never blocks the next")
+		if c.runID == "" && !c.served {
+			return nil, fmt.Errorf("--rank needs --run-id: the same on every rank of a launch and new for every launch (a job id, or $(date +%%s) shared by the launcher), so that a crashed launch never blocks the next; with MASTER_ADDR and MASTER_PORT, where rank 0 serves the rendezvous, it needs none")
 		}
 	}
 	if c.ranks < 2 {
@@ -477,12 +490,56 @@ func (c *config) preflight(transportName string) error {
 		}
 	}
 	if transportName == "tcp" || transportName == "inproc" {
-		if total := memTotal(); total > 0 && 2*c.bucket > total {
-			return fmt.Errorf("--bucket %s: each rank holds two buckets in host memory (%s), more than this machine's %s; use a bucket of a few hundred MiB",
-				sizeText(c.bucket), sizeText(2*c.bucket), sizeText(total))
+		avail := memAvailable()
+		if avail <= 0 {
+			avail = memTotal()
 		}
+		return c.checkHostBuckets(avail)
 	}
 	return nil
+}
+
+// checkSyntheticSize refuses a --size (raw, as given) smaller than the
+// smallest synthetic model of --tensors tensors of the --dtypes mix: the
+// model cannot be made that small, and would silently be larger.
+func (c *config) checkSyntheticSize(raw string) error {
+	if c.size == 0 {
+		return fmt.Errorf("--size %s: a model needs at least one byte; give a size such as 1GiB", raw)
+	}
+	least, err := stages.Synthetic{Size: 0, Tensors: c.tensors, DTypes: c.dtypes}.Model()
+	if err != nil {
+		return fmt.Errorf("--size, --tensors, --dtypes: %v", err)
+	}
+	if c.size < least.Size() {
+		return fmt.Errorf("--size %s: the smallest synthetic model of %d tensors of %s is %s (%d bytes); give --size %d or more, or fewer --tensors",
+			raw, c.tensors, dtypeList(c), sizeText(least.Size()), least.Size(), least.Size())
+	}
+	return nil
+}
+
+// checkHostBuckets checks that the host buckets of every rank on this
+// machine fit in avail bytes of memory (0: unknown, not checked): two per
+// rank, and a local launch (or inproc) runs all its ranks here; a rank of
+// its own counts LOCAL_WORLD_SIZE ranks on its host when torchrun says so.
+func (c *config) checkHostBuckets(avail int64) error {
+	local := c.ranks
+	if c.rank >= 0 {
+		local = max(1, c.localWorld)
+	}
+	need := int64(local) * 2 * c.bucket
+	if avail <= 0 || need <= avail {
+		return nil
+	}
+	who := fmt.Sprintf("the %d ranks on this machine hold two buckets each", local)
+	if local == 1 {
+		who = "this rank holds two buckets"
+	}
+	fix := "a smaller --bucket or fewer --ranks"
+	if c.rank >= 0 {
+		fix = "a smaller --bucket, or fewer ranks on this host"
+	}
+	return fmt.Errorf("--bucket %s: %s in host memory (%s in all), more than the %s this machine has available; use %s",
+		sizeText(c.bucket), who, sizeText(need), sizeText(avail), fix)
 }
 
 // checkWritable checks, without leaving anything behind, that path (a file,
@@ -533,6 +590,10 @@ func pathReason(err error) error {
 // memTotal is this machine's memory in bytes (Linux MemTotal), or 0 where
 // it cannot be read.
 func memTotal() int64 { return procKiB("/proc/meminfo", "MemTotal:") }
+
+// memAvailable is the memory the kernel estimates is available for new
+// allocations without swapping (MemAvailable), 0 where unknown.
+func memAvailable() int64 { return procKiB("/proc/meminfo", "MemAvailable:") }
 
 // procKiB reads a "Key: N kB" line of a /proc file as bytes, or 0.
 func procKiB(path, key string) int64 {

@@ -132,7 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		res.Error = errString(err)
 		results = []*rankResult{res}
 	case name == "inproc":
-		mode = "goroutines of one process"
+		mode = inprocMode
 		u.say("weightcast demo: %s in one process, transport inproc, %s, %s buckets, %s",
 			plural(c.ranks, "rank"), c.modelText(), sizeText(c.bucket), plural(c.rounds, "round"))
 		results = runInProcess(ctx, c, tracer, u.event)

@@ -26,7 +26,7 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	}
 	return runRank(ctx, c, weightcast.Options{
 		Group: c.group, Rank: c.rank, WorldSize: c.worldSize,
-		Rendezvous: c.rendezvous, ServeRendezvous: c.hostEtcd != "", RunID: c.runID,
+		Rendezvous: c.rendezvous, ServeRendezvous: c.served, RunID: c.runID,
 		Transport: transportName, BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
 		Device: device, Advertise: c.advertise, Secret: c.secret, TLS: c.tlsFiles,
 	}, tracer, report)

@@ -351,7 +351,10 @@ func TestGroupInUse(t *testing.T) {
 }
 
 // TestTorchrunEnvironment starts ranks as torchrun would: RANK, WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT, with rank 0 serving the rendezvous itself.
+// MASTER_ADDR and MASTER_PORT, with rank 0 serving the rendezvous itself,
+// and torchrun's default TORCHELASTIC_RUN_ID=none: no run id is needed, rank
+// 0 names the run on the rendezvous it serves. Each rank's summary speaks
+// for itself only.
 func TestTorchrunEnvironment(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -361,9 +364,9 @@ func TestTorchrunEnvironment(t *testing.T) {
 	l.Close()
 	var ps []*rankProc
 	for r := range 3 {
-		p := &rankProc{rank: r, cmd: exec.Command(demoBin, append([]string{"--json", "--run-id", "torchrun"}, small...)...), done: make(chan struct{})}
+		p := &rankProc{rank: r, cmd: exec.Command(demoBin, append([]string{"--json"}, small...)...), done: make(chan struct{})}
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.err
-		p.cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
+		p.cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), "TORCHELASTIC_RUN_ID=none")
 		if err := p.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -375,8 +378,12 @@ func TestTorchrunEnvironment(t *testing.T) {
 		if err := p.wait(t, 60*time.Second); err != nil {
 			t.Fatalf("rank %d: %v\n%s", p.rank, err, p.err.String())
 		}
-		if r := p.summary(t).PerRank[0]; r.Rank != p.rank || (p.rank > 0 && !r.Verified) {
+		s := p.summary(t)
+		if r := s.PerRank[0]; r.Rank != p.rank || (p.rank > 0 && !r.Verified) {
 			t.Fatalf("rank %d: %+v", p.rank, r)
+		}
+		if s.Scope != "this rank" || s.Verified != (p.rank > 0) {
+			t.Errorf("rank %d: summary scope %q, verified %v; want this rank, verified only on a receiver", p.rank, s.Scope, s.Verified)
 		}
 	}
 }

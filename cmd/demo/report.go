@@ -91,8 +91,14 @@ type summary struct {
 	// GBps is the median rate of those rounds per receiver; null when no
 	// round finished or the sender did not report.
 	GBps *float64 `json:"gbps"`
+	// Scope says whose reports the summary is made of: "every rank" (a
+	// local launch, inproc) or "this rank" (--rank: this process knows
+	// only itself; the other ranks' figures are in their own summaries).
+	Scope string `json:"scope"`
 	// Verified says every receiver checked every byte of every round
-	// against the source (--verify), and the run finished.
+	// against the source (--verify), and the run finished; with Scope
+	// "this rank", that this receiver did (the sender checks nothing, so
+	// its summary says false).
 	Verified bool `json:"verified"`
 	// Checksum says buckets carried a checksum (--checksum); every
 	// receiver checked those of the versions up to CommittedVersion.
@@ -119,7 +125,11 @@ type summary struct {
 
 	verifyOn bool     // --verify
 	failures []string // what Error says, but the signal
+	only     int      // the one rank this process ran (--rank), or -1: every rank reported here
 }
+
+// inprocMode is the summary's Mode of --transport inproc.
+const inprocMode = "goroutines of one process"
 
 func summarize(c *config, transportName, reason, mode string, results []*rankResult) *summary {
 	s := &summary{
@@ -127,6 +137,13 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		Model:  fmt.Sprintf("synthetic %s, %d tensors, %s, seed %d", humanize.IBytes(uint64(c.size)), c.tensors, dtypeList(c), c.seed),
 		Bucket: c.bucket, Rounds: c.rounds, PerRank: results,
 		Verified: c.verify, verifyOn: c.verify, Checksum: c.checksum, Seconds: []float64{},
+		Scope: "every rank", only: -1,
+	}
+	if c.rank >= 0 {
+		s.Scope, s.only = "this rank", c.rank
+		// The sender checks no received bytes: whether they were
+		// verified is in the receivers' own summaries.
+		s.Verified = c.verify && c.rank > 0
 	}
 	if m, err := c.model(0); err == nil {
 		s.Bytes, s.Tensors = m.Size(), len(m.List())
@@ -276,6 +293,8 @@ func (s *summary) writeTable(w io.Writer) {
 	switch {
 	case s.GBps != nil:
 		fmt.Fprintf(w, "median rate:   %.2f GB/s per receiver (%s, %s finished)\n", *s.GBps, plural(s.Ranks-1, "receiver"), plural(len(s.Seconds), "round"))
+	case s.only > 0:
+		fmt.Fprintf(w, "median rate:   not known here: the sender (rank 0) times the rounds; see its summary\n")
 	case reported(s.PerRank, 0) == nil:
 		fmt.Fprintf(w, "median rate:   not measured: the sender did not report\n")
 	default:
@@ -285,7 +304,16 @@ func (s *summary) writeTable(w io.Writer) {
 	s.writeVerified(w, finished)
 	s.writeChecksums(w, finished)
 	s.writeCommitted(w)
-	fmt.Fprintf(w, "buffers held:  at most %d per rank\n", s.MaxBuffers)
+	switch {
+	case s.MaxBuffers == 0 && s.only >= 0:
+		fmt.Fprintf(w, "buffers held:  none taken on this rank\n")
+	case s.MaxBuffers == 0:
+		fmt.Fprintf(w, "buffers held:  none taken on any rank that reported\n")
+	case s.only >= 0:
+		fmt.Fprintf(w, "buffers held:  at most %d on this rank\n", s.MaxBuffers)
+	default:
+		fmt.Fprintf(w, "buffers held:  at most %d per rank\n", s.MaxBuffers)
+	}
 	for _, r := range s.PerRank {
 		switch {
 		case r == nil:
@@ -295,7 +323,12 @@ func (s *summary) writeTable(w io.Writer) {
 			fmt.Fprintf(w, "GPU memory:    rank %d allocated %s on %s (two buckets and its model)\n", r.Rank, humanize.IBytes(uint64(r.GPUBuffers)), r.Device)
 		}
 	}
-	if s.PeakRSS > 0 {
+	switch {
+	case s.PeakRSS > 0 && s.only >= 0:
+		fmt.Fprintf(w, "peak memory:   %s RSS on this rank\n", humanize.IBytes(uint64(s.PeakRSS)))
+	case s.PeakRSS > 0 && s.Mode == inprocMode:
+		fmt.Fprintf(w, "peak memory:   %s RSS of this process (every rank)\n", humanize.IBytes(uint64(s.PeakRSS)))
+	case s.PeakRSS > 0:
 		fmt.Fprintf(w, "peak memory:   %s RSS on the largest rank\n", humanize.IBytes(uint64(s.PeakRSS)))
 	}
 	if s.Trace != "" {
@@ -323,6 +356,14 @@ func (s *summary) writeTable(w io.Writer) {
 func (s *summary) writeVerified(w io.Writer, finished bool) {
 	receivers := s.receivers()
 	switch {
+	case s.only == 0 && s.verifyOn:
+		fmt.Fprintf(w, "verified:      by each receiver, in its own summary (this process is the sender)\n")
+	case s.only > 0 && s.Verified:
+		scope := "every round"
+		if len(receivers) == 1 && receivers[0].VerifyScope != "" {
+			scope = receivers[0].VerifyScope
+		}
+		fmt.Fprintf(w, "verified:      yes, every byte on this rank (rank %d; %s)\n", s.only, scope)
 	case s.Verified:
 		scope := "every round"
 		for _, r := range receivers {

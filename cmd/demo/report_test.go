@@ -65,7 +65,10 @@ func TestTableFailedRun(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	for _, wrong := range []string{"GB/s", "every bucket, checked by every receiver", "version 0", "  round  seconds"} {
+	if !strings.Contains(out, "buffers held:  none taken on any rank that reported") {
+		t.Errorf("table does not say no buffer was taken:\n%s", out)
+	}
+	for _, wrong := range []string{"GB/s", "every bucket, checked by every receiver", "version 0", "  round  seconds", "at most 0"} {
 		if strings.Contains(out, wrong) {
 			t.Errorf("table says %q:\n%s", wrong, out)
 		}
@@ -135,5 +138,51 @@ func TestPlural(t *testing.T) {
 	}
 	if got := plural(2, "directory"); got != "2 directories" {
 		t.Errorf("got %q", got)
+	}
+}
+
+// TestTableThisRankOnly: a process that ran one rank (--rank) claims only
+// what it knows: a receiver its own check, memory and buffers, and that
+// the sender times the rounds; the sender its rates, and that the
+// receivers verify.
+func TestTableThisRankOnly(t *testing.T) {
+	rankArgs := func(r string) []string {
+		return []string{"--rank", r, "--world-size", "3", "--rendezvous", "etcd://127.0.0.1:1", "--run-id", "x", "--rounds", "2"}
+	}
+	recv := testConfig(t, rankArgs("1")...)
+	out := table(recv, []*rankResult{{Rank: 1, Rounds: rounds(2), CommittedVersion: 2, Verified: true, VerifyScope: "every round", MaxBuffers: 2, PeakRSS: 40 << 20}})
+	for _, want := range []string{"median rate:   not known here: the sender (rank 0) times the rounds", "verified:      yes, every byte on this rank (rank 1; every round)",
+		"buffers held:  at most 2 on this rank", "peak memory:   40 MiB RSS on this rank", "as rank 1 saw it"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("receiver's table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, wrong := range []string{"the sender did not report", "largest rank", "on 2 receivers", "per rank"} {
+		if strings.Contains(out, wrong) {
+			t.Errorf("receiver's table says %q:\n%s", wrong, out)
+		}
+	}
+	if s := summarize(recv, "tcp", "test", "rank 1", []*rankResult{{Rank: 1, Rounds: rounds(2), CommittedVersion: 2, Verified: true}}); s.Scope != "this rank" || !s.Verified {
+		t.Errorf("receiver's JSON scope %q, verified %v; want this rank, true", s.Scope, s.Verified)
+	}
+
+	send := testConfig(t, rankArgs("0")...)
+	results := []*rankResult{{Rank: 0, Rounds: rounds(2), CommittedVersion: 2, MaxBuffers: 2, PeakRSS: 40 << 20}}
+	out = table(send, results)
+	for _, want := range []string{"GB/s per receiver (2 receivers, 2 rounds finished)", "verified:      by each receiver, in its own summary (this process is the sender)", "on this rank"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sender's table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "every byte on") {
+		t.Errorf("the sender claims the receivers' verification:\n%s", out)
+	}
+	if s := summarize(send, "tcp", "test", "rank 0", results); s.Scope != "this rank" || s.Verified {
+		t.Errorf("sender's JSON scope %q, verified %v; want this rank, false (it checks nothing)", s.Scope, s.Verified)
+	}
+	// A rank that failed before it took a buffer.
+	out = table(recv, []*rankResult{{Rank: 1, Error: "joining: boom"}})
+	if !strings.Contains(out, "buffers held:  none taken on this rank") || strings.Contains(out, "at most 0") {
+		t.Errorf("failed rank's table:\n%s", out)
 	}
 }

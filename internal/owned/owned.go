@@ -166,3 +166,32 @@ func parseStat(s string) (state, start string, ok bool) {
 	}
 	return f[0], f[19], true
 }
+
+// Process identifies a process of this host for a later judgement of
+// whether it still runs: its pid, and, where /proc tells them, its start
+// time since boot in clock ticks (so that a recycled pid is not taken for
+// it) and its pid namespace (so that a process of another namespace, where
+// pids mean other processes, never judges it). Empty fields are unknown.
+type Process struct {
+	PID   int
+	Start string
+	PIDNS string
+}
+
+// Self is the calling process.
+func Self() Process {
+	o := self()
+	return Process{PID: o.pid, Start: o.start, PIDNS: o.pidNS}
+}
+
+// Ended reports whether p, a process of this host, has ended as seen from
+// this process: its pid is gone (kill(pid, 0) fails with ESRCH, or /proc
+// has no such pid), or it is a zombie, or the pid now names a process that
+// started at another time. It is false whenever that cannot be told: a pid
+// of another pid namespace, or of one not known while ours is.
+func (p Process) Ended() bool {
+	if p.PID <= 0 {
+		return false
+	}
+	return gone(owner{pid: p.PID, start: p.Start, pidNS: p.PIDNS}, self())
+}

@@ -136,3 +136,36 @@ func TestParseStat(t *testing.T) {
 		t.Fatal("a short line parsed")
 	}
 }
+
+// TestProcessEnded: this process has not ended; a child that exited has;
+// this pid with another start time (a recycled pid) has; a pid of another
+// pid namespace, or of none, is never judged.
+func TestProcessEnded(t *testing.T) {
+	me := Self()
+	if me.PID != os.Getpid() || me.Start == "" || me.PIDNS == "" {
+		t.Fatalf("Self() = %+v; want this pid with its start time and pid namespace", me)
+	}
+	if me.Ended() {
+		t.Fatal("this process is judged ended")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := Process{PID: cmd.Process.Pid, Start: "1", PIDNS: me.PIDNS}
+	if !dead.Ended() {
+		t.Errorf("exited child %+v is not judged ended", dead)
+	}
+	if recycled := (Process{PID: me.PID, Start: me.Start + "0", PIDNS: me.PIDNS}); !recycled.Ended() {
+		t.Errorf("this pid with another start time %+v is not judged ended", recycled)
+	}
+	for _, p := range []Process{
+		{PID: cmd.Process.Pid, Start: "1", PIDNS: "pid:[1]"},
+		{PID: cmd.Process.Pid},
+		{},
+	} {
+		if p.Ended() {
+			t.Errorf("%+v is judged ended; it cannot be told here", p)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import os
 import re
 import textwrap
 
+import pytest
+
 from conftest import PYTHON_DIR, Rank  # noqa: F401  (Rank: the process helper)
 
 README = os.path.join(PYTHON_DIR, "..", "README.md")
@@ -57,3 +59,21 @@ def test_readme_snippets(group, tmp_path):
         digests.append(ev["digest"])
         assert r.finish()[0] == 0
     assert digests[0] == digests[1] == digests[2]
+
+
+@pytest.mark.parametrize("run_id", ["", "none"], ids=["no-run-id", "torchrun-default-none"])
+def test_readme_snippets_without_run_id(group, tmp_path, run_id):
+    """The snippets with only the variables they name: no TORCHELASTIC_RUN_ID
+    (empty) or torchrun's default "none". Rank 0 serves the rendezvous, so
+    it names the run there and the rollout ranks read it from it."""
+    check = '''
+    import json
+    print(json.dumps({"event": "done"}), flush=True)
+    '''
+    ranks = group([{"role": "readme", "script": script(tmp_path, "trainer", check)}] +
+                  [{"role": "readme", "script": script(tmp_path, "rollout", check)} for _ in range(2)],
+                  env_extra={"TORCHELASTIC_RUN_ID": run_id})
+    for r in ranks:
+        ev = r.wait_event("done", timeout=120)
+        assert ev is not None, f"rank {r.rank}: {r.events} {''.join(r.stderr)[-2000:]}"
+        assert r.finish()[0] == 0

@@ -1,0 +1,108 @@
+package weightcast
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/stages"
+)
+
+// TestServedRendezvousNeedsNoRunID: with only the variables the README's
+// snippet names (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), and with
+// torchrun's default TORCHELASTIC_RUN_ID=none, every rank opens and a round
+// goes through: rank 0 serves the rendezvous, makes up the run id there and
+// the others read it from the server they dial. Two launches on one address
+// get two run ids; with a group secret the published id is signed.
+func TestServedRendezvousNeedsNoRunID(t *testing.T) {
+	secretPath := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secretPath, []byte("a group secret for the served run id\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secret, err := auth.ReadSecretFile(secretPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	seen := map[string]bool{}
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		secret *auth.Secret
+	}{
+		{"README variables", map[string]string{}, nil},
+		{"TORCHELASTIC_RUN_ID=none, secret", map[string]string{"TORCHELASTIC_RUN_ID": "none"}, secret},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const world = 3
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var s *Sender
+			rs := make([]*Receiver, world-1)
+			errs := make([]error, world)
+			var wg sync.WaitGroup
+			for r := range world {
+				env := map[string]string{"RANK": string(rune('0' + r)), "WORLD_SIZE": "3", "MASTER_ADDR": host, "MASTER_PORT": port}
+				for k, v := range tc.env {
+					env[k] = v
+				}
+				o, err := Options{Rank: -1, BucketSize: 8 << 10, Group: "served", Device: "cpu", Timeout: 30 * time.Second, Secret: tc.secret}.FromEnv(func(k string) string { return env[k] })
+				if err != nil {
+					t.Fatalf("rank %d: FromEnv: %v", r, err)
+				}
+				if o.RunID != "" || !o.ServeRendezvous {
+					t.Fatalf("rank %d: FromEnv gave run id %q, ServeRendezvous %v; want none, and a served rendezvous", r, o.RunID, o.ServeRendezvous)
+				}
+				wg.Go(func() {
+					if r == 0 {
+						s, errs[0] = OpenSender(ctx, o)
+					} else {
+						rs[r-1], errs[r] = OpenReceiver(ctx, o)
+					}
+				})
+			}
+			wg.Wait()
+			defer func() {
+				var wg sync.WaitGroup
+				for _, r := range rs {
+					if r != nil {
+						wg.Go(func() { r.Close() })
+					}
+				}
+				if s != nil {
+					wg.Go(func() { s.Close() })
+				}
+				wg.Wait()
+			}()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			id := s.RunID()
+			if !strings.HasPrefix(id, "served-") || seen[id] {
+				t.Fatalf("rank 0's run id %q: want a fresh served-… id (seen: %v)", id, seen)
+			}
+			seen[id] = true
+			for _, r := range rs {
+				if r.RunID() != id {
+					t.Fatalf("rank %d runs as %q, rank 0 as %q", r.Rank(), r.RunID(), id)
+				}
+			}
+			src := randomTensors(rand.New(rand.NewPCG(5, 6)), 10, 8<<10)
+			models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+			send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
+			if err := syncRound(ctx, s, rs, send, []stages.Sink{models[0], models[1]}); err != nil {
+				t.Fatal(err)
+			}
+			checkModels(t, src, models)
+		})
+	}
+}
