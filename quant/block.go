@@ -82,6 +82,30 @@ func widen(src []byte, d dtype.DType, i int) uint32 {
 // NaN or Inf lands at or above 0x7F800000.
 func amax(m, f uint32) uint32 { return max(m, f&0x7FFFFFFF) }
 
+// FoldAmax folds the magnitudes of the elements [first, first+n) (flat,
+// row-major indices) of a weight with cols columns, whose bytes, of dtype
+// from, are src (n elements), into m, the running amax bits of each
+// column block (len(m) = ceil(cols/128)): m[c/128] = max(m[c/128], |w|).
+// The rows must all lie in one block row for m to be that block row's.
+func FoldAmax(m []uint32, src []byte, from dtype.DType, cols int, first int64) error {
+	if !Sources(from) {
+		return fmt.Errorf("quant: cannot quantize %s (F32, BF16 and F16 can be)", from)
+	}
+	es := from.Size()
+	if cols <= 0 || first < 0 || len(src)%es != 0 || len(m) != (cols+Block-1)/Block {
+		return fmt.Errorf("%w: %d bytes of %s at element %d of %d columns, %d column blocks", ErrShape, len(src), from, first, cols, len(m))
+	}
+	c := int(first % int64(cols))
+	for i := range len(src) / es {
+		j := c / Block
+		m[j] = amax(m[j], widen(src, from, i))
+		if c++; c == cols {
+			c = 0
+		}
+	}
+	return nil
+}
+
 // Scales computes the scale bits of every block of the rows held in src:
 // whole rows of a weight with cols columns, of dtype from, starting at a
 // row that is a multiple of 128, so that src holds whole blocks (the last
@@ -102,17 +126,12 @@ func Scales(dst []uint32, src []byte, from dtype.DType, cols int) error {
 	}
 	nbc := int(bc)
 	m := make([]uint32, nbc)
+	stripe := Block * cols * es
 	for r0 := 0; r0 < rows; r0 += Block {
 		clear(m)
-		for r := r0; r < min(r0+Block, rows); r++ {
-			row := src[r*cols*es : (r+1)*cols*es]
-			for j := range nbc {
-				v := m[j]
-				for c := j * Block; c < min(cols, (j+1)*Block); c++ {
-					v = amax(v, widen(row, from, c))
-				}
-				m[j] = v
-			}
+		end := min(len(src), (r0/Block+1)*stripe)
+		if err := FoldAmax(m, src[r0*cols*es:end], from, cols, int64(r0)*int64(cols)); err != nil {
+			return err
 		}
 		for j, v := range m {
 			dst[r0/Block*nbc+j] = ScaleOf(v)
