@@ -74,7 +74,7 @@ func TestSelectorPatterns(t *testing.T) {
 		{"lm_head.weight", dtype.BF16, two, true, ""},
 		{"model.layers.0.mlp.up_proj.weight", dtype.BF16, two, false, ""}, // excluded wins
 		{"model.layers.1.mlp.up_proj.weight", dtype.BF16, two, true, ""},  // default
-		{"model.norm.weight", dtype.BF16, []int64{128}, false, "2-D"},      // forced 1-D
+		{"model.norm.weight", dtype.BF16, []int64{128}, false, "2-D"},     // forced 1-D
 		{"foo.i", dtype.I32, two, false, "I32"},
 		{"foo.f8", dtype.F8E4M3, two, false, ""}, // FP8 passes as it is
 	} {
