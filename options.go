@@ -60,6 +60,14 @@ type Options struct {
 	// NoChecksum turns off the per-bucket checksum the sender computes
 	// and every receiver checks.
 	NoChecksum bool
+	// Quantize is the sender's rollout quantization (stages.Quantize):
+	// with Scheme quant.FP8Block, the 2-D linear weights of every round
+	// (or those its patterns pick) travel as F8_E4M3 codes and F32
+	// _scale_inv tensors, quantized on the sender's CPU as they are
+	// packed (weights in device memory are refused for now: there is no
+	// GPU quantize kernel yet). The zero value sends tensors as they are.
+	// Receivers need nothing: they get ordinary tensors.
+	Quantize stages.QuantizeConfig
 	// NoDirect has the sender pack every bucket even where every receiver
 	// shares its GPU and could read its device tensors in place
 	// (stages.SenderConfig.NoDirect), to compare.

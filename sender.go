@@ -23,6 +23,9 @@ type Sender struct {
 // returns once every rank has joined and the bus and transport are open.
 // o.Rank must be 0.
 func OpenSender(ctx context.Context, o Options) (*Sender, error) {
+	if _, err := stages.Quantize(stages.Tensors{}, o.Quantize); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	m, err := open(ctx, o, "sender")
 	if err != nil {
 		return nil, err
@@ -45,8 +48,11 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 func (s *Sender) Send(ctx context.Context, src stages.Source, version uint64) (stages.RoundStats, error) {
 	var st stages.RoundStats
 	err := s.round(ctx, func(ctx context.Context) error {
-		var err error
-		st, err = s.s.Sync(ctx, src, version)
+		q, err := stages.Quantize(src, s.opts.Quantize)
+		if err != nil {
+			return err
+		}
+		st, err = s.s.Sync(ctx, q, version)
 		return err
 	})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -39,7 +40,14 @@ func TestParseConfig(t *testing.T) {
 	if err != nil || o.Rank != 0 {
 		t.Fatalf("rank from env map: %+v, %v", o, err)
 	}
+	o, err = parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "quantize": "fp8-block", "quantize_exclude": ["layers\\.0\\."]}`, func(string) string { return "" })
+	if err != nil || o.Quantize.Scheme != quant.FP8Block || len(o.Quantize.Exclude) != 1 || o.Quantize.Exclude[0] != `layers\.0\.` {
+		t.Fatalf("quantize: %+v, %v", o.Quantize, err)
+	}
 	for _, c := range []struct{ json, want string }{
+		{`{"rank": 0, "world_size": 2, "quantize": "fp4"}`, `unknown quantization scheme "fp4"`},
+		{`{"rank": 0, "world_size": 2, "quantize": "fp8-block", "quantize_include": ["("]}`, `include pattern "("`},
+		{`{"rank": 0, "world_size": 2, "quantize_include": ["x"]}`, "without a scheme"},
 		{`{"rnk": 1}`, `unknown field "rnk"`},
 		{`{"bucket": "lots"}`, `bucket "lots"`},
 		{`{"bucket": -4}`, "must be positive"},

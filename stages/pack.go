@@ -795,6 +795,9 @@ func (f *deviceFill) flushKernel(ctx context.Context) error {
 // bucket[off:].
 func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, off, n, chunk int64) error {
 	dst := bucket.DevicePtr() + uint64(off)
+	if t.quant != nil && t.quant.w.Device != nil {
+		return fmt.Errorf("pack: %w", t.quant.onDevice())
+	}
 	if t.Device != nil {
 		if t.Casts() {
 			return f.castIn(t, dst, n, chunk)

@@ -34,10 +34,10 @@ type QuantizeConfig struct {
 // Quantize returns src itself.
 //
 // The codes and scales are computed as Pack copies them, from the
-// weight's own bytes: on the CPU (package quant, by the goroutines that
-// read the tensor) for host tensors, whether the buckets are host or
-// device memory; by the GPU quantize kernel (gpu.Quantizer) for device
-// tensors into device buckets. Tensors are quantized from the values
+// weight's own bytes, on the CPU (package quant, by the goroutines that
+// read the tensor), whether the buckets are host or device memory. A
+// picked weight in device memory (Tensor.Device) fails the round with an
+// error naming it: there is no GPU quantize kernel yet. Tensors are quantized from the values
 // they hold: compose with Cast as Quantize(Cast(src, to), cfg), so that the
 // tensors left as they are are cast to the rollout dtype and the picked
 // weights are quantized from their source dtype. Through Tensor.ReadAt, a range of codes
@@ -274,6 +274,9 @@ func (q *quantized) readWeight(first, end int64, fn func(buf []byte, at int64) e
 // or scales (little-endian float32 bits).
 func (t *Tensor) readQuant(p []byte, off int64) error {
 	q := t.quant
+	if q.w.Device != nil && len(p) > 0 {
+		return q.onDevice()
+	}
 	size, err := t.Size()
 	if err != nil {
 		return err
@@ -328,4 +331,11 @@ func (t *Tensor) validateQuant() error {
 	}
 	_, err := q.w.Validate()
 	return err
+}
+
+// onDevice is the error for a weight in device memory, which only the
+// host implementation could quantize so far.
+func (q *quantized) onDevice() error {
+	return fmt.Errorf("quantize: tensor %q is in device memory on %s, and weightcast quantizes on the CPU only so far (no GPU quantize kernel yet): hand the weight in host memory, or leave it out with an exclude pattern",
+		q.w.Name, q.w.Device.Device().Name())
 }
