@@ -153,6 +153,8 @@ class Sender(_Rank):
     ``secret_file`` (default $WEIGHTCAST_SECRET_FILE) names the group secret
     every rank must prove it holds; ``tls_ca``, ``tls_cert`` and ``tls_key``
     the PEM files of mutual TLS for etcd, the tcp chain and the bus.
+    ``quantize="fp8-block"`` sends the 2-D linear weights as F8_E4M3 codes
+    with F32 ``<name>_scale_inv`` per 128x128 block (docs/operations.md).
 
     Trainer ranks that do not send (verl's rank -1) make ``Sender(rank=-1)``:
     it joins nothing, and its send() only iterates the tensors, so that the
@@ -164,14 +166,14 @@ class Sender(_Rank):
 
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
                  transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
-                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None):
+                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, quantize=None):
         if rank == -1:
             self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
             self._idle = True
             return
         self._idle = False
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
-                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
+                         dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, quantize=quantize))
 
     def send(self, named_tensors, version):
         """Send one round: every (name, tensor) of named_tensors (an iterable:
