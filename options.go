@@ -63,9 +63,10 @@ type Options struct {
 	// Quantize is the sender's rollout quantization (stages.Quantize):
 	// with Scheme quant.FP8Block, the 2-D linear weights of every round
 	// (or those its patterns pick) travel as F8_E4M3 codes and F32
-	// _scale_inv tensors, quantized on the sender's CPU as they are
-	// packed (weights in device memory are refused for now: there is no
-	// GPU quantize kernel yet). The zero value sends tensors as they are.
+	// _scale_inv tensors, quantized as they are packed: host weights on
+	// the sender's CPU, device weights (SendRefs of CUDA tensors into
+	// device buckets) on their GPU, with the same bytes. The zero value
+	// sends tensors as they are.
 	// Receivers need nothing: they get ordinary tensors.
 	Quantize stages.QuantizeConfig
 	// NoDirect has the sender pack every bucket even where every receiver

@@ -34,15 +34,21 @@ type QuantizeConfig struct {
 // Quantize returns src itself.
 //
 // The codes and scales are computed as Pack copies them, from the
-// weight's own bytes, on the CPU (package quant, by the goroutines that
-// read the tensor), whether the buckets are host or device memory. A
-// picked weight in device memory (Tensor.Device) fails the round with an
-// error naming it: there is no GPU quantize kernel yet. Tensors are quantized from the values
-// they hold: compose with Cast as Quantize(Cast(src, to), cfg), so that the
+// weight's own bytes. A weight in host memory (Data or Reader) is
+// quantized on the CPU (package quant, by the goroutines that read the
+// tensor), whether the buckets are host or device memory: through
+// Tensor.ReadAt, a range of codes reads the weight's rows it needs once,
+// after the scales of their block rows, which each reading computes once
+// and the scale tensor reuses. A weight in device memory (Tensor.Device)
+// is quantized on the GPU as Pack fills device buckets (gpu.Quantizer, on
+// Pack's copy stream): each chunk of codes straight into its bucket,
+// the scales into scratch memory, from which the scale tensor is copied.
+// Both give the same bytes. A device weight needs device buckets on its
+// own GPU; elsewhere, or where the kernel is unavailable, the round fails
+// with an error naming it. Tensors are quantized from the values they
+// hold: compose with Cast as Quantize(Cast(src, to), cfg), so that the
 // tensors left as they are are cast to the rollout dtype and the picked
-// weights are quantized from their source dtype. Through Tensor.ReadAt, a range of codes
-// reads the weight's rows it needs once, after the scales of their block
-// rows, which each reading computes once and the scale tensor reuses.
+// weights are quantized from their source dtype.
 //
 // The result describes itself as src does (Describer), with each picked
 // weight's dtype rewritten and its scale tensor listed after it, and
@@ -333,9 +339,9 @@ func (t *Tensor) validateQuant() error {
 	return err
 }
 
-// onDevice is the error for a weight in device memory, which only the
-// host implementation could quantize so far.
+// onDevice is the error for a weight in device memory read on the host:
+// the GPU quantizes it, as Pack fills device buckets.
 func (q *quantized) onDevice() error {
-	return fmt.Errorf("quantize: tensor %q is in device memory on %s, and weightcast quantizes on the CPU only so far (no GPU quantize kernel yet): hand the weight in host memory, or leave it out with an exclude pattern",
+	return fmt.Errorf("quantize: tensor %q is in device memory on %s, which is quantized on the GPU as it is packed into device buckets (a Pool allocated on a CUDA device), not read on the host",
 		q.w.Name, q.w.Device.Device().Name())
 }

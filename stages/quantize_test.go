@@ -255,4 +255,16 @@ func TestQuantizeErrors(t *testing.T) {
 	if s, _ := Quantize(src, QuantizeConfig{}); s == nil {
 		t.Fatal("no scheme: nil source")
 	}
+	// A device weight read for host buckets: the GPU quantizes it, into
+	// device buckets only.
+	dev := Tensors{{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{4, 8}, Device: fakeDevice{n: 64}}}
+	qs, err = Quantize(dev, QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = newGroup(t, groupOpts{world: 2, bucket: 1 << 10}) // the first is broken
+	err = g.round(context.Background(), qs, 1, []Sink{NewHostModel()})
+	if err == nil || !strings.Contains(err.Error(), "up_proj") || !strings.Contains(err.Error(), "device buckets") {
+		t.Fatalf("a device weight into host buckets: %v", err)
+	}
 }
