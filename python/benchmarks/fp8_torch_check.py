@@ -15,7 +15,11 @@ perturbed so that some blocks are all zeros, some hold one huge value and
 some lie in the subnormal code range. Prints one JSON line; exits 1 on a
 mismatch, 0 with "skipped" where torch lacks float8_e4m3fn (torch < 2.1).
 
-    python3 benchmarks/fp8_torch_check.py
+With --gpu the trainer's model lives on cuda:0 and both ranks use device
+buckets there (transport ipc), so weightcast quantizes the weights with its
+GPU kernel; without it, host memory over tcp and the CPU path.
+
+    python3 benchmarks/fp8_torch_check.py [--gpu]
 """
 
 import json
@@ -71,17 +75,20 @@ def worker():
         print(json.dumps({"skipped": f"torch {torch.__version__} has no float8_e4m3fn"}), flush=True)
         return
     rank = int(os.environ["RANK"])
+    gpu = "--gpu" in sys.argv
+    where = dict(device="cuda:0", transport="ipc") if gpu else dict(device="cpu", transport="tcp")
     m = model()
     params = {n: p.detach() for n, p in m.named_parameters()}
     if rank == 0:
-        with weightcast.Sender(device="cpu", transport="tcp", bucket="8MiB", quantize="fp8-block") as s:
-            s.send(params.items(), 1)
+        sent = {n: p.to("cuda:0") for n, p in params.items()} if gpu else params
+        with weightcast.Sender(bucket="8MiB", quantize="fp8-block", **where) as s:
+            s.send(sent.items(), 1)
         print(json.dumps({"sent": len(params)}), flush=True)
         return
     got = {}
-    with weightcast.Receiver(device="cpu", transport="tcp", bucket="8MiB") as r:
+    with weightcast.Receiver(bucket="8MiB", **where) as r:
         for name, t in r.receive():
-            got[name] = torch.as_tensor(t).clone()
+            got[name] = torch.as_tensor(t).clone().cpu()
     bad, quantized = [], 0
     for name, w in params.items():
         linear = w.dim() == 2 and name.endswith("_proj.weight")
@@ -100,12 +107,12 @@ def worker():
             bad.append(f"{name}: {n} codes differ from torch's")
         if not torch.equal(sc.view(torch.int32), scales):
             bad.append(f"{name}: scales differ from torch's")
-    print(json.dumps({"quantized": quantized, "bad": bad[:20], "torch": torch.__version__,
+    print(json.dumps({"quantized": quantized, "bad": bad[:20], "torch": torch.__version__, "quantized_on": "gpu" if gpu else "cpu",
                       "reference_on": "cuda" if torch.cuda.is_available() else "cpu"}), flush=True)
 
 
 def main():
-    out = launch(os.path.abspath(__file__), 2)
+    out = launch(os.path.abspath(__file__), 2, args=[a for a in sys.argv[1:] if a == "--gpu"])
     recv = out[1][-1] if out[1] else {}
     if "skipped" in recv:
         emit(test="fp8_torch_check", ok=True, skipped=recv["skipped"])
