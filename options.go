@@ -71,6 +71,15 @@ type Options struct {
 	// of an f32 trainer, as verl's rollout_dtype. dtype.Invalid (the zero
 	// value) sends every tensor as it is.
 	RolloutDType dtype.DType
+	// Quantize is the sender's rollout quantization (stages.Quantize):
+	// with Scheme quant.FP8Block, the 2-D linear weights of every round
+	// (or those its patterns pick) travel as F8_E4M3 codes and F32
+	// _scale_inv tensors, quantized as they are packed: host weights on
+	// the sender's CPU, device weights (SendRefs of CUDA tensors into
+	// device buckets) on their GPU, with the same bytes. The zero value
+	// sends tensors as they are.
+	// Receivers need nothing: they get ordinary tensors.
+	Quantize stages.QuantizeConfig
 	// NoDirect has the sender pack every bucket even where every receiver
 	// shares its GPU and could read its device tensors in place
 	// (stages.SenderConfig.NoDirect), to compare.

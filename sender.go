@@ -23,6 +23,9 @@ type Sender struct {
 // returns once every rank has joined and the bus and transport are open.
 // o.Rank must be 0.
 func OpenSender(ctx context.Context, o Options) (*Sender, error) {
+	if _, err := stages.Quantize(stages.Tensors{}, o.Quantize); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	m, err := open(ctx, o, "sender")
 	if err != nil {
 		return nil, err
@@ -40,15 +43,18 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 
 // Send sends one round: every tensor of src as model version, which must
 // be above the last committed one (Options.RolloutDType casts its floating
-// tensors first). It returns once every receiver has
-// committed it. A failed round fails on every rank and leaves the Sender
+// tensors first, then Options.Quantize quantizes the weights it picks). It
+// returns once every receiver has committed it. A failed round fails on every rank and leaves the Sender
 // broken (stages.ErrBroken): open a new group.
 func (s *Sender) Send(ctx context.Context, src stages.Source, version uint64) (stages.RoundStats, error) {
 	var st stages.RoundStats
 	src = stages.Cast(src, s.opts.RolloutDType)
 	err := s.round(ctx, func(ctx context.Context) error {
-		var err error
-		st, err = s.s.Sync(ctx, src, version)
+		q, err := stages.Quantize(src, s.opts.Quantize)
+		if err != nil {
+			return err
+		}
+		st, err = s.s.Sync(ctx, q, version)
 		return err
 	})
 	if err != nil {

@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -208,3 +210,89 @@ func TestGPUReceiveInto(t *testing.T) {
 // TestReceiveIntoOnFakes runs TestGPUReceiveInto against gputest's
 // stand-in CUDA driver.
 func TestReceiveIntoOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestGPUReceiveInto") }
+
+// TestGPURefsQuantize sends weights handed in by address as device
+// tensors (as PyTorch CUDA tensors are) with Quantize over ipc, so that
+// the GPU quantizes them into the sender's device buckets, then the same
+// weights from host memory, which the CPU quantizes: both rounds give the
+// receivers the same bytes, tensor for tensor, and those are package
+// quant's codes and scales.
+func TestGPURefsQuantize(t *testing.T) {
+	d := gputest.Device(t)
+	st := gputest.Stream(t, d)
+	addr := freeAddr(t)
+	o := Options{Group: "gpu-quant", RunID: "g1", Rendezvous: "etcd://" + addr, ServeRendezvous: true, BucketSize: 1 << 20,
+		Device: fmt.Sprintf("cuda:%d", d.Ordinal()), Transport: "ipc", Timeout: 30 * time.Second,
+		Quantize: stages.QuantizeConfig{Scheme: quant.FP8Block}}
+	sender, rs := ranks(t, 3, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(23, 3))
+	var devRefs, hostRefs []Ref
+	for i, c := range []struct {
+		dt         dtype.DType
+		rows, cols int
+	}{{dtype.BF16, 1000, 1100}, {dtype.F16, 300, 260}, {dtype.F32, 129, 700}, {dtype.BF16, 7, 3}} {
+		data := gpu.QuantTestWeight(rng, c.dt, c.rows, c.cols)
+		buf := gputest.Alloc(t, d, len(data))
+		gputest.Upload(t, st, buf, 0, data)
+		r := Ref{Name: fmt.Sprintf("model.layers.%d.self_attn.o_proj.weight", i), DType: c.dt.String(), Shape: []int64{int64(c.rows), int64(c.cols)}}
+		h := r
+		h.Data = data
+		r.Addr, r.Device, r.Stream, r.Bytes = buf.DevicePtr(), d.Ordinal(), st.Handle(), int64(len(data))
+		devRefs, hostRefs = append(devRefs, r), append(hostRefs, h)
+		norm := gputest.RandomBytes(rng, 2*333)
+		nbuf := gputest.Alloc(t, d, len(norm))
+		gputest.Upload(t, st, nbuf, 0, norm)
+		n := Ref{Name: fmt.Sprintf("model.layers.%d.post_attention_layernorm.weight", i), DType: "BF16", Shape: []int64{333}}
+		hn := n
+		hn.Data = norm
+		n.Addr, n.Device, n.Stream = nbuf.DevicePtr(), d.Ordinal(), st.Handle()
+		devRefs, hostRefs = append(devRefs, n), append(hostRefs, hn)
+	}
+	var models [2][]*stages.HostModel
+	for v, refs := range [][]Ref{devRefs, hostRefs} {
+		var sinks []stages.Sink
+		for range rs {
+			m := stages.NewHostModel()
+			models[v] = append(models[v], m)
+			sinks = append(sinks, m)
+		}
+		err := syncRound(ctx, sender, rs, func(ctx context.Context) error { _, err := sender.SendRefs(ctx, refs, uint64(v+1)); return err }, sinks)
+		if err != nil {
+			t.Fatalf("round %d (%s tensors): %v", v+1, []string{"device", "host"}[v], err)
+		}
+	}
+	for i := range rs {
+		for _, r := range hostRefs {
+			names := []string{r.Name}
+			if len(r.Shape) == 2 {
+				names = append(names, r.Name+quant.ScaleSuffix)
+			}
+			for _, name := range names {
+				g, ok1 := models[0][i].Get(name)
+				h, ok2 := models[1][i].Get(name)
+				if !ok1 || !ok2 || g.DType != h.DType || !bytes.Equal(g.Data, h.Data) {
+					t.Fatalf("receiver %d: %s differs between the GPU-quantized and the host-quantized round", i+1, name)
+				}
+			}
+			if len(r.Shape) != 2 {
+				continue
+			}
+			dt, _ := dtype.Parse(r.DType)
+			rows, cols := r.Shape[0], r.Shape[1]
+			br, bc := quant.ScaleShape(rows, cols)
+			scales, codes := make([]uint32, br*bc), make([]byte, rows*cols)
+			if err := quant.Scales(scales, r.Data, dt, int(cols)); err != nil {
+				t.Fatal(err)
+			}
+			if err := quant.Encode(codes, r.Data, dt, int(cols), 0, scales); err != nil {
+				t.Fatal(err)
+			}
+			g, _ := models[0][i].Get(r.Name)
+			if g.DType != dtype.F8E4M3 || !bytes.Equal(g.Data, codes) {
+				t.Fatalf("receiver %d: %s (%s) is not package quant's codes", i+1, r.Name, g.DType)
+			}
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -50,7 +51,14 @@ func TestParseConfig(t *testing.T) {
 	if o, err = parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "run_id": "r", "dtype": "keep"}`, func(string) string { return "" }); err != nil || o.RolloutDType != dtype.Invalid {
 		t.Fatalf("dtype keep: %+v, %v", o, err)
 	}
+	o, err = parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "quantize": "fp8-block", "quantize_exclude": ["layers\\.0\\."]}`, func(string) string { return "" })
+	if err != nil || o.Quantize.Scheme != quant.FP8Block || len(o.Quantize.Exclude) != 1 || o.Quantize.Exclude[0] != `layers\.0\.` {
+		t.Fatalf("quantize: %+v, %v", o.Quantize, err)
+	}
 	for _, c := range []struct{ json, want string }{
+		{`{"rank": 0, "world_size": 2, "quantize": "fp4"}`, `unknown quantization scheme "fp4"`},
+		{`{"rank": 0, "world_size": 2, "quantize": "fp8-block", "quantize_include": ["("]}`, `include pattern "("`},
+		{`{"rank": 0, "world_size": 2, "quantize_include": ["x"]}`, "without a scheme"},
 		{`{"rnk": 1}`, `unknown field "rnk"`},
 		{`{"serve_rendezvous": true}`, "serve_rendezvous needs rendezvous"},
 		{`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "dtype": "i32"}`, `dtype "i32": choose`},

@@ -15,6 +15,8 @@ import (
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/stages"
 )
 
 // config is the JSON object wc_open_sender and wc_open_receiver take; a
@@ -40,6 +42,12 @@ type config struct {
 	// DType is the rollout dtype the sender casts floating tensors to:
 	// "bf16", "f16", "f32", or "" / "keep" to send them as they are.
 	DType string `json:"dtype"`
+	// Quantize is the sender's rollout quantization ("fp8-block", or
+	// "none"), QuantizeInclude and QuantizeExclude the name patterns of
+	// stages.QuantizeConfig.
+	Quantize        string   `json:"quantize"`
+	QuantizeInclude []string `json:"quantize_include"`
+	QuantizeExclude []string `json:"quantize_exclude"`
 	// SecretFile names the group secret's file (mode 0600); empty means
 	// WEIGHTCAST_SECRET_FILE, or no secret. TLSCA, TLSCert and TLSKey are
 	// the PEM files of mutual TLS.
@@ -101,6 +109,16 @@ func parseConfig(text string, getenv func(string) string) (weightcast.Options, e
 	}
 	if c.Checksum != nil {
 		o.NoChecksum = !*c.Checksum
+	}
+	if c.Quantize != "" || len(c.QuantizeInclude) > 0 || len(c.QuantizeExclude) > 0 {
+		sc, err := quant.ParseScheme(c.Quantize)
+		if err != nil {
+			return o, fmt.Errorf("%w: quantize: %v", weightcast.ErrConfig, err)
+		}
+		o.Quantize = stages.QuantizeConfig{Scheme: sc, Include: c.QuantizeInclude, Exclude: c.QuantizeExclude}
+		if _, err := stages.Quantize(stages.Tensors{}, o.Quantize); err != nil {
+			return o, fmt.Errorf("%w: %v", weightcast.ErrConfig, err)
+		}
 	}
 	if c.Timeout != nil {
 		if *c.Timeout <= 0 {

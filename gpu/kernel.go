@@ -15,9 +15,9 @@ import (
 // and self-tested once, at first use), the spare descriptor memory of
 // closed Gathers and Casters, and the multiprocessor count.
 type deviceKernels struct {
-	gather, checksum, cast, gatherSum, gatherLayout onceKernel
-	mac                                             onceMAC
-	gatherSpare, castSpare, sumSpare, layoutSpare   descSpares
+	gather, checksum, cast, gatherSum, gatherLayout, quant onceKernel
+	mac                                                    onceMAC
+	gatherSpare, castSpare, sumSpare, layoutSpare          descSpares
 
 	smOnce sync.Once
 	sms    int
@@ -186,14 +186,15 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 }
 
 // unloadKernels frees the spare descriptor memory and unloads the gather,
-// checksum, cast, fused gather and checksum, layout, and MAC modules, if loaded,
+// checksum, cast, fused gather and checksum, layout, quantize and MAC modules, if loaded,
 // before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
 	return errors.Join(k.gatherSpare.free(), k.gather.unload(d, "gather"),
 		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"),
 		k.sumSpare.free(), k.gatherSum.unload(d, "fused gather and checksum"),
-		k.layoutSpare.free(), k.gatherLayout.unload(d, "gather and layout checksum"), k.mac.unload(d))
+		k.layoutSpare.free(), k.gatherLayout.unload(d, "gather and layout checksum"),
+		k.quant.unload(d, "quantize"), k.mac.unload(d))
 }
 
 // launch queues kernel k on s over a grid of blocks×threads with the

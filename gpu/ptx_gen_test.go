@@ -10,8 +10,9 @@ import (
 
 // This file holds the generator of the kernels whose PTX is generated
 // rather than written by hand (mac_chunks.ptx, mac_parents.ptx,
-// gather.ptx and gather_sum.ptx: unrolled code reads better as the Go that
-// writes it, and the two gather kernels share their copy loops).
+// gather.ptx, gather_sum.ptx and quant.ptx: unrolled code reads better as
+// the Go that writes it, the two gather kernels share their copy loops,
+// and the quantize kernel's two passes share their element loads).
 // TestPTXGenerated fails when a committed file differs from what its
 // generator writes; `go generate ./gpu` rewrites them (it runs that test
 // with -write-ptx).
@@ -24,6 +25,7 @@ func TestPTXGenerated(t *testing.T) {
 		{"mac_parents.ptx", macParentsPTX, genMACParents()},
 		{"gather.ptx", gatherPTX, gatherDefault.ptx()},
 		{"gather_sum.ptx", gatherSumPTX, gatherSumDefault.ptx()},
+		{"quant.ptx", quantPTX, genQuant()},
 	} {
 		if *writePTX {
 			if err := os.WriteFile(f.name, []byte(f.generated), 0o644); err != nil {

@@ -3,6 +3,7 @@ package gpu
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -101,6 +102,8 @@ const (
 	cBar    // bar.sync 0, executed by the block for all its threads
 	cPack   // mov.b64 d, {lo, hi}
 	cUnpack // mov.b64 {lo, hi}, a
+	cDiv    // div.u32, rem.u32 (sub "div" or "rem")
+	cDivF32 // div.rn.f32: IEEE 754 division, rounded to nearest even
 )
 
 type ptxInst struct {
@@ -126,6 +129,7 @@ type ptxKernel struct {
 	paramSize []int
 	regName   []string
 	regWidth  []uint // 1 for predicates
+	regKind   []byte // the declared type's letter: 'b', 'u', 's', 'f', or 'p' for predicates
 	regIdx    map[string]int
 	insts     []ptxInst
 	labels    map[string]int
@@ -154,6 +158,7 @@ func compilePTX(file, src string) (*ptxKernel, error) {
 		k.regIdx[n] = i
 		k.regName = append(k.regName, n)
 		k.regWidth = append(k.regWidth, 32)
+		k.regKind = append(k.regKind, 'u')
 	}
 	type pending struct {
 		line   int
@@ -262,7 +267,7 @@ func compilePTX(file, src string) (*ptxKernel, error) {
 			continue
 		case strings.HasPrefix(line, ".reg "):
 			f := strings.Fields(strings.TrimSuffix(line, ";"))
-			widths := map[string]uint{".pred": 1, ".b16": 16, ".u16": 16, ".b32": 32, ".u32": 32, ".s32": 32, ".b64": 64, ".u64": 64, ".s64": 64}
+			widths := map[string]uint{".pred": 1, ".b16": 16, ".u16": 16, ".b32": 32, ".u32": 32, ".s32": 32, ".f32": 32, ".b64": 64, ".u64": 64, ".s64": 64}
 			if len(f) != 3 || !strings.HasSuffix(line, ";") || !strings.HasPrefix(f[2], "%") || widths[f[1]] == 0 {
 				return fail("bad register declaration")
 			}
@@ -285,6 +290,7 @@ func compilePTX(file, src string) (*ptxKernel, error) {
 				k.regIdx[r] = len(k.regName)
 				k.regName = append(k.regName, r)
 				k.regWidth = append(k.regWidth, widths[f[1]])
+				k.regKind = append(k.regKind, f[1][1])
 			}
 			continue
 		}
@@ -618,6 +624,30 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 			third = 32 // the shift amount is .u32
 		}
 		return operands([]int{roleDst, roleReg, roleSrc}, []uint{0, 0, third})
+	case "div", "rem":
+		if in.op == "div.rn.f32" {
+			// IEEE division. Its operands are registers of a type that
+			// ptxas takes for .f32: declared .f32 or .b32 (an integer
+			// register is a type mismatch), and no immediates (PTX
+			// writes float constants as 0fXXXXXXXX, which the
+			// interpreter does not parse: move the bits into a .b32
+			// register first).
+			in.code, in.width = cDivF32, 32
+			if err := operands([]int{roleDst, roleReg, roleReg}, []uint{32, 32, 32}); err != nil {
+				return err
+			}
+			for i, a := range in.args {
+				if kind := k.regKind[a.reg]; kind != 'f' && kind != 'b' {
+					return fmt.Errorf("operand %d (%s) of %s: a .%c32 register; .f32 operands need .f32 or .b32 registers", i+1, a.text, in.op, kind)
+				}
+			}
+			return nil
+		}
+		if in.op != "div.u32" && in.op != "rem.u32" {
+			return fmt.Errorf("%s: the interpreter knows div.u32, rem.u32 and div.rn.f32 only", in.op)
+		}
+		in.code, in.sub, in.width = cDiv, parts[0], 32
+		return operands([]int{roleDst, roleReg, roleSrc}, []uint{32, 32, 32})
 	case "shf":
 		// shf.r.wrap.b32 d, a, b, c: the 64 bits b:a shifted by c.
 		in.code, in.width = cShf, 32
@@ -1403,6 +1433,31 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 				for i, r := range in.args[0].vec {
 					regs[r], set[r] = v>>(32*i)&0xffffffff, true
 				}
+			case cDiv:
+				a, b, err := get2()
+				if err != nil {
+					return err
+				}
+				a, b = mask(a, 32), mask(b, 32)
+				if b == 0 {
+					return fmt.Errorf("%s by zero (undefined in PTX)", in.sub)
+				}
+				if in.sub == "div" {
+					put(&in.args[0], a/b)
+				} else {
+					put(&in.args[0], a%b)
+				}
+			case cDivF32:
+				a, b, err := get2()
+				if err != nil {
+					return err
+				}
+				// Go rounds float32 arithmetic to float32, to nearest
+				// even, subnormals kept: div.rn.f32 without .ftz. (A
+				// NaN result has the host's bits, not the GPU's
+				// canonical 0x7FFFFFFF: kernels must not store one.)
+				q := math.Float32frombits(uint32(a)) / math.Float32frombits(uint32(b))
+				put(&in.args[0], uint64(math.Float32bits(q)))
 			case cClz:
 				a, err := get(&in.args[1])
 				if err != nil {
@@ -1571,6 +1626,11 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 		"shf.r.wrap.b32 %r1, %r1, 5, %r2;":                   "want a register",
 		"prmt.b32.f4e %r1, %r1, %r1, 0;":                     "generic form",
 		"cvt.u64.b32 %rd1, %r1;":                             "not one of .u/.s types",
+		"div.rn.f32 %r1, %r2, 2;":                            "want a register",
+		".reg .u32 %u;\ndiv.rn.f32 %r1, %u, %r2;":            "need .f32 or .b32 registers",
+		"div.rn.f32 %rd1, %r1, %r2;":                         "64-bit register",
+		"div.full.f32 %r1, %r1, %r2;":                        "div.u32, rem.u32 and div.rn.f32 only",
+		"div.s32 %r1, %r1, %r2;":                             "div.u32, rem.u32 and div.rn.f32 only",
 	}
 	for body, want := range static {
 		_, err := compilePTX("snippet.ptx", ptxSnippet(body))
@@ -1584,6 +1644,7 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 		"ld.param.u64 %rd1, [p];\nld.global.v2.u64 {%rd2, %rd3}, [%rd1+8];":      "misaligned 16-byte access",
 		"ld.param.u64 %rd1, [p];\nld.global.u64 %rd2, [%rd1+16];":                "outside every region",
 		"ld.param.u64 %rd1, [p];\nmov.u16 %h1, 7;\nst.global.u8 [%rd1+32], %h1;": "read-only",
+		"mov.u32 %r1, 7;\nmov.u32 %r2, 0;\nrem.u32 %r1, %r1, %r2;":               "rem by zero",
 	}
 	for body, want := range running {
 		if _, err := runSnippet(t, body); err == nil || !strings.Contains(err.Error(), want) {
@@ -1622,6 +1683,13 @@ func TestPTXInterpreterSemantics(t *testing.T) {
 		{"mov.u64 %rd1, 0xffffffffffffffff;\nmul.lo.u64 %rd1, %rd1, %rd1;", 1},
 		{"mov.u32 %r1, 0xffffffff;\nmul.wide.u32 %rd1, %r1, %r1;", 0xfffffffe00000001},
 		{"mov.u32 %r1, 0x12345;\ncvt.u16.u32 %h1, %r1;\ncvt.u64.u16 %rd1, %h1;", 0x2345},
+		{"mov.u32 %r1, 100;\ndiv.u32 %r1, %r1, 7;\ncvt.u64.u32 %rd1, %r1;", 14},
+		{"mov.u32 %r1, 100;\nmov.u32 %r2, 7;\nrem.u32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 2},
+		// 1/3 rounds up; 3·2^-149 / 2 = 1.5·2^-149 is a tie, to even 2·2^-149;
+		// 2^-126 / 448 is subnormal, kept (no flush to zero).
+		{"mov.b32 %r1, 0x3F800000;\nmov.b32 %r2, 0x40400000;\ndiv.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x3EAAAAAB},
+		{"mov.b32 %r1, 3;\nmov.b32 %r2, 0x40000000;\ndiv.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 2},
+		{"mov.b32 %r1, 0x00800000;\nmov.b32 %r2, 0x43E00000;\ndiv.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x00004925},
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, -1;\nst.global.u64 [%rd2+8], %rd1;\nmov.u32 %r1, 0x1234;\nst.global.u8 [%rd2+8], %r1;\nld.global.u64 %rd1, [%rd2+8];", 0xFFFFFFFFFFFFFF34},
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, -1;\nst.global.u64 [%rd2+8], %rd1;\nld.global.u16 %r1, [%rd2+8];\ncvt.u64.u32 %rd1, %r1;", 0xFFFF},
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, 40;\nst.global.u64 [%rd2], %rd1;\nmov.u64 %rd1, 2;\nred.global.add.u64 [%rd2], %rd1;\nld.global.u64 %rd1, [%rd2];", 42},

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
 )
 
 // castScratch is the most source bytes a cast reader converts at once.
@@ -20,7 +22,9 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, castScratch); re
 // (verl's rollout_dtype). With to = BF16 or F16, F32 tensors become to and
 // tensors of the other 16-bit type become to; with to = F32, BF16 and F16
 // tensors are widened (exactly). Tensors of other dtypes (integers, F64,
-// FP8) and tensors already of dtype to pass through unchanged; so does
+// FP8), the scales of FP8 weights (names ending in quant.ScaleSuffix,
+// "_scale_inv", which stay F32 as FP8 checkpoints keep them) and tensors
+// already of dtype to pass through unchanged; so does
 // every tensor when to is dtype.Invalid (Cast then returns src itself).
 // Any other to makes Tensors fail.
 //
@@ -54,6 +58,10 @@ type castSource struct {
 	info    *SourceInfo
 }
 
+// isScales reports whether name is that of an FP8 weight's scales, which
+// Cast leaves as they are.
+func isScales(name string) bool { return strings.HasSuffix(name, quant.ScaleSuffix) }
+
 // castable reports whether Cast converts tensors of from to to.
 func castable(from, to dtype.DType) bool {
 	return from != to && from.IsFloat() && cast.Supported(from, to)
@@ -76,6 +84,9 @@ func (c *castSource) Tensors(ctx context.Context, emit func(*Tensor) error) erro
 }
 
 func (c *castSource) wrap(t *Tensor) (*Tensor, error) {
+	if t.quant != nil || isScales(t.Name) {
+		return t, nil // FP8 codes and their scales keep their dtypes
+	}
 	from := t.held()
 	if !castable(from, c.to) {
 		if from == c.to && t.Casts() {
@@ -119,7 +130,7 @@ func castInfo(info *SourceInfo, to dtype.DType) *SourceInfo {
 	var out *SourceInfo
 	for i, sh := range info.Shards {
 		for j, dt := range sh.DTypes {
-			if !castable(dt, to) {
+			if !castable(dt, to) || (j < len(sh.Tensors) && isScales(sh.Tensors[j])) {
 				continue
 			}
 			if out == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/quant"
 )
 
 // packRound runs iterate → pack over src with cfg (with pk's state, or the
@@ -389,4 +391,44 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/ring")
 	})
+}
+
+// BenchmarkGPUQuantizePack16GiB quantizes 16 GiB of BF16 device weights
+// (64 of [8192, 16384], 256 MiB each, normal values) to block-scaled FP8
+// while packing them into 1 GiB device buckets (Quantize: the GPU
+// quantize kernel writes each chunk's codes into its bucket, the scale
+// tensors are copied from scratch), with and without the bucket
+// checksum, against plainD2D, one plain device-to-device copy of the
+// same 16 GiB, and pack, the weights packed as they are. Every case
+// reports GB/s of BF16 bytes read (the quantized buckets hold half as
+// many bytes).
+//
+//	stages.test -test.run '^$' -test.bench 'GPUQuantizePack16GiB' -test.benchtime 5x
+func BenchmarkGPUQuantizePack16GiB(b *testing.B) {
+	d := gputest.Device(b)
+	const total, rows, cols = 16 << 30, 8192, 16384
+	each := rows * cols * 2
+	s := gputest.Stream(b, d)
+	rng := rand.New(rand.NewPCG(16, 16))
+	piece := bf16Weights(rng, 8<<20, 0.02) // 16 MiB, repeated through each weight
+	var src Tensors
+	for i := range total / each {
+		buf := gputest.Alloc(b, d, each)
+		gputest.Upload(b, s, buf, 0, piece)
+		for off := len(piece); off < each; off += len(piece) {
+			if err := s.CopyDtoD(buf, off, buf, 0, len(piece)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		src = append(src, &Tensor{Name: fmt.Sprintf("model.layers.%d.mlp.up_proj.weight", i), DType: dtype.BF16, Shape: []int64{rows, cols}, Device: buf})
+	}
+	gputest.Sync(b, s)
+	qs, err := Quantize(src, QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("plainD2D", func(b *testing.B) { benchPlainD2D(b, d, total) })
+	b.Run("pack", func(b *testing.B) { benchPack(b, d, src, total, defaultPlan, 1<<30) })
+	b.Run("quantize-pack", func(b *testing.B) { benchPack(b, d, qs, total, defaultPlan, 1<<30) })
+	b.Run("quantize-pack-checksum", func(b *testing.B) { benchPackSum(b, d, qs, total, defaultPlan, 1<<30, true) })
 }

@@ -36,6 +36,12 @@ import (
 //     kernel (gpu.Caster), on the copy stream: device tensors straight
 //     from their memory, host tensors from their source bytes, staged as
 //     below and copied to device scratch memory first;
+//   - device weights that Quantize picked are quantized by the GPU
+//     quantize kernel (gpu.Quantizer), on the copy stream: each chunk of
+//     codes straight into its bucket, the scales of the blocks it touches
+//     into device scratch memory, copied into the bucket as the scale
+//     tensor (quantIn); host weights are quantized on the CPU as they are
+//     read (Tensor.ReadAt), and staged as below;
 //   - host tensors (Data or Reader) are read, by several goroutines in
 //     parallel, into a ring of pinned staging slots (gpu.StagingRing) and
 //     copied host to device from there, so that the copy runs at pinned
@@ -612,6 +618,18 @@ type deviceFill struct {
 	// cast kernel), made at the first such tensor.
 	caster *gpu.Caster
 
+	// quantizer quantizes device weights into the buckets (the GPU
+	// quantize kernel, see quantIn), made at the first. qscales is device
+	// memory that holds the scales of qw, the weight being quantized,
+	// which its scale tensor is copied from; qcoded counts the elements of
+	// qw whose codes were queued; qspent holds scratch memory outgrown,
+	// freed once the copies have settled.
+	quantizer *gpu.Quantizer
+	qscales   mem.Buffer
+	qspent    []mem.Buffer
+	qw        *quantized
+	qcoded    int64
+
 	// sums computes bucket checksums on the copy stream, made at the
 	// first; sumsWhy says why the kernel is unavailable, and readback
 	// then copies buckets to the host to sum them there.
@@ -795,6 +813,9 @@ func (f *deviceFill) flushKernel(ctx context.Context) error {
 // bucket[off:].
 func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, off, n, chunk int64) error {
 	dst := bucket.DevicePtr() + uint64(off)
+	if t.quant != nil && t.quant.w.Device != nil {
+		return f.quantIn(t, bucket, dst, n, chunk)
+	}
 	if t.Device != nil {
 		if t.Casts() {
 			return f.castIn(t, dst, n, chunk)
@@ -879,6 +900,87 @@ func (f *deviceFill) sumDirect(ctx context.Context, b *Bucket, pieces []directPi
 	return nil
 }
 
+// quantIn queues bytes [chunk, chunk+n) of t, one of the two tensors of a
+// device weight that Quantize picked, into the bucket at dst, on the copy
+// stream, so that the bucket's ready event, checksum and MAC come after:
+// the codes straight from the weight by the quantize kernel, which also
+// writes the scales of the blocks the chunk touches into f.qscales; the
+// scales copied from there (after a launch that computes them all, in
+// case the codes did not go through f). Both are queued at once, not
+// collected: the scratch is then reused in stream order by the next
+// weight.
+func (f *deviceFill) quantIn(t *Tensor, bucket mem.Buffer, dst uint64, n, chunk int64) error {
+	q := t.quant
+	if n == 0 {
+		return nil
+	}
+	if !sameGPU(q.w.Device, bucket) {
+		return fmt.Errorf("pack: quantize %q on the GPU: the weight is memory of %s and the buckets are on %s; hand it in on the buckets' GPU, or in host memory",
+			q.w.Name, q.w.Device.Device().Name(), bucket.Device().Name())
+	}
+	if f.quantizer == nil {
+		f.quantizer = f.stream.NewQuantizer()
+	}
+	if ok, why := f.quantizer.Kernel(); !ok {
+		return fmt.Errorf("pack: quantize %q on the GPU: %w; hand the weight in host memory, or leave it out with an exclude pattern", q.w.Name, why)
+	}
+	if err := f.quantScratch(q); err != nil {
+		return err
+	}
+	base, _ := gpu.Address(q.w.Device) // checked by Validate
+	job := gpu.QuantJob{Src: base + uint64(q.w.DeviceOffset), From: q.from, Rows: q.rows, Cols: q.cols, Scales: f.qscales.DevicePtr()}
+	if t.role == quantCodes {
+		job.First, job.End, job.Dst = chunk, chunk+n, dst
+		if err := f.quantizer.Queue(job); err != nil {
+			return fmt.Errorf("pack: quantize %q: %w", q.w.Name, err)
+		}
+		f.qcoded += n
+		return nil
+	}
+	if f.qcoded != q.rows*q.cols {
+		if err := f.quantizer.Queue(job); err != nil { // the scales only
+			return fmt.Errorf("pack: scales of %q: %w", q.w.Name, err)
+		}
+		f.qcoded = q.rows * q.cols
+	}
+	if err := f.stream.CopyDtoDPtr(dst, f.qscales.DevicePtr()+uint64(chunk), int(n)); err != nil {
+		return fmt.Errorf("pack: copying the scales of %q into a device bucket: %w", q.w.Name, err)
+	}
+	return nil
+}
+
+// quantScratch makes f.qscales hold the scales of q: from q's first
+// tensor on, and large enough (at least 1 MiB, so that it rarely grows).
+func (f *deviceFill) quantScratch(q *quantized) error {
+	if f.qw == q {
+		return nil
+	}
+	need := int(4 * q.nbr * q.nbc)
+	if f.qscales == nil || f.qscales.Len() < need {
+		b, err := f.stream.Device().Alloc(max(need, 1<<20))
+		if err != nil {
+			return fmt.Errorf("pack: scratch memory for the scales of %q: %w", q.w.Name, err)
+		}
+		if f.qscales != nil {
+			f.qspent = append(f.qspent, f.qscales) // launches queued may still write it
+		}
+		f.qscales = b
+	}
+	f.qw, f.qcoded = q, 0
+	return nil
+}
+
+// freeSpent frees the scratch memory outgrown; the copies must have
+// settled.
+func (f *deviceFill) freeSpent() error {
+	var errs []error
+	for _, b := range f.qspent {
+		errs = append(errs, b.Free())
+	}
+	f.qspent = nil
+	return errors.Join(errs...)
+}
+
 // castKernel reports whether the GPU cast kernel is usable.
 func (f *deviceFill) castKernel() bool {
 	if f.caster == nil {
@@ -949,7 +1051,8 @@ func (f *deviceFill) checksummer() (*gpu.Checksummer, error) {
 
 // finishFused ends a bucket filled with the fused kernel: it queues the
 // copies that are not the kernel's (staged host tensors, casts, copies
-// from another GPU, each into its own part of the bucket), then the
+// from another GPU, each into its own part of the bucket; quantized
+// weights were queued already, by quantIn), then the
 // kernel's copies with the checksum of the whole filled length
 // (Gather.CopySum: the bytes the others wrote are read where they lie),
 // and fences the buffer with an event recorded after them. b then
@@ -1093,6 +1196,10 @@ func (f *deviceFill) endRound(ctx context.Context, failed bool) ([]gpuSpan, erro
 	if err := f.settle(ctx); err != nil {
 		return nil, errors.Join(err, f.close(ctx))
 	}
+	f.qw = nil
+	if err := f.freeSpent(); err != nil {
+		return nil, errors.Join(fmt.Errorf("pack: %w", err), f.close(ctx))
+	}
 	// The GPU's times only inform the trace: where they cannot be
 	// read, the trace goes without them rather than fail the round.
 	spans, _ := f.timeMarks(ctx)
@@ -1123,6 +1230,14 @@ func (f *deviceFill) close(ctx context.Context) error {
 	errs = append(errs, f.macs.close(wctx))
 	if f.caster != nil {
 		errs = append(errs, f.caster.Close(wctx))
+	}
+	if f.quantizer != nil {
+		errs = append(errs, f.quantizer.Close(wctx))
+	}
+	errs = append(errs, f.freeSpent())
+	if f.qscales != nil {
+		errs = append(errs, f.qscales.Free())
+		f.qscales = nil
 	}
 	if f.readback != nil {
 		errs = append(errs, f.readback.Close(wctx))

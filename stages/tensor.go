@@ -41,6 +41,12 @@ type Tensor struct {
 	// memory allocated elsewhere with (*gpu.CUDADevice).View.
 	Device       mem.Buffer
 	DeviceOffset int64
+
+	// quant, set by Quantize, makes the tensor one of the two a quantized
+	// weight becomes (role: its codes or its scales); Data, Reader and
+	// Device are then unset, the bytes being computed from quant's weight.
+	quant *quantized
+	role  quantRole
 }
 
 // Casts reports whether Pack converts the tensor's bytes from SourceDType
@@ -79,6 +85,9 @@ func (t *Tensor) heldSize() (int64, error) {
 // p: for a tensor that casts, its source bytes converted to DType (off and
 // len(p) then count whole elements of DType).
 func (t *Tensor) ReadAt(p []byte, off int64) error {
+	if t.quant != nil {
+		return t.readQuant(p, off)
+	}
 	if t.Casts() {
 		return t.readCast(p, off)
 	}
@@ -141,6 +150,9 @@ func (t *Tensor) Validate() (size int64, err error) {
 	size, err = t.Size()
 	if err != nil {
 		return 0, err
+	}
+	if t.quant != nil {
+		return size, t.validateQuant()
 	}
 	if t.Casts() && !castable(t.SourceDType, t.DType) {
 		return 0, fmt.Errorf("tensor %q: pack cannot convert %s to %s; conversions are between F32, BF16 and F16 (see Cast)", t.Name, t.SourceDType, t.DType)

@@ -17,6 +17,7 @@ import (
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
 )
@@ -45,6 +46,7 @@ type config struct {
 	modelPath string
 	out       string
 	castTo    dtype.DType // dtype.Invalid: keep
+	quantize  stages.QuantizeConfig
 
 	// Across hosts (or a single rank started by hand).
 	rank       int // -1: launch every rank locally
@@ -129,6 +131,9 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.StringVar(&c.modelPath, "model", "", "sync a safetensors checkpoint (`PATH`: a .safetensors file or a Hugging Face directory of shards) instead of the synthetic model")
 	fs.StringVar(&c.out, "out", "", "receivers write what they received as safetensors under `DIR`/rankN, mirroring the source's files")
 	fs.StringVar(&raw.castTo, "dtype", "keep", "rollout `DTYPE` of a --model checkpoint: keep, bf16 or f16 (floating tensors are cast on the sender, at pack time)")
+	fs.StringVar(&raw.quantize, "quantize", "none", "rollout quantization `SCHEME` on the sender: none, or fp8-block (2-D linear weights as F8_E4M3 with F32 _scale_inv per 128x128 block, quantized on the sender's CPU, or on its GPU for a model held there)")
+	fs.StringVar(&raw.quantInclude, "quantize-include", "", "with --quantize, also quantize tensors whose names match this Go `REGEXP`")
+	fs.StringVar(&raw.quantExclude, "quantize-exclude", "", "with --quantize, leave tensors whose names match this Go `REGEXP` as they are (wins over --quantize-include)")
 	fs.StringVar(&raw.devices, "devices", "", "comma-separated GPU indices to use (`LIST`; default: all visible)")
 	fs.IntVar(&c.rank, "rank", -1, "run only rank `R` (with --world-size and --rendezvous, or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)")
 	fs.IntVar(&c.worldSize, "world-size", 0, "number of ranks `N` of a group spread over hosts")
@@ -153,6 +158,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 // rawFlags are the flags parsed into config after the flag set has run.
 type rawFlags struct {
 	size, bucket, dtypes, devices, castTo string
+	quantize, quantInclude, quantExclude  string
 }
 
 // writeHelp prints --help: what the demo does, every flag with its default
@@ -256,6 +262,20 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 		c.castTo = dtype.F16
 	default:
 		return nil, fmt.Errorf("--dtype %q: choose keep, bf16 or f16", raw.castTo)
+	}
+	sc, err := quant.ParseScheme(raw.quantize)
+	if err != nil {
+		return nil, fmt.Errorf("--quantize: %v", err)
+	}
+	c.quantize.Scheme = sc
+	if raw.quantInclude != "" {
+		c.quantize.Include = []string{raw.quantInclude}
+	}
+	if raw.quantExclude != "" {
+		c.quantize.Exclude = []string{raw.quantExclude}
+	}
+	if _, err := stages.Quantize(stages.Tensors{}, c.quantize); err != nil {
+		return nil, fmt.Errorf("--quantize: %v", err)
 	}
 	if c.castTo != dtype.Invalid && c.modelPath == "" {
 		return nil, fmt.Errorf("--dtype casts a checkpoint; give --model PATH (the synthetic model takes --dtypes)")
@@ -450,6 +470,15 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 	}
 	if c.castTo != dtype.Invalid {
 		args = append(args, "--dtype", strings.ToLower(c.castTo.String()))
+	}
+	if c.quantize.Scheme != quant.None {
+		args = append(args, "--quantize", string(c.quantize.Scheme))
+		if len(c.quantize.Include) > 0 {
+			args = append(args, "--quantize-include", c.quantize.Include[0])
+		}
+		if len(c.quantize.Exclude) > 0 {
+			args = append(args, "--quantize-exclude", c.quantize.Exclude[0])
+		}
 	}
 	if len(c.devices) > 0 {
 		ds := make([]string, len(c.devices))

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"sync"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -46,6 +48,30 @@ func (c *config) model(round int) (model, error) {
 		checkpoint, checkpointErr = newCastModel(ck, c.castTo)
 	})
 	return checkpoint, checkpointErr
+}
+
+// expected is what receivers get of model, and its size in bytes: model
+// itself, or, with --quantize, model seen through stages.Quantize as the
+// sender quantizes it.
+func (c *config) expected(ctx context.Context, m model) (stages.Lookuper, int64, error) {
+	if c.quantize.Scheme == quant.None {
+		return m, m.Size(), nil
+	}
+	q, err := stages.Quantize(m, c.quantize)
+	if err != nil {
+		return nil, 0, err
+	}
+	l, ok := q.(stages.Lookuper)
+	if !ok {
+		return nil, 0, fmt.Errorf("--quantize: the quantized model cannot look tensors up")
+	}
+	var size int64
+	err = q.Tensors(ctx, func(t *stages.Tensor) error {
+		n, err := t.Size()
+		size += n
+		return err
+	})
+	return l, size, err
 }
 
 // castModel is a checkpoint seen through stages.Cast.
@@ -108,6 +134,9 @@ func (c *config) modelText() string {
 	}
 	if c.castTo != dtype.Invalid {
 		text += " cast to " + c.castTo.String()
+	}
+	if c.quantize.Scheme != "" {
+		text += ", quantized " + string(c.quantize.Scheme)
 	}
 	return text
 }

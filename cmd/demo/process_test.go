@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -19,9 +21,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/timeline"
 )
 
@@ -467,4 +471,96 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	if floats == 0 {
 		t.Fatal("no BF16 tensor in the cast output")
 	}
+}
+
+// TestQuantizeRound runs a local launch with --quantize fp8-block: every
+// receiver verifies the FP8 codes and scales against its own quantization
+// of the model, and writes a checkpoint whose picked weights are F8_E4M3
+// with F32 scales, which dequantize to within the FP8 rounding bound of
+// the synthetic model's last round.
+func TestQuantizeRound(t *testing.T) {
+	out := t.TempDir()
+	args := append([]string{"--ranks", "3", "--rounds", "2", "--quantize", "fp8-block", "--out", out, "--json"}, small...)
+	cmd := exec.Command(demoBin, args...)
+	cmd.Env = append(os.Environ(), "CUDA_VISIBLE_DEVICES=")
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	var s summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	for _, r := range s.PerRank {
+		if r.Error != "" || (r.Rank > 0 && (!r.Verified || r.Checked == 0)) {
+			t.Fatalf("rank %d: %+v", r.Rank, r)
+		}
+	}
+	orig, err := stages.Synthetic{Size: 4 << 20, Tensors: 30, DTypes: []dtype.DType{dtype.BF16}, Seed: 1 + 2}.Model()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := safetensors.OpenModel(filepath.Join(out, "rank2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	quantized := 0
+	for _, w := range orig.List() {
+		ti, ok := m.Tensor(w.Name)
+		if !ok {
+			t.Fatalf("%s not written", w.Name)
+		}
+		if !quant.Default(w.Name, w.DType, w.Shape) {
+			if ti.DType != w.DType {
+				t.Fatalf("%s is %s, want it as it was (%s)", w.Name, ti.DType, w.DType)
+			}
+			continue
+		}
+		quantized++
+		si, ok := m.Tensor(w.Name + quant.ScaleSuffix)
+		if ti.DType != dtype.F8E4M3 || !ok || si.DType != dtype.F32 {
+			t.Fatalf("%s: %s, scales %v %v", w.Name, ti.DType, ok, si.DType)
+		}
+		rows, cols := int(w.Shape[0]), int(w.Shape[1])
+		codes, scales := readAll(t, m, w.Name), readAll(t, m, w.Name+quant.ScaleSuffix)
+		sc := make([]uint32, len(scales)/4)
+		for i := range sc {
+			sc[i] = binary.LittleEndian.Uint32(scales[4*i:])
+		}
+		deq := make([]byte, 4*rows*cols)
+		if err := quant.Dequantize(deq, dtype.F32, codes, sc, rows, cols); err != nil {
+			t.Fatal(err)
+		}
+		src := make([]byte, 2*rows*cols)
+		if err := w.ReadAt(src, 0); err != nil {
+			t.Fatal(err)
+		}
+		nbc := (cols + 127) / 128
+		for i := range rows * cols {
+			o := float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16))
+			d := float64(math.Float32frombits(binary.LittleEndian.Uint32(deq[4*i:])))
+			s := float64(math.Float32frombits(sc[(i/cols/128)*nbc+(i%cols)/128]))
+			// Half a step of E4M3's 3-bit mantissa at the value, or of
+			// its subnormal step, times the block's scale.
+			bound := math.Max(math.Abs(o)/16, 0x1p-10*s) + math.Abs(o)*0x1p-20
+			if math.Abs(d-o) > bound {
+				t.Fatalf("%s element %d: %g came back as %g", w.Name, i, o, d)
+			}
+		}
+	}
+	if quantized == 0 {
+		t.Fatal("no weight was quantized")
+	}
+}
+
+// readAll returns the bytes of a tensor of an open checkpoint.
+func readAll(t *testing.T, m *safetensors.Model, name string) []byte {
+	t.Helper()
+	ti, _ := m.Tensor(name)
+	b := make([]byte, ti.Size)
+	if err := m.ReadTensor(name, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -122,6 +122,7 @@ func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipel
 	var receiver *weightcast.Receiver
 	if o.Rank == 0 {
 		o.Progress = prog.bucket
+		o.Quantize = c.quantize
 		sender, err = weightcast.OpenSender(ctx, o)
 		m = sender
 	} else {
@@ -280,11 +281,15 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		if err != nil {
 			return err
 		}
+		want1, want1Size, err := c.expected(ctx, model)
+		if err != nil {
+			return err
+		}
 		var sink stages.Sink = &discard{}
 		var verify *stages.VerifySink
 		var sinks []stages.Sink
 		if c.verify && (onDevice == nil || c.out != "") {
-			verify = stages.Verify(model)
+			verify = stages.Verify(want1)
 			sinks = append(sinks, verify)
 		}
 		if c.out != "" {
@@ -310,18 +315,18 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
 		if verify != nil {
 			res.Checked += verify.Bytes
-			want += model.Size()
+			want += want1Size
 			res.VerifyScope = "every round"
 		}
 		if onDevice != nil && sink == stages.Sink(onDevice) && c.verify && round == c.rounds {
 			// Reading a GPU model back costs far more than receiving it,
 			// so the device path checks the final version: every tensor,
 			// byte for byte, against the last round's bytes.
-			vs, err := onDevice.Verify(ctx, model)
+			vs, err := onDevice.Verify(ctx, want1)
 			if err != nil {
 				return fmt.Errorf("verifying version %d on %s: %w", round, cuda.Name(), err)
 			}
-			res.Checked, want = vs.Bytes, model.Size()
+			res.Checked, want = vs.Bytes, want1Size
 			res.VerifyScope = "final round, read back from the GPU"
 		}
 	}

@@ -206,6 +206,8 @@ class Sender(_Rank):
     itself (what MASTER_ADDR/MASTER_PORT do under torchrun), for launchers
     that number ranks themselves; ``advertise`` is the address other hosts
     reach this one at.
+    ``quantize="fp8-block"`` sends the 2-D linear weights as F8_E4M3 codes
+    with F32 ``<name>_scale_inv`` per 128x128 block (docs/operations.md).
 
     Trainer ranks that do not send (verl's rank -1) make ``Sender(rank=-1)``:
     it joins nothing, and its send() only iterates the tensors, so that the
@@ -218,7 +220,7 @@ class Sender(_Rank):
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
                  transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 dtype=None, serve_rendezvous=False, advertise=None):
+                 dtype=None, serve_rendezvous=False, advertise=None, quantize=None):
         if rank == -1:
             self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
             self._idle = True
@@ -226,7 +228,8 @@ class Sender(_Rank):
         self._idle = False
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
                          dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key),
-                         dict(dtype=_dtype_name(dtype), serve_rendezvous=bool(serve_rendezvous) or None, advertise=advertise))
+                         dict(dtype=_dtype_name(dtype), serve_rendezvous=bool(serve_rendezvous) or None, advertise=advertise,
+                              quantize=quantize))
 
     def send(self, named_tensors, version):
         """Send one round: every (name, tensor) of named_tensors (an iterable:

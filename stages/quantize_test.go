@@ -1,0 +1,270 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/weightcast/weightcast/cast"
+	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/safetensors"
+)
+
+// bf16Weights returns n normal values with standard deviation sd as BF16
+// bytes.
+func bf16Weights(rng *rand.Rand, n int, sd float64) []byte {
+	b := make([]byte, 2*n)
+	for i := range n {
+		binary.LittleEndian.PutUint16(b[2*i:], cast.F32ToBF16(math.Float32bits(float32(rng.NormFloat64()*sd))))
+	}
+	return b
+}
+
+// wantQuantized quantizes a [rows, cols] weight with package quant.
+func wantQuantized(t testing.TB, w []byte, from dtype.DType, rows, cols int) (codes []byte, scales []uint32) {
+	t.Helper()
+	br, bc := quant.ScaleShape(int64(rows), int64(cols))
+	scales = make([]uint32, br*bc)
+	codes = make([]byte, rows*cols)
+	if err := quant.Scales(scales, w, from, cols); err != nil {
+		t.Fatal(err)
+	}
+	if err := quant.Encode(codes, w, from, cols, 0, scales); err != nil {
+		t.Fatal(err)
+	}
+	return codes, scales
+}
+
+func scaleBytes(s []uint32) []byte {
+	b := make([]byte, 4*len(s))
+	for i, v := range s {
+		binary.LittleEndian.PutUint32(b[4*i:], v)
+	}
+	return b
+}
+
+// TestQuantizeRound sends a model with quantization through small buckets
+// (weights split across several, as from several reader goroutines) and
+// checks that receivers get the FP8 codes and scales of package quant, the
+// other tensors as they were (cast by Cast), and that the dequantized
+// weights are within the FP8 rounding bound of the originals.
+func TestQuantizeRound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 1))
+	up := bf16Weights(rng, 300*200, 0.02)
+	down := bf16Weights(rng, 129*1000, 1)
+	f32w := make([]byte, 4*130*70)
+	for i := range 130 * 70 {
+		binary.LittleEndian.PutUint32(f32w[4*i:], math.Float32bits(float32(rng.NormFloat64())))
+	}
+	norm := bf16Weights(rng, 200, 1)
+	embed := bf16Weights(rng, 64*200, 1)
+	f8 := make([]byte, 16*16)
+	for i := range f8 {
+		f8[i] = byte(i)
+	}
+	src := Tensors{
+		{Name: "model.embed_tokens.weight", DType: dtype.BF16, Shape: []int64{64, 200}, Data: embed},
+		{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{300, 200}, Data: up},
+		{Name: "model.layers.0.mlp.down_proj.weight", DType: dtype.BF16, Shape: []int64{129, 1000}, Reader: bytes.NewReader(down)},
+		{Name: "model.layers.0.self_attn.q_proj.weight", DType: dtype.F32, Shape: []int64{130, 70}, Data: f32w},
+		{Name: "model.layers.0.input_layernorm.weight", DType: dtype.BF16, Shape: []int64{200}, Data: norm},
+		{Name: "model.layers.1.mlp.up_proj.weight", DType: dtype.F8E4M3, Shape: []int64{16, 16}, Data: f8},
+		{Name: "model.layers.1.mlp.up_proj.weight_scale_inv", DType: dtype.F32, Shape: []int64{1, 1}, Data: scaleBytes([]uint32{0x3F800000})},
+	}
+	qs, err := Quantize(Cast(src, dtype.F16), QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bucket := range []int{4 << 10, 1 << 20} {
+		g := newGroup(t, groupOpts{world: 3, bucket: bucket, checksum: true})
+		models := []*HostModel{NewHostModel(), NewHostModel()}
+		if err := g.round(context.Background(), qs, 1, []Sink{models[0], models[1]}); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range models {
+			for _, w := range []struct {
+				name       string
+				data       []byte
+				from       dtype.DType
+				rows, cols int
+			}{
+				{"model.layers.0.mlp.up_proj.weight", up, dtype.BF16, 300, 200},
+				{"model.layers.0.mlp.down_proj.weight", down, dtype.BF16, 129, 1000},
+				{"model.layers.0.self_attn.q_proj.weight", f32w, dtype.F32, 130, 70},
+			} {
+				codes, scales := wantQuantized(t, w.data, w.from, w.rows, w.cols)
+				got, ok := m.Get(w.name)
+				if !ok || got.DType != dtype.F8E4M3 || !slices.Equal(got.Shape, []int64{int64(w.rows), int64(w.cols)}) || !bytes.Equal(got.Data, codes) {
+					t.Fatalf("bucket %d: %s: got %v %v, or its codes differ", bucket, w.name, got.DType, got.Shape)
+				}
+				br, bc := quant.ScaleShape(int64(w.rows), int64(w.cols))
+				gs, ok := m.Get(w.name + quant.ScaleSuffix)
+				if !ok || gs.DType != dtype.F32 || !slices.Equal(gs.Shape, []int64{br, bc}) || !bytes.Equal(gs.Data, scaleBytes(scales)) {
+					t.Fatalf("bucket %d: %s scales: got %v %v, or they differ", bucket, w.name, gs.DType, gs.Shape)
+				}
+				checkDequantized(t, w.name, got.Data, gs.Data, w.data, w.from, w.rows, w.cols)
+			}
+			for _, keep := range []struct {
+				name string
+				typ  dtype.DType
+				data []byte
+			}{
+				{"model.embed_tokens.weight", dtype.F16, convert16(t, embed, dtype.BF16, dtype.F16)},
+				{"model.layers.0.input_layernorm.weight", dtype.F16, convert16(t, norm, dtype.BF16, dtype.F16)},
+				{"model.layers.1.mlp.up_proj.weight", dtype.F8E4M3, f8},
+				{"model.layers.1.mlp.up_proj.weight_scale_inv", dtype.F32, scaleBytes([]uint32{0x3F800000})},
+			} {
+				got, ok := m.Get(keep.name)
+				if !ok || got.DType != keep.typ || !bytes.Equal(got.Data, keep.data) {
+					t.Fatalf("%s: got %+v, want %s as it was (cast by Cast)", keep.name, got, keep.typ)
+				}
+			}
+		}
+	}
+}
+
+// checkDequantized checks that codes × scales is within half an E4M3 step
+// (at the scaled magnitude) times the scale of every weight.
+func checkDequantized(t *testing.T, name string, codes, scaleBytes, w []byte, from dtype.DType, rows, cols int) {
+	t.Helper()
+	br, bc := quant.ScaleShape(int64(rows), int64(cols))
+	scales := make([]uint32, br*bc)
+	for i := range scales {
+		scales[i] = binary.LittleEndian.Uint32(scaleBytes[4*i:])
+	}
+	deq := make([]byte, 4*rows*cols)
+	if err := quant.Dequantize(deq, dtype.F32, codes, scales, rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	orig := make([]byte, 4*rows*cols)
+	if err := cast.Convert(orig, dtype.F32, w, from); err != nil && from != dtype.F32 {
+		t.Fatal(err)
+	}
+	if from == dtype.F32 {
+		copy(orig, w)
+	}
+	for i := range rows * cols {
+		o := float64(math.Float32frombits(binary.LittleEndian.Uint32(orig[4*i:])))
+		d := float64(math.Float32frombits(binary.LittleEndian.Uint32(deq[4*i:])))
+		s := float64(math.Float32frombits(scales[(i/cols/quant.Block)*int(bc)+(i%cols)/quant.Block]))
+		x := math.Abs(o) / s
+		step := 0x1p-9
+		if x >= 0x1p-6 {
+			_, e := math.Frexp(x)
+			step = math.Ldexp(1, e-4)
+		}
+		if math.Abs(d-o) > step/2*s+math.Abs(o)*0x1p-20 {
+			t.Fatalf("%s element %d: %g dequantized to %g, beyond the FP8 rounding bound", name, i, o, d)
+		}
+	}
+}
+
+// TestQuantizeCheckpoint writes a quantized checkpoint through the
+// safetensors sink: the files list each picked weight as F8_E4M3 with its
+// F32 scales next to it, and read back as package quant computes them.
+func TestQuantizeCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	shards := [][]spec{
+		{
+			{"model.embed_tokens.weight", dtype.BF16, []int64{50, 64}},
+			{"model.layers.0.self_attn.o_proj.weight", dtype.BF16, []int64{200, 130}},
+			{"model.norm.weight", dtype.BF16, []int64{64}},
+		},
+		{
+			{"model.layers.0.mlp.gate_proj.weight", dtype.F16, []int64{64, 300}},
+			{"lm_head.weight", dtype.BF16, []int64{50, 64}},
+		},
+	}
+	data := makeShards(t, dir, 5, shards, true)
+	ckpt, err := OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	qs, err := Quantize(ckpt, QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := outDirs(t, 2)
+	syncTo(t, qs, 8<<10, outs, 1)
+	for _, o := range outs {
+		m, err := safetensors.OpenModel(o)
+		if err != nil {
+			t.Fatalf("the package reader refuses the quantized checkpoint: %v", err)
+		}
+		m.Close()
+		found := map[string]*miniTensor{}
+		for _, f := range dirFiles(t, o) {
+			if strings.HasSuffix(f, ".safetensors") {
+				_, ts := miniRead(t, filepath.Join(o, f))
+				for k, v := range ts {
+					found[k] = v
+				}
+			}
+		}
+		for _, sh := range shards {
+			for _, s := range sh {
+				got := found[s.name]
+				if !quant.Default(s.name, s.dtype, s.shape) {
+					if got == nil || got.DType != s.dtype.String() || !bytes.Equal(got.data, data[s.name]) {
+						t.Fatalf("%s: %+v, want it as it was", s.name, got)
+					}
+					continue
+				}
+				rows, cols := int(s.shape[0]), int(s.shape[1])
+				codes, scales := wantQuantized(t, data[s.name], s.dtype, rows, cols)
+				sc := found[s.name+quant.ScaleSuffix]
+				if got == nil || got.DType != "F8_E4M3" || !bytes.Equal(got.data, codes) || sc == nil || sc.DType != "F32" || !bytes.Equal(sc.data, scaleBytes(scales)) {
+					t.Fatalf("%s: codes or scales missing or different", s.name)
+				}
+			}
+		}
+		if len(found) != 7 {
+			t.Fatalf("%d tensors written, want 5 and 2 scales", len(found))
+		}
+	}
+}
+
+func TestQuantizeErrors(t *testing.T) {
+	if _, err := Quantize(Tensors{}, QuantizeConfig{Scheme: "fp4"}); err == nil || !strings.Contains(err.Error(), "fp8-block") {
+		t.Errorf("unknown scheme: %v", err)
+	}
+	if _, err := Quantize(Tensors{}, QuantizeConfig{Include: []string{"x"}}); err == nil {
+		t.Error("patterns without a scheme accepted")
+	}
+	if _, err := Quantize(Tensors{}, QuantizeConfig{Scheme: quant.FP8Block, Exclude: []string{"("}}); err == nil {
+		t.Error("a bad pattern accepted")
+	}
+	src := Tensors{{Name: "model.norm.weight", DType: dtype.BF16, Shape: []int64{8}, Data: make([]byte, 16)}}
+	qs, err := Quantize(src, QuantizeConfig{Scheme: quant.FP8Block, Include: []string{`norm`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGroup(t, groupOpts{world: 2, bucket: 1 << 10})
+	err = g.round(context.Background(), qs, 1, []Sink{NewHostModel()})
+	if err == nil || !strings.Contains(err.Error(), "model.norm.weight") || !strings.Contains(err.Error(), "2-D") {
+		t.Fatalf("a 1-D tensor forced by a pattern: %v", err)
+	}
+	if s, _ := Quantize(src, QuantizeConfig{}); s == nil {
+		t.Fatal("no scheme: nil source")
+	}
+	// A device weight read for host buckets: the GPU quantizes it, into
+	// device buckets only.
+	dev := Tensors{{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{4, 8}, Device: fakeDevice{n: 64}}}
+	qs, err = Quantize(dev, QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = newGroup(t, groupOpts{world: 2, bucket: 1 << 10}) // the first is broken
+	err = g.round(context.Background(), qs, 1, []Sink{NewHostModel()})
+	if err == nil || !strings.Contains(err.Error(), "up_proj") || !strings.Contains(err.Error(), "device buckets") {
+		t.Fatalf("a device weight into host buckets: %v", err)
+	}
+}
