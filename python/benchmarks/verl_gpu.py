@@ -12,7 +12,10 @@ CheckpointEngineManager drives it, every worker its own process:
           receive_weights, in GB/s of model bytes (compare bench_sync.py's
           weightcast_gbps from the same run: target at least 0.95x of it).
 
-    python3 benchmarks/verl_gpu.py [logits|rate]...     # both by default
+    python3 benchmarks/verl_gpu.py [logits|rate|rate-nochecksum]...   # logits and rate by default
+
+rate-nochecksum is rate with checksum=False on every rank: what the
+receivers' separate checksum pass costs on the generator path.
 
 Prints one JSON line per part.
 """
@@ -68,12 +71,12 @@ def logits():
     return all(equal)
 
 
-def rate():
+def rate(checksum=True):
     total = 64 * (128 << 20)
-    res = run("bench", 4, 1 << 30, {"transport": "ipc", "rollout_dtype": "keep"})
+    res = run("bench", 4, 1 << 30, {"transport": "ipc", "rollout_dtype": "keep", "checksum": checksum})
     send = [s["metrics"]["seconds"] for s, _ in res]
     recv = [max(g["seconds"] for g in got) for _, got in res]
-    print(json.dumps({"bench": "verl_engine_sync_8GiB_bf16_3_rollouts_one_gpu", "bytes": total, "bucket": 1 << 30,
+    print(json.dumps({"bench": "verl_engine_sync_8GiB_bf16_3_rollouts_one_gpu", "checksum": checksum, "bytes": total, "bucket": 1 << 30,
                       "send_seconds": [round(x, 4) for x in send],
                       "verl_engine_gbps": round(total / statistics.median(send[1:]) / 1e9, 1),
                       "slowest_receiver_gbps": round(total / statistics.median(recv[1:]) / 1e9, 1)}), flush=True)
@@ -82,5 +85,5 @@ def rate():
 
 if __name__ == "__main__":
     parts = sys.argv[1:] or ["logits", "rate"]
-    ok = all([{"logits": logits, "rate": rate}[p]() for p in parts])
+    ok = all([{"logits": logits, "rate": rate, "rate-nochecksum": lambda: rate(False)}[p]() for p in parts])
     sys.exit(0 if ok else 1)
