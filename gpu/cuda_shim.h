@@ -1,8 +1,8 @@
 // cuda_shim.h is a hand-written minimal subset of the CUDA driver API
 // (cuda.h): only the types, constants and prototypes this package uses. No
-// CUDA toolkit is needed to build; libcuda.so.1 is opened with dlopen at run
-// time and its functions are looked up with dlsym into the dispatch table
-// wc_cuda. Every call goes through a static inline wc_ shim that returns
+// CUDA toolkit is needed to build; libcuda.so.1 is opened at run time and
+// its functions are looked up into the dispatch table wc_cuda, both through
+// package internal/dl (loadDriver in driver_cgo.go). Every call goes through a static inline wc_ shim that returns
 // WC_CUDA_FUNCTION_NOT_FOUND when the function is missing (or the library
 // was never loaded), and that first makes the given context current on the
 // calling OS thread, so that any goroutine, on any thread, may call.
@@ -80,9 +80,10 @@ enum {
 };
 
 // wc_cuda_table holds the driver functions found by dlsym; NULL where the
-// symbol is missing.
+// symbol is missing. Each field is named after its symbol and is nothing
+// but a function pointer: dl.Fill takes the names from the fields, so the
+// table is its own list of symbols.
 typedef struct {
-  void *lib;
   CUresult (*cuInit)(unsigned int flags);
   CUresult (*cuDriverGetVersion)(int *version);
   CUresult (*cuGetErrorName)(CUresult err, const char **name);
@@ -137,10 +138,6 @@ typedef struct {
 } wc_cuda_table;
 
 extern wc_cuda_table wc_cuda;
-
-// wc_cuda_load opens path and fills wc_cuda. It returns 0, or -1 with the
-// loader's message in err.
-int wc_cuda_load(const char *path, char *err, size_t errlen);
 
 #define WC_NEED(fn)        \
   if (wc_cuda.fn == NULL)  \

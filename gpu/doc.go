@@ -189,7 +189,8 @@
 //
 // libcuda.so.1 is opened with dlopen by OpenCUDA (called by every entry
 // point) through a small cgo shim with a hand-written header (cuda_shim.h):
-// a dispatch table of function pointers filled by dlsym, each call going
+// a dispatch table of function pointers filled by dlsym (both through
+// internal/dl, the dynamic-library layer shared with nccl), each call going
 // through a static inline function that answers "function not found" for a
 // missing symbol. Using a GPU needs a program built with cgo (a C compiler)
 // but no CUDA toolkit. Where the library is absent the entry points return

@@ -1,6 +1,6 @@
 package gpu
 
-import "errors"
+import "github.com/weightcast/weightcast/internal/dl"
 
 // The driver layer. Every call into the CUDA driver goes through one small
 // Go function named after the driver call (cuMemAlloc, cuStreamQuery, ...)
@@ -13,8 +13,9 @@ import "errors"
 // resultFunctionNotFound, exactly what the C shims answer before a driver
 // is loaded. The rest of the package is pure Go and builds either way.
 //
-// A new driver call takes four steps: its symbol in the dispatch table
-// (cuda_shim.h, and the dlsym list of cuda_shim.c), a static inline shim
+// A new driver call takes four steps: a field named after its symbol in
+// the dispatch table (cuda_shim.h; loadDriver's dl.Fill looks every field
+// up by its name), a static inline shim
 // that answers WC_CUDA_FUNCTION_NOT_FOUND for a NULL pointer and makes the
 // context current, a Go function in driver_cgo.go (marked noescape and
 // nocallback if it takes pointers), and its twin in driver_nocgo.go. A new
@@ -25,7 +26,8 @@ import "errors"
 // and of package nccl's, in a program built without cgo. The same errors
 // also match ErrNoDriver (nccl.ErrNoLibrary), so callers that treat "no
 // GPU here" as a reason to skip or fall back to host memory do so here too.
-var ErrNoCgo = errors.New("weightcast was built without cgo (CGO_ENABLED=0); rebuild with a C compiler and CGO_ENABLED=1 to use GPUs")
+// It is package dl's sentinel, which every library this module loads shares.
+var ErrNoCgo = dl.ErrNoCgo
 
 // Driver handles, kept as integers: a CUcontext, CUstream, CUevent,
 // CUmodule or CUfunction is the address of a driver object that Go never

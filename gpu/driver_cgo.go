@@ -3,9 +3,6 @@
 package gpu
 
 /*
-#cgo LDFLAGS: -ldl
-#cgo noescape wc_cuda_load
-#cgo nocallback wc_cuda_load
 #cgo noescape wc_cuDriverGetVersion
 #cgo nocallback wc_cuDriverGetVersion
 #cgo noescape wc_cuGetErrorString
@@ -62,8 +59,9 @@ package gpu
 import "C"
 
 import (
-	"errors"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/internal/dl"
 )
 
 // This is the package's only cgo file: each function below is one call of
@@ -96,15 +94,17 @@ const (
 	_ = uint(C.WC_MAX_KERNEL_ARGS - maxKernelArgs)
 )
 
-// loadDriver opens the driver library at path with dlopen and fills the
-// dispatch table with dlsym; the error is the loader's message.
+// loadDriver opens the driver library at path and fills the dispatch
+// table, both through package dl; the error is dl's, whose text is the
+// loader's message. The library stays open for the process's life.
 func loadDriver(path string) error {
-	p := C.CString(path)
-	defer C.free(unsafe.Pointer(p))
-	var msg [512]C.char
-	if C.wc_cuda_load(p, &msg[0], C.size_t(len(msg))) != 0 {
-		return errors.New(C.GoString(&msg[0]))
+	lib, err := dl.Open(path)
+	if err != nil {
+		return err
 	}
+	var t C.wc_cuda_table
+	dl.Fill(lib, &t) // a missing function answers "not found" when called
+	C.wc_cuda = t
 	return nil
 }
 

@@ -119,14 +119,12 @@ func (d *CUDADevice) loadGatherLayout() (*loadedKernel, error) {
 }
 
 // gatherLayoutCheck lists the self-test's layouts, between two buffers of
-// gatherLayoutCheckSize bytes: pieces read from the first (source offset,
-// layout position, size, and whether the piece is copied into the second
-// at the same offset) in layouts of n bytes, in pieces of gatherCheckChunk
-// bytes: aligned and misaligned sources, pieces that end mid-word, runs of
-// zeros shorter and longer than gatherLayoutExtend, pieces only summed,
-// out of order.
-const gatherLayoutCheckSize = 256 << 10
-
+// gatherCheckSize bytes: pieces read from the first (source offset, layout
+// position, size, and whether the piece is copied into the second at the
+// same offset) in layouts of n bytes, in pieces of gatherCheckChunk bytes:
+// aligned and misaligned sources, pieces that end mid-word, runs of zeros
+// shorter and longer than gatherLayoutExtend, pieces only summed, out of
+// order.
 var gatherLayoutCheck = []struct {
 	n      int
 	pieces [][4]int // source offset, at, size, copied (1) or only summed (0)
@@ -139,70 +137,36 @@ var gatherLayoutCheck = []struct {
 }
 
 // checkGatherLayout runs the kernel on gatherLayoutCheck and compares
-// every byte copied and every sum with the host's.
+// every byte copied and every sum with the host's (checkSummingGather).
 func (d *CUDADevice) checkGatherLayout(k *loadedKernel) error {
-	return selfTest(d, gatherLayoutCheckWait, []int{gatherLayoutCheckSize, gatherLayoutCheckSize},
-		func(s *Stream) gatherSumTest {
-			g := &Gather{s: s, chunk: gatherCheckChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring(),
-				layK: k, layLoaded: true, layRing: gatherLayoutRanges.ring()}
-			return gatherSumTest{g, newChecksummer(s, nil)}
-		},
-		runGatherLayoutCheck)
+	return d.checkSummingGather(gatherLayoutCheckWait, func(s *Stream) *Gather {
+		return &Gather{s: s, chunk: gatherCheckChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring(),
+			layK: k, layLoaded: true, layRing: gatherLayoutRanges.ring()}
+	}, "layout", len(gatherLayoutCheck), queueGatherLayoutCheck)
 }
 
-// runGatherLayoutCheck runs each case of gatherLayoutCheck from bufs[0]
-// into bufs[1], both filled with patterns, and checks the bytes of the
-// destination and the sum.
-func runGatherLayoutCheck(ctx context.Context, s *Stream, t gatherSumTest, bufs []mem.Buffer) error {
-	const size = gatherLayoutCheckSize
+// queueGatherLayoutCheck queues case ci of gatherLayoutCheck from bufs[0]
+// into bufs[1] (a gatherCase); the sum is that of the layout, which
+// lives on no buffer.
+func queueGatherLayoutCheck(ctx context.Context, t gatherSumTest, bufs []mem.Buffer, ci int, host [2][]byte) (
+	*PendingSum, []byte, int, error) {
+	c := gatherLayoutCheck[ci]
 	src, dst := bufs[0], bufs[1]
-	for ci, c := range gatherLayoutCheck {
-		from, want := make([]byte, size), make([]byte, size)
-		for i := range size {
-			from[i], want[i] = byte(i*131+ci), byte(i*17+i>>8+ci)
+	from, want := host[0], host[1]
+	var l Layout
+	layout := make([]byte, c.n)
+	for _, p := range c.pieces {
+		o, at, n := p[0], p[1], p[2]
+		var to uint64
+		if p[3] == 1 {
+			to = dst.DevicePtr() + uint64(o)
+			copy(want[o:o+n], from[o:o+n])
 		}
-		if err := s.CopyHtoD(src, 0, from); err != nil {
-			return err
-		}
-		if err := s.CopyHtoD(dst, 0, want); err != nil {
-			return err
-		}
-		var l Layout
-		layout := make([]byte, c.n)
-		for _, p := range c.pieces {
-			o, at, n := p[0], p[1], p[2]
-			var to uint64
-			if p[3] == 1 {
-				to = dst.DevicePtr() + uint64(o)
-				copy(want[o:o+n], from[o:o+n])
-			}
-			l.Add(int64(at), src.DevicePtr()+uint64(o), int64(n), to)
-			copy(layout[at:at+n], from[o:o+n])
-		}
-		ps, err := t.g.CopySumLayout(ctx, &l, int64(c.n), t.c)
-		if err != nil {
-			return err
-		}
-		sum, err := ps.Wait(ctx)
-		ps.Close()
-		if err != nil {
-			return err
-		}
-		if w := checksum.Sum(layout); sum != w {
-			return fmt.Errorf("case %d: the layout checksum of %d bytes is %#x, want %#x", ci, c.n, sum, w)
-		}
-		got := make([]byte, size)
-		if err := s.CopyDtoH(got, dst, 0); err != nil {
-			return err
-		}
-		if err := s.Sync(ctx); err != nil {
-			return err
-		}
-		if i := diffAt(got, want); i >= 0 {
-			return fmt.Errorf("case %d: byte %d of the destination is %#x, want %#x", ci, i, got[i], want[i])
-		}
+		l.Add(int64(at), src.DevicePtr()+uint64(o), int64(n), to)
+		copy(layout[at:at+n], from[o:o+n])
 	}
-	return nil
+	ps, err := t.g.CopySumLayout(ctx, &l, int64(c.n), t.c)
+	return ps, layout, 1, err
 }
 
 // LayoutKernel reports whether CopySumLayout sums the layout as it copies

@@ -332,7 +332,7 @@ func TestGatherLayoutCheckCases(t *testing.T) {
 	k := gatherLayoutPTXKernel(t)
 	rng := rand.New(rand.NewPCG(49, 50))
 	for _, cc := range gatherLayoutCheck {
-		c := layoutCase{n: cc.n, src: gatherLayoutCheckSize, dst: gatherLayoutCheckSize}
+		c := layoutCase{n: cc.n, src: gatherCheckSize, dst: gatherCheckSize}
 		for _, p := range cc.pieces {
 			d := -1
 			if p[3] == 1 {

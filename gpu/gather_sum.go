@@ -95,13 +95,11 @@ func (d *CUDADevice) loadGatherSum() (*loadedKernel, error) {
 }
 
 // gatherSumCheck lists the self-test's fused copies between two
-// gatherSumCheckSize buffers, in pieces of gatherCheckChunk bytes: each case
+// gatherCheckSize buffers, in pieces of gatherCheckChunk bytes: each case
 // copies into the summed bytes [0, n) of the first (SumDst) or out of them
 // (SumSrc); the copies start on words of the summed bytes and leave gaps
 // shorter and longer than gatherSumExtend, and some have a misaligned
 // other side.
-const gatherSumCheckSize = 256 << 10
-
 var gatherSumCheck = []struct {
 	side SumSide
 	n    int
@@ -115,85 +113,39 @@ var gatherSumCheck = []struct {
 	{SumSrc, 5000, nil},
 }
 
-// gatherSumTest is what the fused and layout kernels' self-tests run on:
-// a Gather and a Checksummer of one stream.
-type gatherSumTest struct {
-	g *Gather
-	c *Checksummer
-}
-
-func (t gatherSumTest) Close(ctx context.Context) error {
-	return errors.Join(t.g.Close(ctx), t.c.Close(ctx))
-}
-
 // checkGatherSum runs the kernel on gatherSumCheck and compares every
-// byte copied and every sum.
+// byte copied and every sum (checkSummingGather).
 func (d *CUDADevice) checkGatherSum(k *loadedKernel) error {
-	return selfTest(d, gatherSumCheckWait, []int{gatherSumCheckSize, gatherSumCheckSize},
-		func(s *Stream) gatherSumTest {
-			g := &Gather{s: s, chunk: gatherCheckChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring(), sumK: k, sumLoaded: true}
-			return gatherSumTest{g, newChecksummer(s, nil)}
-		},
-		runGatherSumCheck)
+	return d.checkSummingGather(gatherSumCheckWait, func(s *Stream) *Gather {
+		return &Gather{s: s, chunk: gatherCheckChunk, ring: gatherRanges.ring(), sumRing: gatherSumRanges.ring(), sumK: k, sumLoaded: true}
+	}, "fused", len(gatherSumCheck), queueGatherSumCheck)
 }
 
-// runGatherSumCheck runs each case of gatherSumCheck between bufs[0], the
-// summed buffer, and bufs[1], both filled with patterns, and checks the
-// bytes of the side the copies write and the sum.
-func runGatherSumCheck(ctx context.Context, s *Stream, t gatherSumTest, bufs []mem.Buffer) error {
-	const size = gatherSumCheckSize
+// queueGatherSumCheck queues case ci of gatherSumCheck between bufs[0],
+// the summed buffer, and bufs[1] (a gatherCase).
+func queueGatherSumCheck(ctx context.Context, t gatherSumTest, bufs []mem.Buffer, ci int, host [2][]byte) (
+	*PendingSum, []byte, int, error) {
+	c := gatherSumCheck[ci]
 	summed, other := bufs[0], bufs[1]
-	for ci, c := range gatherSumCheck {
-		wantSummed, wantOther := make([]byte, size), make([]byte, size)
-		for i := range size {
-			wantSummed[i], wantOther[i] = byte(i*131+ci), byte(i*17+i>>8+ci)
-		}
-		if err := s.CopyHtoD(summed, 0, wantSummed); err != nil {
-			return err
-		}
-		if err := s.CopyHtoD(other, 0, wantOther); err != nil {
-			return err
-		}
-		var cb CopyBatch
-		for _, cp := range c.copies {
-			at, o, n := cp[0], cp[1], cp[2]
-			sp, op := summed.DevicePtr()+uint64(at), other.DevicePtr()+uint64(o)
-			if c.side == SumDst {
-				cb.Add(sp, op, int64(n))
-				copy(wantSummed[at:at+n], wantOther[o:o+n])
-			} else {
-				cb.Add(op, sp, int64(n))
-				copy(wantOther[o:o+n], wantSummed[at:at+n])
-			}
-		}
-		ps, err := t.g.copySum(ctx, &cb, SumOf{Buf: summed, N: int64(c.n), Side: c.side, Sums: t.c}, true)
-		if err != nil {
-			return err
-		}
-		sum, err := ps.Wait(ctx)
-		ps.Close()
-		if err != nil {
-			return err
-		}
-		if w := checksum.Sum(wantSummed[:c.n]); sum != w {
-			return fmt.Errorf("case %d: the fused checksum of %d bytes is %#x, want %#x", ci, c.n, sum, w)
-		}
-		written, want := summed, wantSummed
-		if c.side == SumSrc {
-			written, want = other, wantOther
-		}
-		got := make([]byte, size)
-		if err := s.CopyDtoH(got, written, 0); err != nil {
-			return err
-		}
-		if err := s.Sync(ctx); err != nil {
-			return err
-		}
-		if i := diffAt(got, want); i >= 0 {
-			return fmt.Errorf("case %d: byte %d of the destination is %#x, want %#x", ci, i, got[i], want[i])
+	wantSummed, wantOther := host[0], host[1]
+	var cb CopyBatch
+	for _, cp := range c.copies {
+		at, o, n := cp[0], cp[1], cp[2]
+		sp, op := summed.DevicePtr()+uint64(at), other.DevicePtr()+uint64(o)
+		if c.side == SumDst {
+			cb.Add(sp, op, int64(n))
+			copy(wantSummed[at:at+n], wantOther[o:o+n])
+		} else {
+			cb.Add(op, sp, int64(n))
+			copy(wantOther[o:o+n], wantSummed[at:at+n])
 		}
 	}
-	return nil
+	written := 0
+	if c.side == SumSrc {
+		written = 1
+	}
+	ps, err := t.g.copySum(ctx, &cb, SumOf{Buf: summed, N: int64(c.n), Side: c.side, Sums: t.c}, true)
+	return ps, wantSummed[:c.n], written, err
 }
 
 // gatherSumRanges are the descriptors of the fused kernel.

@@ -505,7 +505,7 @@ func TestGatherSumCheckCases(t *testing.T) {
 	k := gatherSumPTXKernel(t)
 	rng := rand.New(rand.NewPCG(39, 40))
 	for _, c := range gatherSumCheck {
-		runGatherSumPTX(t, k, rng, sumLayout{c.side, c.n, gatherSumCheckSize, c.copies}, gatherCheckChunk, gatherSumSlotRanges, 32)
+		runGatherSumPTX(t, k, rng, sumLayout{c.side, c.n, gatherCheckSize, c.copies}, gatherCheckChunk, gatherSumSlotRanges, 32)
 	}
 }
 

@@ -37,8 +37,9 @@ import (
 // staged copy.
 //
 // The slots are pinned once, as the ring first reaches each, and kept until
-// Close: pinning is slow (docs/benchmarks.md, "allocRing"), and a weight
-// sync stages round after round. The sizes the defaults use were chosen
+// Close: pinning is slow (docs/benchmarks.md, "Figures behind the GPU
+// defaults", the staging ring's sizes), and a weight sync stages round
+// after round. The sizes the defaults use were chosen
 // with stages' BenchmarkGPUCheckpoint; the measurements are in
 // docs/benchmarks.md.
 

@@ -12,7 +12,8 @@
 // Where none loads, errors match ErrNoLibrary. One library per process.
 //
 // The library is reached through a small cgo shim with a hand-written header
-// (nccl_shim.h): a dispatch table of function pointers filled by dlsym, each
+// (nccl_shim.h): a dispatch table of function pointers filled by dlsym
+// (both through internal/dl, the dynamic-library layer shared with gpu), each
 // call going through a static inline function that answers "function not
 // found" for a missing symbol. Using NCCL needs a program built with cgo (a
 // C compiler) but neither NCCL nor CUDA headers. The 128-byte ncclUniqueId

@@ -8,7 +8,8 @@ package nccl
 // no library can be loaded, so openLibrary fails with gpu.ErrNoCgo and
 // every other call answers functionNotFound, exactly what the C shims
 // answer before a library is loaded. The rest of the package is pure Go.
-// A new NCCL call takes a symbol in the table (nccl_shim.h, nccl_shim.c), a
+// A new NCCL call takes a field named after its symbol in the table
+// (nccl_shim.h; openLibrary's dl.Fill looks every field up by its name), a
 // shim, a Go function in library_cgo.go and its twin in library_nocgo.go.
 
 // uniqueIDBytes is the size of an ncclUniqueId (NCCL_UNIQUE_ID_BYTES).

@@ -3,9 +3,6 @@
 package nccl
 
 /*
-#cgo LDFLAGS: -ldl
-#cgo noescape wc_nccl_load
-#cgo nocallback wc_nccl_load
 #cgo noescape wc_ncclGetVersion
 #cgo nocallback wc_ncclGetVersion
 #cgo noescape wc_ncclGetUniqueId
@@ -20,8 +17,10 @@ package nccl
 import "C"
 
 import (
-	"errors"
+	"fmt"
 	"unsafe"
+
+	"github.com/weightcast/weightcast/internal/dl"
 )
 
 // This is the package's only cgo file: each function below is one call of
@@ -47,17 +46,23 @@ const (
 	_ = uint(C.WC_ncclInProgress - int(InProgress))
 )
 
-// openLibrary opens path with dlopen and, if it is an NCCL library, fills
-// the dispatch table and returns the file actually loaded; the error is
-// the loader's message, and the table is untouched then.
+// openLibrary opens path and, if it is an NCCL library (it has
+// ncclGetVersion), fills the dispatch table, both through package dl, and
+// returns the file actually loaded; the table is untouched on an error,
+// whose text is the loader's message or says what is not NCCL.
 func openLibrary(path string) (loaded string, err error) {
-	p := C.CString(path)
-	defer C.free(unsafe.Pointer(p))
-	var msg, file [1024]C.char
-	if C.wc_nccl_load(p, &msg[0], C.size_t(len(msg)), &file[0], C.size_t(len(file))) != 0 {
-		return "", errors.New(C.GoString(&msg[0]))
+	lib, err := dl.Open(path)
+	if err != nil {
+		return "", err
 	}
-	return C.GoString(&file[0]), nil
+	var t C.wc_nccl_table
+	dl.Fill(lib, &t) // a missing function answers "not found" when called
+	if t.ncclGetVersion == nil {
+		lib.Close()
+		return "", fmt.Errorf("%s has no ncclGetVersion: not an NCCL library", path)
+	}
+	C.wc_nccl = t
+	return lib.Path(), nil
 }
 
 func ncclGetVersion() (int, Result) {

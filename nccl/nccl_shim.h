@@ -1,7 +1,8 @@
 // nccl_shim.h is a hand-written minimal subset of nccl.h: only the types,
 // constants and prototypes this package uses. No NCCL or CUDA headers are
-// needed to build; libnccl.so.2 is opened with dlopen at run time and its
-// functions are looked up with dlsym into the dispatch table wc_nccl. Every
+// needed to build; libnccl.so.2 is opened at run time and its functions are
+// looked up into the dispatch table wc_nccl, both through package
+// internal/dl (openLibrary in library_cgo.go). Every
 // call goes through a static inline wc_ shim that returns
 // WC_NCCL_FUNCTION_NOT_FOUND when the function is missing (or no library was
 // loaded). library_cgo.go, the package's only cgo file, is the only one that
@@ -70,8 +71,11 @@ typedef struct {
         WC_NCCL_CONFIG_UNDEF_INT, WC_NCCL_CONFIG_UNDEF_INT                                                   \
   }
 
+// wc_nccl_table holds the NCCL functions found by dlsym; NULL where the
+// symbol is missing. Each field is named after its symbol and is nothing
+// but a function pointer: dl.Fill takes the names from the fields, so the
+// table is its own list of symbols.
 typedef struct {
-  void *lib;
   ncclResult_t (*ncclGetVersion)(int *version);
   ncclResult_t (*ncclGetUniqueId)(ncclUniqueId *id);
   ncclResult_t (*ncclCommInitRankConfig)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
@@ -87,11 +91,6 @@ typedef struct {
 } wc_nccl_table;
 
 extern wc_nccl_table wc_nccl;
-
-// wc_nccl_load opens path and, if it is an NCCL library, fills wc_nccl and
-// writes the file actually loaded into loaded. It returns 0, or -1 with a
-// message in err (and wc_nccl untouched).
-int wc_nccl_load(const char *path, char *err, size_t errlen, char *loaded, size_t loadedlen);
 
 #define WC_NEED(fn)       \
   if (wc_nccl.fn == NULL) \

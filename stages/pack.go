@@ -574,7 +574,8 @@ type devicePlan struct {
 // defaultPlan is the plan a Packer uses: device-to-device copies under
 // 16 MiB through the gather kernel, larger ones on the copy engine, spread
 // over four streams (the measurements behind it are in
-// docs/benchmarks.md, "Packing device tensors").
+// docs/benchmarks.md, "Figures behind the GPU defaults", the device copy
+// plan).
 var defaultPlan = devicePlan{gatherBelow: 16 << 20, lanes: 4, laneAbove: 16 << 20}
 
 // finalWait bounds the wait for a round's copies when the round's own
@@ -1017,7 +1018,7 @@ func (f *deviceFill) castIn(t *Tensor, dst uint64, n, chunk int64) error {
 // bucket's GPU goes through it (Gather.CopySum), so that the checksum
 // costs no pass over the bucket of its own (the copy engine is faster
 // for large copies alone, but not with a checksum pass after them:
-// docs/benchmarks.md, "Checksums fused into the copies"); without one,
+// docs/benchmarks.md, "Kernels behind the fused checksums"); without one,
 // copies go as the plan says.
 func (f *deviceFill) beginRound(sum bool) error {
 	f.fuse = false

@@ -51,9 +51,11 @@
 //
 // The Trace Event Format is defined in the Google document "Trace Event
 // Format" (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
-// which catapult's docs/trace-event-format.md points to. Every event has ph
-// (a one-letter phase), and name, cat, ts (microseconds), pid, tid and args
-// as the phase needs them. Validate checks:
+// which catapult's own page points to
+// (github.com/catapult-project/catapult/blob/main/docs/trace-event-format.md).
+// Every event has ph (a one-letter phase), and name, cat, ts
+// (microseconds), pid, tid and args as the phase needs them. Validate
+// checks:
 //
 //   - every event but metadata ("M") has a numeric ts: Perfetto's JSON
 //     tokenizer drops an event without one (it counts it as a tokenizer
@@ -75,9 +77,10 @@
 //     events of a thread to be in time order), and no "B" stays open;
 //   - the spans of one thread nest perfectly. The Perfetto FAQ ("Why are
 //     overlapping events in JSON traces not displayed correctly?",
-//     perfetto docs/faq.md) says that the Perfetto UI and trace processor do
-//     not support overlapping B/E/X events, in compliance with the format,
-//     which allows only perfect nesting. So a stage that runs work
+//     github.com/google/perfetto/blob/main/docs/faq.md) says that the
+//     Perfetto UI and trace processor do not support overlapping B/E/X
+//     events, in compliance with the format, which allows only perfect
+//     nesting. So a stage that runs work
 //     concurrently must give each concurrent worker its own tid.
 //
 // Read applies the per-event checks (so that it never draws nonsense) but
