@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
@@ -130,93 +128,6 @@ type Lender interface {
 	// next bucket only once every receiver has released this one. Every
 	// rank calls Broadcast or Lend for the same buckets in the same order.
 	Lend(ctx context.Context, seq uint64, n int) (buf mem.Buffer, release func(error) error, err error)
-}
-
-// Opener opens a rank's Endpoint of one transport.
-type Opener func(ctx context.Context, cfg Config) (Endpoint, error)
-
-var (
-	mu      sync.RWMutex
-	openers = map[string]Opener{}
-)
-
-// Register makes a transport available by name. It panics if the name is
-// taken or open is nil, as registration happens in init.
-func Register(name string, open Opener) {
-	mu.Lock()
-	defer mu.Unlock()
-	if open == nil {
-		panic("transport: Register of nil opener for " + name)
-	}
-	if _, dup := openers[name]; dup {
-		panic("transport: Register called twice for " + name)
-	}
-	openers[name] = open
-}
-
-// Names lists the registered transports, sorted.
-func Names() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]string, 0, len(openers))
-	for n := range openers {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// builtin maps each transport that ships with weightcast to the package
-// whose import registers it. The registry cannot import them itself: they
-// import this package, and ipc and nccl need cgo, which a program that moves
-// host memory only does not.
-var builtin = map[string]string{
-	"inproc": "github.com/weightcast/weightcast/transport/inproc",
-	"ipc":    "github.com/weightcast/weightcast/transport/ipc",
-	"nccl":   "github.com/weightcast/weightcast/transport/ncclx",
-	"tcp":    "github.com/weightcast/weightcast/transport/tcp",
-}
-
-// BuiltinPackage returns the import path of the package that registers the
-// built-in transport called name, or "" when no built-in has that name.
-func BuiltinPackage(name string) string { return builtin[name] }
-
-// ErrUnknownTransport is wrapped by Open's error for a name no package
-// registered.
-var ErrUnknownTransport = errors.New("unknown transport")
-
-// unknown explains a name that is not registered: for a built-in, the import
-// that registers it; otherwise the built-in names.
-func unknown(name string) error {
-	registered := strings.Join(Names(), ", ")
-	if registered == "" {
-		registered = "none"
-	}
-	if pkg := BuiltinPackage(name); pkg != "" {
-		return fmt.Errorf("transport: %w %q: it is built in but its package is not linked into this program; add `import _ %q` to it (registered: %s)", ErrUnknownTransport, name, pkg, registered)
-	}
-	names := make([]string, 0, len(builtin))
-	for n := range builtin {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return fmt.Errorf("transport: %w %q (registered: %s; built in: %s, each registered by importing its package)", ErrUnknownTransport, name, registered, strings.Join(names, ", "))
-}
-
-// Open validates cfg and opens this rank's Endpoint of the named transport.
-// A name that no imported package registered fails with an error wrapping
-// ErrUnknownTransport that, for a built-in transport, names the import to add.
-func Open(ctx context.Context, name string, cfg Config) (Endpoint, error) {
-	mu.RLock()
-	open, ok := openers[name]
-	mu.RUnlock()
-	if !ok {
-		return nil, unknown(name)
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return open(ctx, cfg)
 }
 
 // Error is the error every transport returns from a failed wait or
