@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,16 +18,10 @@ import (
 	"github.com/weightcast/weightcast/internal/owned"
 	"github.com/weightcast/weightcast/internal/testhook"
 	"github.com/weightcast/weightcast/mem"
-	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
-	"github.com/weightcast/weightcast/transport/inproc"
-	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
-	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
-	_ "github.com/weightcast/weightcast/transport/tcp"   // registers "tcp"
-	"github.com/weightcast/weightcast/transport/zmqbus"
 )
 
 // ErrClosed is wrapped by the error of a call on a closed Sender or
@@ -47,24 +41,19 @@ var ErrInterrupted = errors.New("interrupted")
 // stopped process).
 const peerGoneGrace = 2 * time.Second
 
-// What every rank publishes when it joins, so that all decide "auto" and
-// their GPUs alike.
-const (
-	keyHost = "weightcast.host" // host identity: ranks with equal ones share a machine
-	keyGPUs = "weightcast.gpus" // GPUs this rank may use (0 with Device "cpu")
-	keyNCCL = "weightcast.nccl" // "1" when NCCL loads here
-	// keyBucket is the rank's bucket size in bytes: every rank must use
-	// the same, which the join checks.
-	keyBucket = "weightcast.bucket"
-)
+// keyBucket is the rank's bucket size in bytes, which every rank
+// publishes when it joins besides the facts the transports' registry
+// reads (transport.FactHost, FactGPUs and each transport's own): every
+// rank must use the same, which the join checks.
+const keyBucket = "weightcast.bucket"
 
 // member is what a Sender and a Receiver share: one rank's place in a
 // group and everything it opened, released in reverse order by Close.
 type member struct {
 	opts   Options
 	role   string
-	choice string // the transport in use
-	reason string // why it was chosen
+	desc   transport.Descriptor // the transport in use (Name "custom": an Options.Endpoint of no registered transport)
+	reason string               // why it was chosen
 
 	emb      *embedetcd.Server
 	keys     *auth.Keys // the run's keys from the group secret; nil without one
@@ -77,6 +66,9 @@ type member struct {
 	sub      transport.Subscriber
 	pool     *stages.Pool
 	extra    []func() error // released first, in order: the stages Sender's or Receiver's GPU state, a Sender's tensor devices
+	// ownBus and ownEndpoint say this rank opened them (rather than took
+	// them from Options), so its Close closes them.
+	ownBus, ownEndpoint bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -104,8 +96,20 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 			return nil, fmt.Errorf("%w: %s: TLS: %w", ErrConfig, m.who(), err)
 		}
 	}
-	if o.Transport == "inproc" {
-		m.choice, m.reason = "inproc", "chosen: every rank in this process"
+	switch {
+	case o.Endpoint != nil:
+		m.desc, m.reason = transport.Descriptor{Name: "custom"}, "given in Options.Endpoint"
+		if d, ok := transport.Lookup(o.Transport); ok {
+			m.desc = d
+		}
+	case o.Transport != "auto":
+		m.desc, _ = transport.Lookup(o.Transport) // check saw it registered
+		m.reason = "chosen"
+	}
+	if m.desc.InProcess {
+		if o.Endpoint == nil {
+			m.reason = "chosen: every rank in this process"
+		}
 		m.dev = m.hostMemory()
 		if err := m.openLinks(ctx, m.config(nil)); err != nil {
 			return nil, err
@@ -115,10 +119,10 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 			return nil, err
 		}
 		peers := m.peers()
-		if o.Transport == "auto" {
-			m.choice, m.reason = chooseTransport(peers)
-		} else {
-			m.choice, m.reason = o.Transport, "chosen"
+		if m.desc.Name == "" {
+			if m.desc, m.reason, err = transport.Choose(peers); err != nil {
+				return nil, fmt.Errorf("%s: %w", m.who(), err)
+			}
 		}
 		if err := m.openDevice(peers); err != nil {
 			return nil, err
@@ -237,76 +241,43 @@ func (m *member) checkBuckets() error {
 		ErrConfig, m.who(), strings.Join(differ, ", "), humanize.IBytes(uint64(root)), root)
 }
 
-// facts are what this rank tells the others when it joins.
+// facts are what this rank tells the others when it joins: its host and
+// GPUs, what every registered transport adds (transport.Descriptor.Facts),
+// and its bucket size. GPUs are counted, and the transports asked to look
+// (transport.Probe.Auto), only where the answer matters: for "auto", and
+// GPUs for a transport that keeps buckets on one.
 func (m *member) facts() map[string]string {
-	host, _ := os.Hostname()
-	if id, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-		host += "/" + strings.TrimSpace(string(id))
-	}
+	auto := m.desc.Name == ""
 	gpus := 0
-	if _, cpu, _ := parseDevice(m.opts.Device); !cpu && (m.opts.Transport == "auto" || m.opts.Transport == "ipc" || m.opts.Transport == "nccl") {
+	if _, cpu, _ := parseDevice(m.opts.Device); !cpu && (auto || m.desc.DeviceMemory) {
 		gpus, _ = gpu.DeviceCount()
 	}
-	ncclOK := "0"
-	if gpus > 0 && m.opts.Transport == "auto" && nccl.Load(nccl.Options{}) == nil {
-		ncclOK = "1"
+	f := map[string]string{transport.FactHost: transport.HostIdentity(), transport.FactGPUs: strconv.Itoa(gpus)}
+	for _, d := range transport.Descriptors() {
+		if d.Facts != nil {
+			maps.Copy(f, d.Facts(transport.Probe{GPUs: gpus, Auto: auto}))
+		}
 	}
-	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK, keyBucket: strconv.FormatInt(m.opts.BucketSize, 10)}
+	f[keyBucket] = strconv.FormatInt(m.opts.BucketSize, 10)
+	return f
 }
 
-// peer is what one rank published when it joined.
-type peer struct {
-	rank int
-	host string
-	gpus int
-	nccl bool
-}
-
-func (m *member) peers() []peer {
-	out := make([]peer, m.opts.WorldSize)
+// peers are what every rank published when it joined, by rank.
+func (m *member) peers() []transport.Peer {
+	out := make([]transport.Peer, m.opts.WorldSize)
 	for r := range out {
-		e := m.group.Endpoints(r)
-		n, _ := strconv.Atoi(e[keyGPUs])
-		out[r] = peer{rank: r, host: e[keyHost], gpus: n, nccl: e[keyNCCL] == "1"}
+		out[r] = transport.Peer{Rank: r, Facts: m.group.Endpoints(r)}
 	}
 	return out
 }
 
-// chooseTransport is "auto": the same answer on every rank, since every
-// rank sees what every other published.
-func chooseTransport(peers []peer) (name, reason string) {
-	hosts := map[string]int{} // ranks per host
-	for _, p := range peers {
-		if p.gpus == 0 {
-			return "tcp", fmt.Sprintf("rank %d has no GPU", p.rank)
-		}
-		hosts[p.host]++
-	}
-	allNCCL := true
-	onePerRank := true
-	for _, p := range peers {
-		allNCCL = allNCCL && p.nccl
-		onePerRank = onePerRank && p.gpus >= hosts[p.host]
-	}
-	if len(hosts) == 1 {
-		if n := peers[0].gpus; n >= 2 && onePerRank && allNCCL {
-			return "nccl", fmt.Sprintf("%d GPUs, one per rank", n)
-		}
-		return "ipc", fmt.Sprintf("%d ranks share %d GPU(s) of this host", len(peers), peers[0].gpus)
-	}
-	if onePerRank && allNCCL {
-		return "nccl", fmt.Sprintf("%d hosts, one GPU per rank", len(hosts))
-	}
-	return "tcp", fmt.Sprintf("%d hosts without one GPU and NCCL for every rank", len(hosts))
-}
-
 // localIndex is this rank's place among the ranks on its host, in rank
 // order: the GPU it takes unless Device names one.
-func localIndex(peers []peer, rank int) int {
+func localIndex(peers []transport.Peer, rank int) int {
 	var same []int
 	for _, p := range peers {
-		if p.host == peers[rank].host {
-			same = append(same, p.rank)
+		if p.Host() == peers[rank].Host() {
+			same = append(same, p.Rank)
 		}
 	}
 	sort.Ints(same)
@@ -314,27 +285,26 @@ func localIndex(peers []peer, rank int) int {
 }
 
 // openDevice opens where this rank's buckets live for the transport.
-func (m *member) openDevice(peers []peer) error {
-	switch m.choice {
-	case "tcp", "inproc":
+func (m *member) openDevice(peers []transport.Peer) error {
+	if !m.desc.DeviceMemory {
 		m.dev = m.hostMemory()
 		return nil
 	}
 	ordinal, cpu, _ := parseDevice(m.opts.Device)
 	if cpu {
-		return fmt.Errorf("%w: %s: transport %s keeps buckets on a GPU, but the device is %q; use transport tcp", ErrConfig, m.who(), m.choice, m.opts.Device)
+		return fmt.Errorf("%w: %s: transport %s keeps buckets on a GPU, but the device is %q; use transport tcp", ErrConfig, m.who(), m.desc.Name, m.opts.Device)
 	}
 	n, err := gpu.DeviceCount()
 	if err == nil && n == 0 {
 		err = gpu.ErrNoDevice
 	}
 	if err != nil {
-		return fmt.Errorf("%s: transport %s needs a GPU: %w; use transport tcp on machines without one", m.who(), m.choice, err)
+		return fmt.Errorf("%s: transport %s needs a GPU: %w; use transport tcp on machines without one", m.who(), m.desc.Name, err)
 	}
 	if ordinal < 0 {
 		local := localIndex(peers, m.opts.Rank)
-		if m.choice == "nccl" && local >= n {
-			return fmt.Errorf("%w: %s: transport nccl needs one GPU per rank, but this rank is number %d on its host, which shows %d GPUs; use transport ipc or fewer ranks per host", ErrConfig, m.who(), local, n)
+		if m.desc.GPUPerRank && local >= n {
+			return fmt.Errorf("%w: %s: transport %s needs one GPU per rank, but this rank is number %d on its host, which shows %d GPUs; use transport ipc or fewer ranks per host", ErrConfig, m.who(), m.desc.Name, local, n)
 		}
 		ordinal = local % n
 	}
@@ -357,40 +327,46 @@ func (m *member) config(ex transport.Exchange) transport.Config {
 		Auth: m.keys, TLS: m.tls, Logger: m.opts.Logger}
 }
 
-// openLinks opens the metadata bus and the byte transport.
+// openLinks opens the metadata bus and the byte transport, except those
+// given in Options (Publisher or Subscriber, Endpoint), which it takes.
 func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
+	// Sockets other hosts connect to (the metadata bus, a transport that
+	// is Network, as the tcp chain) listen on every interface and publish
+	// Advertise; the others find their peers themselves.
+	netCfg := cfg
+	if m.opts.Advertise != "" && !m.desc.InProcess {
+		netCfg.Options = map[string]string{"bind": "0.0.0.0", "advertise": m.opts.Advertise}
+	}
 	var err error
-	if m.choice == "inproc" {
-		if m.opts.Rank == 0 {
-			m.pub, err = inproc.OpenPublisher(ctx, cfg)
-		} else {
-			m.sub, err = inproc.OpenSubscriber(ctx, cfg)
+	switch {
+	case m.opts.Rank == 0 && m.opts.Publisher != nil:
+		m.pub = m.opts.Publisher
+	case m.opts.Rank != 0 && m.opts.Subscriber != nil:
+		m.sub = m.opts.Subscriber
+	default:
+		var bus transport.Bus
+		if bus, err = transport.BusFor(m.desc); err != nil {
+			return fmt.Errorf("%s: %w", m.who(), err)
 		}
+		if m.opts.Rank == 0 {
+			m.pub, err = bus.OpenPublisher(ctx, netCfg)
+		} else {
+			m.sub, err = bus.OpenSubscriber(ctx, netCfg)
+		}
+		m.ownBus = err == nil
 		if err != nil {
 			return err
 		}
-		m.endpoint, err = transport.Open(ctx, inproc.Name, cfg)
-		return err
 	}
-	// Sockets other hosts connect to (the metadata bus, the tcp chain)
-	// listen on every interface and publish Advertise; ipc and nccl find
-	// their peers themselves.
-	netCfg := cfg
-	if m.opts.Advertise != "" {
-		netCfg.Options = map[string]string{"bind": "0.0.0.0", "advertise": m.opts.Advertise}
+	if m.opts.Endpoint != nil {
+		m.endpoint = m.opts.Endpoint
+		return nil
 	}
-	if m.opts.Rank == 0 {
-		m.pub, err = zmqbus.OpenPublisher(ctx, netCfg)
-	} else {
-		m.sub, err = zmqbus.OpenSubscriber(ctx, netCfg)
-	}
-	if err != nil {
-		return err
-	}
-	if m.choice == "tcp" {
+	if m.desc.Network {
 		cfg = netCfg
 	}
-	m.endpoint, err = transport.Open(ctx, m.choice, cfg)
+	m.endpoint, err = transport.Open(ctx, m.desc.Name, cfg)
+	m.ownEndpoint = err == nil
 	return err
 }
 
@@ -455,10 +431,16 @@ func (m *member) release() error {
 	if m.pool != nil {
 		errs = append(errs, m.pool.Close())
 	}
-	for _, c := range []interface{ Close() error }{m.pub, m.sub, m.endpoint} {
-		if c != nil {
-			errs = append(errs, c.Close())
+	// What Options gave (a bus end, an Endpoint) is the caller's to close.
+	if m.ownBus {
+		for _, c := range []interface{ Close() error }{m.pub, m.sub} {
+			if c != nil {
+				errs = append(errs, c.Close())
+			}
 		}
+	}
+	if m.ownEndpoint && m.endpoint != nil {
+		errs = append(errs, m.endpoint.Close())
 	}
 	if m.closeDev != nil {
 		errs = append(errs, m.closeDev())
@@ -608,7 +590,7 @@ func (m *member) Close() error {
 func (m *member) Device() mem.Device { return m.dev }
 
 // Transport names the byte transport in use and why it was chosen.
-func (m *member) Transport() (name, reason string) { return m.choice, m.reason }
+func (m *member) Transport() (name, reason string) { return m.desc.Name, m.reason }
 
 // RunID returns the run's id: Options.RunID, or, when that was left empty
 // with a served rendezvous, the one rank 0 made up and published there.
