@@ -9,11 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/dustin/go-humanize"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/owned"
 	"github.com/weightcast/weightcast/internal/testhook"
@@ -32,14 +32,6 @@ var ErrClosed = errors.New("closed")
 // gives up (the C library's wc_interrupt, on Ctrl-C): the other ranks of
 // the run are told, and KindOf counts it as KindAborted.
 var ErrInterrupted = errors.New("interrupted")
-
-// peerGoneGrace is how long a rank lets its transports report a failure
-// before it acts on the rendezvous saying a peer is gone: when a rank
-// fails, its neighbours usually fail and leave within milliseconds too, and
-// the transports' own errors name the rank that really went first. The
-// rendezvous is the backstop for what they cannot see (a dead NCCL peer, a
-// stopped process).
-const peerGoneGrace = 2 * time.Second
 
 // keyBucket is the rank's bucket size in bytes, which every rank
 // publishes when it joins besides the facts the transports' registry
@@ -75,9 +67,12 @@ type member struct {
 	cancel  context.CancelCauseFunc // the running round's
 	running chan struct{}           // closed when the running round has returned
 	aborted error
-	goneAt  time.Time // when a round first saw the group break
-	once    sync.Once
-	err     error // Close's
+	// blame owns who is to blame for a lost peer across the rank's open
+	// and rounds: the bus's and the rendezvous's watchers, the grace, the
+	// witnesses the stages hear.
+	blame *blame.Watch
+	once  sync.Once
+	err   error // Close's
 }
 
 // open places this process in the group as role ("sender", "receiver").
@@ -107,6 +102,7 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 		m.reason = "chosen"
 	}
 	if m.desc.InProcess {
+		m.blame = newBlame(nil)
 		if o.Endpoint == nil {
 			m.reason = "chosen: every rank in this process"
 		}
@@ -118,6 +114,7 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 		if err := m.join(ctx); err != nil {
 			return nil, err
 		}
+		m.blame = newBlame(m.group)
 		peers := m.peers()
 		if m.desc.Name == "" {
 			if m.desc, m.reason, err = transport.Choose(peers); err != nil {
@@ -372,47 +369,20 @@ func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
 
 // openWatched opens the metadata bus and the byte transport while
 // watching the group: a peer that leaves or dies meanwhile (the one a
-// transport waits for, often) ends the open within peerGoneGrace of the
+// transport waits for, often) ends the open within blame.Grace of the
 // rendezvous noticing, with the group's error naming it, instead of at
 // the transport's timeout.
 func (m *member) openWatched(ctx context.Context) error {
 	lctx, cancel := context.WithCancelCause(ctx)
-	var watch sync.WaitGroup
-	watch.Go(func() { m.watchGroup(lctx, cancel) })
+	stop := m.blame.Round(lctx, cancel)
 	err := m.openLinks(lctx, m.config(m.group))
 	cause := context.Cause(lctx)
 	cancel(nil)
-	watch.Wait()
-	if gerr := m.group.Err(); err != nil && gerr != nil && cause == gerr {
-		return fmt.Errorf("%s: %w; it broke while this rank opened its transports: %w", m.who(), gerr, err)
+	stop()
+	if err != nil && m.blame.GroupBroke(cause) {
+		return fmt.Errorf("%s: %w; it broke while this rank opened its transports: %w", m.who(), cause, err)
 	}
 	return err
-}
-
-// watchGroup cancels ctx with the group's error once the group broke (a
-// peer gone, the rendezvous lost) and peerGoneGrace has passed since this
-// rank first saw it, so that the transports' own errors, which name the
-// rank that failed first, win. It returns when ctx ends.
-func (m *member) watchGroup(ctx context.Context, cancel context.CancelCauseFunc) {
-	select {
-	case <-m.group.PeerGone():
-	case <-ctx.Done():
-		return
-	}
-	// The grace counts from when a round (or the open) first saw the
-	// loss, so that short rounds after it do not each restart it.
-	m.mu.Lock()
-	if m.goneAt.IsZero() {
-		m.goneAt = time.Now()
-	}
-	grace := time.NewTimer(max(peerGoneGrace-time.Since(m.goneAt), 0))
-	m.mu.Unlock()
-	defer grace.Stop()
-	select {
-	case <-grace.C:
-		cancel(m.group.Err())
-	case <-ctx.Done():
-	}
 }
 
 // release closes everything opened, in reverse order.
@@ -479,63 +449,37 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 	m.cancel, m.running = cancel, running
 	m.mu.Unlock()
 
-	var watch sync.WaitGroup
-	for _, l := range []any{m.pub, m.sub} {
-		// The bus failing for the other side's reason (a receiver that
-		// gave up between rounds, the root's abort) ends the round at
-		// once: the byte transport, waiting for that side, may never
-		// hear of it (NCCL has no way to).
-		if w, ok := l.(transport.Watcher); ok {
-			watch.Go(func() {
-				select {
-				case <-w.Failed():
-					cancel(w.Err())
-				case <-ctx.Done():
-				}
-			})
-		}
-	}
-	if m.group != nil {
-		watch.Go(func() { m.watchGroup(ctx, cancel) })
-	}
+	// The bus failing for the other side's reason (a receiver that gave
+	// up between rounds, the root's abort) ends the round at once, a
+	// broken group after the grace.
+	stop := m.blame.Round(ctx, cancel, m.pub, m.sub)
 	err := fn(ctx)
 	cause := context.Cause(ctx)
 	cancel(nil)
-	watch.Wait()
+	stop()
 	m.mu.Lock()
 	m.cancel, m.running = nil, nil
 	m.mu.Unlock()
 	close(running)
-	if err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
-		err = fmt.Errorf("%w (cause: %w)", err, cause)
-	}
-	return err
+	return blame.Merge(err, cause)
 }
 
-// tamperWitness tells the stages, when a round fails on a lost peer,
-// the rendezvous's verdict on tampered records: a peer whose etcd record
-// was deleted or rewritten closes its connections before its neighbours
-// hear why (stages.SenderConfig.Witnesses). A peer gone for any other
-// reason is the transport's and the bus's to name.
-type tamperWitness struct{ g *rendezvous.Group }
-
-func (w tamperWitness) Failed() <-chan struct{} { return w.g.PeerGone() }
-
-func (w tamperWitness) Err() error {
-	if err := w.g.Err(); errors.Is(err, rendezvous.ErrTampered) {
-		return err
+// newBlame is the rank's owner of lost-peer attribution: it watches the
+// group, when there is one, and has the rendezvous witness the stages'
+// lost peers with its verdict on tampered records only: a peer whose
+// etcd record was deleted or rewritten closes its connections before its
+// neighbours hear why. A peer gone for any other reason is the
+// transport's and the bus's to name.
+func newBlame(g *rendezvous.Group) *blame.Watch {
+	if g == nil {
+		return blame.New(nil)
 	}
-	return nil
-}
-
-func (tamperWitness) String() string { return "the rendezvous" }
-
-// witnesses are what may say why a round's peer was lost, besides the bus.
-func (m *member) witnesses() []transport.Watcher {
-	if m.group == nil {
+	return blame.New(g, blame.Witness{Name: "the rendezvous", Failed: g.PeerGone, Err: func() error {
+		if err := g.Err(); errors.Is(err, rendezvous.ErrTampered) {
+			return err
+		}
 		return nil
-	}
-	return []transport.Watcher{tamperWitness{m.group}}
+	}})
 }
 
 // Abort fails the rank's round with cause, on every rank: the running

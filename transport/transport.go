@@ -160,6 +160,14 @@ func (e *Error) Error() string {
 // Unwrap returns the underlying error (ErrTimeout, ErrPeerGone, ...).
 func (e *Error) Unwrap() error { return e.Err }
 
+// FaultRanks returns the rank at fault, Peer, or none when unknown.
+func (e *Error) FaultRanks() []int {
+	if e.Peer < 0 {
+		return nil
+	}
+	return []int{e.Peer}
+}
+
 // ErrTimeout is wrapped by errors from waits that ran past their bound.
 var ErrTimeout = errors.New("timed out")
 
@@ -184,7 +192,23 @@ func ContextErr(ctx context.Context) error {
 		return nil
 	}
 	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return fmt.Errorf("%w (because %v)", err, cause)
+		return &CanceledError{Err: err, Cause: cause}
 	}
 	return err
 }
+
+// CanceledError is ContextErr's error for a context whose cause says
+// more than its error: "context canceled (because ...)". It matches Err
+// (errors.Is), not Cause, which is the reason given, not what failed
+// here; Cause lets a caller tell that an error already carries a reason
+// (package blame).
+type CanceledError struct {
+	Err   error // context.Canceled or context.DeadlineExceeded
+	Cause error // context.Cause
+}
+
+// Error is "Err (because Cause)".
+func (e *CanceledError) Error() string { return e.Err.Error() + " (because " + e.Cause.Error() + ")" }
+
+// Unwrap returns Err.
+func (e *CanceledError) Unwrap() error { return e.Err }
