@@ -9,9 +9,9 @@ import (
 const module = "github.com/weightcast/weightcast"
 
 // above are the packages of the module that sit above transport: the
-// front door and what builds on it, and the stages, whose tests and
-// suites import transport's.
-var above = []string{module, module + "/stages", module + "/capi", module + "/cmd", module + "/examples"}
+// front door and what builds on it, the stages, and blame, which the
+// stages and the front door share.
+var above = []string{module, module + "/stages", module + "/blame", module + "/capi", module + "/cmd", module + "/examples"}
 
 // TestImportsNothingAbove: no package under transport, nor its tests, nor
 // anything they depend on, imports the stages or the front door, so the
