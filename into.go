@@ -61,7 +61,7 @@ func (r *Receiver) into(dst []Ref) (stages.Sink, func(), error) {
 		}
 		switch {
 		case cuda == nil && !ref.onHost(size):
-			return nil, nil, fmt.Errorf("%w: tensor %q is on cuda:%d, but this receiver's buckets are in host memory (%s); receive into host tensors, or receive() and copy", ErrConfig, ref.Name, ref.Device, r.choice)
+			return nil, nil, fmt.Errorf("%w: tensor %q is on cuda:%d, but this receiver's buckets are in host memory (%s); receive into host tensors, or receive() and copy", ErrConfig, ref.Name, ref.Device, r.desc.Name)
 		case cuda != nil && size > 0 && ref.onHost(size):
 			return nil, nil, fmt.Errorf("%w: tensor %q is in host memory, but this receiver's buckets are on %s; receive into tensors on that GPU, or receive() and copy", ErrConfig, ref.Name, cuda.Name())
 		case cuda != nil && size > 0 && ref.Device != cuda.Ordinal():

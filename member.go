@@ -4,30 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/dustin/go-humanize"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/owned"
 	"github.com/weightcast/weightcast/internal/testhook"
 	"github.com/weightcast/weightcast/mem"
-	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
-	"github.com/weightcast/weightcast/transport/inproc"
-	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
-	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
-	_ "github.com/weightcast/weightcast/transport/tcp"   // registers "tcp"
-	"github.com/weightcast/weightcast/transport/zmqbus"
 )
 
 // ErrClosed is wrapped by the error of a call on a closed Sender or
@@ -39,32 +33,19 @@ var ErrClosed = errors.New("closed")
 // the run are told, and KindOf counts it as KindAborted.
 var ErrInterrupted = errors.New("interrupted")
 
-// peerGoneGrace is how long a rank lets its transports report a failure
-// before it acts on the rendezvous saying a peer is gone: when a rank
-// fails, its neighbours usually fail and leave within milliseconds too, and
-// the transports' own errors name the rank that really went first. The
-// rendezvous is the backstop for what they cannot see (a dead NCCL peer, a
-// stopped process).
-const peerGoneGrace = 2 * time.Second
-
-// What every rank publishes when it joins, so that all decide "auto" and
-// their GPUs alike.
-const (
-	keyHost = "weightcast.host" // host identity: ranks with equal ones share a machine
-	keyGPUs = "weightcast.gpus" // GPUs this rank may use (0 with Device "cpu")
-	keyNCCL = "weightcast.nccl" // "1" when NCCL loads here
-	// keyBucket is the rank's bucket size in bytes: every rank must use
-	// the same, which the join checks.
-	keyBucket = "weightcast.bucket"
-)
+// keyBucket is the rank's bucket size in bytes, which every rank
+// publishes when it joins besides the facts the transports' registry
+// reads (transport.FactHost, FactGPUs and each transport's own): every
+// rank must use the same, which the join checks.
+const keyBucket = "weightcast.bucket"
 
 // member is what a Sender and a Receiver share: one rank's place in a
 // group and everything it opened, released in reverse order by Close.
 type member struct {
 	opts   Options
 	role   string
-	choice string // the transport in use
-	reason string // why it was chosen
+	desc   transport.Descriptor // the transport in use (Name "custom": an Options.Endpoint of no registered transport)
+	reason string               // why it was chosen
 
 	emb      *embedetcd.Server
 	keys     *auth.Keys // the run's keys from the group secret; nil without one
@@ -77,15 +58,21 @@ type member struct {
 	sub      transport.Subscriber
 	pool     *stages.Pool
 	extra    []func() error // released first, in order: the stages Sender's or Receiver's GPU state, a Sender's tensor devices
+	// ownBus and ownEndpoint say this rank opened them (rather than took
+	// them from Options), so its Close closes them.
+	ownBus, ownEndpoint bool
 
 	mu      sync.Mutex
 	closed  bool
 	cancel  context.CancelCauseFunc // the running round's
 	running chan struct{}           // closed when the running round has returned
 	aborted error
-	goneAt  time.Time // when a round first saw the group break
-	once    sync.Once
-	err     error // Close's
+	// blame owns who is to blame for a lost peer across the rank's open
+	// and rounds: the bus's and the rendezvous's watchers, the grace, the
+	// witnesses the stages hear.
+	blame *blame.Watch
+	once  sync.Once
+	err   error // Close's
 }
 
 // open places this process in the group as role ("sender", "receiver").
@@ -104,8 +91,21 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 			return nil, fmt.Errorf("%w: %s: TLS: %w", ErrConfig, m.who(), err)
 		}
 	}
-	if o.Transport == "inproc" {
-		m.choice, m.reason = "inproc", "chosen: every rank in this process"
+	switch {
+	case o.Endpoint != nil:
+		m.desc, m.reason = transport.Descriptor{Name: "custom"}, "given in Options.Endpoint"
+		if d, ok := transport.Lookup(o.Transport); ok {
+			m.desc = d
+		}
+	case o.Transport != "auto":
+		m.desc, _ = transport.Lookup(o.Transport) // check saw it registered
+		m.reason = "chosen"
+	}
+	if m.desc.InProcess {
+		m.blame = newBlame(nil)
+		if o.Endpoint == nil {
+			m.reason = "chosen: every rank in this process"
+		}
 		m.dev = m.hostMemory()
 		if err := m.openLinks(ctx, m.config(nil)); err != nil {
 			return nil, err
@@ -114,11 +114,12 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 		if err := m.join(ctx); err != nil {
 			return nil, err
 		}
+		m.blame = newBlame(m.group)
 		peers := m.peers()
-		if o.Transport == "auto" {
-			m.choice, m.reason = chooseTransport(peers)
-		} else {
-			m.choice, m.reason = o.Transport, "chosen"
+		if m.desc.Name == "" {
+			if m.desc, m.reason, err = transport.Choose(peers); err != nil {
+				return nil, fmt.Errorf("%s: %w", m.who(), err)
+			}
 		}
 		if err := m.openDevice(peers); err != nil {
 			return nil, err
@@ -237,76 +238,43 @@ func (m *member) checkBuckets() error {
 		ErrConfig, m.who(), strings.Join(differ, ", "), humanize.IBytes(uint64(root)), root)
 }
 
-// facts are what this rank tells the others when it joins.
+// facts are what this rank tells the others when it joins: its host and
+// GPUs, what every registered transport adds (transport.Descriptor.Facts),
+// and its bucket size. GPUs are counted, and the transports asked to look
+// (transport.Probe.Auto), only where the answer matters: for "auto", and
+// GPUs for a transport that keeps buckets on one.
 func (m *member) facts() map[string]string {
-	host, _ := os.Hostname()
-	if id, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-		host += "/" + strings.TrimSpace(string(id))
-	}
+	auto := m.desc.Name == ""
 	gpus := 0
-	if _, cpu, _ := parseDevice(m.opts.Device); !cpu && (m.opts.Transport == "auto" || m.opts.Transport == "ipc" || m.opts.Transport == "nccl") {
+	if _, cpu, _ := parseDevice(m.opts.Device); !cpu && (auto || m.desc.DeviceMemory) {
 		gpus, _ = gpu.DeviceCount()
 	}
-	ncclOK := "0"
-	if gpus > 0 && m.opts.Transport == "auto" && nccl.Load(nccl.Options{}) == nil {
-		ncclOK = "1"
+	f := map[string]string{transport.FactHost: transport.HostIdentity(), transport.FactGPUs: strconv.Itoa(gpus)}
+	for _, d := range transport.Descriptors() {
+		if d.Facts != nil {
+			maps.Copy(f, d.Facts(transport.Probe{GPUs: gpus, Auto: auto}))
+		}
 	}
-	return map[string]string{keyHost: host, keyGPUs: strconv.Itoa(gpus), keyNCCL: ncclOK, keyBucket: strconv.FormatInt(m.opts.BucketSize, 10)}
+	f[keyBucket] = strconv.FormatInt(m.opts.BucketSize, 10)
+	return f
 }
 
-// peer is what one rank published when it joined.
-type peer struct {
-	rank int
-	host string
-	gpus int
-	nccl bool
-}
-
-func (m *member) peers() []peer {
-	out := make([]peer, m.opts.WorldSize)
+// peers are what every rank published when it joined, by rank.
+func (m *member) peers() []transport.Peer {
+	out := make([]transport.Peer, m.opts.WorldSize)
 	for r := range out {
-		e := m.group.Endpoints(r)
-		n, _ := strconv.Atoi(e[keyGPUs])
-		out[r] = peer{rank: r, host: e[keyHost], gpus: n, nccl: e[keyNCCL] == "1"}
+		out[r] = transport.Peer{Rank: r, Facts: m.group.Endpoints(r)}
 	}
 	return out
 }
 
-// chooseTransport is "auto": the same answer on every rank, since every
-// rank sees what every other published.
-func chooseTransport(peers []peer) (name, reason string) {
-	hosts := map[string]int{} // ranks per host
-	for _, p := range peers {
-		if p.gpus == 0 {
-			return "tcp", fmt.Sprintf("rank %d has no GPU", p.rank)
-		}
-		hosts[p.host]++
-	}
-	allNCCL := true
-	onePerRank := true
-	for _, p := range peers {
-		allNCCL = allNCCL && p.nccl
-		onePerRank = onePerRank && p.gpus >= hosts[p.host]
-	}
-	if len(hosts) == 1 {
-		if n := peers[0].gpus; n >= 2 && onePerRank && allNCCL {
-			return "nccl", fmt.Sprintf("%d GPUs, one per rank", n)
-		}
-		return "ipc", fmt.Sprintf("%d ranks share %d GPU(s) of this host", len(peers), peers[0].gpus)
-	}
-	if onePerRank && allNCCL {
-		return "nccl", fmt.Sprintf("%d hosts, one GPU per rank", len(hosts))
-	}
-	return "tcp", fmt.Sprintf("%d hosts without one GPU and NCCL for every rank", len(hosts))
-}
-
 // localIndex is this rank's place among the ranks on its host, in rank
 // order: the GPU it takes unless Device names one.
-func localIndex(peers []peer, rank int) int {
+func localIndex(peers []transport.Peer, rank int) int {
 	var same []int
 	for _, p := range peers {
-		if p.host == peers[rank].host {
-			same = append(same, p.rank)
+		if p.Host() == peers[rank].Host() {
+			same = append(same, p.Rank)
 		}
 	}
 	sort.Ints(same)
@@ -314,27 +282,26 @@ func localIndex(peers []peer, rank int) int {
 }
 
 // openDevice opens where this rank's buckets live for the transport.
-func (m *member) openDevice(peers []peer) error {
-	switch m.choice {
-	case "tcp", "inproc":
+func (m *member) openDevice(peers []transport.Peer) error {
+	if !m.desc.DeviceMemory {
 		m.dev = m.hostMemory()
 		return nil
 	}
 	ordinal, cpu, _ := parseDevice(m.opts.Device)
 	if cpu {
-		return fmt.Errorf("%w: %s: transport %s keeps buckets on a GPU, but the device is %q; use transport tcp", ErrConfig, m.who(), m.choice, m.opts.Device)
+		return fmt.Errorf("%w: %s: transport %s keeps buckets on a GPU, but the device is %q; use transport tcp", ErrConfig, m.who(), m.desc.Name, m.opts.Device)
 	}
 	n, err := gpu.DeviceCount()
 	if err == nil && n == 0 {
 		err = gpu.ErrNoDevice
 	}
 	if err != nil {
-		return fmt.Errorf("%s: transport %s needs a GPU: %w; use transport tcp on machines without one", m.who(), m.choice, err)
+		return fmt.Errorf("%s: transport %s needs a GPU: %w; use transport tcp on machines without one", m.who(), m.desc.Name, err)
 	}
 	if ordinal < 0 {
 		local := localIndex(peers, m.opts.Rank)
-		if m.choice == "nccl" && local >= n {
-			return fmt.Errorf("%w: %s: transport nccl needs one GPU per rank, but this rank is number %d on its host, which shows %d GPUs; use transport ipc or fewer ranks per host", ErrConfig, m.who(), local, n)
+		if m.desc.GPUPerRank && local >= n {
+			return fmt.Errorf("%w: %s: transport %s needs one GPU per rank, but this rank is number %d on its host, which shows %d GPUs; use transport ipc or fewer ranks per host", ErrConfig, m.who(), m.desc.Name, local, n)
 		}
 		ordinal = local % n
 	}
@@ -357,86 +324,65 @@ func (m *member) config(ex transport.Exchange) transport.Config {
 		Auth: m.keys, TLS: m.tls, Logger: m.opts.Logger}
 }
 
-// openLinks opens the metadata bus and the byte transport.
+// openLinks opens the metadata bus and the byte transport, except those
+// given in Options (Publisher or Subscriber, Endpoint), which it takes.
 func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
+	// Sockets other hosts connect to (the metadata bus, a transport that
+	// is Network, as the tcp chain) listen on every interface and publish
+	// Advertise; the others find their peers themselves.
+	netCfg := cfg
+	if m.opts.Advertise != "" && !m.desc.InProcess {
+		netCfg.Options = map[string]string{"bind": "0.0.0.0", "advertise": m.opts.Advertise}
+	}
 	var err error
-	if m.choice == "inproc" {
-		if m.opts.Rank == 0 {
-			m.pub, err = inproc.OpenPublisher(ctx, cfg)
-		} else {
-			m.sub, err = inproc.OpenSubscriber(ctx, cfg)
+	switch {
+	case m.opts.Rank == 0 && m.opts.Publisher != nil:
+		m.pub = m.opts.Publisher
+	case m.opts.Rank != 0 && m.opts.Subscriber != nil:
+		m.sub = m.opts.Subscriber
+	default:
+		var bus transport.Bus
+		if bus, err = transport.BusFor(m.desc); err != nil {
+			return fmt.Errorf("%s: %w", m.who(), err)
 		}
+		if m.opts.Rank == 0 {
+			m.pub, err = bus.OpenPublisher(ctx, netCfg)
+		} else {
+			m.sub, err = bus.OpenSubscriber(ctx, netCfg)
+		}
+		m.ownBus = err == nil
 		if err != nil {
 			return err
 		}
-		m.endpoint, err = transport.Open(ctx, inproc.Name, cfg)
-		return err
 	}
-	// Sockets other hosts connect to (the metadata bus, the tcp chain)
-	// listen on every interface and publish Advertise; ipc and nccl find
-	// their peers themselves.
-	netCfg := cfg
-	if m.opts.Advertise != "" {
-		netCfg.Options = map[string]string{"bind": "0.0.0.0", "advertise": m.opts.Advertise}
+	if m.opts.Endpoint != nil {
+		m.endpoint = m.opts.Endpoint
+		return nil
 	}
-	if m.opts.Rank == 0 {
-		m.pub, err = zmqbus.OpenPublisher(ctx, netCfg)
-	} else {
-		m.sub, err = zmqbus.OpenSubscriber(ctx, netCfg)
-	}
-	if err != nil {
-		return err
-	}
-	if m.choice == "tcp" {
+	if m.desc.Network {
 		cfg = netCfg
 	}
-	m.endpoint, err = transport.Open(ctx, m.choice, cfg)
+	m.endpoint, err = transport.Open(ctx, m.desc.Name, cfg)
+	m.ownEndpoint = err == nil
 	return err
 }
 
 // openWatched opens the metadata bus and the byte transport while
 // watching the group: a peer that leaves or dies meanwhile (the one a
-// transport waits for, often) ends the open within peerGoneGrace of the
+// transport waits for, often) ends the open within blame.Grace of the
 // rendezvous noticing, with the group's error naming it, instead of at
 // the transport's timeout.
 func (m *member) openWatched(ctx context.Context) error {
 	lctx, cancel := context.WithCancelCause(ctx)
-	var watch sync.WaitGroup
-	watch.Go(func() { m.watchGroup(lctx, cancel) })
+	stop := m.blame.Round(lctx, cancel)
 	err := m.openLinks(lctx, m.config(m.group))
 	cause := context.Cause(lctx)
 	cancel(nil)
-	watch.Wait()
-	if gerr := m.group.Err(); err != nil && gerr != nil && cause == gerr {
-		return fmt.Errorf("%s: %w; it broke while this rank opened its transports: %w", m.who(), gerr, err)
+	stop()
+	if err != nil && m.blame.GroupBroke(cause) {
+		return fmt.Errorf("%s: %w; it broke while this rank opened its transports: %w", m.who(), cause, err)
 	}
 	return err
-}
-
-// watchGroup cancels ctx with the group's error once the group broke (a
-// peer gone, the rendezvous lost) and peerGoneGrace has passed since this
-// rank first saw it, so that the transports' own errors, which name the
-// rank that failed first, win. It returns when ctx ends.
-func (m *member) watchGroup(ctx context.Context, cancel context.CancelCauseFunc) {
-	select {
-	case <-m.group.PeerGone():
-	case <-ctx.Done():
-		return
-	}
-	// The grace counts from when a round (or the open) first saw the
-	// loss, so that short rounds after it do not each restart it.
-	m.mu.Lock()
-	if m.goneAt.IsZero() {
-		m.goneAt = time.Now()
-	}
-	grace := time.NewTimer(max(peerGoneGrace-time.Since(m.goneAt), 0))
-	m.mu.Unlock()
-	defer grace.Stop()
-	select {
-	case <-grace.C:
-		cancel(m.group.Err())
-	case <-ctx.Done():
-	}
 }
 
 // release closes everything opened, in reverse order.
@@ -455,10 +401,16 @@ func (m *member) release() error {
 	if m.pool != nil {
 		errs = append(errs, m.pool.Close())
 	}
-	for _, c := range []interface{ Close() error }{m.pub, m.sub, m.endpoint} {
-		if c != nil {
-			errs = append(errs, c.Close())
+	// What Options gave (a bus end, an Endpoint) is the caller's to close.
+	if m.ownBus {
+		for _, c := range []interface{ Close() error }{m.pub, m.sub} {
+			if c != nil {
+				errs = append(errs, c.Close())
+			}
 		}
+	}
+	if m.ownEndpoint && m.endpoint != nil {
+		errs = append(errs, m.endpoint.Close())
 	}
 	if m.closeDev != nil {
 		errs = append(errs, m.closeDev())
@@ -497,63 +449,37 @@ func (m *member) round(ctx context.Context, fn func(context.Context) error) erro
 	m.cancel, m.running = cancel, running
 	m.mu.Unlock()
 
-	var watch sync.WaitGroup
-	for _, l := range []any{m.pub, m.sub} {
-		// The bus failing for the other side's reason (a receiver that
-		// gave up between rounds, the root's abort) ends the round at
-		// once: the byte transport, waiting for that side, may never
-		// hear of it (NCCL has no way to).
-		if w, ok := l.(transport.Watcher); ok {
-			watch.Go(func() {
-				select {
-				case <-w.Failed():
-					cancel(w.Err())
-				case <-ctx.Done():
-				}
-			})
-		}
-	}
-	if m.group != nil {
-		watch.Go(func() { m.watchGroup(ctx, cancel) })
-	}
+	// The bus failing for the other side's reason (a receiver that gave
+	// up between rounds, the root's abort) ends the round at once, a
+	// broken group after the grace.
+	stop := m.blame.Round(ctx, cancel, m.pub, m.sub)
 	err := fn(ctx)
 	cause := context.Cause(ctx)
 	cancel(nil)
-	watch.Wait()
+	stop()
 	m.mu.Lock()
 	m.cancel, m.running = nil, nil
 	m.mu.Unlock()
 	close(running)
-	if err != nil && cause != nil && cause != context.Canceled && !strings.Contains(err.Error(), cause.Error()) {
-		err = fmt.Errorf("%w (cause: %w)", err, cause)
-	}
-	return err
+	return blame.Merge(err, cause)
 }
 
-// tamperWitness tells the stages, when a round fails on a lost peer,
-// the rendezvous's verdict on tampered records: a peer whose etcd record
-// was deleted or rewritten closes its connections before its neighbours
-// hear why (stages.SenderConfig.Witnesses). A peer gone for any other
-// reason is the transport's and the bus's to name.
-type tamperWitness struct{ g *rendezvous.Group }
-
-func (w tamperWitness) Failed() <-chan struct{} { return w.g.PeerGone() }
-
-func (w tamperWitness) Err() error {
-	if err := w.g.Err(); errors.Is(err, rendezvous.ErrTampered) {
-		return err
+// newBlame is the rank's owner of lost-peer attribution: it watches the
+// group, when there is one, and has the rendezvous witness the stages'
+// lost peers with its verdict on tampered records only: a peer whose
+// etcd record was deleted or rewritten closes its connections before its
+// neighbours hear why. A peer gone for any other reason is the
+// transport's and the bus's to name.
+func newBlame(g *rendezvous.Group) *blame.Watch {
+	if g == nil {
+		return blame.New(nil)
 	}
-	return nil
-}
-
-func (tamperWitness) String() string { return "the rendezvous" }
-
-// witnesses are what may say why a round's peer was lost, besides the bus.
-func (m *member) witnesses() []transport.Watcher {
-	if m.group == nil {
+	return blame.New(g, blame.Witness{Name: "the rendezvous", Failed: g.PeerGone, Err: func() error {
+		if err := g.Err(); errors.Is(err, rendezvous.ErrTampered) {
+			return err
+		}
 		return nil
-	}
-	return []transport.Watcher{tamperWitness{m.group}}
+	}})
 }
 
 // Abort fails the rank's round with cause, on every rank: the running
@@ -608,7 +534,7 @@ func (m *member) Close() error {
 func (m *member) Device() mem.Device { return m.dev }
 
 // Transport names the byte transport in use and why it was chosen.
-func (m *member) Transport() (name, reason string) { return m.choice, m.reason }
+func (m *member) Transport() (name, reason string) { return m.desc.Name, m.reason }
 
 // RunID returns the run's id: Options.RunID, or, when that was left empty
 // with a served rendezvous, the one rank 0 made up and published there.

@@ -15,6 +15,7 @@ import (
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 )
 
 // Defaults of Options' zero values.
@@ -51,10 +52,13 @@ type Options struct {
 	// lives as long as the run, so rank 0 makes up a run id and publishes
 	// it there, and the other ranks read it from the server they dial.
 	RunID string
-	// Transport moves the bucket bytes: "auto" (or empty), "tcp", "ipc",
-	// "nccl" or "inproc". auto is decided from what every rank reported
-	// when it joined, the same on all: nccl with a GPU per rank, ipc when
-	// the ranks share one host's GPUs, tcp when some rank has no GPU.
+	// Transport moves the bucket bytes: "auto" (or empty), or the name of
+	// a registered transport (transport.Names: the built-ins are "tcp",
+	// "ipc", "nccl" and "inproc"). auto is decided from what every rank
+	// reported when it joined, the same on all (transport.Choose): the
+	// first registered transport, by preference, that can connect every
+	// pair of ranks — nccl with a GPU per rank, ipc when the ranks share
+	// one host's GPUs, tcp when some rank has no GPU.
 	Transport string
 	// BucketSize is the size of each of the two bucket buffers of every
 	// rank, the same on all. 0 means DefaultBucketSize.
@@ -112,6 +116,23 @@ type Options struct {
 	// Progress, when set, is called on the sender after each bucket has
 	// moved.
 	Progress func(*stages.BucketMeta)
+	// Endpoint, when set, is the byte transport this rank uses instead of
+	// opening one (tests, custom pipelines), as http.Client.Transport
+	// replaces the client's: every rank must be given an end of the same
+	// transport. Transport then names the registered transport it is of,
+	// whose rules say where buckets live (host memory or a GPU) and
+	// whether the ranks meet at a rendezvous; "auto" reports it as
+	// "custom", with buckets in host memory. The caller owns it: Close
+	// does not close it; close it after the Sender or Receiver.
+	Endpoint transport.Endpoint
+	// Publisher (rank 0) or Subscriber (every other rank), when set, is
+	// the metadata bus end this rank uses instead of opening one of the
+	// registered bus that serves its transport (transport.BusFor). The
+	// caller owns it: Close does not close it; close it after the Sender
+	// or Receiver (on rank 0 that ends the run for the receivers, as
+	// Close does with a bus of its own).
+	Publisher  transport.Publisher
+	Subscriber transport.Subscriber
 	// Logger hears what a rank waits for while it waits to meet the
 	// others (every rendezvous.NoticeEvery: "waiting for rank 2 to join
 	// (2 of 3 joined), 1m40s left"; etcd not answering yet) and the
@@ -160,7 +181,7 @@ func (o Options) FromEnv(getenv func(string) string) (Options, error) {
 		}
 		o.WorldSize = n
 	}
-	if o.Rendezvous == "" && o.Transport != "inproc" {
+	if d, ok := transport.Lookup(o.Transport); o.Rendezvous == "" && !(ok && d.InProcess) {
 		host, port := getenv("MASTER_ADDR"), getenv("MASTER_PORT")
 		switch {
 		case host == "" && port == "":
@@ -218,8 +239,17 @@ func (o *Options) check(role string) error {
 	case !rendezvous.ValidName(o.Group) || o.RunID != "" && !rendezvous.ValidName(o.RunID):
 		return bad("group %q and run id %q must be names of at most 256 bytes without '/', spaces or control characters", o.Group, o.RunID)
 	}
-	switch o.Transport {
-	case "auto", "tcp", "ipc", "nccl":
+	d, known := transport.Lookup(o.Transport)
+	switch {
+	case o.Transport != "auto" && !known:
+		return bad("transport %q: choose %s", o.Transport, transportChoices())
+	case role == "sender" && o.Subscriber != nil, role == "receiver" && o.Publisher != nil:
+		return bad("the sender publishes the metadata (Options.Publisher) and receivers subscribe (Options.Subscriber)")
+	case d.InProcess:
+		if o.Rendezvous != "" {
+			return bad("transport %s runs every rank in this process and meets no rendezvous; leave Rendezvous empty", d.Name)
+		}
+	default:
 		if _, err := RendezvousAddr(o.Rendezvous); err != nil {
 			return bad("%v", err)
 		}
@@ -229,12 +259,6 @@ func (o *Options) check(role string) error {
 		if o.RunID == "owner" {
 			return bad("run id \"owner\" is reserved")
 		}
-	case "inproc":
-		if o.Rendezvous != "" {
-			return bad("transport inproc runs every rank in this process and meets no rendezvous; leave Rendezvous empty")
-		}
-	default:
-		return bad("transport %q: choose auto, tcp, ipc, nccl or inproc", o.Transport)
 	}
 	if _, _, err := parseDevice(o.Device); err != nil {
 		return bad("%v", err)
@@ -245,6 +269,13 @@ func (o *Options) check(role string) error {
 		return bad("rollout dtype %s: choose BF16, F16 or F32 (floating tensors are cast to it), or none to send tensors as they are", o.RolloutDType)
 	}
 	return nil
+}
+
+// transportChoices lists what Options.Transport may be, for people:
+// "auto, inproc, ipc, nccl or tcp".
+func transportChoices() string {
+	names := append([]string{"auto"}, transport.Names()...)
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // RendezvousAddr checks a rendezvous address, "etcd://HOST:PORT", and

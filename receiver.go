@@ -23,7 +23,7 @@ func OpenReceiver(ctx context.Context, o Options) (*Receiver, error) {
 		return nil, err
 	}
 	r := &Receiver{member: m}
-	r.r = stages.NewReceiver(stages.ReceiverConfig{Endpoint: m.endpoint, Subscriber: m.sub, Pool: m.pool, Auth: m.keys, Tracer: m.opts.Tracer, Rank: m.opts.Rank, Witnesses: m.witnesses()})
+	r.r = stages.NewReceiver(stages.ReceiverConfig{Endpoint: m.endpoint, Subscriber: m.sub, Pool: m.pool, Auth: m.keys, Tracer: m.opts.Tracer, Rank: m.opts.Rank, Blame: m.blame})
 	m.extra = append(m.extra, r.r.Close) // its GPU state, before the pool
 	return r, nil
 }

@@ -33,7 +33,7 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 	s := &Sender{member: m, devs: map[int]*gpu.CUDADevice{}, reads: map[int]*gpu.Stream{}}
 	s.s = stages.NewSender(stages.SenderConfig{
 		Endpoint: m.endpoint, Publisher: m.pub, Pool: m.pool, Checksum: !m.opts.NoChecksum, NoDirect: m.opts.NoDirect, Auth: m.keys,
-		Tracer: m.opts.Tracer, Rank: 0, Progress: m.opts.Progress, Witnesses: m.witnesses(),
+		Tracer: m.opts.Tracer, Rank: 0, Progress: m.opts.Progress, Blame: m.blame,
 	})
 	// The stages Sender's GPU state goes before the pool; the devices of
 	// tensors handed in after it.

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/transport/ncclx"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -325,26 +327,38 @@ func TestOptions(t *testing.T) {
 	}
 }
 
+// TestChooseTransport: "auto" over the registry picks what the front
+// door's rules always picked, with the same reasons.
 func TestChooseTransport(t *testing.T) {
-	p := func(rank int, host string, gpus int, nccl bool) peer { return peer{rank, host, gpus, nccl} }
+	p := func(rank int, host string, gpus int, nccl bool) transport.Peer {
+		ok := "0"
+		if nccl {
+			ok = "1"
+		}
+		return transport.Peer{Rank: rank, Facts: map[string]string{
+			transport.FactHost: host, transport.FactGPUs: strconv.Itoa(gpus), ncclx.FactNCCL: ok}}
+	}
 	cases := []struct {
-		peers []peer
-		want  string
+		peers        []transport.Peer
+		want, reason string
 	}{
-		{[]peer{p(0, "a", 8, true), p(1, "a", 8, true), p(2, "a", 8, true)}, "nccl"},
-		{[]peer{p(0, "a", 1, true), p(1, "a", 1, true), p(2, "a", 1, true)}, "ipc"},
-		{[]peer{p(0, "a", 2, true), p(1, "a", 2, true), p(2, "a", 2, true)}, "ipc"},
-		{[]peer{p(0, "a", 8, false), p(1, "a", 8, false)}, "ipc"},
-		{[]peer{p(0, "a", 8, true), p(1, "b", 0, false)}, "tcp"},
-		{[]peer{p(0, "a", 1, true), p(1, "b", 1, true)}, "nccl"},
-		{[]peer{p(0, "a", 1, true), p(1, "b", 1, true), p(2, "b", 1, true)}, "tcp"},
+		{[]transport.Peer{p(0, "a", 8, true), p(1, "a", 8, true), p(2, "a", 8, true)}, "nccl", "8 GPUs, one per rank"},
+		{[]transport.Peer{p(0, "a", 1, true), p(1, "a", 1, true), p(2, "a", 1, true)}, "ipc", "3 ranks share 1 GPU(s) of this host"},
+		{[]transport.Peer{p(0, "a", 2, true), p(1, "a", 2, true), p(2, "a", 2, true)}, "ipc", "3 ranks share 2 GPU(s) of this host"},
+		{[]transport.Peer{p(0, "a", 8, false), p(1, "a", 8, false)}, "ipc", "2 ranks share 8 GPU(s) of this host"},
+		{[]transport.Peer{p(0, "a", 8, true), p(1, "b", 0, false)}, "tcp", "rank 1 has no GPU"},
+		{[]transport.Peer{p(0, "a", 0, false), p(1, "a", 0, false)}, "tcp", "rank 0 has no GPU"},
+		{[]transport.Peer{p(0, "a", 1, true), p(1, "b", 1, true)}, "nccl", "2 hosts, one GPU per rank"},
+		{[]transport.Peer{p(0, "a", 1, true), p(1, "b", 1, true), p(2, "b", 1, true)}, "tcp", "2 hosts without one GPU and NCCL for every rank"},
+		{[]transport.Peer{p(0, "a", 8, false), p(1, "b", 8, true)}, "tcp", "2 hosts without one GPU and NCCL for every rank"},
 	}
 	for _, c := range cases {
-		if got, why := chooseTransport(c.peers); got != c.want {
-			t.Errorf("%+v: %s (%s), want %s", c.peers, got, why, c.want)
+		d, why, err := transport.Choose(c.peers)
+		if err != nil || d.Name != c.want || why != c.reason {
+			t.Errorf("%+v: %s (%s), %v; want %s (%s)", c.peers, d.Name, why, err, c.want, c.reason)
 		}
 	}
-	peers := []peer{p(0, "a", 1, true), p(1, "b", 1, true), p(2, "a", 1, true), p(3, "b", 1, true)}
+	peers := []transport.Peer{p(0, "a", 1, true), p(1, "b", 1, true), p(2, "a", 1, true), p(3, "b", 1, true)}
 	for r, want := range []int{0, 0, 1, 1} {
 		if got := localIndex(peers, r); got != want {
 			t.Errorf("rank %d: local index %d, want %d", r, got, want)

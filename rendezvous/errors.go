@@ -91,6 +91,9 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel or cause.
 func (e *Error) Unwrap() error { return e.Err }
 
+// FaultRanks returns Ranks, the ranks at fault.
+func (e *Error) FaultRanks() []int { return e.Ranks }
+
 // Is makes rendezvous timeouts and lost peers match the transport
 // package's sentinels, so a transport that gets them from its Exchange can
 // be tested the same way as its own.

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/transport"
 )
 
@@ -164,89 +161,16 @@ func (s SinkState) String() string {
 	return "SinkState(" + strconv.Itoa(int(s)) + ")"
 }
 
-// witnessWait bounds how long a round that failed on a lost peer waits
-// for a witness's word before abortBus aborts the bus.
-const witnessWait = time.Second
-
 // abortBus ends the metadata bus (a Publisher or Subscriber) after this
 // rank's round failed with err, telling the other side why, and returns
-// err with what the witnesses say added. A neighbour that stopped because
-// the root gave up or fell silent, or because its etcd record was
-// tampered with, hangs up on this rank a moment before this rank hears
-// the same (each rank's liveness runs out on its own clock); aborting the
-// bus at once would lose that word, and the error would name the
-// neighbour alone. So a lost peer (transport.ErrPeerGone) first waits,
-// witnessWait at most, for the bus (when it is a transport.Watcher) or one
-// of witnesses to fail with a reason, and adds every reason then known.
-func abortBus(bus any, err error, witnesses []transport.Watcher) error {
-	if errors.Is(err, transport.ErrPeerGone) {
-		all := witnesses
-		if w, ok := bus.(transport.Watcher); ok {
-			all = append([]transport.Watcher{namedWitness{w, "the metadata bus"}}, witnesses...)
-		}
-		err = hearWitnesses(err, all)
-	}
+// err with what the witnesses say added: a round failed on a lost peer
+// first hears the bus and watch's witnesses (blame.Watch.Lost; watch may
+// be nil), so that the other side is told the real reason, not the
+// neighbour's hang-up alone.
+func abortBus(bus any, err error, watch *blame.Watch) error {
+	err = watch.Lost(err, bus)
 	if a, ok := bus.(transport.Aborter); ok {
 		a.Abort(err)
 	}
 	return err
-}
-
-// hearWitnesses waits, witnessWait at most, until one of ws has failed
-// with a reason, and adds to err each reason ws give then that err does
-// not already say.
-func hearWitnesses(err error, ws []transport.Watcher) error {
-	if len(ws) == 0 {
-		return err
-	}
-	said := make(chan struct{}, len(ws))
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, w := range ws {
-		wg.Go(func() {
-			select {
-			case <-w.Failed():
-				if w.Err() != nil {
-					said <- struct{}{}
-				}
-			case <-done:
-			}
-		})
-	}
-	t := time.NewTimer(witnessWait)
-	select {
-	case <-said:
-	case <-t.C:
-	}
-	t.Stop()
-	close(done)
-	wg.Wait()
-	for _, w := range ws {
-		select {
-		case <-w.Failed():
-		default:
-			continue
-		}
-		if werr := w.Err(); werr != nil && !strings.Contains(err.Error(), werr.Error()) {
-			err = fmt.Errorf("%w (%s: %v)", err, witnessName(w), werr)
-		}
-	}
-	return err
-}
-
-// namedWitness gives a witness the name its reasons are introduced with.
-type namedWitness struct {
-	transport.Watcher
-	name string
-}
-
-func (n namedWitness) String() string { return n.name }
-
-// witnessName is how a witness's reason is introduced: what it calls
-// itself (a String method), or "a witness".
-func witnessName(w transport.Watcher) string {
-	if n, ok := w.(fmt.Stringer); ok {
-		return n.String()
-	}
-	return "a witness"
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
@@ -546,11 +547,6 @@ func TestAbortBusWaitsForTheBussWord(t *testing.T) {
 	})
 }
 
-// namedWatcher is a watchedBus that names itself, as a witness does.
-type namedWatcher struct{ *watchedBus }
-
-func (namedWatcher) String() string { return "the rendezvous" }
-
 // TestAbortBusHearsWitnesses: the word of a witness other than the bus
 // (the rendezvous's verdict on a tampered record) is added the same way,
 // under its own name, and a witness that fails with no reason to give
@@ -560,10 +556,12 @@ func TestAbortBusHearsWitnesses(t *testing.T) {
 	bus := &watchedBus{failed: make(chan struct{}), reason: errors.New("the root gave up: bucket 7 is short")}
 	mute := &watchedBus{failed: make(chan struct{})} // fails, says nothing
 	close(mute.failed)
-	rdv := namedWatcher{&watchedBus{failed: make(chan struct{}), reason: errors.New(`record "ranks/2" was deleted`)}}
+	rdv := &watchedBus{failed: make(chan struct{}), reason: errors.New(`record "ranks/2" was deleted`)}
 	time.AfterFunc(30*time.Millisecond, func() { close(rdv.failed) })
 	time.AfterFunc(60*time.Millisecond, func() { close(bus.failed) })
-	err := abortBus(bus, lost, []transport.Watcher{mute, rdv})
+	watch := blame.New(nil, blame.Witness{Name: "a mute witness", Failed: mute.Failed, Err: mute.Err},
+		blame.Witness{Name: "the rendezvous", Failed: rdv.Failed, Err: rdv.Err})
+	err := abortBus(bus, lost, watch)
 	if !strings.Contains(err.Error(), `(the rendezvous: record "ranks/2" was deleted)`) {
 		t.Fatalf("abortBus = %v, want the rendezvous's word", err)
 	}

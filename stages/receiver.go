@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -24,12 +25,13 @@ type ReceiverConfig struct {
 	// messages signed with them (see mac.go); nil: the root must send
 	// neither.
 	Auth *auth.Keys
-	// Witnesses, besides the bus itself, may say why a peer was lost:
-	// when a round fails on a lost peer (transport.ErrPeerGone), what
-	// they and the bus say is added to the error before the bus is
-	// aborted, after a wait of a second at most for the first word (the
-	// front door passes the rendezvous's verdict on tampered records).
-	Witnesses []transport.Watcher
+	// Blame, when set, is the rank's owner of lost-peer attribution
+	// (the front door's): when a round fails on a lost peer
+	// (transport.ErrPeerGone), what the bus and its witnesses say is
+	// added to the error before the bus is aborted, after a wait of
+	// blame.WitnessWait at most for the first word. Nil hears the bus
+	// alone.
+	Blame *blame.Watch
 }
 
 // Receiver is one receiving rank of a sync group. Like Sender, a failed
@@ -104,7 +106,7 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	if err != nil {
 		// The root fails with this reason, not "rank r left"; nothing of
 		// the failed round stays behind in the sink.
-		err = abortBus(r.cfg.Subscriber, err, r.cfg.Witnesses)
+		err = abortBus(r.cfg.Subscriber, err, r.cfg.Blame)
 		if aerr := abort(leaves(sink)); aerr != nil {
 			err = fmt.Errorf("%w; and dropping the failed round from the sink: %w", err, aerr)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 )
@@ -54,12 +55,13 @@ type SenderConfig struct {
 	// in memory that CUDA IPC cannot share go through buckets where the
 	// receivers could read the others in place. Nil means slog.Default().
 	Logger *slog.Logger
-	// Witnesses, besides the bus itself, may say why a peer was lost:
-	// when a round fails on a lost peer (transport.ErrPeerGone), what
-	// they and the bus say is added to the error before the bus is
-	// aborted, after a wait of a second at most for the first word (the
-	// front door passes the rendezvous's verdict on tampered records).
-	Witnesses []transport.Watcher
+	// Blame, when set, is the rank's owner of lost-peer attribution
+	// (the front door's): when a round fails on a lost peer
+	// (transport.ErrPeerGone), what the bus and its witnesses say is
+	// added to the error before the bus is aborted, after a wait of
+	// blame.WitnessWait at most for the first word. Nil hears the bus
+	// alone.
+	Blame *blame.Watch
 }
 
 // Sender is the root of a sync group. It keeps its endpoint, publisher and
@@ -136,7 +138,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		}
 	}
 	if err != nil {
-		err = abortBus(s.cfg.Publisher, err, s.cfg.Witnesses) // receivers fail with this reason, not "the root left"
+		err = abortBus(s.cfg.Publisher, err, s.cfg.Blame) // receivers fail with this reason, not "the root left"
 		s.broken = err
 		return stats, err
 	}

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
@@ -132,93 +130,6 @@ type Lender interface {
 	Lend(ctx context.Context, seq uint64, n int) (buf mem.Buffer, release func(error) error, err error)
 }
 
-// Opener opens a rank's Endpoint of one transport.
-type Opener func(ctx context.Context, cfg Config) (Endpoint, error)
-
-var (
-	mu      sync.RWMutex
-	openers = map[string]Opener{}
-)
-
-// Register makes a transport available by name. It panics if the name is
-// taken or open is nil, as registration happens in init.
-func Register(name string, open Opener) {
-	mu.Lock()
-	defer mu.Unlock()
-	if open == nil {
-		panic("transport: Register of nil opener for " + name)
-	}
-	if _, dup := openers[name]; dup {
-		panic("transport: Register called twice for " + name)
-	}
-	openers[name] = open
-}
-
-// Names lists the registered transports, sorted.
-func Names() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]string, 0, len(openers))
-	for n := range openers {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// builtin maps each transport that ships with weightcast to the package
-// whose import registers it. The registry cannot import them itself: they
-// import this package, and ipc and nccl need cgo, which a program that moves
-// host memory only does not.
-var builtin = map[string]string{
-	"inproc": "github.com/weightcast/weightcast/transport/inproc",
-	"ipc":    "github.com/weightcast/weightcast/transport/ipc",
-	"nccl":   "github.com/weightcast/weightcast/transport/ncclx",
-	"tcp":    "github.com/weightcast/weightcast/transport/tcp",
-}
-
-// BuiltinPackage returns the import path of the package that registers the
-// built-in transport called name, or "" when no built-in has that name.
-func BuiltinPackage(name string) string { return builtin[name] }
-
-// ErrUnknownTransport is wrapped by Open's error for a name no package
-// registered.
-var ErrUnknownTransport = errors.New("unknown transport")
-
-// unknown explains a name that is not registered: for a built-in, the import
-// that registers it; otherwise the built-in names.
-func unknown(name string) error {
-	registered := strings.Join(Names(), ", ")
-	if registered == "" {
-		registered = "none"
-	}
-	if pkg := BuiltinPackage(name); pkg != "" {
-		return fmt.Errorf("transport: %w %q: it is built in but its package is not linked into this program; add `import _ %q` to it (registered: %s)", ErrUnknownTransport, name, pkg, registered)
-	}
-	names := make([]string, 0, len(builtin))
-	for n := range builtin {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return fmt.Errorf("transport: %w %q (registered: %s; built in: %s, each registered by importing its package)", ErrUnknownTransport, name, registered, strings.Join(names, ", "))
-}
-
-// Open validates cfg and opens this rank's Endpoint of the named transport.
-// A name that no imported package registered fails with an error wrapping
-// ErrUnknownTransport that, for a built-in transport, names the import to add.
-func Open(ctx context.Context, name string, cfg Config) (Endpoint, error) {
-	mu.RLock()
-	open, ok := openers[name]
-	mu.RUnlock()
-	if !ok {
-		return nil, unknown(name)
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return open(ctx, cfg)
-}
-
 // Error is the error every transport returns from a failed wait or
 // transfer: it names the transport, group, rank, operation and bucket.
 type Error struct {
@@ -249,6 +160,14 @@ func (e *Error) Error() string {
 // Unwrap returns the underlying error (ErrTimeout, ErrPeerGone, ...).
 func (e *Error) Unwrap() error { return e.Err }
 
+// FaultRanks returns the rank at fault, Peer, or none when unknown.
+func (e *Error) FaultRanks() []int {
+	if e.Peer < 0 {
+		return nil
+	}
+	return []int{e.Peer}
+}
+
 // ErrTimeout is wrapped by errors from waits that ran past their bound.
 var ErrTimeout = errors.New("timed out")
 
@@ -273,7 +192,23 @@ func ContextErr(ctx context.Context) error {
 		return nil
 	}
 	if cause := context.Cause(ctx); cause != nil && cause != err {
-		return fmt.Errorf("%w (because %v)", err, cause)
+		return &CanceledError{Err: err, Cause: cause}
 	}
 	return err
 }
+
+// CanceledError is ContextErr's error for a context whose cause says
+// more than its error: "context canceled (because ...)". It matches Err
+// (errors.Is), not Cause, which is the reason given, not what failed
+// here; Cause lets a caller tell that an error already carries a reason
+// (package blame).
+type CanceledError struct {
+	Err   error // context.Canceled or context.DeadlineExceeded
+	Cause error // context.Cause
+}
+
+// Error is "Err (because Cause)".
+func (e *CanceledError) Error() string { return e.Err.Error() + " (because " + e.Cause.Error() + ")" }
+
+// Unwrap returns Err.
+func (e *CanceledError) Unwrap() error { return e.Err }

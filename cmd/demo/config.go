@@ -20,6 +20,7 @@ import (
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 )
 
 // config is everything a demo run needs; every rank of a run gets the same
@@ -307,10 +308,8 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	case c.runID != "" && (!rendezvous.ValidName(c.runID) || c.runID == "owner"):
 		return nil, fmt.Errorf("--run-id %q: a run id must be 1 to 256 bytes, without '/', spaces or control characters, and not \"owner\"", c.runID)
 	}
-	switch c.transport {
-	case "auto", "tcp", "inproc", "ipc", "nccl":
-	default:
-		return nil, fmt.Errorf("--transport %q: choose auto, tcp, inproc, ipc or nccl", c.transport)
+	if _, ok := transport.Lookup(c.transport); c.transport != "auto" && !ok {
+		return nil, fmt.Errorf("--transport %q: choose auto or one of %s", c.transport, strings.Join(transport.Names(), ", "))
 	}
 
 	// Torchrun-style variables stand in for --rank, --world-size and

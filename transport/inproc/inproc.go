@@ -16,8 +16,6 @@ import (
 // Name is the registry name of this transport.
 const Name = "inproc"
 
-func init() { transport.Register(Name, Open) }
-
 // hub joins the ranks of one group inside the process.
 type hub struct {
 	group  string

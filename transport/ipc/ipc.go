@@ -26,8 +26,6 @@ const Name = "ipc"
 // channel address.
 const AddrKey = "ipc.addr"
 
-func init() { transport.Register(Name, Open) }
-
 // rootInfo is what the root publishes under AddrKey (JSON).
 type rootInfo struct {
 	Addr   string `json:"addr"`

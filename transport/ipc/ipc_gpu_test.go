@@ -18,42 +18,6 @@ import (
 // TestConformance runs the transport suite (see conformance).
 func TestConformance(t *testing.T) { conformance.Run(t) }
 
-// TestIPCRounds runs the whole pipeline across 4 processes on one GPU (see
-// rounds): every receiver verifies every byte of each round. Each GPU's
-// free memory, read when every rank's context exists and again after the
-// rounds, must fall by no more than every rank's two buckets and the model
-// it holds, plus a small allowance per rank for the transport and streams
-// (the transport itself allocates no device memory).
-func TestIPCRounds(t *testing.T) {
-	reports := rounds.Run(t)
-	used, held, ranks := map[int]int64{}, map[int]int64{}, map[int]int{}
-	for _, rep := range reports {
-		used[rep.Ordinal] = max(used[rep.Ordinal], rep.FreeDrop) // ranks of one GPU see one figure
-		held[rep.Ordinal] += rep.Held
-		ranks[rep.Ordinal]++
-	}
-	const allowance = 64 << 20 // per rank: streams, IPC mappings, driver pools
-	for dev, u := range used {
-		extra := u - held[dev]
-		t.Logf("cuda:%d: %d ranks; free memory fell by %.1f MiB, of which buckets and models are %.1f MiB, leaving %.1f MiB per rank",
-			dev, ranks[dev], float64(u)/(1<<20), float64(held[dev])/(1<<20), float64(extra)/float64(ranks[dev])/(1<<20))
-		if extra > int64(ranks[dev])*allowance {
-			t.Errorf("cuda:%d: %.1f MiB per rank beyond two buckets and the model; want at most %d MiB", dev, float64(extra)/float64(ranks[dev])/(1<<20), allowance>>20)
-		}
-	}
-}
-
-// TestIPCDirectRounds runs the whole pipeline across 4 processes on one
-// GPU from a model on the root's GPU (see directRounds): every bucket is
-// read in place by every receiver, which verifies every byte it holds.
-func TestIPCDirectRounds(t *testing.T) {
-	reports := directRounds.Run(t)
-	if reports[0].Direct == 0 {
-		t.Fatal("no bucket was read in place, though every receiver shares the root's GPU")
-	}
-	t.Logf("%d buckets of the last round read in place", reports[0].Direct)
-}
-
 // childConfig tells a child process which receiver to play: Count
 // broadcasts of Size bytes into a buffer on cuda:Device, checking that
 // bucket seq came from the root's buffer seq%2 (each filled with Fill[i]).

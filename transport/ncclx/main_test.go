@@ -1,18 +1,12 @@
 package ncclx
 
 import (
-	"context"
 	"errors"
 	"testing"
-	"time"
 
-	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/nccl"
-	"github.com/weightcast/weightcast/stages"
-	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
-	"github.com/weightcast/weightcast/transport/transporttest/stagestest"
 )
 
 // ncclMemory is GPU memory on a host that has NCCL too: where the library
@@ -46,18 +40,9 @@ var conformance = &transporttest.Suite{
 	DevicePerRank: true, Collective: true, MaxBucket: 64 << 20,
 }
 
-// rounds is the whole pipeline over nccl between two processes: a
-// synthetic model packed into device buckets on cuda:0, received into a
-// DeviceModel on cuda:1, the communicator rebuilt between the rounds.
-var rounds = &stagestest.Rounds{
-	Transport: Name, Memory: ncclMemory{}, DevicePerRank: true, World: 2,
-	Model:  stages.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21},
-	Bucket: 32 << 20, Rounds: 2, Timeout: time.Minute,
-	BetweenRounds: func(ctx context.Context, ep transport.Endpoint) error { return ep.(*Endpoint).Rebuild(ctx) },
-}
-
 // procs runs rank 1 of this package's benchmarks (runChild).
 var procs = transporttest.Procs[childConfig]{Env: "WEIGHTCAST_NCCLX_TEST_CHILD", Run: runChild}
 
-// TestMain hands child processes to the suite, the rounds or runChild.
-func TestMain(m *testing.M) { transporttest.Main(m, conformance, rounds, procs) }
+// TestMain hands child processes to the suite or runChild. Whole rounds
+// over nccl are stages/stagestest's tests.
+func TestMain(m *testing.M) { transporttest.Main(m, conformance, procs) }

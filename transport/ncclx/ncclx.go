@@ -20,8 +20,6 @@ const Name = "nccl"
 // generation g under UniqueIDKey + ".<g>".
 const UniqueIDKey = "nccl.uid"
 
-func init() { transport.Register(Name, Open) }
-
 // Endpoint is one rank's NCCL endpoint. Its methods may be called from any
 // goroutine, one at a time.
 type Endpoint struct {

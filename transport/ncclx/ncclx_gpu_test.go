@@ -2,44 +2,33 @@ package ncclx
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
-	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
-	"github.com/weightcast/weightcast/transport/transporttest/stagestest"
 )
 
 // The tests and benchmarks below need 2 GPUs and NCCL (two NCCL ranks
 // cannot share one GPU); they skip, saying why, elsewhere. Rank 0 runs in
 // the test process on cuda:0, rank 1 in a child process on cuda:1.
 
-// TestNCCLRounds runs the pipeline over NCCL between two processes (see
-// rounds): every byte verified on the receiver after each round.
-func TestNCCLRounds(t *testing.T) { rounds.Run(t) }
-
 const (
-	// benchBucket is the bucket size of the benchmarks, and benchTensors
-	// how many of them the pipeline benchmark moves per round.
-	benchBucket  = 1 << 30
-	benchTensors = 16
-	// benchWarm broadcasts, or rounds, run before the timer starts.
+	// benchBucket is the bucket size of the benchmark.
+	benchBucket = 1 << 30
+	// benchWarm broadcasts run before the timer starts.
 	benchWarm = 2
 )
 
 // childConfig tells the child process what rank 1 does: Count broadcasts
 // of benchBucket bytes through the transport ("transport") or a plain
-// communicator ("raw"), or Count pipeline rounds into a DeviceModel
-// ("pipeline").
+// communicator ("raw"). Whole pipeline rounds over nccl, and their
+// benchmark (BenchmarkNCCLPipeline), are stages/stagestest's.
 type childConfig struct {
 	Mode  string
 	Group transporttest.Group
@@ -156,53 +145,10 @@ func broadcaster(ctx context.Context, via string, cfg transport.Config, d *gpu.C
 	}, closeComm, nil
 }
 
-// BenchmarkNCCLPipeline runs whole rounds of 16 GiB of bf16 device tensors
-// of 1 GiB on cuda:0 through the pipeline into a DeviceModel on cuda:1
-// (pack, broadcast and the receiver's copy into its model overlapped; the
-// warm-up round allocates the model), verified byte for byte after the
-// last round; it reports GB/s per round.
-func BenchmarkNCCLPipeline(b *testing.B) {
-	ctx, d, cfg, kid := startPair(b, "nccl-pipe", childConfig{Mode: "pipeline", Count: 1 + b.N}, 10*time.Minute)
-	var src stages.Tensors
-	s := gputest.Stream(b, d)
-	for i := range benchTensors {
-		t := gputest.Alloc(b, d, benchBucket)
-		gputest.Fill(b, s, t, byte(i+1))
-		src = append(src, &stages.Tensor{Name: tensorName(i), DType: dtype.BF16, Shape: []int64{benchBucket / 2}, Device: t})
-	}
-	rk, err := stagestest.OpenRank(ctx, Name, cfg, benchBucket)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var bytes int64
-	for v := uint64(1); v <= uint64(1+b.N); v++ {
-		if v == 2 {
-			b.ResetTimer()
-		}
-		st, err := rk.Sender.Sync(ctx, src, v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		bytes = st.Bytes
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)*float64(bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
-	// Close while the peer is alive: finalizing may wait for it.
-	if err := rk.Close(); err != nil {
-		b.Error(err)
-	}
-	wait(b, kid)
-}
-
-func tensorName(i int) string { return fmt.Sprintf("layers.%d.weight", i) }
-
 // runChild plays rank 1 on cuda:1.
 func runChild(cfg childConfig) error {
 	return gputest.OnDevice(1, 10*time.Minute, func(ctx context.Context, d *gpu.CUDADevice) error {
 		tc := cfg.Group.Config(1, 2, d, time.Minute)
-		if cfg.Mode == "pipeline" {
-			return childPipeline(ctx, tc, d, cfg.Count)
-		}
 		bufs := make([]mem.Buffer, 2)
 		for i := range bufs {
 			b, err := d.Alloc(benchBucket)
@@ -225,49 +171,3 @@ func runChild(cfg childConfig) error {
 		return closeComm()
 	})
 }
-
-// childPipeline receives rounds rounds into a DeviceModel and verifies it
-// after the last: tensor i holds byte i+1 throughout.
-func childPipeline(ctx context.Context, tc transport.Config, d *gpu.CUDADevice, rounds int) (err error) {
-	rk, err := stagestest.OpenRank(ctx, Name, tc, benchBucket)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, rk.Close()) }()
-	want := lookupOf{}
-	for i := range benchTensors {
-		want[tensorName(i)] = &stages.Tensor{Name: tensorName(i), DType: dtype.BF16, Shape: []int64{benchBucket / 2}, Reader: constReader(i + 1)}
-	}
-	m, err := stagestest.NewModel(d, want)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, m.Close()) }()
-	for range rounds {
-		if _, err := rk.Receiver.Sync(ctx, m.Sink()); err != nil {
-			return err
-		}
-	}
-	n, err := m.Verify(ctx)
-	if err == nil && n != benchTensors*benchBucket {
-		err = fmt.Errorf("verified %d of %d bytes", n, benchTensors*benchBucket)
-	}
-	return err
-}
-
-// constReader reads as n copies of one byte.
-type constReader byte
-
-func (c constReader) ReadAt(p []byte, off int64) (int, error) {
-	if len(p) > 0 {
-		p[0] = byte(c)
-		for i := 1; i < len(p); i *= 2 {
-			copy(p[i:], p[:i])
-		}
-	}
-	return len(p), nil
-}
-
-type lookupOf map[string]*stages.Tensor
-
-func (l lookupOf) Lookup(name string) (*stages.Tensor, bool) { t, ok := l[name]; return t, ok }

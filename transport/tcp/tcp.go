@@ -56,8 +56,6 @@ var proto = handshake.Protocol{Name: Name, Magic: magic, Version: version}
 // the wait for it.
 const maxHandshake = 10 * time.Second
 
-func init() { transport.Register(Name, Open) }
-
 type options struct {
 	chunk     int
 	bind      string

@@ -15,7 +15,8 @@ import (
 	"github.com/weightcast/weightcast/transport"
 )
 
-// Name is the transport name in every error this package returns.
+// Name is the transport name in every error this package returns, and
+// the bus's registry name.
 const Name = "zmq"
 
 // AddrKey is the Exchange key under which the root publishes the bus

@@ -4,8 +4,10 @@
 // test binary: the transport tests' check that the pipeline works over
 // them end to end, with each receiver verifying every byte it holds.
 //
-// It is a package of its own because it imports stages, whose tests import
-// transporttest.
+// It sits under stages, not under transport: it imports stages, and
+// transport and everything under it import nothing above them (the tests
+// of package transport check it). Its own tests run the rounds over every
+// built-in transport that has processes for ranks: tcp, ipc and nccl.
 package stagestest
 
 import (
