@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/dustin/go-humanize"
 
@@ -234,9 +235,20 @@ func (m *member) checkBuckets() error {
 	if len(differ) == 0 {
 		return nil
 	}
+	// Every rank that published its size finds the same mismatch: meet
+	// once more before leaving (briefly), so that none leaves while another
+	// is still reading the records, which would make that one report a
+	// lost peer instead of the mismatch.
+	ctx, cancel := context.WithTimeout(context.Background(), min(m.opts.Timeout, mismatchBarrierWait))
+	m.group.Barrier(ctx, "bucket-mismatch")
+	cancel()
 	return fmt.Errorf("%w: %s: bucket size mismatch: %s, but rank 0 with %s (%d bytes); give every rank the same bucket size",
 		ErrConfig, m.who(), strings.Join(differ, ", "), humanize.IBytes(uint64(root)), root)
 }
+
+// mismatchBarrierWait bounds the meeting of ranks that found a bucket size
+// mismatch before they leave.
+const mismatchBarrierWait = 5 * time.Second
 
 // facts are what this rank tells the others when it joins: its host and
 // GPUs, what every registered transport adds (transport.Descriptor.Facts),

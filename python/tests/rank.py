@@ -79,6 +79,8 @@ def main():
                         named = gen()
                     s.send(named, v)
                     say(event="round", version=v, committed=s.version)
+                    if spec.get("bad") == "stale":
+                        s.send(named, v)  # the same version again
         else:
             with weightcast.Receiver(bucket=bucket, **opts) as r:
                 say(event="opened", transport=r.transport)

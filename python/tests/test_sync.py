@@ -167,3 +167,16 @@ def test_interrupt_while_opening(group):
     err = ranks[1].of("error")
     assert code == 2 and err and "interrupted (Ctrl-C) while opening" in err[0]["text"], events
     assert time.monotonic() - start < 10, f"rank 1 took {time.monotonic() - start:.1f} s to fail"
+
+
+def test_stale_version(group):
+    """Sending a version that is not above the last committed one raises
+    ConfigError (a ValueError) on the sender, saying what to do."""
+    ranks = group([
+        {"role": "sender", "versions": [1], "bucket": BUCKET, "small": 10, "bad": "stale"},
+        {"role": "receiver", "versions": [1], "bucket": BUCKET, "small": 10},
+    ])
+    code, events = ranks[0].finish(timeout=60)
+    err = ranks[0].of("error")
+    assert code == 2 and err and err[0]["type"] == "ConfigError", events
+    assert "not above the last committed version 1" in err[0]["text"] and "higher version" in err[0]["text"], err
