@@ -103,7 +103,7 @@ const (
 	cPack   // mov.b64 d, {lo, hi}
 	cUnpack // mov.b64 {lo, hi}, a
 	cDiv    // div.u32, rem.u32 (sub "div" or "rem")
-	cDivF32 // div.rn.f32: IEEE 754 division, rounded to nearest even
+	cDivF32 // div.rn.f32, mul.rn.f32, add.rn.f32: IEEE 754, rounded to nearest even
 )
 
 type ptxInst struct {
@@ -594,6 +594,9 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		}
 		return nil
 	case "add", "sub", "min", "max", "and", "or", "xor", "shl", "shr", "mul":
+		if in.op == "add.rn.f32" || in.op == "mul.rn.f32" {
+			return k.decodeF32(in, parts[0], operands)
+		}
 		in.code, in.sub = cBin, parts[0]
 		typ, kinds := parts[len(parts)-1], "us"
 		switch {
@@ -626,22 +629,7 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		return operands([]int{roleDst, roleReg, roleSrc}, []uint{0, 0, third})
 	case "div", "rem":
 		if in.op == "div.rn.f32" {
-			// IEEE division. Its operands are registers of a type that
-			// ptxas takes for .f32: declared .f32 or .b32 (an integer
-			// register is a type mismatch), and no immediates (PTX
-			// writes float constants as 0fXXXXXXXX, which the
-			// interpreter does not parse: move the bits into a .b32
-			// register first).
-			in.code, in.width = cDivF32, 32
-			if err := operands([]int{roleDst, roleReg, roleReg}, []uint{32, 32, 32}); err != nil {
-				return err
-			}
-			for i, a := range in.args {
-				if kind := k.regKind[a.reg]; kind != 'f' && kind != 'b' {
-					return fmt.Errorf("operand %d (%s) of %s: a .%c32 register; .f32 operands need .f32 or .b32 registers", i+1, a.text, in.op, kind)
-				}
-			}
-			return nil
+			return k.decodeF32(in, "div", operands)
 		}
 		if in.op != "div.u32" && in.op != "rem.u32" {
 			return fmt.Errorf("%s: the interpreter knows div.u32, rem.u32 and div.rn.f32 only", in.op)
@@ -791,6 +779,25 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		return nil
 	}
 	return fmt.Errorf("the interpreter does not know %s", in.op)
+}
+
+// decodeF32 decodes div.rn.f32, mul.rn.f32 or add.rn.f32 (sub says
+// which): IEEE arithmetic rounded to nearest even, subnormals kept. Its
+// operands are registers of a type that ptxas takes for .f32: declared
+// .f32 or .b32 (an integer register is a type mismatch), and no
+// immediates (PTX writes float constants as 0fXXXXXXXX, which the
+// interpreter does not parse: move the bits into a .b32 register first).
+func (k *ptxKernel) decodeF32(in *ptxInst, sub string, operands func([]int, []uint) error) error {
+	in.code, in.sub, in.width = cDivF32, sub, 32
+	if err := operands([]int{roleDst, roleReg, roleReg}, []uint{32, 32, 32}); err != nil {
+		return err
+	}
+	for i, a := range in.args {
+		if kind := k.regKind[a.reg]; kind != 'f' && kind != 'b' {
+			return fmt.Errorf("operand %d (%s) of %s: a .%c32 register; .f32 operands need .f32 or .b32 registers", i+1, a.text, in.op, kind)
+		}
+	}
+	return nil
 }
 
 // operand parses a register or immediate operand of the given role and
@@ -1456,7 +1463,16 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 				// even, subnormals kept: div.rn.f32 without .ftz. (A
 				// NaN result has the host's bits, not the GPU's
 				// canonical 0x7FFFFFFF: kernels must not store one.)
-				q := math.Float32frombits(uint32(a)) / math.Float32frombits(uint32(b))
+				x, y := math.Float32frombits(uint32(a)), math.Float32frombits(uint32(b))
+				var q float32
+				switch in.sub {
+				case "div":
+					q = x / y
+				case "mul":
+					q = x * y
+				default:
+					q = x + y
+				}
 				put(&in.args[0], uint64(math.Float32bits(q)))
 			case cClz:
 				a, err := get(&in.args[1])
@@ -1630,6 +1646,10 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 		".reg .u32 %u;\ndiv.rn.f32 %r1, %u, %r2;":            "need .f32 or .b32 registers",
 		"div.rn.f32 %rd1, %r1, %r2;":                         "64-bit register",
 		"div.full.f32 %r1, %r1, %r2;":                        "div.u32, rem.u32 and div.rn.f32 only",
+		"mul.rn.f32 %r1, %r2, 2;":                            "want a register",
+		".reg .u32 %u;\nadd.rn.f32 %r1, %u, %r2;":            "need .f32 or .b32 registers",
+		"mul.f32 %r1, %r1, %r2;":                             "want mul.lo or mul.wide",
+		"add.f32 %r1, %r1, %r2;":                             "not one of .u/.s types",
 		"div.s32 %r1, %r1, %r2;":                             "div.u32, rem.u32 and div.rn.f32 only",
 	}
 	for body, want := range static {
@@ -1690,6 +1710,12 @@ func TestPTXInterpreterSemantics(t *testing.T) {
 		{"mov.b32 %r1, 0x3F800000;\nmov.b32 %r2, 0x40400000;\ndiv.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x3EAAAAAB},
 		{"mov.b32 %r1, 3;\nmov.b32 %r2, 0x40000000;\ndiv.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 2},
 		{"mov.b32 %r1, 0x00800000;\nmov.b32 %r2, 0x43E00000;\ndiv.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x00004925},
+		// mul and add: 2^-149 · 512 is exact (a subnormal scaled up);
+		// 2.5 + 2^23 is a tie, to even 2^23 + 2; 1 + 2^-24 rounds to 1.
+		{"mov.b32 %r1, 1;\nmov.b32 %r2, 0x44000000;\nmul.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x00000200},
+		{"mov.b32 %r1, 0x40200000;\nmov.b32 %r2, 0x4B000000;\nadd.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x4B000002},
+		{"mov.b32 %r1, 0x3F800000;\nmov.b32 %r2, 0x33800000;\nadd.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x3F800000},
+		{"mov.b32 %r1, 0x3F800001;\nmov.b32 %r2, 0x3FFFFFFF;\nmul.rn.f32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 0x40000000},
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, -1;\nst.global.u64 [%rd2+8], %rd1;\nmov.u32 %r1, 0x1234;\nst.global.u8 [%rd2+8], %r1;\nld.global.u64 %rd1, [%rd2+8];", 0xFFFFFFFFFFFFFF34},
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, -1;\nst.global.u64 [%rd2+8], %rd1;\nld.global.u16 %r1, [%rd2+8];\ncvt.u64.u32 %rd1, %r1;", 0xFFFF},
 		{"ld.param.u64 %rd2, [p];\nmov.u64 %rd1, 40;\nst.global.u64 [%rd2], %rd1;\nmov.u64 %rd1, 2;\nred.global.add.u64 [%rd2], %rd1;\nld.global.u64 %rd1, [%rd2];", 42},

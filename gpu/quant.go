@@ -85,11 +85,16 @@ type QuantJob struct {
 // Quantizer quantizes weights in device memory to block-scaled FP8
 // (float8_e4m3fn codes, one float32 scale per 128×128 block) with a
 // generated kernel that reproduces package quant bit for bit: one thread
-// block per 128×128 block reads the block's elements twice, once for its
-// amax (in shared memory) and its scale, once for the codes, which it
-// writes only for the elements of the job's range, so that a weight split
-// across buckets is quantized range by range straight into them, each
-// launch also writing the scales of the blocks it touched.
+// block per 128×128 block computes the block's amax (reduced through
+// shared memory) and its scale, then the codes, which it writes only for
+// the elements of the job's range, so that a weight split across buckets
+// is quantized range by range straight into them, each launch also
+// writing the scales of the blocks it touched. A full block of BF16 or
+// F16 whose rows start 16-byte aligned is read once, 16 bytes a load,
+// each thread holding 64 elements in registers, and its codes stored 8
+// bytes at a time where the whole block lies in the range (and the codes
+// are 8-byte aligned with it); other blocks (F32, partial edge blocks,
+// unaligned rows) read their elements twice, one at a time.
 //
 // Queue launches at once; there is no descriptor memory. A Quantizer is
 // not safe for concurrent use. As with Caster, the kernel faults on
@@ -239,15 +244,17 @@ type quantCheckWeight struct {
 }
 
 // quantCheckWeights returns weights for the self-test: each dtype, edge
-// blocks partial in both directions, quantized in ranges that split
-// blocks and rows at odd elements.
+// blocks partial in both directions, full blocks of BF16 and F16 with
+// rows 16-byte aligned (the kernel's vector path), quantized in ranges
+// that split blocks and rows at odd elements.
 func quantCheckWeights() []quantCheckWeight {
 	rng := rand.New(rand.NewPCG(23, 448))
 	var ws []quantCheckWeight
 	for _, c := range []struct {
 		from       dtype.DType
 		rows, cols int
-	}{{dtype.BF16, 257, 300}, {dtype.F16, 130, 129}, {dtype.F32, 129, 260}, {dtype.BF16, 1, 5}} {
+	}{{dtype.BF16, 257, 300}, {dtype.F16, 130, 129}, {dtype.F32, 129, 260}, {dtype.BF16, 1, 5},
+		{dtype.BF16, 384, 384}, {dtype.F16, 384, 392}} { // the last two: the vector path, every kind of block
 		n := int64(c.rows * c.cols)
 		cut := []int64{0, n / 3, n/3 + 1, n / 2, n}
 		var ranges [][2]int64

@@ -1,5 +1,7 @@
 package gpu
 
+import "fmt"
+
 // genQuant writes quant.ptx, the kernel of Quantizer. It is generated
 // because the element load (three dtypes) is needed by both passes over a
 // block, and reads better written once, as the Go below.
@@ -10,9 +12,16 @@ quant.ptx: the FP8 block quantization kernel of Quantizer. One thread
 block of 256 threads per 128x128 block of a [rows, cols] weight of F32,
 BF16 or F16: the block's amax, its scale, then the float8_e4m3fn codes of
 the block's elements that lie in [first, end) (flat, row-major indices),
-with integer arithmetic and IEEE division only, so that it reproduces
+with integer arithmetic and IEEE arithmetic only, so that it reproduces
 package quant bit for bit (and torch's (W.float() / s).to(float8_e4m3fn),
-which does not saturate: cvt.rn.satfinite.e4m3x2 would). It is this CUDA C:
+which does not saturate: cvt.rn.satfinite.e4m3x2 would). A full block of
+BF16 or F16 whose rows start 16-byte aligned takes a vector path (quantFast
+below): each thread loads 64 elements with eight 16-byte loads, the amax
+comes from registers (the 15 magnitude bits), the codes are encoded from
+the same registers (the subnormal codes as round(|q| * 2^9) by float
+arithmetic) and stored 8 bytes at a time where the whole block lies in
+[first, end) and dst - first is 8-byte aligned, else byte by byte. Every
+other block takes the scalar path, this CUDA C:
 
   __device__ unsigned widen(const void *w, unsigned long long e, unsigned kind) {
     // kind 1: F32, 2: BF16, 3: F16 (f16_to_f32 as in cast.ptx: exact)
@@ -62,9 +71,11 @@ which does not saturate: cvt.rn.satfinite.e4m3x2 would). It is this CUDA C:
 		"u32 rows", "u32 cols", "u32 br0", "u32 kind")
 	p.line(".maxntid 256, 1, 1")
 	p.line("{")
-	p.line("\t.reg .pred\t%%p<12>;")
-	p.line("\t.reg .b32\t%%r<40>;")
-	p.line("\t.reg .b64\t%%rd<16>;")
+	p.line("\t.reg .pred\t%%p<16>;")
+	p.line("\t.reg .b32\t%%r<60>;")
+	p.line("\t.reg .b64\t%%rd<32>;")
+	p.line("\t.reg .b32\t%%v<32>;")
+	p.line("\t.reg .b32\t%%c<8>;")
 	p.line("\t.shared .align 4 .b8 wc_quant_warps[32];")
 	p.line("")
 	p.comment("%rd1 = src, %rd2 = dst, %rd3 = scales, %rd4 = first, %rd5 = end,")
@@ -113,6 +124,8 @@ which does not saturate: cvt.rn.satfinite.e4m3x2 would). It is this CUDA C:
 	p.op("setp.eq.u32", "%%p4, %%r4, 2")
 	p.op("selp.b64", "%%rd8, 4, 2, %%p3")
 	p.line("")
+	quantFastDispatch(&p)
+	p.label("SCALAR", "")
 	p.comment("pass 1: %r20 = m, the amax bits of this thread's elements")
 	p.op("mov.u32", "%%r20, 0")
 	p.op("@!%p2 bra", "REDUCE")
@@ -128,41 +141,8 @@ which does not saturate: cvt.rn.satfinite.e4m3x2 would). It is this CUDA C:
 	p.op("add.u64", "%%rd9, %%rd9, %%rd7")
 	p.op("bra.uni", "AMAX")
 	p.label("REDUCE", "m = max over the warp, then over the block's 8 warps")
-	for _, lanes := range []int{16, 8, 4, 2, 1} {
-		p.op("shfl.sync.bfly.b32", "%%r23, %%r20, %d, 31, 0xffffffff", lanes)
-		p.op("max.u32", "%%r20, %%r20, %%r23")
-	}
-	p.op("and.b32", "%%r24, %%r10, 31")
-	p.op("setp.ne.u32", "%%p6, %%r24, 0")
-	p.op("@%p6 bra", "WAIT")
-	p.op("mov.u32", "%%r25, wc_quant_warps")
-	p.op("shr.u32", "%%r26, %%r10, 5")
-	p.op("shl.b32", "%%r26, %%r26, 2")
-	p.op("add.u32", "%%r25, %%r25, %%r26")
-	p.op("st.shared.u32", "[%%r25], %%r20")
-	p.label("WAIT", "")
-	p.op("bar.sync", "0")
-	p.op("mov.u32", "%%r25, wc_quant_warps")
-	for w := range 8 {
-		p.op("ld.shared.u32", "%%r23, [%%r25+%d]", 4*w)
-		p.op("max.u32", "%%r20, %%r20, %%r23")
-	}
-	p.comment("%r27 = s: NaN for a block with a NaN or Inf (%p8), m/448, or 1 below 2^-126")
-	p.op("mov.b32", "%%r28, 0x43E00000") // 448.0f
-	p.op("div.rn.f32", "%%r27, %%r20, %%r28")
-	p.op("setp.lt.u32", "%%p7, %%r27, 0x00800000")
-	p.op("selp.b32", "%%r27, 0x3F800000, %%r27, %%p7")
-	p.op("setp.ge.u32", "%%p8, %%r20, 0x7F800000")
-	p.op("selp.b32", "%%r27, 0x7FC00000, %%r27, %%p8")
-	p.op("setp.ne.u32", "%%p6, %%r10, 0")
-	p.op("@%p6 bra", "CODES")
-	p.comment("scales[br*nbc + bc] = s")
-	p.op("mul.wide.u32", "%%rd10, %%r7, %%r5")
-	p.op("cvt.u64.u32", "%%rd11, %%r8")
-	p.op("add.u64", "%%rd10, %%rd10, %%rd11")
-	p.op("shl.b64", "%%rd10, %%rd10, 2")
-	p.op("add.s64", "%%rd10, %%rd3, %%rd10")
-	p.op("st.global.u32", "[%%rd10], %%r27")
+	quantReduce(&p, "")
+	quantScale(&p, "CODES")
 	p.label("CODES", "pass 2: the codes of the elements in [first, end)")
 	p.op("@!%p2 bra", "DONE")
 	p.op("mov.u32", "%%r21, %%r12")
@@ -219,20 +199,243 @@ which does not saturate: cvt.rn.satfinite.e4m3x2 would). It is this CUDA C:
 	p.op("bra.uni", "CODE")
 	p.label("DONE", "")
 	p.line("\tret;")
+	quantFast(&p, "BF")
+	quantFast(&p, "FH")
 	p.line("}")
 	return p.b.String()
 }
 
-// quantWiden writes %r22 = widen(src, e = %rd9, kind): the float32 bits of
-// the element, loaded as F32, BF16 or F16 (%p3, %p4). tag keeps the labels
-// of each copy apart.
-func quantWiden(p *ptxText, tag string) {
-	w32, bf, done := "W32"+tag, "WBF"+tag, "WIDE"+tag
-	p.op("mul.lo.u64", "%%rd13, %%rd9, %%rd8")
-	p.op("add.s64", "%%rd13, %%rd1, %%rd13")
-	p.op("@%p3 bra", "%s", w32)
-	p.op("ld.global.u16", "%%r22, [%%rd13]")
-	p.op("@%p4 bra", "%s", bf)
+// quantFastDispatch branches to the vector path of a full 128x128 block of
+// BF16 (FASTBF) or F16 (FASTFH) whose rows start 16-byte aligned (the
+// weight's address a multiple of 16, cols of 8); every other block falls
+// through to the scalar path. The test is uniform over the thread block.
+func quantFastDispatch(p *ptxText) {
+	p.comment("the vector path: a full block of 2-byte elements, rows 16-byte aligned")
+	p.op("setp.ne.u32", "%%p11, %%r15, 128")
+	p.op("@%p11 bra", "SCALAR")
+	p.op("setp.ne.u32", "%%p11, %%r16, 128")
+	p.op("@%p11 bra", "SCALAR")
+	p.op("@%p3 bra", "SCALAR")
+	p.op("and.b32", "%%r40, %%r2, 7")
+	p.op("setp.ne.u32", "%%p11, %%r40, 0")
+	p.op("@%p11 bra", "SCALAR")
+	p.op("and.b64", "%%rd20, %%rd1, 15")
+	p.op("setp.ne.u64", "%%p11, %%rd20, 0")
+	p.op("@%p11 bra", "SCALAR")
+	p.op("@%p4 bra", "FASTBF")
+	p.op("bra", "FASTFH")
+}
+
+// quantFast writes the vector path of one 2-byte dtype (tag BF: BF16, FH:
+// F16). Each thread holds 64 elements in %v0..%v31: chunk i (0..7) of 8
+// elements, 16 bytes loaded at once, is row 16i + tid/16 of the block,
+// columns 8*(tid%16) on, so that a warp reads two rows of 256 bytes. amax
+// comes from the registers (the elements' 15 magnitude bits, whose order
+// is that of their float32 values, NaNs above infinities above finite
+// values), reduced as in the scalar path; the codes are encoded from the
+// registers too and stored 8 at a time (st.global.v2.u32) where the whole
+// block lies in [first, end) and dst - first is a multiple of 8, else
+// byte by byte, each checked against the range.
+func quantFast(p *ptxText, tag string) {
+	L := func(n string) string { return n + tag }
+	p.label(L("FAST"), "")
+	p.comment("%rd20 = e, this thread's first element; %rd22 = 16*cols (the next chunk)")
+	p.op("shr.u32", "%%r40, %%r10, 4")
+	p.op("and.b32", "%%r41, %%r10, 15")
+	p.op("shl.b32", "%%r41, %%r41, 3")
+	p.op("add.u32", "%%r42, %%r13, %%r40")
+	p.op("mul.wide.u32", "%%rd20, %%r42, %%r2")
+	p.op("add.u32", "%%r43, %%r14, %%r41")
+	p.op("cvt.u64.u32", "%%rd21, %%r43")
+	p.op("add.u64", "%%rd20, %%rd20, %%rd21")
+	p.op("mul.wide.u32", "%%rd22, %%r2, 16")
+	p.op("shl.b64", "%%rd23, %%rd20, 1")
+	p.op("add.s64", "%%rd23, %%rd1, %%rd23")
+	p.op("shl.b64", "%%rd24, %%rd22, 1")
+	for i := range 8 {
+		p.op("ld.global.nc.v4.u32", "{%%v%d, %%v%d, %%v%d, %%v%d}, [%%rd23]", 4*i, 4*i+1, 4*i+2, 4*i+3)
+		if i < 7 {
+			p.op("add.s64", "%%rd23, %%rd23, %%rd24")
+		}
+	}
+	p.comment("%r20 = the largest low half's magnitude, %r44 the high halves'")
+	p.op("mov.u32", "%%r20, 0")
+	p.op("mov.u32", "%%r44, 0")
+	for v := range 32 {
+		p.op("and.b32", "%%r23, %%v%d, 0x7FFF", v)
+		p.op("max.u32", "%%r20, %%r20, %%r23")
+		p.op("and.b32", "%%r23, %%v%d, 0x7FFF0000", v)
+		p.op("max.u32", "%%r44, %%r44, %%r23")
+	}
+	p.op("shr.u32", "%%r44, %%r44, 16")
+	p.op("max.u32", "%%r20, %%r20, %%r44")
+	quantReduce(p, tag)
+	p.comment("m widened to float32")
+	if tag == "BF" {
+		p.op("shl.b32", "%%r20, %%r20, 16")
+	} else {
+		p.op("mov.u32", "%%r22, %%r20")
+		quantF16(p)
+		p.op("mov.u32", "%%r20, %%r22")
+	}
+	quantScale(p, L("FCODES"))
+	p.label(L("FCODES"), "the codes, from the registers")
+	p.comment("%rd25 = the block's first element, %rd26 its last; none in [first, end): done")
+	p.op("mul.wide.u32", "%%rd25, %%r13, %%r2")
+	p.op("cvt.u64.u32", "%%rd26, %%r14")
+	p.op("add.u64", "%%rd25, %%rd25, %%rd26")
+	p.op("mul.wide.u32", "%%rd26, %%r2, 127")
+	p.op("add.u64", "%%rd26, %%rd26, %%rd25")
+	p.op("add.u64", "%%rd26, %%rd26, 127")
+	p.op("setp.ge.u64", "%%p12, %%rd25, %%rd5")
+	p.op("@%p12 bra", "DONE")
+	p.op("setp.lt.u64", "%%p12, %%rd26, %%rd4")
+	p.op("@%p12 bra", "DONE")
+	p.comment("%p12: whole-block vector stores (the block in [first, end), dst - first 8-byte aligned)")
+	p.op("sub.u64", "%%rd27, %%rd2, %%rd4")
+	p.op("and.b64", "%%rd28, %%rd27, 7")
+	p.op("setp.eq.u64", "%%p12, %%rd28, 0")
+	p.op("selp.b32", "%%r45, 1, 0, %%p12")
+	p.op("setp.ge.u64", "%%p12, %%rd25, %%rd4")
+	p.op("selp.b32", "%%r46, 1, 0, %%p12")
+	p.op("and.b32", "%%r45, %%r45, %%r46")
+	p.op("setp.lt.u64", "%%p12, %%rd26, %%rd5")
+	p.op("selp.b32", "%%r46, 1, 0, %%p12")
+	p.op("and.b32", "%%r45, %%r45, %%r46")
+	p.op("setp.ne.u32", "%%p12, %%r45, 0")
+	p.comment("%rd28 = the address of the code of element e (dst + e - first)")
+	p.op("add.s64", "%%rd28, %%rd27, %%rd20")
+	p.op("mov.b32", "%%r48, 0x44000000") // 512.0f
+	p.op("mov.b32", "%%r49, 0x4B000000") // 2^23
+	for i := range 8 {
+		for j := range 8 {
+			v := fmt.Sprintf("%%v%d", 4*i+j/2)
+			switch {
+			case tag == "BF" && j%2 == 0:
+				p.op("shl.b32", "%%r22, %s, 16", v)
+			case tag == "BF":
+				p.op("and.b32", "%%r22, %s, 0xFFFF0000", v)
+			case j%2 == 0:
+				p.op("and.b32", "%%r22, %s, 0xFFFF", v)
+			default:
+				p.op("shr.u32", "%%r22, %s, 16", v)
+			}
+			if tag == "FH" {
+				quantF16(p)
+			}
+			p.op("div.rn.f32", "%%r31, %%r22, %%r27")
+			quantE4M3(p, fmt.Sprintf("%%c%d", j))
+		}
+		if i == 0 {
+			p.comment("a NaN or Inf block: every code 0x7F")
+		}
+		for j := range 8 {
+			p.op("@%p8 mov.u32", "%%c%d, 127", j)
+		}
+		p.op("prmt.b32", "%%r50, %%c0, %%c1, 0x0040")
+		p.op("prmt.b32", "%%r51, %%c2, %%c3, 0x0040")
+		p.op("prmt.b32", "%%r52, %%r50, %%r51, 0x5410")
+		p.op("prmt.b32", "%%r50, %%c4, %%c5, 0x0040")
+		p.op("prmt.b32", "%%r51, %%c6, %%c7, 0x0040")
+		p.op("prmt.b32", "%%r53, %%r50, %%r51, 0x5410")
+		bytes, next := fmt.Sprintf("%s%d", L("BYTES"), i), fmt.Sprintf("%s%d", L("CHUNK"), i)
+		p.op("@!%p12 bra", "%s", bytes)
+		p.op("st.global.v2.u32", "[%%rd28], {%%r52, %%r53}")
+		p.op("bra", "%s", next)
+		p.label(bytes, "each code in [first, end) alone")
+		for j := range 8 {
+			skip := fmt.Sprintf("%s%d_%d", L("SKIP"), i, j)
+			p.op("add.u64", "%%rd29, %%rd20, %d", j)
+			p.op("setp.lt.u64", "%%p13, %%rd29, %%rd4")
+			p.op("@%p13 bra", "%s", skip)
+			p.op("setp.ge.u64", "%%p13, %%rd29, %%rd5")
+			p.op("@%p13 bra", "%s", skip)
+			p.op("st.global.u8", "[%%rd28+%d], %%c%d", j, j)
+			p.label(skip, "")
+		}
+		p.label(next, "")
+		if i < 7 {
+			p.op("add.u64", "%%rd20, %%rd20, %%rd22")
+			p.op("add.u64", "%%rd28, %%rd28, %%rd22")
+		}
+	}
+	p.line("\tret;")
+}
+
+// quantE4M3 writes dst = e4m3(%r31) for a quotient of a block whose scale
+// is not NaN, as the scalar path's encoder but with the subnormal codes
+// (|q| below 2^-6) from float arithmetic: round(|q| * 2^9) to nearest
+// even, as the low bits of |q| * 512 + 2^23 (the product exact, a power
+// of two; the sum rounded once, to an integer since it lies in [2^23,
+// 2^24)). %r48 = 512.0, %r49 = 2^23.
+func quantE4M3(p *ptxText, dst string) {
+	p.op("shr.u32", "%%r32, %%r31, 24")
+	p.op("and.b32", "%%r32, %%r32, 128")
+	p.op("and.b32", "%%r33, %%r31, 0x7FFFFFFF")
+	p.op("shr.u32", "%%r34, %%r33, 20")
+	p.op("and.b32", "%%r34, %%r34, 1")
+	p.op("add.u32", "%%r35, %%r33, 0xC407FFFF")
+	p.op("add.u32", "%%r35, %%r35, %%r34")
+	p.op("shr.u32", "%%r35, %%r35, 20")
+	p.op("mul.rn.f32", "%%r37, %%r33, %%r48")
+	p.op("add.rn.f32", "%%r37, %%r37, %%r49")
+	p.op("sub.u32", "%%r37, %%r37, 0x4B000000")
+	p.op("setp.lt.u32", "%%p9, %%r33, 0x3C800000")
+	p.op("selp.b32", "%%r35, %%r37, %%r35, %%p9")
+	p.op("setp.ge.u32", "%%p9, %%r33, 0x43F00000")
+	p.op("selp.b32", "%%r35, 127, %%r35, %%p9")
+	p.op("or.b32", "%s, %%r32, %%r35", dst)
+}
+
+// quantReduce writes m = the largest %r20 of the thread block's threads
+// (butterfly shuffles over each warp, then its 8 warps through shared
+// memory), into every thread's %r20; tag keeps its label apart.
+func quantReduce(p *ptxText, tag string) {
+	for _, lanes := range []int{16, 8, 4, 2, 1} {
+		p.op("shfl.sync.bfly.b32", "%%r23, %%r20, %d, 31, 0xffffffff", lanes)
+		p.op("max.u32", "%%r20, %%r20, %%r23")
+	}
+	p.op("and.b32", "%%r24, %%r10, 31")
+	p.op("setp.ne.u32", "%%p6, %%r24, 0")
+	p.op("@%p6 bra", "%s", "WAIT"+tag)
+	p.op("mov.u32", "%%r25, wc_quant_warps")
+	p.op("shr.u32", "%%r26, %%r10, 5")
+	p.op("shl.b32", "%%r26, %%r26, 2")
+	p.op("add.u32", "%%r25, %%r25, %%r26")
+	p.op("st.shared.u32", "[%%r25], %%r20")
+	p.label("WAIT"+tag, "")
+	p.op("bar.sync", "0")
+	p.op("mov.u32", "%%r25, wc_quant_warps")
+	for w := range 8 {
+		p.op("ld.shared.u32", "%%r23, [%%r25+%d]", 4*w)
+		p.op("max.u32", "%%r20, %%r20, %%r23")
+	}
+}
+
+// quantScale writes %r27 = s of the block's amax bits %r20 (%p8: a NaN or
+// Inf block), which thread 0 stores in scales; then on to label next.
+func quantScale(p *ptxText, next string) {
+	p.comment("%r27 = s: NaN for a block with a NaN or Inf (%p8), m/448, or 1 below 2^-126")
+	p.op("mov.b32", "%%r28, 0x43E00000") // 448.0f
+	p.op("div.rn.f32", "%%r27, %%r20, %%r28")
+	p.op("setp.lt.u32", "%%p7, %%r27, 0x00800000")
+	p.op("selp.b32", "%%r27, 0x3F800000, %%r27, %%p7")
+	p.op("setp.ge.u32", "%%p8, %%r20, 0x7F800000")
+	p.op("selp.b32", "%%r27, 0x7FC00000, %%r27, %%p8")
+	p.op("setp.ne.u32", "%%p6, %%r10, 0")
+	p.op("@%p6 bra", "%s", next)
+	p.comment("scales[br*nbc + bc] = s")
+	p.op("mul.wide.u32", "%%rd10, %%r7, %%r5")
+	p.op("cvt.u64.u32", "%%rd11, %%r8")
+	p.op("add.u64", "%%rd10, %%rd10, %%rd11")
+	p.op("shl.b64", "%%rd10, %%rd10, 2")
+	p.op("add.s64", "%%rd10, %%rd3, %%rd10")
+	p.op("st.global.u32", "[%%rd10], %%r27")
+}
+
+// quantF16 writes %r22 = the float32 bits of the F16 in %r22's low 16
+// bits (f16_to_f32, as in cast.ptx: exact), with %r32..%r39 and %p10.
+func quantF16(p *ptxText) {
 	p.comment("f16_to_f32, as in cast.ptx")
 	p.op("and.b32", "%%r32, %%r22, 32768")
 	p.op("shl.b32", "%%r32, %%r32, 16")
@@ -255,6 +458,19 @@ func quantWiden(p *ptxText, tag string) {
 	p.op("setp.eq.u32", "%%p10, %%r34, 31")
 	p.op("selp.b32", "%%r37, %%r36, %%r37, %%p10")
 	p.op("or.b32", "%%r22, %%r32, %%r37")
+}
+
+// quantWiden writes %r22 = widen(src, e = %rd9, kind): the float32 bits of
+// the element, loaded as F32, BF16 or F16 (%p3, %p4). tag keeps the labels
+// of each copy apart.
+func quantWiden(p *ptxText, tag string) {
+	w32, bf, done := "W32"+tag, "WBF"+tag, "WIDE"+tag
+	p.op("mul.lo.u64", "%%rd13, %%rd9, %%rd8")
+	p.op("add.s64", "%%rd13, %%rd1, %%rd13")
+	p.op("@%p3 bra", "%s", w32)
+	p.op("ld.global.u16", "%%r22, [%%rd13]")
+	p.op("@%p4 bra", "%s", bf)
+	quantF16(p)
 	p.op("bra", "%s", done)
 	p.label(bf, "")
 	p.op("shl.b32", "%%r22, %%r22, 16")

@@ -39,20 +39,27 @@ func quantPTXKernel(t *testing.T) *ptxKernel {
 // the codes and scales (as bytes) it wrote.
 func runQuantPTX(t *testing.T, k *ptxKernel, w quantCheckWeight) (codes, scales []byte) {
 	t.Helper()
+	return runQuantPTXAt(t, k, w, 0, 0)
+}
+
+// runQuantPTXAt is runQuantPTX with the weight srcOff bytes and the codes
+// dstOff bytes past their regions' aligned addresses.
+func runQuantPTXAt(t *testing.T, k *ptxKernel, w quantCheckWeight, srcOff, dstOff uint64) (codes, scales []byte) {
+	t.Helper()
 	nbr, nbc := quant.ScaleShape(int64(w.rows), int64(w.cols))
 	codes = bytes.Repeat([]byte{0xA5}, w.rows*w.cols)
 	scales = bytes.Repeat([]byte{0xA5}, int(4*nbr*nbc))
 	for _, r := range w.ranges {
-		j := QuantJob{Src: ptxQuantSrc, From: w.from, Rows: int64(w.rows), Cols: int64(w.cols), First: r[0], End: r[1],
-			Dst: ptxQuantDst + uint64(r[0]), Scales: ptxQuantScales}
+		j := QuantJob{Src: ptxQuantSrc + srcOff, From: w.from, Rows: int64(w.rows), Cols: int64(w.cols), First: r[0], End: r[1],
+			Dst: ptxQuantDst + dstOff + uint64(r[0]), Scales: ptxQuantScales}
 		if err := checkQuantJob(j); err != nil {
 			t.Fatal(err)
 		}
 		err := quantLaunches(j, func(blocks int, args []uint64) error {
 			mem := &ptxMemory{}
-			mem.addRegion(ptxQuantSrc, w.src, true, "weight")
+			mem.addRegion(ptxQuantSrc+srcOff, w.src, true, "weight")
 			if r[1] > r[0] {
-				mem.add(ptxQuantDst+uint64(r[0]), codes[r[0]:r[1]])
+				mem.add(ptxQuantDst+dstOff+uint64(r[0]), codes[r[0]:r[1]])
 			}
 			mem.add(ptxQuantScales, scales)
 			return k.run(mem, blocks, quantThreads, args...)
@@ -124,6 +131,57 @@ func TestQuantPTX(t *testing.T) {
 		w.ranges = randomRanges(rng, int64(c.rows*c.cols), 4)
 		checkQuantPTX(t, k, w)
 		t.Logf("%s [%d, %d] in ranges %v: codes and scales as package quant's", c.from, c.rows, c.cols, w.ranges)
+	}
+}
+
+// TestQuantPTXVector checks the vector path (full blocks of BF16 and F16
+// with rows 16-byte aligned: 16-byte loads, 8-byte stores of codes where
+// a whole block lies in the range, byte stores where a range splits it)
+// against package quant on every kind of block, and that it is the path
+// taken: with the codes 8-byte misaligned relative to the range, no
+// vector store; with the weight misaligned, no vector load (the scalar
+// path), the same bytes each time.
+func TestQuantPTXVector(t *testing.T) {
+	k := quantPTXKernel(t)
+	rng := rand.New(rand.NewPCG(23, 8))
+	for _, c := range []struct {
+		from       dtype.DType
+		rows, cols int
+		srcOff     uint64
+		dstOff     uint64
+		loads      bool // vector loads expected
+		stores     bool // vector stores expected
+	}{
+		{dtype.BF16, 384, 384, 0, 0, true, true}, // nine full blocks, one of each kind
+		{dtype.F16, 384, 384, 0, 0, true, true},
+		{dtype.BF16, 260, 392, 0, 0, true, true}, // partial edge blocks: scalar there
+		{dtype.BF16, 384, 384, 0, 3, true, false},
+		{dtype.F16, 384, 384, 2, 0, false, false},
+		{dtype.BF16, 256, 260, 0, 0, false, false}, // rows not 16-byte aligned
+	} {
+		w := quantCheckWeight{from: c.from, rows: c.rows, cols: c.cols, src: QuantTestWeight(rng, c.from, c.rows, c.cols)}
+		n := int64(c.rows * c.cols)
+		// Whole block rows (vector stores), a range splitting one (byte
+		// stores), and random cuts.
+		w.ranges = [][2]int64{{0, 128 * int64(c.cols)}, {128 * int64(c.cols), 128*int64(c.cols) + 1}}
+		for _, r := range randomRanges(rng, n-w.ranges[1][1], 3) {
+			w.ranges = append(w.ranges, [2]int64{r[0] + w.ranges[1][1], r[1] + w.ranges[1][1]})
+		}
+		k.resetCounts()
+		codes, scales := runQuantPTXAt(t, k, w, c.srcOff, c.dstOff)
+		wantCodes, wantScales, err := w.want()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := compareQuant(w, codes, scales, wantCodes, wantScales); err != nil {
+			t.Fatalf("weight at +%d, codes at +%d: %v", c.srcOff, c.dstOff, err)
+		}
+		loads, stores := k.executed("ld.global.nc.v4.u32"), k.executed("st.global.v2.u32")
+		if (loads > 0) != c.loads || (stores > 0) != c.stores {
+			t.Fatalf("%s [%d, %d], weight at +%d, codes at +%d: %d vector loads, %d vector stores", c.from, c.rows, c.cols, c.srcOff, c.dstOff, loads, stores)
+		}
+		t.Logf("%s [%d, %d], weight at +%d, codes at +%d, ranges %v: %d vector loads, %d vector stores, codes and scales as package quant's",
+			c.from, c.rows, c.cols, c.srcOff, c.dstOff, w.ranges, loads, stores)
 	}
 }
 

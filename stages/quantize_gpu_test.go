@@ -144,7 +144,9 @@ func TestGPUQuantizeScalesOnly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 23))
 	host := quantTestModel(rng)[2:4] // a 1000×1100 weight and a norm
 	want := hostQuantized(t, host)
-	qs, err := Quantize(uploadTensors(t, d, s, host), QuantizeConfig{Scheme: quant.FP8Block})
+	// A source that looks up: a plain Tensors list is not a Lookuper, so
+	// Quantize over one finds nothing (TestQuantizeLookup).
+	qs, err := Quantize(listLookup{uploadTensors(t, d, s, host)}, QuantizeConfig{Scheme: quant.FP8Block})
 	if err != nil {
 		t.Fatal(err)
 	}

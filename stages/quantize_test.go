@@ -268,3 +268,57 @@ func TestQuantizeErrors(t *testing.T) {
 		t.Fatalf("a device weight into host buckets: %v", err)
 	}
 }
+
+// TestQuantizeLookup finds a picked weight's codes and scales, and the
+// tensors left as they are, by name through Quantize, with the same bytes
+// Tensors gives; over a source that cannot look up (a plain Tensors list,
+// by design not a Lookuper) nothing is found, as with Cast.
+func TestQuantizeLookup(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 2))
+	w := &Tensor{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{200, 300}, Data: bf16Weights(rng, 200*300, 0.02)}
+	norm := &Tensor{Name: "model.layers.0.input_layernorm.weight", DType: dtype.BF16, Shape: []int64{300}, Data: bf16Weights(rng, 300, 1)}
+	codes, scales := wantQuantized(t, w.Data, w.DType, 200, 300)
+	qs, err := Quantize(listLookup{Tensors{w, norm}}, QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := qs.(Lookuper)
+	for _, c := range []struct {
+		name string
+		want []byte
+		typ  dtype.DType
+	}{
+		{w.Name + quant.ScaleSuffix, scaleBytes(scales), dtype.F32},
+		{w.Name, codes, dtype.F8E4M3},
+		{norm.Name, norm.Data, dtype.BF16},
+	} {
+		tn, ok := l.Lookup(c.name)
+		if !ok {
+			t.Fatalf("no %s", c.name)
+		}
+		size, err := tn.Validate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, size)
+		if err := tn.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if tn.Name != c.name || tn.DType != c.typ || !bytes.Equal(got, c.want) {
+			t.Fatalf("%s: found %s %s%v with other bytes", c.name, tn.Name, tn.DType, tn.Shape)
+		}
+	}
+	for _, name := range []string{"zz", "zz" + quant.ScaleSuffix, norm.Name + quant.ScaleSuffix} {
+		if tn, ok := l.Lookup(name); ok {
+			t.Fatalf("found %s as %s", name, tn.Name)
+		}
+	}
+	// A plain list cannot look up, so neither can Quantize over it.
+	qs, err = Quantize(Tensors{w, norm}, QuantizeConfig{Scheme: quant.FP8Block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := qs.(Lookuper).Lookup(w.Name + quant.ScaleSuffix); ok {
+		t.Fatal("found a tensor in a source that cannot look up")
+	}
+}

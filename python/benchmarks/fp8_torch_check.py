@@ -6,8 +6,15 @@ of the same weight, computed from the rule on the GPU when there is one
 (else on the CPU):
 
     amax = W.float().abs().amax() per 128x128 block
-    s    = amax / 448                    (float32; 1 where s < 2**-126)
+    s    = amax / 448   correctly rounded to float32; 1 where s < 2**-126
     code = (W.float() / s).to(torch.float8_e4m3fn)
+
+s is computed as (amax.double() / 448).float(): a float32 quotient worked
+in float64 and rounded once to float32 is the correctly rounded one, on any
+device. Not amax / 448.0: on CUDA, torch divides a tensor by a CPU scalar
+as a multiplication by the scalar's reciprocal, which is an ulp off in some
+blocks (the JSON line counts them, "torch_scalar_div_scales_differ", for
+information). The codes divide tensor by tensor (IEEE on CUDA and CPU).
 
 codes and scales compared as bits; weights weightcast does not quantize
 (embeddings, norms, lm_head) must arrive unchanged. The weights are
@@ -48,8 +55,9 @@ def model():
 
 
 def reference(w):
-    """torch's block-scaled FP8 of a 2-D weight: codes (uint8 view) and
-    scales (int32 view of the float32 bits)."""
+    """torch's block-scaled FP8 of a 2-D weight: codes (uint8 view), scales
+    (int32 view of the float32 bits), and how many of the scales torch's
+    own amax / 448.0 on the device gives differently."""
     import torch
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,11 +67,21 @@ def reference(w):
     pad = torch.zeros(br * 128, bc * 128, device=dev)
     pad[:rows, :cols] = x.abs()
     amax = pad.view(br, 128, bc, 128).amax(dim=(1, 3))
-    s = amax / 448.0
-    s = torch.where(s < 2.0 ** -126, torch.ones_like(s), s)
+    s = scales_of(amax)
+    naive = int((scales_of(amax, torch_div=True).view(torch.int32) != s.view(torch.int32)).sum())
     full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
     codes = (x / full).to(torch.float8_e4m3fn)
-    return codes.view(torch.uint8).cpu(), s.view(torch.int32).cpu()
+    return codes.view(torch.uint8).cpu(), s.view(torch.int32).cpu(), naive
+
+
+def scales_of(amax, torch_div=False):
+    """The float32 scales of blocks with largest magnitudes amax (float32):
+    amax / 448 correctly rounded, 1 where that is below 2**-126; with
+    torch_div, torch's amax / 448.0 on amax's device instead."""
+    import torch
+
+    s = amax / 448.0 if torch_div else (amax.double() / 448).float()
+    return torch.where(s < 2.0 ** -126, torch.ones_like(s), s)
 
 
 def worker():
@@ -89,7 +107,7 @@ def worker():
     with weightcast.Receiver(bucket="8MiB", **where) as r:
         for name, t in r.receive():
             got[name] = torch.as_tensor(t).clone().cpu()
-    bad, quantized = [], 0
+    bad, quantized, naive = [], 0, 0
     for name, w in params.items():
         linear = w.dim() == 2 and name.endswith("_proj.weight")
         if not linear:
@@ -97,7 +115,8 @@ def worker():
                 bad.append(f"{name}: not sent as it was")
             continue
         quantized += 1
-        codes, scales = reference(w)
+        codes, scales, n = reference(w)
+        naive += n
         c, sc = got.get(name), got.get(name + "_scale_inv")
         if c is None or sc is None or c.dtype != torch.float8_e4m3fn or sc.dtype != torch.float32:
             bad.append(f"{name}: codes or scales missing ({None if c is None else c.dtype}, {None if sc is None else sc.dtype})")
@@ -108,7 +127,8 @@ def worker():
         if not torch.equal(sc.view(torch.int32), scales):
             bad.append(f"{name}: scales differ from torch's")
     print(json.dumps({"quantized": quantized, "bad": bad[:20], "torch": torch.__version__, "quantized_on": "gpu" if gpu else "cpu",
-                      "reference_on": "cuda" if torch.cuda.is_available() else "cpu"}), flush=True)
+                      "reference_on": "cuda" if torch.cuda.is_available() else "cpu",
+                      "torch_scalar_div_scales_differ": naive}), flush=True)
 
 
 def main():
