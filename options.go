@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/mem"
@@ -31,27 +33,35 @@ const (
 var ErrConfig = errors.New("invalid configuration")
 
 // Options place one process in a sync group. One struct carries every
-// setting, so that new ones (a group secret, TLS) are new fields.
+// setting, so that new ones (a group secret, TLS) are new fields. It is
+// also the configuration of every front end: the C library (and through it
+// Python) decodes its JSON object into Options (UnmarshalJSON: the keys are
+// the json tags below, and those the translator in options_json.go
+// names), and the demo fills it from its flags. Validate, the one
+// validation pass, fills the defaults (DefaultGroup, DefaultBucketSize,
+// DefaultTimeout) and reports a setting that cannot work as a *FieldError
+// naming its JSON key.
 type Options struct {
 	// Group names the sync group; one run at a time may hold it.
 	// Empty means DefaultGroup.
-	Group string
+	Group string `json:"group,omitempty"`
 	// Rank is this process's place: 0 sends, 1..WorldSize-1 receive.
-	Rank int
+	// From JSON: null or left out means -1, from RANK (FromEnv).
+	Rank int `json:"rank"`
 	// WorldSize counts the sender and every receiver (at least 2).
-	WorldSize int
+	WorldSize int `json:"world_size,omitempty"`
 	// Rendezvous is where the ranks meet: "etcd://HOST:PORT". Empty only
 	// with Transport "inproc", whose ranks are goroutines of one process.
-	Rendezvous string
+	Rendezvous string `json:"rendezvous,omitempty"`
 	// ServeRendezvous makes rank 0 serve an embedded etcd at Rendezvous's
 	// address (torchrun's MASTER_ADDR:MASTER_PORT); the others dial it.
-	ServeRendezvous bool
+	ServeRendezvous bool `json:"serve_rendezvous,omitempty"`
 	// RunID names this launch: the same on every rank, new for every
 	// launch, so that a crashed launch never blocks the next. With
 	// ServeRendezvous it may be left empty: the rendezvous rank 0 serves
 	// lives as long as the run, so rank 0 makes up a run id and publishes
 	// it there, and the other ranks read it from the server they dial.
-	RunID string
+	RunID string `json:"run_id,omitempty"`
 	// Transport moves the bucket bytes: "auto" (or empty), or the name of
 	// a registered transport (transport.Names: the built-ins are "tcp",
 	// "ipc", "nccl" and "inproc"). auto is decided from what every rank
@@ -59,22 +69,25 @@ type Options struct {
 	// first registered transport, by preference, that can connect every
 	// pair of ranks — nccl with a GPU per rank, ipc when the ranks share
 	// one host's GPUs, tcp when some rank has no GPU.
-	Transport string
+	Transport string `json:"transport,omitempty"`
 	// BucketSize is the size of each of the two bucket buffers of every
-	// rank, the same on all. 0 means DefaultBucketSize.
-	BucketSize int64
+	// rank, the same on all. 0 means DefaultBucketSize. In JSON a number
+	// of bytes or a size such as "256MiB".
+	BucketSize int64 `json:"bucket,omitempty"`
 	// Timeout bounds every wait: joining, each bucket, each
-	// acknowledgement. 0 means DefaultTimeout.
-	Timeout time.Duration
+	// acknowledgement. 0 means DefaultTimeout. In JSON seconds, a number.
+	Timeout time.Duration `json:"timeout,omitempty"`
 	// NoChecksum turns off the per-bucket checksum the sender computes
-	// and every receiver checks.
-	NoChecksum bool
+	// and every receiver checks. In JSON "checksum": false (the zero value
+	// of both is the checksum on).
+	NoChecksum bool `json:"-"`
 	// RolloutDType, when valid, is the dtype the sender casts every
 	// floating-point tensor (F32, BF16, F16) to before it is sent, on the
 	// GPU for device tensors (stages.Cast): BF16 or F16 for a bf16 rollout
 	// of an f32 trainer, as verl's rollout_dtype. dtype.Invalid (the zero
-	// value) sends every tensor as it is.
-	RolloutDType dtype.DType
+	// value) sends every tensor as it is. In JSON "dtype": "bf16", "f16",
+	// "f32", or "keep".
+	RolloutDType dtype.DType `json:"-"`
 	// Quantize is the sender's rollout quantization (stages.Quantize):
 	// with Scheme quant.FP8Block, the 2-D linear weights of every round
 	// (or those its patterns pick) travel as F8_E4M3 codes and F32
@@ -82,40 +95,47 @@ type Options struct {
 	// the sender's CPU, device weights (SendRefs of CUDA tensors into
 	// device buckets) on their GPU, with the same bytes. The zero value
 	// sends tensors as they are.
-	// Receivers need nothing: they get ordinary tensors.
-	Quantize stages.QuantizeConfig
+	// Receivers need nothing: they get ordinary tensors. In JSON "quantize"
+	// (the scheme), "quantize_include" and "quantize_exclude" (lists of
+	// patterns).
+	Quantize stages.QuantizeConfig `json:"-"`
 	// NoDirect has the sender pack every bucket even where every receiver
 	// shares its GPU and could read its device tensors in place
-	// (stages.SenderConfig.NoDirect), to compare.
-	NoDirect bool
+	// (stages.SenderConfig.NoDirect), to compare. In JSON "direct": false.
+	NoDirect bool `json:"-"`
 	// Device is where this rank's buckets live when the transport puts
 	// them on a GPU: "cuda:N", or "" or "cuda" for the GPU of this rank's
 	// place among the ranks on its host (LOCAL_RANK, as torchrun counts).
 	// "cpu" keeps the rank off GPUs (auto then picks tcp).
-	Device string
+	Device string `json:"device,omitempty"`
 	// Advertise is the address other hosts reach this one at; the
 	// metadata bus and the tcp chain then listen on every interface.
-	Advertise string
+	Advertise string `json:"advertise,omitempty"`
 	// Secret, when set, is the group secret every rank of the group holds
 	// (auth.ReadSecretFile): every rendezvous record is signed with keys
 	// derived from it for this run, every connection between ranks
 	// proves that both ends hold it, every bucket carries a MAC of its
 	// bytes that receivers check before using them, and every metadata
 	// message is signed. Nil means no secret.
-	Secret *auth.Secret
+	Secret *auth.Secret `json:"-"`
+	// SecretFile, when Secret is nil, names the file Validate reads the
+	// group secret from (auth.ReadSecretFile: mode 0600); FromEnv takes it
+	// from WEIGHTCAST_SECRET_FILE when both are unset.
+	SecretFile string `json:"secret_file,omitempty"`
 	// TLS, when its files are given, runs the connections that cross the
 	// network — etcd (served over TLS by a rank 0 that serves it), the tcp
-	// chain and the metadata bus — over mutual TLS 1.3.
-	TLS auth.TLSFiles
+	// chain and the metadata bus — over mutual TLS 1.3. In JSON "tls_ca",
+	// "tls_cert" and "tls_key".
+	TLS auth.TLSFiles `json:"-"`
 	// HostMemory allocates host bucket buffers; nil means Go memory
 	// (mem.Host). The C library passes C memory, whose views may cross
 	// to C.
-	HostMemory mem.Device
+	HostMemory mem.Device `json:"-"`
 	// Tracer, when set, records every round's spans.
-	Tracer *pipeline.Tracer
+	Tracer *pipeline.Tracer `json:"-"`
 	// Progress, when set, is called on the sender after each bucket has
 	// moved.
-	Progress func(*stages.BucketMeta)
+	Progress func(*stages.BucketMeta) `json:"-"`
 	// Endpoint, when set, is the byte transport this rank uses instead of
 	// opening one (tests, custom pipelines), as http.Client.Transport
 	// replaces the client's: every rank must be given an end of the same
@@ -124,22 +144,22 @@ type Options struct {
 	// whether the ranks meet at a rendezvous; "auto" reports it as
 	// "custom", with buckets in host memory. The caller owns it: Close
 	// does not close it; close it after the Sender or Receiver.
-	Endpoint transport.Endpoint
+	Endpoint transport.Endpoint `json:"-"`
 	// Publisher (rank 0) or Subscriber (every other rank), when set, is
 	// the metadata bus end this rank uses instead of opening one of the
 	// registered bus that serves its transport (transport.BusFor). The
 	// caller owns it: Close does not close it; close it after the Sender
 	// or Receiver (on rank 0 that ends the run for the receivers, as
 	// Close does with a bus of its own).
-	Publisher  transport.Publisher
-	Subscriber transport.Subscriber
+	Publisher  transport.Publisher  `json:"-"`
+	Subscriber transport.Subscriber `json:"-"`
 	// Logger hears what a rank waits for while it waits to meet the
 	// others (every rendezvous.NoticeEvery: "waiting for rank 2 to join
 	// (2 of 3 joined), 1m40s left"; etcd not answering yet) and the
 	// transports' warnings (connections refused before their handshake
 	// completed, rate-limited). Nil means slog.Default(), which writes to
 	// stderr; slog.New(slog.DiscardHandler) silences it.
-	Logger *slog.Logger
+	Logger *slog.Logger `json:"-"`
 }
 
 // FromEnv returns o with the settings it leaves unset taken from the
@@ -147,7 +167,8 @@ type Options struct {
 // (when 0) from WORLD_SIZE, Rendezvous (when empty) from MASTER_ADDR and
 // MASTER_PORT with rank 0 serving it, RunID (when empty) from
 // TORCHELASTIC_RUN_ID unless it is torchrun's default "none" (a served
-// rendezvous needs no run id), Device (when empty) "cuda:LOCAL_RANK". A
+// rendezvous needs no run id), Device (when empty) "cuda:LOCAL_RANK", and
+// SecretFile (when it and Secret are unset) from WEIGHTCAST_SECRET_FILE. A
 // variable that is set but malformed is an error naming it.
 func (o Options) FromEnv(getenv func(string) string) (Options, error) {
 	num := func(name string) (int, bool, error) {
@@ -194,6 +215,9 @@ func (o Options) FromEnv(getenv func(string) string) (Options, error) {
 	if id := getenv("TORCHELASTIC_RUN_ID"); o.RunID == "" && id != "" && id != "none" {
 		o.RunID = id
 	}
+	if o.Secret == nil && o.SecretFile == "" {
+		o.SecretFile = getenv(auth.SecretFileEnv)
+	}
 	if o.Device == "" {
 		n, ok, err := num("LOCAL_RANK")
 		if err != nil {
@@ -206,11 +230,15 @@ func (o Options) FromEnv(getenv func(string) string) (Options, error) {
 	return o, nil
 }
 
-// check fills in defaults and reports options that cannot work.
-func (o *Options) check(role string) error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s rank %d of group %q: %s", ErrConfig, role, o.Rank, o.Group, fmt.Sprintf(format, args...))
-	}
+// Validate fills in the defaults of the settings left unset (DefaultGroup,
+// transport "auto", DefaultBucketSize, DefaultTimeout), reads the group
+// secret from SecretFile when Secret is nil, and reports the first setting
+// that cannot work as a *FieldError naming its JSON key (which matches
+// ErrConfig). It checks what does not depend on the rank's place in the
+// group: the rank, the world size and the rendezvous are checked when a
+// Sender or Receiver opens. It is the one validation pass of every front
+// end; calling it again changes nothing.
+func (o *Options) Validate() error {
 	if o.Group == "" {
 		o.Group = DefaultGroup
 	}
@@ -223,50 +251,81 @@ func (o *Options) check(role string) error {
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
 	}
+	const maxBucket = 1 << 40
 	switch {
-	case o.WorldSize < 2:
-		return bad("world size %d: a group needs a sender and at least one receiver", o.WorldSize)
-	case o.Rank < 0 || o.Rank >= o.WorldSize:
-		return bad("rank outside a world of %d ranks (0..%d)", o.WorldSize, o.WorldSize-1)
-	case role == "sender" && o.Rank != 0:
-		return bad("the sender is rank 0 (trainer ranks that do not send join nothing)")
-	case role == "receiver" && o.Rank == 0:
-		return bad("rank 0 is the sender; receivers are ranks 1..%d", o.WorldSize-1)
-	case o.BucketSize < stages.MinBucketSize || o.BucketSize > 1<<40:
-		return bad("bucket size %d bytes: use between 1 KiB and 1 TiB (a few hundred MiB is usual)", o.BucketSize)
+	case o.BucketSize < stages.MinBucketSize:
+		return fieldError("bucket", o.BucketSize, " is below the minimum of %s (a few hundred MiB is usual)", humanize.IBytes(stages.MinBucketSize))
+	case o.BucketSize > maxBucket:
+		return fieldError("bucket", o.BucketSize, " is over the limit of %s (a few hundred MiB is usual)", humanize.IBytes(maxBucket))
 	case o.Timeout < 0:
-		return bad("timeout %v: give a positive duration", o.Timeout)
-	case !rendezvous.ValidName(o.Group) || o.RunID != "" && !rendezvous.ValidName(o.RunID):
-		return bad("group %q and run id %q must be names of at most 256 bytes without '/', spaces or control characters", o.Group, o.RunID)
+		return fieldError("timeout", o.Timeout, ": give a positive duration")
+	case !rendezvous.ValidName(o.Group):
+		return fieldError("group", fmt.Sprintf("%q", o.Group), ": a group name must be 1 to 256 bytes, without '/', spaces or control characters")
+	case o.RunID != "" && (!rendezvous.ValidName(o.RunID) || o.RunID == "owner"):
+		return fieldError("run_id", fmt.Sprintf("%q", o.RunID), ": a run id must be 1 to 256 bytes, without '/', spaces or control characters, and not \"owner\"")
 	}
-	d, known := transport.Lookup(o.Transport)
-	switch {
-	case o.Transport != "auto" && !known:
-		return bad("transport %q: choose %s", o.Transport, transportChoices())
-	case role == "sender" && o.Subscriber != nil, role == "receiver" && o.Publisher != nil:
-		return bad("the sender publishes the metadata (Options.Publisher) and receivers subscribe (Options.Subscriber)")
-	case d.InProcess:
-		if o.Rendezvous != "" {
-			return bad("transport %s runs every rank in this process and meets no rendezvous; leave Rendezvous empty", d.Name)
-		}
-	default:
-		if _, err := RendezvousAddr(o.Rendezvous); err != nil {
-			return bad("%v", err)
-		}
-		if o.RunID == "" && !o.ServeRendezvous {
-			return bad("no run id: give the same one to every rank of a launch and a new one to every launch (a job id, or TORCHELASTIC_RUN_ID under torchrun), or let rank 0 serve the rendezvous (MASTER_ADDR and MASTER_PORT, Options.ServeRendezvous), which then needs none")
-		}
-		if o.RunID == "owner" {
-			return bad("run id \"owner\" is reserved")
-		}
+	if _, known := transport.Lookup(o.Transport); o.Transport != "auto" && !known {
+		return fieldError("transport", fmt.Sprintf("%q", o.Transport), ": choose %s", transportChoices())
 	}
 	if _, _, err := parseDevice(o.Device); err != nil {
-		return bad("%v", err)
+		return err
 	}
 	switch o.RolloutDType {
 	case dtype.Invalid, dtype.F32, dtype.BF16, dtype.F16:
 	default:
-		return bad("rollout dtype %s: choose BF16, F16 or F32 (floating tensors are cast to it), or none to send tensors as they are", o.RolloutDType)
+		return fieldError("dtype", o.RolloutDType, ": choose BF16, F16 or F32 (floating tensors are cast to it), or none to send tensors as they are")
+	}
+	if q := o.Quantize; q.Scheme != "" || len(q.Include) > 0 || len(q.Exclude) > 0 {
+		if _, err := stages.Quantize(stages.Tensors{}, q); err != nil {
+			fe := fieldError("quantize", nil, ": %v", err)
+			fe.Err = err
+			return fe
+		}
+	}
+	if o.Secret == nil && o.SecretFile != "" {
+		secret, err := auth.ReadSecretFile(o.SecretFile)
+		if err != nil {
+			fe := fieldError("secret_file", nil, ": %v", err)
+			fe.Err = err
+			return fe
+		}
+		o.Secret = secret
+	}
+	return nil
+}
+
+// check validates o (Validate) and this rank's place in the group for
+// role, "sender" or "receiver".
+func (o *Options) check(role string) error {
+	bad := func(err error) error {
+		return fmt.Errorf("%w: %s rank %d of group %q: %w", ErrConfig, role, o.Rank, o.Group, err)
+	}
+	if err := o.Validate(); err != nil {
+		return bad(err)
+	}
+	switch {
+	case o.WorldSize < 2:
+		return bad(fieldError("world_size", o.WorldSize, ": a group needs a sender and at least one receiver"))
+	case o.Rank < 0 || o.Rank >= o.WorldSize:
+		return bad(fieldError("rank", o.Rank, " is outside a world of %d ranks (0..%d)", o.WorldSize, o.WorldSize-1))
+	case role == "sender" && o.Rank != 0:
+		return bad(fieldError("rank", o.Rank, ": the sender is rank 0 (trainer ranks that do not send join nothing)"))
+	case role == "receiver" && o.Rank == 0:
+		return bad(fieldError("rank", o.Rank, ": rank 0 is the sender; receivers are ranks 1..%d", o.WorldSize-1))
+	case role == "sender" && o.Subscriber != nil, role == "receiver" && o.Publisher != nil:
+		return bad(errors.New("the sender publishes the metadata (Options.Publisher) and receivers subscribe (Options.Subscriber)"))
+	}
+	if d, _ := transport.Lookup(o.Transport); d.InProcess {
+		if o.Rendezvous != "" {
+			return bad(fieldError("rendezvous", fmt.Sprintf("%q", o.Rendezvous), ": transport %s runs every rank in this process and meets no rendezvous; leave it empty", d.Name))
+		}
+		return nil
+	}
+	if _, err := RendezvousAddr(o.Rendezvous); err != nil {
+		return bad(err)
+	}
+	if o.RunID == "" && !o.ServeRendezvous {
+		return bad(fieldError("run_id", nil, ": none given: give the same one to every rank of a launch and a new one to every launch (a job id, or TORCHELASTIC_RUN_ID under torchrun), or let rank 0 serve the rendezvous (MASTER_ADDR and MASTER_PORT, serve_rendezvous), which then needs none"))
 	}
 	return nil
 }
@@ -279,14 +338,14 @@ func transportChoices() string {
 }
 
 // RendezvousAddr checks a rendezvous address, "etcd://HOST:PORT", and
-// returns its HOST:PORT.
+// returns its HOST:PORT; a bad one is a *FieldError of "rendezvous".
 func RendezvousAddr(u string) (string, error) {
 	hp, ok := strings.CutPrefix(u, "etcd://")
 	if !ok || hp == "" {
-		return "", fmt.Errorf("rendezvous %q: want etcd://HOST:PORT", u)
+		return "", fieldError("rendezvous", fmt.Sprintf("%q", u), ": want etcd://HOST:PORT")
 	}
 	if _, _, err := net.SplitHostPort(hp); err != nil {
-		return "", fmt.Errorf("rendezvous %q: want etcd://HOST:PORT: %v", u, err)
+		return "", fieldError("rendezvous", fmt.Sprintf("%q", u), ": want etcd://HOST:PORT: %v", err)
 	}
 	return hp, nil
 }
@@ -305,5 +364,5 @@ func parseDevice(s string) (ordinal int, cpu bool, err error) {
 			return i, false, nil
 		}
 	}
-	return -1, false, fmt.Errorf("device %q: want \"cpu\", \"cuda\" or \"cuda:N\"", s)
+	return -1, false, fieldError("device", fmt.Sprintf("%q", s), `: want "cpu", "cuda" or "cuda:N"`)
 }

@@ -279,14 +279,14 @@ func TestOptions(t *testing.T) {
 	}{
 		{"sender", func(o *Options) { o.Rank = 1 }, "the sender is rank 0"},
 		{"receiver", func(o *Options) { o.Rank = 0 }, "rank 0 is the sender"},
-		{"receiver", func(o *Options) { o.Rank = 2 }, "rank outside a world of 2 ranks"},
-		{"sender", func(o *Options) { o.WorldSize = 1 }, "world size 1"},
-		{"sender", func(o *Options) { o.RunID = "" }, "no run id"},
+		{"receiver", func(o *Options) { o.Rank = 2 }, "rank 2 is outside a world of 2 ranks"},
+		{"sender", func(o *Options) { o.WorldSize = 1 }, "world_size 1: a group needs"},
+		{"sender", func(o *Options) { o.RunID = "" }, "run_id: none given"},
 		{"sender", func(o *Options) { o.Rendezvous = "10.0.0.1:2379" }, "want etcd://HOST:PORT"},
 		{"sender", func(o *Options) { o.Transport = "udp" }, `transport "udp"`},
-		{"sender", func(o *Options) { o.BucketSize = 10 }, "bucket size 10 bytes"},
+		{"sender", func(o *Options) { o.BucketSize = 10 }, "bucket 10 is below the minimum of 1.0 KiB"},
 		{"sender", func(o *Options) { o.Device = "tpu:0" }, `device "tpu:0"`},
-		{"sender", func(o *Options) { o.Transport, o.Rendezvous = "inproc", "etcd://a:1" }, "leave Rendezvous empty"},
+		{"sender", func(o *Options) { o.Transport, o.Rendezvous = "inproc", "etcd://a:1" }, "leave it empty"},
 	}
 	for _, c := range cases {
 		o := base
@@ -740,4 +740,51 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestFieldErrors: every setting that cannot work is a *FieldError that
+// names its JSON key and matches ErrConfig, and a front end can spell the
+// field its own way.
+func TestFieldErrors(t *testing.T) {
+	base := Options{Rendezvous: "etcd://127.0.0.1:1", RunID: "r", WorldSize: 2}
+	for _, c := range []struct {
+		field string
+		mod   func(*Options)
+	}{
+		{"bucket", func(o *Options) { o.BucketSize = 100 }},
+		{"bucket", func(o *Options) { o.BucketSize = 2 << 40 }},
+		{"timeout", func(o *Options) { o.Timeout = -time.Second }},
+		{"group", func(o *Options) { o.Group = "a/b" }},
+		{"run_id", func(o *Options) { o.RunID = "owner" }},
+		{"transport", func(o *Options) { o.Transport = "udp" }},
+		{"device", func(o *Options) { o.Device = "tpu" }},
+		{"world_size", func(o *Options) { o.WorldSize = 1 }},
+		{"rank", func(o *Options) { o.Rank = 1 }},
+		{"rendezvous", func(o *Options) { o.Rendezvous = "h:1" }},
+		{"secret_file", func(o *Options) { o.SecretFile = "/nonexistent/secret" }},
+	} {
+		o := base
+		c.mod(&o)
+		err := o.check("sender")
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field || !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v; want a FieldError of %q", c.field, err, c.field)
+			continue
+		}
+		if !strings.HasSuffix(err.Error(), c.field+" "+fe.Value+fe.Problem) && !strings.HasSuffix(err.Error(), c.field+fe.Problem) {
+			t.Errorf("%s: %q does not end with the field's own text %q", c.field, err, fe.Error())
+		}
+		if s := fe.Spelled("--x", " "); !errors.Is(s, ErrConfig) || !errors.As(s, new(*FieldError)) || !strings.HasPrefix(s.Error(), "--x") {
+			t.Errorf("%s spelled: %v", c.field, s)
+		}
+	}
+	o := Options{BucketSize: 100}
+	var fe *FieldError
+	if err := o.Validate(); !errors.As(err, &fe) || fe.Spell("bucket", "=") != "bucket=100 is below the minimum of 1.0 KiB (a few hundred MiB is usual)" {
+		t.Errorf("bucket=: %v", err)
+	}
+	o = Options{}
+	if err := o.Validate(); err != nil || o.Group != DefaultGroup || o.BucketSize != DefaultBucketSize || o.Timeout != DefaultTimeout || o.Transport != "auto" {
+		t.Errorf("defaults: %+v, %v", o, err)
+	}
 }

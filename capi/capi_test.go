@@ -4,9 +4,11 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -64,9 +66,12 @@ func TestParseConfig(t *testing.T) {
 		{`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "dtype": "i32"}`, `dtype "i32": choose`},
 		{`{"bucket": "lots"}`, `bucket "lots"`},
 		{`{"bucket": -4}`, "must be positive"},
-		{`{"timeout": 0}`, "timeout 0 s"},
+		{`{"timeout": 0}`, "timeout 0: give a positive number of seconds"},
 		{`{"rank": -3}`, "rank -3 is negative"},
 		{`not json`, "configuration not json"},
+		{`[1]`, "configuration [1]"},
+		{`{"rank": 0, "world_size": 2, "bucket": 100}`, "bucket 100 is below the minimum of 1.0 KiB"},
+		{`{"rank": 0, "world_size": 2, "group": "a/b"}`, `group "a/b": a group name must be`},
 		{`{}`, "RANK is not set"},
 	} {
 		_, err := parseConfig(c.json, func(string) string { return "" })
@@ -78,7 +83,7 @@ func TestParseConfig(t *testing.T) {
 
 func TestCallRecoversPanics(t *testing.T) {
 	var text string
-	set := func(s string) { text = s }
+	set := func(s, _ string) { text = s }
 	if code := call(set, func() (int, error) { panic("boom") }); code != wcErrPanic || !strings.Contains(text, "panic: boom") || !strings.Contains(text, "capi_test.go") {
 		t.Fatalf("panic: code %d, text %q", code, text)
 	}
@@ -316,5 +321,51 @@ func TestReceiveIntoThroughHandles(t *testing.T) {
 	}
 	if _, err := r.waitInto(10); codeOf(err) != -2 || !strings.Contains(err.Error(), "wc_next") {
 		t.Fatalf("wc_wait during a wc_receive round: %v", err)
+	}
+}
+
+// TestConfigRoundTrip: Options encoded as JSON decode, through the C
+// library's parseConfig, to the same Options; a decoded default fills in
+// as Validate says; the error of a field carries its detail for Python.
+func TestConfigRoundTrip(t *testing.T) {
+	path := t.TempDir() + "/secret"
+	if err := os.WriteFile(path, []byte("a-group-secret-of-some-length\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := weightcast.Options{
+		Group: "g", Rank: 1, WorldSize: 3, Rendezvous: "etcd://h:1", ServeRendezvous: true, RunID: "r",
+		Transport: "tcp", BucketSize: 64 << 10, Timeout: 1500 * time.Millisecond, NoChecksum: true, NoDirect: true,
+		RolloutDType: dtype.BF16, Quantize: stages.QuantizeConfig{Scheme: quant.FP8Block, Include: []string{"a"}, Exclude: []string{"b"}},
+		Device: "cuda:1", Advertise: "10.0.0.2", SecretFile: path,
+		TLS: auth.TLSFiles{CA: "ca.pem", Cert: "c.pem", Key: "k.pem"},
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := parseConfig(string(b), func(string) string { return "" })
+	if err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	if out.Secret == nil {
+		t.Fatalf("%s: no secret read from secret_file", b)
+	}
+	out.Secret, out.HostMemory = nil, nil
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip through %s:\n got %+v\nwant %+v", b, out, in)
+	}
+	// The keys Python sends today, with the defaults left to Go.
+	o, err := parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "run_id": "r", "checksum": true, "bucket": "1GiB"}`, func(string) string { return "" })
+	if err != nil || o.BucketSize != weightcast.DefaultBucketSize || o.Timeout != weightcast.DefaultTimeout || o.Group != weightcast.DefaultGroup || o.NoChecksum {
+		t.Fatalf("defaults: %+v, %v", o, err)
+	}
+	_, err = parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "bucket": 100}`, func(string) string { return "" })
+	var d map[string]string
+	if detail := fieldDetail(err); json.Unmarshal([]byte(detail), &d) != nil || d["field"] != "bucket" || d["value"] != "100" ||
+		d["prefix"]+d["field"]+" "+d["value"]+d["problem"] != err.Error() {
+		t.Fatalf("field detail of %v: %s", err, detail)
+	}
+	if detail := fieldDetail(errors.New("plain")); detail != "" {
+		t.Fatalf("field detail of a plain error: %s", detail)
 	}
 }

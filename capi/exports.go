@@ -19,10 +19,11 @@ import (
 // through call (panics recovered, errors to the thread's last error), and
 // returns the status. See weightcast.h.
 
-func setErr(text string) {
-	cs := C.CString(text)
+func setErr(text, field string) {
+	cs, cf := C.CString(text), C.CString(field)
 	defer C.free(unsafe.Pointer(cs))
-	C.wc_set_error(cs)
+	defer C.free(unsafe.Pointer(cf))
+	C.wc_set_error(cs, cf)
 }
 
 func status(body func() (int, error)) C.int { return C.int(call(setErr, body)) }
@@ -201,7 +202,12 @@ func wc_close(handle C.int64_t) C.int {
 
 //export wc_last_error
 func wc_last_error(buf *C.char, capacity C.int64_t) C.int64_t {
-	return C.wc_copy_error(buf, capacity)
+	return C.wc_copy_error(buf, capacity, 0)
+}
+
+//export wc_last_error_field
+func wc_last_error_field(buf *C.char, capacity C.int64_t) C.int64_t {
+	return C.wc_copy_error(buf, capacity, 1)
 }
 
 // copyOut copies text into buf, NUL-terminated, truncated to capacity.

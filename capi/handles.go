@@ -48,17 +48,18 @@ func codeOf(err error) int {
 
 // call runs the body of an exported function: a panic becomes
 // WC_ERR_PANIC with its text and stack, an error its code; the text of
-// either goes to setErr (the calling thread's last error).
-func call(setErr func(string), body func() (int, error)) (code int) {
+// either goes to setErr (the calling thread's last error), with the
+// error's field detail (fieldDetail) or "".
+func call(setErr func(text, field string), body func() (int, error)) (code int) {
 	defer func() {
 		if p := recover(); p != nil {
-			setErr(fmt.Sprintf("weightcast: internal error, please report it: panic: %v\n%s", p, debug.Stack()))
+			setErr(fmt.Sprintf("weightcast: internal error, please report it: panic: %v\n%s", p, debug.Stack()), "")
 			code = wcErrPanic
 		}
 	}()
 	code, err := body()
 	if err != nil {
-		setErr(err.Error())
+		setErr(err.Error(), fieldDetail(err))
 		if c := codeOf(err); c < 0 {
 			return c
 		}

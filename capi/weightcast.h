@@ -106,7 +106,10 @@ typedef struct wc_batch {
  * (seconds), "checksum" (bool), "device" ("cpu", "cuda", "cuda:N"),
  * "advertise", "secret_file" (the group secret's file, mode 0600; default
  * $WEIGHTCAST_SECRET_FILE), "tls_ca", "tls_cert", "tls_key" (mutual TLS),
- * "env". Missing or null rank, world_size, rendezvous, run_id
+ * "serve_rendezvous", "dtype", "quantize", "quantize_include",
+ * "quantize_exclude", "direct" (bool), and "env": the JSON form of the Go
+ * library's weightcast.Options (its defaults fill what is left out; docs/
+ * operations.md section 1 lists them). Missing or null rank, world_size, rendezvous, run_id
  * and device come from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR
  * and MASTER_PORT with rank 0 serving the rendezvous, TORCHELASTIC_RUN_ID,
  * LOCAL_RANK), read from "env" (an object of strings) when it is given, else
@@ -175,5 +178,13 @@ int wc_close(int64_t handle);
 /* The text of the calling thread's last error, copied into buf
  * (NUL-terminated, truncated to cap); returns its full length (0: none). */
 int64_t wc_last_error(char *buf, int64_t cap);
+
+/* When the calling thread's last error is about one configuration field,
+ * a JSON object {"field", "value", "problem", "prefix"}: the last error's
+ * text is prefix + field + " " + value + problem (value may be empty, and
+ * then without its space), so that a caller can name the field its own way
+ * (Python: "bucket=100 is below ..."). Copied as wc_last_error copies; the
+ * full length is returned, 0 when the last error names no field. */
+int64_t wc_last_error_field(char *buf, int64_t cap);
 
 #endif

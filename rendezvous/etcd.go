@@ -108,7 +108,7 @@ func DialEtcd(ctx context.Context, endpoints []string, timeout time.Duration, op
 	}
 	switch {
 	case len(endpoints) == 0:
-		return fail(ErrInvalid, "no etcd endpoints given; give the address of an etcd server (the demo: --rendezvous etcd://HOST:PORT) or start one in this process with package embedetcd")
+		return fail(ErrInvalid, "no etcd endpoints given; give the address of an etcd server (etcd://HOST:PORT) or start one in this process with package embedetcd")
 	case o.ttl <= 0:
 		return fail(ErrInvalid, "lease TTL %v must be positive", o.ttl)
 	case timeout < 0:

@@ -336,7 +336,7 @@ func (j *joiner) claimGroup(ctx context.Context) error {
 		case string(holder) == j.opts.RunID:
 			return j.fail(j.errorf(ErrDuplicateRank, key, []int{0}, "%s", j.rootHeld(ctx)))
 		case waited:
-			return j.fail(j.errorf(ErrGroupInUse, key, nil, "group %q is in use by live run %q (still held after waiting %v for a dead run's lease to expire); wait for run %q to finish or pick another --group", j.opts.Group, holder, wait, holder))
+			return j.fail(j.errorf(ErrGroupInUse, key, nil, "group %q is in use by live run %q (still held after waiting %v for a dead run's lease to expire); wait for run %q to finish or pick another group", j.opts.Group, holder, wait, holder))
 		}
 		// Wait for the hold to end, but leave time before the Join
 		// deadline to say why it did not.
@@ -610,7 +610,7 @@ func (j *joiner) timeoutError(ctx context.Context, timeout time.Duration, cause 
 	if len(l.refused) > 0 {
 		return j.authError(prefix, l.refused, fmt.Sprintf("the group did not form within %v: what %s wrote at %s is", timeout, rankList(l.refused), prefix), l.unsigned)
 	}
-	hint := fmt.Sprintf("start them with --group %s, run id %q and world size %d against the same etcd, or raise the timeout", j.opts.Group, j.opts.RunID, n)
+	hint := fmt.Sprintf("start them with group %q, run id %q and world size %d against the same etcd, or raise the timeout", j.opts.Group, j.opts.RunID, n)
 	if slices.Contains(missing, 0) {
 		hint += "; rank 0 creates the group, so nothing proceeds without it"
 	}

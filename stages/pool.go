@@ -38,7 +38,7 @@ func NewPool(dev mem.Device, n, size int) (*Pool, error) {
 		return nil, fmt.Errorf("bucket pool needs at least one buffer, got %d", n)
 	}
 	if size < MinBucketSize {
-		return nil, fmt.Errorf("bucket size %d bytes is below the minimum of %d; use --bucket 1KiB or more", size, MinBucketSize)
+		return nil, fmt.Errorf("bucket size %d bytes is below the minimum of %d; give every rank a bucket size of 1 KiB or more", size, MinBucketSize)
 	}
 	p := &Pool{free: make(chan mem.Buffer, n), size: size}
 	for range n {

@@ -63,7 +63,7 @@ func (c Config) WaitTimeout() time.Duration {
 func (c Config) Validate() error {
 	switch {
 	case c.Group == "":
-		return errors.New("transport: empty group name; give every rank the same --group")
+		return errors.New("transport: empty group name; give every rank the same group")
 	case c.WorldSize < 2:
 		return fmt.Errorf("transport: world size %d: a group needs a root and at least one receiver", c.WorldSize)
 	case c.Rank < 0 || c.Rank >= c.WorldSize:

@@ -18,9 +18,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
-	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
-	"github.com/weightcast/weightcast/transport"
 )
 
 // config is everything a demo run needs; every rank of a run gets the same
@@ -67,6 +65,11 @@ type config struct {
 	tlsFiles   auth.TLSFiles
 	tls        *auth.TLS // nil: plain connections
 
+	// opts are the library settings every rank of the run shares, from
+	// the flags above, checked by weightcast.Options.Validate; each rank
+	// adds its place (rank, world size, rendezvous, device).
+	opts weightcast.Options
+
 	// Set by the launcher for the rank processes it starts.
 	child      bool
 	traceEpoch int64
@@ -102,9 +105,39 @@ const (
 	maxLocalRanks = 64
 	// maxSize caps the synthetic model.
 	maxSize = 1 << 50
-	// maxBucket caps a bucket.
-	maxBucket = 1 << 40
+	// defaultBucket is the demo's bucket size, smaller than the library's
+	// (weightcast.DefaultBucketSize): a local launch holds two buckets for
+	// each of its ranks on one machine.
+	defaultBucket = "256MiB"
 )
+
+// flagOf names the fields of weightcast.Options (their JSON keys, as a
+// *weightcast.FieldError names them) by the demo's flags.
+var flagOf = map[string]string{
+	"group": "group", "rank": "rank", "world_size": "world-size", "rendezvous": "rendezvous",
+	"run_id": "run-id", "transport": "transport", "bucket": "bucket", "timeout": "timeout",
+	"checksum": "checksum", "direct": "direct", "dtype": "dtype", "quantize": "quantize",
+	"advertise": "advertise", "secret_file": "secret-file", "device": "devices",
+}
+
+// optionError says a library configuration error in the demo's words: a
+// *weightcast.FieldError names its flag (--bucket, not bucket) and, where
+// typed has it, the value as it was typed ("--bucket 100KB", not 100000).
+func optionError(err error, typed map[string]string) error {
+	var fe *weightcast.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	name, ok := flagOf[fe.Field]
+	if !ok {
+		name = fe.Field
+	}
+	if v, ok := typed[fe.Field]; ok && fe.Value != "" {
+		at := *fe
+		at.Value, fe = v, &at
+	}
+	return fe.Spelled("--"+name, " ")
+}
 
 // flagSet defines every flag on c and returns the set and where the flags
 // that need parsing after it land.
@@ -119,7 +152,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.StringVar(&raw.size, "size", "1GiB", "total `SIZE` of the synthetic model (up to 1 PiB)")
 	fs.IntVar(&c.tensors, "tensors", 291, "number of tensors `N` of the synthetic model (291 is Llama-7B's count)")
 	fs.StringVar(&raw.dtypes, "dtypes", "bf16", "comma-separated dtype `LIST` of the synthetic model, e.g. bf16,f32")
-	fs.StringVar(&raw.bucket, "bucket", "256MiB", "bucket `SIZE`, 1 KiB to 1 TiB; every rank holds two buckets")
+	fs.StringVar(&raw.bucket, "bucket", defaultBucket, "bucket `SIZE`, 1 KiB to 1 TiB; every rank holds two buckets")
 	fs.IntVar(&c.rounds, "rounds", 3, "sync rounds `N` (model versions) to send")
 	fs.BoolVar(&c.verify, "verify", true, "check every received byte against the source")
 	fs.BoolVar(&c.checksum, "checksum", true, "checksum each bucket where its bytes are (on the GPU for device buckets) and check it on every receiver; false saves the last percent of speed")
@@ -128,7 +161,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.StringVar(&c.trace, "trace", "", "write a Chrome trace (open in Perfetto or chrome://tracing) to `FILE`")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline's timeline as an SVG Gantt chart to `FILE`")
 	fs.Uint64Var(&c.seed, "seed", 1, "`SEED` of the synthetic model's bytes")
-	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "`DURATION` bounding every wait: joining, each bucket, each acknowledgement")
+	fs.DurationVar(&c.timeout, "timeout", weightcast.DefaultTimeout, "`DURATION` bounding every wait: joining, each bucket, each acknowledgement")
 	fs.StringVar(&c.modelPath, "model", "", "sync a safetensors checkpoint (`PATH`: a .safetensors file or a Hugging Face directory of shards) instead of the synthetic model")
 	fs.StringVar(&c.out, "out", "", "receivers write what they received as safetensors under `DIR`/rankN, mirroring the source's files")
 	fs.StringVar(&raw.castTo, "dtype", "keep", "rollout `DTYPE` of a --model checkpoint: keep, bf16 or f16 (floating tensors are cast on the sender, at pack time)")
@@ -245,8 +278,13 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if c.size, err = parseSize("--size", raw.size, 0, maxSize); err != nil {
 		return nil, err
 	}
-	if c.bucket, err = parseSize("--bucket", raw.bucket, stages.MinBucketSize, maxBucket); err != nil {
+	// The library checks the bucket's range (Options.Validate, below);
+	// on the command line 0 is a size given, not "the default".
+	if c.bucket, err = parseSize("--bucket", raw.bucket, 0, 1<<62); err != nil {
 		return nil, err
+	}
+	if c.bucket == 0 {
+		return nil, fmt.Errorf("--bucket %s: give a size of 1 KiB or more", raw.bucket)
 	}
 	for _, s := range strings.Split(raw.dtypes, ",") {
 		d, err := dtype.Parse(strings.TrimSpace(s))
@@ -275,9 +313,6 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if raw.quantExclude != "" {
 		c.quantize.Exclude = []string{raw.quantExclude}
 	}
-	if _, err := stages.Quantize(stages.Tensors{}, c.quantize); err != nil {
-		return nil, fmt.Errorf("--quantize: %v", err)
-	}
 	if c.castTo != dtype.Invalid && c.modelPath == "" {
 		return nil, fmt.Errorf("--dtype casts a checkpoint; give --model PATH (the synthetic model takes --dtypes)")
 	}
@@ -301,15 +336,8 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	switch {
 	case c.rounds < 1:
 		return nil, fmt.Errorf("--rounds %d: run at least one round", c.rounds)
-	case c.timeout <= 0:
+	case c.timeout == 0: // on the command line a duration given, not "the default"
 		return nil, fmt.Errorf("--timeout %v: give a positive duration such as 2m", c.timeout)
-	case !rendezvous.ValidName(c.group):
-		return nil, fmt.Errorf("--group %q: a group name must be 1 to 256 bytes, without '/', spaces or control characters", c.group)
-	case c.runID != "" && (!rendezvous.ValidName(c.runID) || c.runID == "owner"):
-		return nil, fmt.Errorf("--run-id %q: a run id must be 1 to 256 bytes, without '/', spaces or control characters, and not \"owner\"", c.runID)
-	}
-	if _, ok := transport.Lookup(c.transport); c.transport != "auto" && !ok {
-		return nil, fmt.Errorf("--transport %q: choose auto or one of %s", c.transport, strings.Join(transport.Names(), ", "))
 	}
 
 	// Torchrun-style variables stand in for --rank, --world-size and
@@ -387,11 +415,19 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if c.secretFile == "" {
 		c.secretFile = getenv(auth.SecretFileEnv)
 	}
-	if c.secretFile != "" {
-		if c.secret, err = auth.ReadSecretFile(c.secretFile); err != nil {
-			return nil, fmt.Errorf("--secret-file: %w", err)
-		}
+	// The one validation of the library's settings (and the defaults it
+	// fills), in the demo's words: the group and run id names, the
+	// transport, the bucket's range, the timeout, the quantization and the
+	// group secret, which it reads.
+	c.opts = weightcast.Options{
+		Group: c.group, RunID: c.runID, Transport: c.transport,
+		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
+		Quantize: c.quantize, Advertise: c.advertise, SecretFile: c.secretFile, TLS: c.tlsFiles,
 	}
+	if err := c.opts.Validate(); err != nil {
+		return nil, optionError(err, map[string]string{"bucket": raw.bucket})
+	}
+	c.secret = c.opts.Secret
 	if !c.tlsFiles.IsZero() {
 		if c.tls, err = c.tlsFiles.Load(); err != nil {
 			return nil, fmt.Errorf("--tls-ca, --tls-cert, --tls-key: %w", err)
@@ -420,7 +456,7 @@ func parseSize(flagName, s string, minimum, maximum int64) (int64, error) {
 func etcdEndpoint(u string) (string, error) {
 	hp, err := weightcast.RendezvousAddr(u)
 	if err != nil {
-		return "", fmt.Errorf("--%v", err) // names the flag: --rendezvous "...": want ...
+		return "", optionError(err, nil) // --rendezvous "...": want ...
 	}
 	return hp, nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 )
 
@@ -116,5 +117,35 @@ func TestHostBucketsOfEveryLocalRank(t *testing.T) {
 	err = parse(map[string]string{"LOCAL_WORLD_SIZE": "2"}, rankArgs...).checkHostBuckets(avail)
 	if err == nil || !strings.Contains(err.Error(), "the 2 ranks on this machine") {
 		t.Errorf("LOCAL_WORLD_SIZE=2 ranks of 10 GiB buckets on 24 GiB: %v", err)
+	}
+}
+
+// TestConfigFieldsAsFlags: a setting the library refuses
+// (weightcast.Options.Validate) is reported by the demo's flag, with the
+// value as typed, and still matches the library's *weightcast.FieldError.
+func TestConfigFieldsAsFlags(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	for _, tc := range []struct {
+		args        []string
+		field, want string
+	}{
+		{[]string{"--bucket", "100"}, "bucket", "--bucket 100 is below the minimum of 1.0 KiB"},
+		{[]string{"--bucket", "2TiB"}, "bucket", "--bucket 2TiB is over the limit of 1.0 TiB"},
+		{[]string{"--timeout", "-1s"}, "timeout", "--timeout -1s: give a positive duration"},
+		{[]string{"--group", "a/b"}, "group", `--group "a/b": a group name must be`},
+		{[]string{"--run-id", "owner"}, "run_id", `--run-id "owner": a run id must be`},
+		{[]string{"--transport", "udp"}, "transport", `--transport "udp": choose auto, `},
+		{[]string{"--rendezvous", "h:1"}, "rendezvous", `--rendezvous "h:1": want etcd://HOST:PORT`},
+		{[]string{"--quantize-include", "x"}, "quantize", "--quantize: quantize: include and exclude patterns given without a scheme"},
+	} {
+		_, err := parseConfig(tc.args, noEnv)
+		var fe *weightcast.FieldError
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) || !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, weightcast.ErrConfig) {
+			t.Errorf("%q: %v; want %q, a FieldError of %q", tc.args, err, tc.want, tc.field)
+		}
+	}
+	c, err := parseConfig(nil, noEnv)
+	if err != nil || c.opts.Timeout != weightcast.DefaultTimeout || c.opts.BucketSize != 256<<20 || c.opts.Group != "weightcast-demo" {
+		t.Fatalf("defaults: %+v, %v", c.opts, err)
 	}
 }

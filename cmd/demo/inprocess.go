@@ -6,8 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/stages"
 )
 
 // runInProcess runs every rank as goroutines of this process over the
@@ -36,8 +37,8 @@ func runInProcess(ctx context.Context, c *config, tracer *pipeline.Tracer, repor
 }
 
 func inProcessRank(ctx context.Context, c *config, group string, rank int, tracer *pipeline.Tracer, report func(event)) (*rankResult, error) {
-	return runRank(ctx, c, weightcast.Options{
-		Group: group, Rank: rank, WorldSize: c.ranks, Transport: "inproc",
-		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
-	}, tracer, report)
+	o := c.opts // the run's settings, checked when the flags were read
+	o.Group, o.RunID, o.Rank, o.WorldSize, o.Transport = group, "", rank, c.ranks, "inproc"
+	o.Advertise, o.Secret, o.SecretFile, o.TLS, o.Quantize = "", nil, "", auth.TLSFiles{}, stages.QuantizeConfig{}
+	return runRank(ctx, c, o, tracer, report)
 }

@@ -9,8 +9,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/stages"
 	_ "github.com/weightcast/weightcast/transport/tcp" // registers "tcp"
 )
 
@@ -24,12 +24,10 @@ func runProcessRank(ctx context.Context, c *config, transportName string, tracer
 	if err != nil {
 		return nil, err
 	}
-	return runRank(ctx, c, weightcast.Options{
-		Group: c.group, Rank: c.rank, WorldSize: c.worldSize,
-		Rendezvous: c.rendezvous, ServeRendezvous: c.served, RunID: c.runID,
-		Transport: transportName, BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
-		Device: device, Advertise: c.advertise, Secret: c.secret, TLS: c.tlsFiles,
-	}, tracer, report)
+	o := c.opts // the run's settings, checked when the flags were read
+	o.Group, o.RunID, o.Rank, o.WorldSize, o.Rendezvous, o.ServeRendezvous = c.group, c.runID, c.rank, c.worldSize, c.rendezvous, c.served
+	o.Transport, o.Device, o.Quantize = transportName, device, stages.QuantizeConfig{} // runRank sets rank 0's
+	return runRank(ctx, c, o, tracer, report)
 }
 
 // How long a rank process that was asked to stop takes at most to end its

@@ -151,3 +151,20 @@ def test_group_secret(monkeypatch, tmp_path):
     secret.chmod(0o644)
     with pytest.raises(weightcast.ConfigError, match="secret"):
         weightcast.Receiver(rank=1, world_size=2, run_id="x", rendezvous="etcd://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("kwargs,field,want", [
+    (dict(bucket=100), "bucket", "bucket=100 is below the minimum of 1.0 KiB"),
+    (dict(bucket="lots"), "bucket", 'bucket="lots": want a size such as'),
+    (dict(timeout=-1), "timeout", "timeout=-1: give a positive number of seconds"),
+    (dict(group="a/b"), "group", 'group="a/b": a group name must be'),
+    (dict(transport="udp"), "transport", 'transport="udp": choose auto'),
+])
+def test_bad_config_names_keyword(kwargs, field, want):
+    """A setting the library refuses raises ConfigError naming the keyword
+    as Python spells it (bucket=), before anything is opened."""
+    common = dict(rank=0, world_size=2, rendezvous=f"etcd://127.0.0.1:{free_port()}", run_id="r", device="cpu")
+    with pytest.raises(weightcast.ConfigError) as e:
+        weightcast.Sender(**common, **kwargs)
+    assert want in str(e.value) and e.value.field == field, str(e.value)
+    assert "bucket " not in str(e.value).replace("bucket size", ""), str(e.value)

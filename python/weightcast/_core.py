@@ -86,7 +86,13 @@ class _Rank:
     _open = None  # the library's open call, by name
 
     def __init__(self, rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device, security, extra=None):
-        cfg = {"group": group, "transport": transport, "bucket": bucket, "timeout": float(timeout), "checksum": bool(checksum)}
+        # Keywords left None are left out: the library fills its defaults
+        # (weightcast.Options.Validate), so they are written once, in Go.
+        cfg = {k: v for k, v in (("group", group), ("transport", transport), ("bucket", bucket)) if v is not None}
+        if timeout is not None:
+            cfg["timeout"] = float(timeout)
+        if checksum is not None:
+            cfg["checksum"] = bool(checksum)
         cfg.update({k: str(v) for k, v in security.items() if v is not None})
         cfg.update({k: v for k, v in (extra or {}).items() if v is not None})
         for key, value in (("rank", rank), ("world_size", world_size), ("rendezvous", rendezvous), ("run_id", run_id)):
@@ -192,9 +198,12 @@ class Sender(_Rank):
     Keywords left None come from the torchrun variables (RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT — rank 0 then serves the rendezvous there —
     TORCHELASTIC_RUN_ID, LOCAL_RANK); ``rendezvous="etcd://HOST:PORT"``
-    meets at an etcd instead. ``bucket`` is each of the two bucket buffers'
-    size (bytes, or a string such as "256MiB"); ``timeout`` (seconds) bounds
-    every wait; ``device`` ("cpu", "cuda:N", an int or a torch.device) says
+    meets at an etcd instead. ``group`` names the group ("weightcast");
+    ``transport`` is "auto" or one of "tcp", "ipc", "nccl". ``bucket`` is
+    each of the two bucket buffers' size (bytes, or a string such as
+    "256MiB"; 1 GiB); ``timeout`` (seconds; 120) bounds every wait;
+    ``checksum=False`` turns the per-bucket checksum off. Left None, the
+    library's defaults (in brackets) apply; ``device`` ("cpu", "cuda:N", an int or a torch.device) says
     where the buckets live when the transport puts them on a GPU.
     ``secret_file`` (default $WEIGHTCAST_SECRET_FILE) names the group secret
     every rank must prove it holds; ``tls_ca``, ``tls_cert`` and ``tls_key``
@@ -217,8 +226,8 @@ class Sender(_Rank):
 
     _open = "wc_open_sender"
 
-    def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
-                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
+    def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group=None,
+                 transport=None, bucket=None, timeout=None, checksum=None, device=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None,
                  dtype=None, serve_rendezvous=False, advertise=None, quantize=None):
         if rank == -1:
@@ -363,8 +372,8 @@ class Receiver(_Rank):
 
     _open = "wc_open_receiver"
 
-    def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group="weightcast",
-                 transport="auto", bucket="1GiB", timeout=120.0, checksum=True, device=None,
+    def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group=None,
+                 transport=None, bucket=None, timeout=None, checksum=None, device=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, advertise=None):
         _need_numpy(device)
         self._batch = _lib.Batch()

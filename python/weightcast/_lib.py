@@ -1,6 +1,7 @@
 """ctypes bindings of libweightcast.so (see capi/weightcast.h)."""
 
 import ctypes
+import json
 import os
 import struct
 import threading
@@ -69,6 +70,7 @@ def lib():
                 "wc_info": ([i64, cp, i64], i64),
                 "wc_close": ([i64], ctypes.c_int),
                 "wc_last_error": ([cp, i64], i64),
+                "wc_last_error_field": ([cp, i64], i64),
             }
             for name, (args, res) in sig.items():
                 f = getattr(L, name)
@@ -77,16 +79,26 @@ def lib():
         return _lib
 
 
-def last_error():
-    L = lib()
-    n = L.wc_last_error(None, 0)
+def _copy(fn):
+    n = fn(None, 0)
     buf = ctypes.create_string_buffer(n + 1)
-    L.wc_last_error(buf, n + 1)
+    fn(buf, n + 1)
     return buf.value.decode("utf-8", "replace")
+
+
+def last_error():
+    return _copy(lib().wc_last_error)
+
+
+def last_error_field():
+    """The field detail of this thread's last error (a dict of field, value,
+    problem and prefix), or None when it names no configuration field."""
+    text = _copy(lib().wc_last_error_field)
+    return json.loads(text) if text else None
 
 
 def check(rc):
     """Raise the exception of a negative status; return the others."""
     if rc < 0:
-        raise from_code(rc, last_error())
+        raise from_code(rc, last_error(), last_error_field())
     return rc

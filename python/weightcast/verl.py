@@ -69,9 +69,9 @@ class WeightcastCheckpointEngine(_Base):
     one).
     """
 
-    def __init__(self, bucket_size, is_master=False, *, transport="auto", timeout=120.0, checksum=True,
+    def __init__(self, bucket_size, is_master=False, *, transport=None, timeout=None, checksum=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, rollout_dtype="bfloat16",
-                 group="weightcast", rebuild_group=False, host=None, port=None, advertise=None, device=None):
+                 group=None, rebuild_group=False, host=None, port=None, advertise=None, device=None):
         if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size <= 0:
             raise ConfigError(f"WeightcastCheckpointEngine: bucket_size {bucket_size!r} must be a positive number of bytes "
                               "(verl passes checkpoint_engine.update_weights_bucket_megabytes << 20)")
