@@ -177,3 +177,23 @@ def test_registers_with_verl(tmp_path, monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "registered weightcast.verl WeightcastCheckpointEngine" in out.stdout
+
+
+def test_fp8_rollout(workers):
+    """quantize="fp8-block" in the engine kwargs: the rollout receives the
+    trainer's 2-D linear weights as FP8 codes with their _scale_inv scales,
+    and the other tensors as they are."""
+    mgr, _, _ = workers(1, 1, {"quantize": "fp8-block", "rollout_dtype": "keep"})
+    mgr.form()
+    mgr.transfer(1, seed=1)
+    mgr.trainers[0].ok("send_weights")
+    got = mgr.rollouts[0].ok("receive_weights")["digests"]
+    fp8 = "float8_e4m3fn" if hasattr(torch, "float8_e4m3fn") else "uint8"  # torch 1.13 has no float8: raw bytes
+    assert got["layers.0.q_proj.weight"].endswith(f":{fp8}:[32, 32]"), got["layers.0.q_proj.weight"]
+    assert got["layers.0.q_proj.weight_scale_inv"].endswith(":float32:[1, 1]")
+    assert got["layers.1.up_proj.weight_scale_inv"].endswith(":float32:[1, 1]")
+    want_all, _ = want(1, dtype=None)
+    for name in ("embed_tokens.weight", "layers.0.q_proj.bias", "norm.weight", "extra.bf16"):
+        assert got[name] == want_all[name], name
+    assert "embed_tokens.weight_scale_inv" not in got
+    mgr.finalize()

@@ -5,8 +5,8 @@ which registers the engine as ``"weightcast"`` in verl's
 ``CheckpointEngineRegistry``)::
 
     actor_rollout_ref.rollout.checkpoint_engine.backend=weightcast
-    +actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=weightcast.verl
-    +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.weightcast.transport=auto
+    ++actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=weightcast.verl
+    ++actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.weightcast.transport=auto
 
 It follows verl's ``CheckpointEngine`` contract (verl/checkpoint_engine/base.py):
 on every weight update verl calls ``prepare`` on every worker,
@@ -65,13 +65,15 @@ class WeightcastCheckpointEngine(_Base):
     ``group`` (the group's name), ``rebuild_group``, ``host`` and ``port``
     (where trainer rank 0 serves the rendezvous: default this node's address
     and a free port), ``advertise`` (the address other hosts reach this rank
-    at) and ``device`` (default the current CUDA device, or "cpu" without
-    one).
+    at), ``device`` (default the current CUDA device, or "cpu" without
+    one) and ``quantize`` ("fp8-block": the trainer's 2-D linear weights
+    travel as block-scaled FP8 codes and ``<name>_scale_inv`` scales, for an
+    FP8 rollout; see docs/operations.md, "FP8 rollouts").
     """
 
     def __init__(self, bucket_size, is_master=False, *, transport=None, timeout=None, checksum=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, rollout_dtype="bfloat16",
-                 group=None, rebuild_group=False, host=None, port=None, advertise=None, device=None):
+                 group=None, rebuild_group=False, host=None, port=None, advertise=None, device=None, quantize=None):
         if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size <= 0:
             raise ConfigError(f"WeightcastCheckpointEngine: bucket_size {bucket_size!r} must be a positive number of bytes "
                               "(verl passes checkpoint_engine.update_weights_bucket_megabytes << 20)")
@@ -82,6 +84,7 @@ class WeightcastCheckpointEngine(_Base):
         self._options = dict(transport=transport, timeout=timeout, checksum=checksum, secret_file=secret_file,
                              tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, group=group, advertise=advertise)
         self._dtype = dtype
+        self._quantize = quantize
         self._host, self._port, self._device = host, port, device
         self._member = None   # the Sender or Receiver of the group formed, or an idle Sender (rank -1)
         self._joined = None   # (rank, world_size, run_id) of that group
@@ -149,7 +152,7 @@ class WeightcastCheckpointEngine(_Base):
             common = dict(self._options, rank=rank, world_size=world_size, rendezvous=master_metadata["rendezvous"],
                           run_id=run_id, bucket=self.bucket_size, device=self._device or _default_device())
             if rank == 0:
-                self._member = Sender(serve_rendezvous=True, dtype=self._dtype, **common)
+                self._member = Sender(serve_rendezvous=True, dtype=self._dtype, quantize=self._quantize, **common)
             else:
                 self._member = Receiver(**common)
         self._joined, self._master = joined, dict(master_metadata)
