@@ -10,8 +10,9 @@
 //
 //	subscribe ──► receive ──► unpack ──► load
 //
-// Each stage lives in one file of its name (iterate.go, pack.go, ...), its
-// host and device paths side by side. Pack fills fixed-size bucket buffers
+// Each stage lives in one file of its name (iterate.go, pack.go, ...),
+// whose top shows its flow; pack's device fill sits behind a small
+// interface in a file of its own (pack_device.go). Pack fills fixed-size bucket buffers
 // taken from a Pool of two: packing bucket k+1 overlaps the broadcast of
 // bucket k, and no rank ever holds more than two buffers. A tensor larger
 // than a bucket is split into chunks. The last bucket of a round carries
