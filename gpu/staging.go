@@ -43,7 +43,7 @@ import (
 // docs/benchmarks.md.
 
 // StagingAlign is the alignment the ring mirrors: destinations lay ranges
-// out on StagingAlign boundaries (stages.Align), so a range that continues
+// out on StagingAlign boundaries (wire.Align), so a range that continues
 // the previous one across less than StagingAlign bytes of padding is
 // staged as one copy, and reads are split on StagingAlign boundaries of
 // their source (whole elements of any dtype).

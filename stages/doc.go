@@ -1,6 +1,7 @@
-// Package stages holds the weight-sync data types (Tensor, Entry,
-// BucketMeta, Bucket) and the stages that move a model from one rank to
-// many, built on package pipeline.
+// Package stages holds the weight-sync data types (Tensor, Bucket) and the
+// stages that move a model from one rank to many, built on package
+// pipeline. What a bucket's metadata and the commit message look like on
+// the wire, and how a message is signed, is package wire's.
 //
 // The sender runs, for each round:
 //
@@ -29,7 +30,7 @@
 // computed where they are (on the GPU for device buckets), every metadata
 // message is signed, and unpack checks the MAC before any sink sees the
 // bucket, so bytes changed on purpose on any path fail the round instead
-// of being committed (mac.go).
+// of being committed (mac.go; the signature is wire.Seal).
 //
 // Sender and Receiver compose these stages for the common case; the stage
 // functions (Iterate, Pack, Publish, Broadcast, Subscribe, Receive, Unpack,

@@ -13,6 +13,7 @@ import (
 	"github.com/weightcast/weightcast/internal/parallel"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The pack stage: tensors into bucket buffers.
@@ -47,7 +48,7 @@ type PackConfig struct {
 	// Publish; nil: neither.
 	Auth *auth.Keys
 	// Source, when set, travels in the round's first bucket.
-	Source *SourceInfo
+	Source *wire.SourceInfo
 	// Direct leaves device buckets unfilled where every tensor in them
 	// can be read in place by the receivers (direct buckets, see
 	// direct.go): for endpoints whose receivers all share the sender's
@@ -104,7 +105,7 @@ func packStage(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfi
 			r.filler = dev
 		}
 		if r.cfg.maxTensors == 0 {
-			r.cfg.maxTensors = MaxTensors
+			r.cfg.maxTensors = wire.MaxTensors
 		}
 		defer func() { pk.noteDirect(r.directs) }()
 		defer func() { err = errors.Join(err, r.abandon()) }()
@@ -348,11 +349,11 @@ type packing struct {
 	directs int // direct buckets sent on
 }
 
-func alignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
+func alignUp(n int64) int64 { return (n + wire.Align - 1) &^ (wire.Align - 1) }
 
 // The staging ring mirrors the bucket layout's alignment.
-var _ [gpu.StagingAlign - Align]struct{}
-var _ [Align - gpu.StagingAlign]struct{}
+var _ [gpu.StagingAlign - wire.Align]struct{}
+var _ [wire.Align - gpu.StagingAlign]struct{}
 
 // take makes sure a bucket is being filled, waiting for a free buffer.
 func (r *packing) take() error {
@@ -367,7 +368,7 @@ func (r *packing) take() error {
 		r.cfg.Pool.Put(buf)
 		return fmt.Errorf("pack: bucket buffers on %s are neither host nor CUDA device memory", buf.Device().Name())
 	}
-	r.cur = r.cfg.Pool.Bucket(buf, BucketMeta{Seq: r.seq, Index: r.index, Version: r.cfg.Version})
+	r.cur = r.cfg.Pool.Bucket(buf, wire.BucketMeta{Seq: r.seq, Index: r.index, Version: r.cfg.Version})
 	if r.index == 0 {
 		r.cur.Meta.Source = r.cfg.Source
 	}
@@ -459,7 +460,7 @@ func (r *packing) add(t *Tensor) error {
 		room := bsize - off
 		n := min(size-chunk, room)
 		if n < size-chunk {
-			n &^= Align - 1 // split on Align boundaries within the tensor
+			n &^= wire.Align - 1 // split on Align boundaries within the tensor
 		}
 		if n <= 0 && size > 0 {
 			if err := r.emit(false); err != nil {
@@ -467,7 +468,7 @@ func (r *packing) add(t *Tensor) error {
 			}
 			continue
 		}
-		var src *EntrySource
+		var src *wire.EntrySource
 		if r.direct && n > 0 {
 			if src, err = r.placeDirect(t, off, n, chunk); err != nil {
 				return err
@@ -478,7 +479,7 @@ func (r *packing) add(t *Tensor) error {
 				return err
 			}
 		}
-		r.cur.Meta.Entries = append(r.cur.Meta.Entries, Entry{
+		r.cur.Meta.Entries = append(r.cur.Meta.Entries, wire.Entry{
 			Name: t.Name, DType: t.DType, Shape: t.Shape, Offset: off, Size: n, Chunk: chunk, Total: size, Src: src,
 		})
 		r.fill = off + n
@@ -494,7 +495,7 @@ func (r *packing) add(t *Tensor) error {
 // bucket being filled, where it lies in the sender's memory, and returns
 // its source; or, for a tensor a direct bucket cannot take, turns the
 // bucket into one pack fills (packDirect) and returns nil.
-func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*EntrySource, error) {
+func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*wire.EntrySource, error) {
 	p, e, ok, err := r.pk.directSource(t, r.cur.Buf, chunk, r.cfg.Version)
 	if err != nil {
 		return nil, err
@@ -504,7 +505,7 @@ func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*EntrySource, err
 	}
 	p.at, p.n = off, n
 	r.pieces = append(r.pieces, p)
-	return &EntrySource{Alloc: allocIndex(&r.cur.Meta, e), Offset: int64(p.addr - e.info.Base)}, nil
+	return &wire.EntrySource{Alloc: allocIndex(&r.cur.Meta, e), Offset: int64(p.addr - e.info.Base)}, nil
 }
 
 // packDirect turns the direct bucket being filled into one that pack

@@ -65,6 +65,7 @@ import (
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // flushEvery bounds the copies collected in one queue before they are
@@ -209,7 +210,7 @@ func newDeviceFill(dev *gpu.CUDADevice, plan devicePlan, staging gpu.StagingConf
 func merge(b *gpu.CopyBatch, last *uint64, dst, src uint64, n int64, srcBase uint64) bool {
 	if ld, ls, ln, ok := b.Last(); ok && srcBase == *last {
 		end := ld + uint64(ln)
-		if gap := dst - end; dst >= end && gap < Align && src == ls+uint64(ln)+gap {
+		if gap := dst - end; dst >= end && gap < wire.Align && src == ls+uint64(ln)+gap {
 			b.Extend(int64(gap) + n)
 			return false
 		}
