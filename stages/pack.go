@@ -18,14 +18,14 @@ import (
 
 // The pack stage: tensors into bucket buffers.
 //
-//	tensors ──► packing.add ──► filler.copyIn ──► packing.emit ──► filler.seal ──► buckets
-//	            (lay out: split        (bytes into        (bucket full,      (checksum, MAC)
-//	             on Align, next         the bucket)        or the last)
-//	             bucket when full)
+//	tensor ──► packing.add ──► filler.copyIn ──► packing.emit ──► filler.seal ──► out
+//	           (its chunks'      (their bytes      (a full or        (checksum,
+//	            places)           into place)       last bucket)      MAC)
 //
 // packing (this file) lays each round out: which bucket and offset each
-// tensor's chunks take, when a bucket is full, the metadata of its
-// entries. A filler puts the bytes there and seals the full bucket:
+// tensor's chunks take (split on Align boundaries), when a bucket is full,
+// the metadata of its entries. A filler puts the bytes there and seals the
+// full bucket:
 // hostFill for host buckets, on the CPU (large tensors read by several
 // goroutines at once, the checksum and MAC computed on the CPU), and
 // deviceFill for device buckets (a Pool of device memory), on the GPU,
