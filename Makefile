@@ -10,7 +10,7 @@ PYLIB := python/weightcast/libweightcast.so
 
 # Each fuzz target runs for FUZZTIME; `make test` runs their seed corpora.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./stages:FuzzDecodeMeta ./stages:FuzzDecodeCommit ./safetensors:FuzzParseHeader ./transport/zmqbus:FuzzDecode ./rendezvous:FuzzRecords ./auth:FuzzOpenRecord ./transport/internal/handshake:FuzzHandshake ./transport/zmqbus:FuzzReady
+FUZZ_TARGETS := ./wire:FuzzDecodeMeta ./wire:FuzzDecodeCommit ./safetensors:FuzzParseHeader ./transport/zmqbus:FuzzDecode ./rendezvous:FuzzRecords ./auth:FuzzOpenRecord ./transport/internal/handshake:FuzzHandshake ./transport/zmqbus:FuzzReady
 
 all: build
 

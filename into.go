@@ -8,6 +8,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // ReceiveInto receives one round straight into the caller's tensors, dst,
@@ -101,7 +102,7 @@ func (r *Receiver) device(ordinal int) (*gpu.CUDADevice, error) {
 // into the caller's host tensor of its name.
 type hostInto struct{ refs map[string]*Ref }
 
-func (h *hostInto) Load(_ context.Context, e *stages.Entry, data []byte) error {
+func (h *hostInto) Load(_ context.Context, e *wire.Entry, data []byte) error {
 	ref := h.refs[e.Name]
 	if ref == nil {
 		return fmt.Errorf("%w: received tensor %q (%s%v), which the tensors handed in do not hold", ErrConfig, e.Name, e.DType, e.Shape)

@@ -18,6 +18,7 @@ import (
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Defaults of Options' zero values.
@@ -135,7 +136,7 @@ type Options struct {
 	Tracer *pipeline.Tracer `json:"-"`
 	// Progress, when set, is called on the sender after each bucket has
 	// moved.
-	Progress func(*stages.BucketMeta) `json:"-"`
+	Progress func(*wire.BucketMeta) `json:"-"`
 	// Endpoint, when set, is the byte transport this rank uses instead of
 	// opening one (tests, custom pipelines), as http.Client.Transport
 	// replaces the client's: every rank must be given an end of the same

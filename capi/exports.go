@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The exported functions: each converts its C arguments, runs its Go body
@@ -229,8 +230,8 @@ func decodeRefs(tensors *C.wc_tensor, n C.int64_t, names *C.char, namesLen C.int
 	if n < 0 || namesLen < 0 || ndims < 0 || n > 0 && tensors == nil || namesLen > 0 && names == nil || ndims > 0 && dims == nil {
 		return nil, bad("arrays and lengths disagree (n %d, names_len %d, ndims %d)", n, namesLen, ndims)
 	}
-	if n > stages.MaxTensors {
-		return nil, bad("%d tensors is more than the %d a round may carry", n, stages.MaxTensors)
+	if n > wire.MaxTensors {
+		return nil, bad("%d tensors is more than the %d a round may carry", n, wire.MaxTensors)
 	}
 	var ts []C.wc_tensor
 	var nb []byte
@@ -250,7 +251,7 @@ func decodeRefs(tensors *C.wc_tensor, n C.int64_t, names *C.char, namesLen C.int
 		if t.name < 0 || t.name_len < 0 || int64(t.name)+int64(t.name_len) > int64(len(nb)) {
 			return nil, bad("tensor %d: its name [%d, +%d) lies outside the %d bytes of names", i, t.name, t.name_len, len(nb))
 		}
-		if t.dims < 0 || t.ndim < 0 || t.ndim > stages.MaxRank || int64(t.dims)+int64(t.ndim) > int64(len(ds)) {
+		if t.dims < 0 || t.ndim < 0 || t.ndim > wire.MaxRank || int64(t.dims)+int64(t.ndim) > int64(len(ds)) {
 			return nil, bad("tensor %d: its %d dims at %d lie outside the %d dims given", i, t.ndim, t.dims, len(ds))
 		}
 		r := &refs[i]

@@ -8,6 +8,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // loopback is a pipeline that packs src and unpacks it again in one
@@ -33,7 +34,7 @@ func benchPool(b *testing.B, bucket int) *Pool {
 
 type countSink struct{ n int64 }
 
-func (c *countSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (c *countSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	c.n += int64(len(data))
 	return nil
 }
@@ -108,7 +109,7 @@ func BenchmarkPerTensorCopy(b *testing.B) {
 				off = 0
 			}
 			copy(dst[off:], t.Data)
-			off += (len(t.Data) + Align - 1) &^ (Align - 1)
+			off += (len(t.Data) + wire.Align - 1) &^ (wire.Align - 1)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/100_000, "ns/tensor")

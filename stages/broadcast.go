@@ -7,6 +7,7 @@ import (
 
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The broadcast stage moves each bucket's filled bytes from the root to
@@ -26,7 +27,7 @@ import (
 // Broadcast adds the root's last stage: it moves each bucket's filled bytes
 // to every receiver through ep, then releases the bucket and, when done is
 // not nil, calls it with the bucket's metadata (for progress reports).
-func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, done func(*BucketMeta)) {
+func Broadcast(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, done func(*wire.BucketMeta)) {
 	pipeline.Sink(p, "broadcast", in, func(ctx context.Context, in *pipeline.Input[*Bucket]) error {
 		for b := range in.All() {
 			err := move(ctx, b, ep)

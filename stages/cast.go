@@ -10,6 +10,7 @@ import (
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // castScratch is the most source bytes a cast reader converts at once.
@@ -54,8 +55,8 @@ type castSource struct {
 	to  dtype.DType
 
 	mu      sync.Mutex
-	infoSrc *SourceInfo // the src description info was derived from
-	info    *SourceInfo
+	infoSrc *wire.SourceInfo // the src description info was derived from
+	info    *wire.SourceInfo
 }
 
 // isScales reports whether name is that of an FP8 weight's scales, which
@@ -107,7 +108,7 @@ func (c *castSource) wrap(t *Tensor) (*Tensor, error) {
 // SourceInfo returns src's description with the dtypes of the tensors it
 // casts rewritten to the cast dtype, or nil when src has none. The result
 // is shared and must not be modified.
-func (c *castSource) SourceInfo() *SourceInfo {
+func (c *castSource) SourceInfo() *wire.SourceInfo {
 	d, ok := c.src.(Describer)
 	if !ok {
 		return nil
@@ -123,11 +124,11 @@ func (c *castSource) SourceInfo() *SourceInfo {
 
 // castInfo returns a copy of info whose shard dtypes are those Cast gives
 // the tensors (info itself when nothing changes).
-func castInfo(info *SourceInfo, to dtype.DType) *SourceInfo {
+func castInfo(info *wire.SourceInfo, to dtype.DType) *wire.SourceInfo {
 	if info == nil {
 		return nil
 	}
-	var out *SourceInfo
+	var out *wire.SourceInfo
 	for i, sh := range info.Shards {
 		for j, dt := range sh.DTypes {
 			if !castable(dt, to) || (j < len(sh.Tensors) && isScales(sh.Tensors[j])) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // ErrSourceChanged is wrapped by the errors of a Checkpoint whose files were
@@ -76,7 +77,7 @@ type Checkpoint struct {
 	files   []*ckptFile
 	tensors []*Tensor
 	byName  map[string]int
-	info    *SourceInfo
+	info    *wire.SourceInfo
 	size    int64
 	ra      *readAhead
 
@@ -150,18 +151,18 @@ func OpenCheckpoint(path string, opts ...CheckpointOption) (*Checkpoint, error) 
 // take: it travels in the metadata of every round's first bucket, which
 // receivers refuse past MaxMetaSize, and leaves the rest of that room to
 // the bucket's own entries.
-const maxDescription = MaxMetaSize / 2
+const maxDescription = wire.MaxMetaSize / 2
 
 // checkDescription refuses, at open, a checkpoint whose description could
 // not reach the receivers, instead of failing each round late.
-func checkDescription(path string, info *SourceInfo) error {
+func checkDescription(path string, info *wire.SourceInfo) error {
 	b, err := json.Marshal(info)
 	if err != nil {
 		return &safetensors.Error{File: path, Err: fmt.Errorf("encoding the checkpoint's description: %w", err)}
 	}
 	if len(b) > maxDescription {
 		return &safetensors.Error{File: path, Err: fmt.Errorf("%w: the checkpoint's description (its metadata and every file's tensor names, dtypes and shapes) encodes to %d bytes, more than the %d bytes it may take in a round's first bucket metadata (receivers decode at most %d); shorten its __metadata__ or split its tensors over several checkpoints",
-			safetensors.ErrLimit, len(b), maxDescription, MaxMetaSize)}
+			safetensors.ErrLimit, len(b), maxDescription, wire.MaxMetaSize)}
 	}
 	return nil
 }
@@ -214,13 +215,13 @@ func sameHeader(h *safetensors.Header, sf *safetensors.File) bool {
 }
 
 // describe builds the SourceInfo of an open model.
-func describe(m *safetensors.Model, shards []*safetensors.File, names []string) (*SourceInfo, error) {
-	info := &SourceInfo{Format: "safetensors"}
+func describe(m *safetensors.Model, shards []*safetensors.File, names []string) (*wire.SourceInfo, error) {
+	info := &wire.SourceInfo{Format: "safetensors"}
 	first := shards[0]
 	info.Metadata, info.MetadataKeys = first.Metadata(), first.MetadataKeys()
 	for i, sf := range shards {
 		n := sf.Len()
-		si := ShardInfo{File: names[i], Tensors: make([]string, 0, n), DTypes: make([]dtype.DType, 0, n), Shapes: make([][]int64, 0, n)}
+		si := wire.ShardInfo{File: names[i], Tensors: make([]string, 0, n), DTypes: make([]dtype.DType, 0, n), Shapes: make([][]int64, 0, n)}
 		for _, t := range sf.Tensors() {
 			si.Tensors = append(si.Tensors, t.Name)
 			si.DTypes = append(si.DTypes, t.DType)
@@ -263,7 +264,7 @@ func (c *Checkpoint) Tensors(ctx context.Context, emit func(*Tensor) error) erro
 // differs from the first's), and
 // the index's "metadata" object. The result is shared and must not be
 // modified.
-func (c *Checkpoint) SourceInfo() *SourceInfo { return c.info }
+func (c *Checkpoint) SourceInfo() *wire.SourceInfo { return c.info }
 
 // Lookup returns the tensor called name (for Verify).
 func (c *Checkpoint) Lookup(name string) (*Tensor, bool) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // benchCheckpoint returns a sharded checkpoint of about total bytes in
@@ -102,7 +103,7 @@ func dropCache(b *testing.B, paths []string) {
 // discardSink counts what it is given.
 type discardSink struct{ n int64 }
 
-func (d *discardSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (d *discardSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	d.n += int64(len(data))
 	return nil
 }

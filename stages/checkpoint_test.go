@@ -17,6 +17,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // spec is one tensor of a test checkpoint.
@@ -360,7 +361,7 @@ func (h hookSource) Tensors(ctx context.Context, emit func(*Tensor) error) error
 	})
 }
 
-func (h hookSource) SourceInfo() *SourceInfo { return h.Source.(Describer).SourceInfo() }
+func (h hookSource) SourceInfo() *wire.SourceInfo { return h.Source.(Describer).SourceInfo() }
 
 // TestCheckpointChangedUnderRound truncates or rewrites a shard before or
 // during a round: the round fails on every rank, the sender's error names
@@ -499,7 +500,7 @@ func TestCheckpointReadAhead(t *testing.T) {
 // not travel in a round's first bucket is refused at open, naming the
 // checkpoint and both sizes; one that fits is not.
 func TestCheckpointDescriptionLimit(t *testing.T) {
-	info := &SourceInfo{Format: "safetensors", Metadata: map[string]string{"notes": strings.Repeat("a", maxDescription)}}
+	info := &wire.SourceInfo{Format: "safetensors", Metadata: map[string]string{"notes": strings.Repeat("a", maxDescription)}}
 	err := checkDescription("/models/m", info)
 	if !errors.Is(err, safetensors.ErrLimit) || !strings.Contains(err.Error(), "/models/m") ||
 		!strings.Contains(err.Error(), fmt.Sprintf("more than the %d bytes", maxDescription)) {

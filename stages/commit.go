@@ -1,15 +1,14 @@
 package stages
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // A round is all or nothing. A receiver loads a round's buckets as they
@@ -20,60 +19,6 @@ import (
 // message"). It takes the next sequence number, so the next round's first
 // bucket comes one sequence number later.
 
-// MaxCommitSize is the largest commit message a receiver decodes.
-const MaxCommitSize = 4 << 10
-
-// commitMessage is the wire form of the commit message.
-type commitMessage struct {
-	Commit *uint64 `json:"commit"`
-}
-
-// EncodeCommit returns the commit message announcing that version is
-// committed on every receiver: {"commit":version}.
-func EncodeCommit(version uint64) []byte {
-	return []byte(`{"commit":` + strconv.FormatUint(version, 10) + `}`)
-}
-
-// DecodeCommit parses a commit message and returns its version. It rejects
-// anything else: bucket metadata, unknown fields, trailing data, a message
-// over MaxCommitSize.
-func DecodeCommit(b []byte) (uint64, error) {
-	if len(b) > MaxCommitSize {
-		return 0, fmt.Errorf("a commit message of %d bytes exceeds the %d-byte limit", len(b), MaxCommitSize)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var m commitMessage
-	if err := dec.Decode(&m); err != nil {
-		return 0, fmt.Errorf("not a commit message (%s): %w", quote(b), err)
-	}
-	if dec.More() {
-		return 0, fmt.Errorf("not a commit message (%s): data after the object", quote(b))
-	}
-	if m.Commit == nil {
-		return 0, fmt.Errorf("not a commit message (%s): no \"commit\" field", quote(b))
-	}
-	return *m.Commit, nil
-}
-
-// isCommit reports whether msg looks like a commit message rather than
-// bucket metadata (for a clear error when one arrives out of place).
-func isCommit(msg []byte) bool {
-	if len(msg) > 64 || !bytes.Contains(msg, []byte(`"commit"`)) {
-		return false
-	}
-	_, err := DecodeCommit(msg)
-	return err == nil
-}
-
-// quote shows the start of a message in an error.
-func quote(b []byte) string {
-	if len(b) > 80 {
-		return strconv.Quote(string(b[:80])) + "..."
-	}
-	return strconv.Quote(string(b))
-}
-
 // AnnounceCommit is the root's commit: it publishes the commit message of
 // version as message seq through pub, then waits until every receiver has
 // acknowledged it. Call it once the round's last bucket has been published
@@ -83,7 +28,7 @@ func quote(b []byte) string {
 // message is signed. Sender.Sync does this; a pipeline composed by hand
 // calls it itself.
 func AnnounceCommit(ctx context.Context, pub transport.Publisher, seq, version uint64, keys *auth.Keys) error {
-	if err := pub.Publish(ctx, seq, sealMessage(keys, seq, EncodeCommit(version))); err != nil {
+	if err := pub.Publish(ctx, seq, wire.Seal(keys, seq, wire.EncodeCommit(version))); err != nil {
 		return fmt.Errorf("announcing the commit of version %d: %w", version, err)
 	}
 	if err := pub.Sync(ctx); err != nil {
@@ -107,11 +52,11 @@ func AwaitCommit(ctx context.Context, sub transport.Subscriber, seq, version uin
 	if msg.Seq != seq {
 		return fmt.Errorf("expected the commit message of version %d as message %d, got message %d", version, seq, msg.Seq)
 	}
-	data, err := openMessage(keys, msg.Seq, msg.Data)
+	data, err := wire.Open(keys, msg.Seq, msg.Data)
 	if err != nil {
 		return fmt.Errorf("the commit message of version %d: %w", version, err)
 	}
-	v, err := DecodeCommit(data)
+	v, err := wire.DecodeCommit(data)
 	switch {
 	case err != nil:
 		return fmt.Errorf("expected the commit message of version %d after its last bucket (message %d): %w; every rank must run the same protocol", version, seq, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // gatedPublisher holds the commit message back until the test opens gate,
@@ -27,7 +28,7 @@ type gatedPublisher struct {
 }
 
 func (g *gatedPublisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
-	if v, err := DecodeCommit(msg); err == nil {
+	if v, err := wire.DecodeCommit(msg); err == nil {
 		g.held <- v
 		select {
 		case <-g.gate:
@@ -377,39 +378,6 @@ func TestWaitCommittedCancel(t *testing.T) {
 	}
 }
 
-func TestCommitMessage(t *testing.T) {
-	for _, v := range []uint64{1, 7, math.MaxUint64} {
-		got, err := DecodeCommit(EncodeCommit(v))
-		if err != nil || got != v {
-			t.Fatalf("round trip of %d: %d, %v", v, got, err)
-		}
-	}
-	if s := string(EncodeCommit(3)); s != `{"commit":3}` {
-		t.Fatalf("EncodeCommit(3) = %s", s)
-	}
-	if v, err := DecodeCommit([]byte(" { \"commit\" : 12 }\n")); err != nil || v != 12 {
-		t.Fatalf("with spaces: %d, %v", v, err)
-	}
-	meta, _ := EncodeMeta(&BucketMeta{Seq: 4, Version: 2, IsLast: true})
-	for name, b := range map[string][]byte{
-		"bucket metadata": meta,
-		"no commit":       []byte(`{}`),
-		"unknown field":   []byte(`{"commit":3,"extra":1}`),
-		"negative":        []byte(`{"commit":-1}`),
-		"string":          []byte(`{"commit":"3"}`),
-		"trailing":        []byte(`{"commit":3}{}`),
-		"not json":        []byte(`commit 3`),
-		"oversized":       append([]byte(`{"commit":3}`), bytes.Repeat([]byte(" "), MaxCommitSize)...),
-	} {
-		if v, err := DecodeCommit(b); err == nil {
-			t.Errorf("%s: accepted as the commit of version %d", name, v)
-		}
-	}
-	if !isCommit(EncodeCommit(9)) || isCommit(meta) {
-		t.Fatal("isCommit")
-	}
-}
-
 // scriptedSubscriber hands out fixed messages.
 type scriptedSubscriber struct {
 	msgs  []transport.Message
@@ -437,14 +405,14 @@ func (s *scriptedSubscriber) Close() error { return nil }
 // an error that says what disagrees; nothing wrong is acknowledged.
 func TestAwaitCommitRejects(t *testing.T) {
 	ctx := context.Background()
-	meta, _ := EncodeMeta(&BucketMeta{Seq: 5, Version: 2})
+	meta, _ := wire.EncodeMeta(&wire.BucketMeta{Seq: 5, Version: 2})
 	cases := map[string]struct {
 		msg  transport.Message
 		want string
 	}{
-		"other version": {transport.Message{Seq: 5, Data: EncodeCommit(3)}, "root committed version 3, but this rank received version 2"},
+		"other version": {transport.Message{Seq: 5, Data: wire.EncodeCommit(3)}, "root committed version 3, but this rank received version 2"},
 		"bucket":        {transport.Message{Seq: 5, Data: meta}, "expected the commit message of version 2"},
-		"other seq":     {transport.Message{Seq: 6, Data: EncodeCommit(2)}, "as message 5, got message 6"},
+		"other seq":     {transport.Message{Seq: 6, Data: wire.EncodeCommit(2)}, "as message 5, got message 6"},
 	}
 	for name, c := range cases {
 		sub := &scriptedSubscriber{msgs: []transport.Message{c.msg}}
@@ -453,7 +421,7 @@ func TestAwaitCommitRejects(t *testing.T) {
 			t.Errorf("%s: %v (acked %v)", name, err, sub.acked)
 		}
 	}
-	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 5, Data: EncodeCommit(2)}}}
+	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 5, Data: wire.EncodeCommit(2)}}}
 	if err := AwaitCommit(ctx, sub, 5, 2, nil); err != nil || len(sub.acked) != 1 || sub.acked[0] != 5 {
 		t.Fatalf("a good commit: %v, acked %v", err, sub.acked)
 	}
@@ -464,33 +432,13 @@ func TestAwaitCommitRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	r := NewReceiver(ReceiverConfig{Subscriber: &scriptedSubscriber{msgs: []transport.Message{{Seq: 0, Data: EncodeCommit(1)}}}, Pool: pool, Rank: 1})
+	r := NewReceiver(ReceiverConfig{Subscriber: &scriptedSubscriber{msgs: []transport.Message{{Seq: 0, Data: wire.EncodeCommit(1)}}}, Pool: pool, Rank: 1})
 	if _, err := r.Sync(ctx, NewHostModel()); err == nil || !strings.Contains(err.Error(), "is a commit message") {
 		t.Fatalf("a commit message instead of bucket metadata: %v", err)
 	}
 	if r.State() != StateIntact || r.Committed() != 0 {
 		t.Fatalf("state %v, committed %d", r.State(), r.Committed())
 	}
-}
-
-// FuzzDecodeCommit feeds arbitrary bytes to the commit decoder: it must
-// never panic, and whatever it accepts must encode back to the same
-// version.
-func FuzzDecodeCommit(f *testing.F) {
-	f.Add([]byte(`{"commit":3}`))
-	f.Add([]byte(`{"commit":18446744073709551615}`))
-	f.Add([]byte(`{"commit":3,"seq":1}`))
-	f.Add([]byte(`{"seq":0,"length":0,"entries":[]}`))
-	f.Add([]byte(`{"commit":1e3}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := DecodeCommit(b)
-		if err != nil {
-			return
-		}
-		if back, err := DecodeCommit(EncodeCommit(v)); err != nil || back != v {
-			t.Fatalf("version %d from %q does not round-trip: %d, %v", v, b, back, err)
-		}
-	})
 }
 
 // watchedBus is a metadata bus end for abortBus: a Watcher that fails

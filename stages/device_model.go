@@ -12,6 +12,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // DeviceTensor is one tensor held by a DeviceModel.
@@ -89,7 +90,7 @@ func NewDeviceModelOver(dev *gpu.CUDADevice, tensors map[string]*DeviceTensor) (
 var _ DeviceTarget = (*DeviceModel)(nil)
 
 // place returns the tensor of e, allocating it on first sight.
-func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
+func (m *DeviceModel) place(e *wire.Entry) (*DeviceTensor, error) {
 	if m.closed {
 		return nil, errors.New("device model used after Close")
 	}
@@ -123,7 +124,7 @@ func (m *DeviceModel) place(e *Entry) (*DeviceTensor, error) {
 // Target returns where the entry's bytes go: its tensor's memory at the
 // entry's chunk, the tensor allocated at its first sight. Load copies
 // device buckets there itself, with their checksums (DeviceTarget).
-func (m *DeviceModel) Target(ctx context.Context, e *Entry) (mem.Buffer, int64, error) {
+func (m *DeviceModel) Target(ctx context.Context, e *wire.Entry) (mem.Buffer, int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, err := m.place(e)
@@ -134,7 +135,7 @@ func (m *DeviceModel) Target(ctx context.Context, e *Entry) (mem.Buffer, int64, 
 }
 
 // LoadDevice queues the copy of the entry from src[off:] into its tensor.
-func (m *DeviceModel) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error {
+func (m *DeviceModel) LoadDevice(ctx context.Context, e *wire.Entry, src mem.Buffer, off int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, err := m.place(e)
@@ -154,7 +155,7 @@ func (m *DeviceModel) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, 
 
 // Load queues the copy of host bytes into the entry's tensor. data must
 // stay unchanged until Flush returns.
-func (m *DeviceModel) Load(ctx context.Context, e *Entry, data []byte) error {
+func (m *DeviceModel) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, err := m.place(e)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Direct buckets: receivers on the sender's GPU read its tensors in place.
@@ -163,19 +164,21 @@ func (pk *Packer) directSource(t *Tensor, bucket mem.Buffer, chunk int64, round 
 }
 
 // allocIndex returns the index in m.Direct.Allocs of e, adding it.
-func allocIndex(m *BucketMeta, e *exported) int {
+func allocIndex(m *wire.BucketMeta, e *exported) int {
 	addr := strconv.FormatUint(e.info.Base, 16)
 	for i, a := range m.Direct.Allocs {
 		if a.Addr == addr {
 			return i
 		}
 	}
-	m.Direct.Allocs = append(m.Direct.Allocs, DirectAlloc{Handle: e.handle.String(), Size: e.info.Size, Addr: addr})
+	m.Direct.Allocs = append(m.Direct.Allocs, wire.DirectAlloc{Handle: e.handle.String(), Size: e.info.Size, Addr: addr})
 	return len(m.Direct.Allocs) - 1
 }
 
 // newDirectInfo is the DirectInfo of a bucket of this process.
-func newDirectInfo() *DirectInfo { return &DirectInfo{PID: os.Getpid(), Allocs: []DirectAlloc{}} }
+func newDirectInfo() *wire.DirectInfo {
+	return &wire.DirectInfo{PID: os.Getpid(), Allocs: []wire.DirectAlloc{}}
+}
 
 // mappings is a receiver's cache of the sender's allocations, mapped on
 // its GPU: opened from their handles once and kept from round to round
@@ -201,7 +204,7 @@ type mapping struct {
 // first direct bucket of a round first closes the mappings that the
 // round before did not use: no copy reads them any more (that round
 // ended before this one began).
-func (mp *mappings) views(m *BucketMeta) ([]directView, error) {
+func (mp *mappings) views(m *wire.BucketMeta) ([]directView, error) {
 	if m.Version != mp.version {
 		if err := mp.prune(mp.version); err != nil {
 			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
@@ -228,7 +231,7 @@ func (mp *mappings) views(m *BucketMeta) ([]directView, error) {
 
 // open returns allocation a of the sender with process id pid, mapped, for
 // round version.
-func (mp *mappings) open(pid int, a DirectAlloc, version uint64) (mem.Buffer, error) {
+func (mp *mappings) open(pid int, a wire.DirectAlloc, version uint64) (mem.Buffer, error) {
 	if pid == os.Getpid() {
 		addr, _ := strconv.ParseUint(a.Addr, 16, 64) // checked by DecodeMeta
 		return mp.dev.View(addr, int(a.Size))

@@ -19,6 +19,7 @@ import (
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // directEP is a root endpoint whose receivers read its memory in place
@@ -213,12 +214,12 @@ type flipSumPublisher struct {
 
 func (p *flipSumPublisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
 	if seq == p.seq {
-		m, err := DecodeMeta(msg)
+		m, err := wire.DecodeMeta(msg)
 		if err != nil {
 			return err
 		}
 		m.Checksum ^= 1
-		if msg, err = EncodeMeta(m); err != nil {
+		if msg, err = wire.EncodeMeta(m); err != nil {
 			return err
 		}
 	}
@@ -284,25 +285,25 @@ func TestGPUDirectMismatch(t *testing.T) { checkDirectMismatch(t) }
 func TestDirectMetaRoundTrip(t *testing.T) {
 	var h gpu.IPCHandle
 	h[0], h[63] = 0xab, 0xcd
-	good := func() *BucketMeta {
-		return &BucketMeta{Seq: 4, Index: 1, Version: 2, Length: 192, Checksum: 0xfeed, HasChecksum: true,
-			Entries: []Entry{
-				{Name: "a", DType: dtype.U8, Shape: []int64{100}, Offset: 0, Size: 100, Total: 100, Src: &EntrySource{Alloc: 0, Offset: 4096}},
+	good := func() *wire.BucketMeta {
+		return &wire.BucketMeta{Seq: 4, Index: 1, Version: 2, Length: 192, Checksum: 0xfeed, HasChecksum: true,
+			Entries: []wire.Entry{
+				{Name: "a", DType: dtype.U8, Shape: []int64{100}, Offset: 0, Size: 100, Total: 100, Src: &wire.EntrySource{Alloc: 0, Offset: 4096}},
 				{Name: "empty", DType: dtype.U8, Shape: []int64{0}, Offset: 100, Size: 0, Total: 0},
-				{Name: "b", DType: dtype.U8, Shape: []int64{64}, Offset: 128, Size: 64, Total: 64, Src: &EntrySource{Alloc: 1, Offset: 0}},
+				{Name: "b", DType: dtype.U8, Shape: []int64{64}, Offset: 128, Size: 64, Total: 64, Src: &wire.EntrySource{Alloc: 1, Offset: 0}},
 			},
-			Direct: &DirectInfo{PID: 77, Allocs: []DirectAlloc{
+			Direct: &wire.DirectInfo{PID: 77, Allocs: []wire.DirectAlloc{
 				{Handle: h.String(), Size: 1 << 20, Addr: "7f0000000000"},
 				{Handle: h.String(), Size: 64, Addr: "7f0000200000"},
 			}},
 		}
 	}
 	m := good()
-	raw, err := EncodeMeta(m)
+	raw, err := wire.EncodeMeta(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := DecodeMeta(raw)
+	got, err := wire.DecodeMeta(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,23 +312,23 @@ func TestDirectMetaRoundTrip(t *testing.T) {
 		t.Fatalf("round trip changed the metadata:\n%s\n%+v", raw, got)
 	}
 	for name, c := range map[string]struct {
-		edit func(m *BucketMeta)
+		edit func(m *wire.BucketMeta)
 		want string
 	}{
-		"no source":         {func(m *BucketMeta) { m.Entries[0].Src = nil }, "no source"},
-		"unlisted alloc":    {func(m *BucketMeta) { m.Entries[2].Src.Alloc = 2 }, "allocation 2 of 2"},
-		"outside its alloc": {func(m *BucketMeta) { m.Entries[2].Src.Offset = 1 }, "outside its 64-byte allocation"},
-		"bad handle":        {func(m *BucketMeta) { m.Direct.Allocs[0].Handle = "zz" }, "IPC handle"},
-		"bad address":       {func(m *BucketMeta) { m.Direct.Allocs[1].Addr = "-1" }, "do not place an allocation"},
-		"not direct":        {func(m *BucketMeta) { m.Direct = nil }, "not direct"},
+		"no source":         {func(m *wire.BucketMeta) { m.Entries[0].Src = nil }, "no source"},
+		"unlisted alloc":    {func(m *wire.BucketMeta) { m.Entries[2].Src.Alloc = 2 }, "allocation 2 of 2"},
+		"outside its alloc": {func(m *wire.BucketMeta) { m.Entries[2].Src.Offset = 1 }, "outside its 64-byte allocation"},
+		"bad handle":        {func(m *wire.BucketMeta) { m.Direct.Allocs[0].Handle = "zz" }, "IPC handle"},
+		"bad address":       {func(m *wire.BucketMeta) { m.Direct.Allocs[1].Addr = "-1" }, "do not place an allocation"},
+		"not direct":        {func(m *wire.BucketMeta) { m.Direct = nil }, "not direct"},
 	} {
 		m := good()
 		c.edit(m)
-		raw, err := EncodeMeta(m)
+		raw, err := wire.EncodeMeta(m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := DecodeMeta(raw); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := wire.DecodeMeta(raw); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: DecodeMeta = %v, want an error saying %q", name, err, c.want)
 		}
 	}
@@ -349,25 +350,25 @@ func TestDirectMappingsOnFakesChild(t *testing.T) {
 	gputest.InFakeChild(t)
 	d := gputest.Device(t)
 	bufs := []mem.Buffer{gputest.Alloc(t, d, 4096), gputest.Alloc(t, d, 8192)}
-	allocs := make([]DirectAlloc, len(bufs))
+	allocs := make([]wire.DirectAlloc, len(bufs))
 	for i, b := range bufs {
 		h, err := d.ExportAddress(b.DevicePtr())
 		if err != nil {
 			t.Fatal(err)
 		}
-		allocs[i] = DirectAlloc{Handle: h.String(), Size: int64(b.Len()), Addr: strconv.FormatUint(b.DevicePtr(), 16)}
+		allocs[i] = wire.DirectAlloc{Handle: h.String(), Size: int64(b.Len()), Addr: strconv.FormatUint(b.DevicePtr(), 16)}
 	}
-	meta := func(version uint64, use ...int) *BucketMeta {
-		m := &BucketMeta{Version: version, Direct: &DirectInfo{PID: os.Getpid() + 1}}
+	meta := func(version uint64, use ...int) *wire.BucketMeta {
+		m := &wire.BucketMeta{Version: version, Direct: &wire.DirectInfo{PID: os.Getpid() + 1}}
 		for _, i := range use {
 			m.Direct.Allocs = append(m.Direct.Allocs, allocs[i])
-			m.Entries = append(m.Entries, Entry{Name: fmt.Sprint(i), Size: 8, Src: &EntrySource{Alloc: len(m.Direct.Allocs) - 1, Offset: 64}})
+			m.Entries = append(m.Entries, wire.Entry{Name: fmt.Sprint(i), Size: 8, Src: &wire.EntrySource{Alloc: len(m.Direct.Allocs) - 1, Offset: 64}})
 		}
 		return m
 	}
 	mp := &mappings{dev: d}
 	for _, step := range []struct {
-		m    *BucketMeta
+		m    *wire.BucketMeta
 		open int // mappings held after the bucket
 	}{
 		{meta(1, 0, 1), 2},

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/internal/faultfs"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // undescribed is a checkpoint whose description lists its files and
@@ -19,9 +20,9 @@ import (
 // that a SafetensorsSink spools all but each file's last tensor.
 type undescribed struct{ *Checkpoint }
 
-func (u undescribed) SourceInfo() *SourceInfo {
+func (u undescribed) SourceInfo() *wire.SourceInfo {
 	info := *u.Checkpoint.SourceInfo()
-	info.Shards = append([]ShardInfo(nil), info.Shards...)
+	info.Shards = append([]wire.ShardInfo(nil), info.Shards...)
 	for i := range info.Shards {
 		info.Shards[i].DTypes, info.Shards[i].Shapes = nil, nil
 	}

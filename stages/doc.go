@@ -1,6 +1,7 @@
-// Package stages holds the weight-sync data types (Tensor, Entry,
-// BucketMeta, Bucket) and the stages that move a model from one rank to
-// many, built on package pipeline.
+// Package stages holds the weight-sync data types (Tensor, Bucket) and the
+// stages that move a model from one rank to many, built on package
+// pipeline. What a bucket's metadata and the commit message look like on
+// the wire, and how a message is signed, is package wire's.
 //
 // The sender runs, for each round:
 //
@@ -10,8 +11,9 @@
 //
 //	subscribe ──► receive ──► unpack ──► load
 //
-// Each stage lives in one file of its name (iterate.go, pack.go, ...), its
-// host and device paths side by side. Pack fills fixed-size bucket buffers
+// Each stage lives in one file of its name (iterate.go, pack.go, ...),
+// whose top shows its flow; pack's device fill sits behind a small
+// interface in a file of its own (pack_device.go). Pack fills fixed-size bucket buffers
 // taken from a Pool of two: packing bucket k+1 overlaps the broadcast of
 // bucket k, and no rank ever holds more than two buffers. A tensor larger
 // than a bucket is split into chunks. The last bucket of a round carries
@@ -28,7 +30,7 @@
 // computed where they are (on the GPU for device buckets), every metadata
 // message is signed, and unpack checks the MAC before any sink sees the
 // bucket, so bytes changed on purpose on any path fail the round instead
-// of being committed (mac.go).
+// of being committed (mac.go; the signature is wire.Seal).
 //
 // Sender and Receiver compose these stages for the common case; the stage
 // functions (Iterate, Pack, Publish, Broadcast, Subscribe, Receive, Unpack,

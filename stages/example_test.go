@@ -11,6 +11,7 @@ import (
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Example syncs a small synthetic model from a sender to two receivers in
@@ -92,7 +93,7 @@ func Example_customPipeline() {
 			})
 			buckets := stages.Pack(p, trainable, stages.PackConfig{Pool: pool, Version: 1, Checksum: true})
 			var next uint64 // the sequence number after the last bucket
-			stages.Broadcast(p, stages.Publish(p, buckets, pub), ep, func(m *stages.BucketMeta) { next = m.Seq + 1 })
+			stages.Broadcast(p, stages.Publish(p, buckets, pub), ep, func(m *wire.BucketMeta) { next = m.Seq + 1 })
 			err := p.Run(ctx)
 			if err == nil {
 				err = pub.Sync(ctx) // every receiver has every bucket

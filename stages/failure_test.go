@@ -12,6 +12,7 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // errInjected is the failure each fault below injects.
@@ -89,7 +90,7 @@ type faultySink struct {
 	n     int
 }
 
-func (f *faultySink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (f *faultySink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if f.n++; f.n > f.after {
 		return errInjected
 	}
@@ -347,40 +348,40 @@ func TestBadBucketSizes(t *testing.T) {
 }
 
 func TestDecodeMetaRejects(t *testing.T) {
-	good := BucketMeta{Seq: 3, Length: 100, Entries: []Entry{{Name: "a", DType: dtype.F32, Shape: []int64{5}, Offset: 0, Size: 20, Total: 20}}, Checksum: 0xdeadbeefcafe, HasChecksum: true}
-	enc, err := EncodeMeta(&good)
+	good := wire.BucketMeta{Seq: 3, Length: 100, Entries: []wire.Entry{{Name: "a", DType: dtype.F32, Shape: []int64{5}, Offset: 0, Size: 20, Total: 20}}, Checksum: 0xdeadbeefcafe, HasChecksum: true}
+	enc, err := wire.EncodeMeta(&good)
 	if err != nil {
 		t.Fatal(err)
 	}
-	back, err := DecodeMeta(enc)
+	back, err := wire.DecodeMeta(enc)
 	if err != nil || back.Checksum != good.Checksum || !back.HasChecksum || back.Entries[0].DType != dtype.F32 {
 		t.Fatalf("round trip: %+v, %v", back, err)
 	}
-	mutate := func(f func(m *BucketMeta)) []byte {
+	mutate := func(f func(m *wire.BucketMeta)) []byte {
 		m := good
-		m.Entries = append([]Entry(nil), good.Entries...)
+		m.Entries = append([]wire.Entry(nil), good.Entries...)
 		f(&m)
-		b, _ := EncodeMeta(&m)
+		b, _ := wire.EncodeMeta(&m)
 		return b
 	}
 	cases := map[string][]byte{
 		"truncated":       enc[:len(enc)/2],
-		"oversized":       make([]byte, MaxMetaSize+1),
+		"oversized":       make([]byte, wire.MaxMetaSize+1),
 		"not json":        []byte("bucket 3"),
-		"past length":     mutate(func(m *BucketMeta) { m.Length = 10 }),
-		"shape mismatch":  mutate(func(m *BucketMeta) { m.Entries[0].Shape = []int64{6} }),
-		"negative length": mutate(func(m *BucketMeta) { m.Length = -1 }),
-		"chunk outside":   mutate(func(m *BucketMeta) { m.Entries[0].Chunk = 8 }),
-		"empty name":      mutate(func(m *BucketMeta) { m.Entries[0].Name = "" }),
-		"long name":       mutate(func(m *BucketMeta) { m.Entries[0].Name = strings.Repeat("x", MaxNameLen+1) }),
-		"overlap": mutate(func(m *BucketMeta) {
-			m.Entries = append(m.Entries, Entry{Name: "b", DType: dtype.U8, Shape: []int64{4}, Offset: 10, Size: 4, Total: 4})
+		"past length":     mutate(func(m *wire.BucketMeta) { m.Length = 10 }),
+		"shape mismatch":  mutate(func(m *wire.BucketMeta) { m.Entries[0].Shape = []int64{6} }),
+		"negative length": mutate(func(m *wire.BucketMeta) { m.Length = -1 }),
+		"chunk outside":   mutate(func(m *wire.BucketMeta) { m.Entries[0].Chunk = 8 }),
+		"empty name":      mutate(func(m *wire.BucketMeta) { m.Entries[0].Name = "" }),
+		"long name":       mutate(func(m *wire.BucketMeta) { m.Entries[0].Name = strings.Repeat("x", wire.MaxNameLen+1) }),
+		"overlap": mutate(func(m *wire.BucketMeta) {
+			m.Entries = append(m.Entries, wire.Entry{Name: "b", DType: dtype.U8, Shape: []int64{4}, Offset: 10, Size: 4, Total: 4})
 		}),
 		"bad dtype":    []byte(`{"seq":0,"length":4,"entries":[{"name":"a","dtype":"F128","shape":[1],"offset":0,"size":4,"total":4}]}`),
 		"bad checksum": []byte(`{"seq":0,"length":0,"entries":[],"checksum":"xyz"}`),
 	}
 	for name, b := range cases {
-		if _, err := DecodeMeta(b); err == nil {
+		if _, err := wire.DecodeMeta(b); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -390,11 +391,11 @@ func TestDecodeMetaRejects(t *testing.T) {
 // never split, large ones are chunked on Align boundaries, only the last
 // bucket is marked, and an empty model still sends one (empty) last bucket.
 func TestPackSplitsAndMarksLast(t *testing.T) {
-	pack := func(src Tensors, bucket int) []BucketMeta {
+	pack := func(src Tensors, bucket int) []wire.BucketMeta {
 		pool, _ := NewPool(mem.Host{}, 2, bucket)
 		defer pool.Close()
 		p := pipeline.New("pack")
-		var metas []BucketMeta
+		var metas []wire.BucketMeta
 		collect(p, Pack(p, Iterate(p, src), PackConfig{Pool: pool}), func(b *Bucket) { metas = append(metas, b.Meta) })
 		if err := p.Run(context.Background()); err != nil {
 			t.Fatal(err)
@@ -422,8 +423,8 @@ func TestPackSplitsAndMarksLast(t *testing.T) {
 			if e.Name != "big" && !e.Whole() {
 				t.Fatalf("%s was split", e.Name)
 			}
-			if !e.Complete() && e.Size%Align != 0 {
-				t.Fatalf("chunk of %s ends off the %d-byte alignment: %+v", e.Name, Align, e)
+			if !e.Complete() && e.Size%wire.Align != 0 {
+				t.Fatalf("chunk of %s ends off the %d-byte alignment: %+v", e.Name, wire.Align, e)
 			}
 		}
 	}
@@ -466,7 +467,7 @@ func TestTensorCountLimit(t *testing.T) {
 	for i := range 10 {
 		c.got[string(rune('a'+i))] = progress{4, 4}
 	}
-	b := &Bucket{Meta: BucketMeta{Seq: 1, Length: 4, Entries: []Entry{{Name: "new", DType: dtype.U8, Shape: []int64{4}, Size: 4, Total: 4}}}}
+	b := &Bucket{Meta: wire.BucketMeta{Seq: 1, Length: 4, Entries: []wire.Entry{{Name: "new", DType: dtype.U8, Shape: []int64{4}, Size: 4, Total: 4}}}}
 	b.Buf, _ = mem.Host{}.Alloc(4096)
 	if _, err := c.unpack(context.Background(), b); err == nil || !strings.Contains(err.Error(), "more than 10 tensors") {
 		t.Fatalf("receiver's unpack: %v", err)

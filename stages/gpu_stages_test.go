@@ -20,6 +20,7 @@ import (
 	"github.com/weightcast/weightcast/timeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The tests below need a GPU; gputest.Device skips them, saying why, where
@@ -506,8 +507,8 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 		}
 		gputest.Upload(t, s, buf, 0, want)
 		gputest.Sync(t, s)
-		meta := BucketMeta{Seq: uint64(round), Version: uint64(round + 1), Length: n, IsLast: true,
-			Entries: []Entry{{Name: "w", DType: dtype.U8, Shape: []int64{n}, Offset: 0, Size: n, Total: n}}}
+		meta := wire.BucketMeta{Seq: uint64(round), Version: uint64(round + 1), Length: n, IsLast: true,
+			Entries: []wire.Entry{{Name: "w", DType: dtype.U8, Shape: []int64{n}, Offset: 0, Size: n, Total: n}}}
 		b := pool.Bucket(buf, meta)
 		var (
 			released  bool

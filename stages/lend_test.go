@@ -15,6 +15,7 @@ import (
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // lendEP is a devLoop receiver that borrows the root's buffer
@@ -59,7 +60,7 @@ type failSink struct {
 	name string
 }
 
-func (f failSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (f failSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if e.Name == f.name {
 		return errors.New("the sink refused it")
 	}

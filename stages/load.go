@@ -9,6 +9,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The load stage: checked views into the sinks.
@@ -43,7 +44,7 @@ type Sink interface {
 	// Load takes one entry: a whole tensor, or one chunk of a tensor
 	// larger than a bucket (chunks come in order). data is valid only
 	// during the call.
-	Load(ctx context.Context, e *Entry, data []byte) error
+	Load(ctx context.Context, e *wire.Entry, data []byte) error
 	// Commit is called once the last bucket of a round has been loaded,
 	// with the round's model version, before this rank acknowledges that
 	// bucket: an error fails the round on every rank. The version is not
@@ -56,7 +57,7 @@ type Sink interface {
 // before its first tensor; Load calls Begin with the first bucket's
 // SourceInfo (nil when the sender sent none).
 type Beginner interface {
-	Begin(ctx context.Context, version uint64, info *SourceInfo) error
+	Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error
 }
 
 // DeviceSink is a Sink that takes device views of a bucket.
@@ -65,7 +66,7 @@ type DeviceSink interface {
 	// LoadDevice queues the copy of entry e's bytes, which lie at
 	// src[off:off+e.Size] in device memory; chunks come in order. It may
 	// return before the copy has run.
-	LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error
+	LoadDevice(ctx context.Context, e *wire.Entry, src mem.Buffer, off int64) error
 	// Flush returns once every copy queued so far, by LoadDevice or by
 	// Load, has finished reading its source, so that the bucket can be
 	// reused.
@@ -82,7 +83,7 @@ type DeviceTarget interface {
 	// buf[off:off+e.Size] (buf is nil for an entry of no bytes),
 	// allocating e's tensor at its first sight as LoadDevice would.
 	// Chunks come in order.
-	Target(ctx context.Context, e *Entry) (buf mem.Buffer, off int64, err error)
+	Target(ctx context.Context, e *wire.Entry) (buf mem.Buffer, off int64, err error)
 }
 
 // fusedTarget returns sink's one leaf when it is a DeviceTarget, or nil.
@@ -157,7 +158,7 @@ type SinkSet []Sink
 func (s *SinkSet) Unwrap() []Sink { return *s }
 
 // Load hands the entry to every member.
-func (s *SinkSet) Load(ctx context.Context, e *Entry, data []byte) error {
+func (s *SinkSet) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	for _, m := range *s {
 		if err := m.Load(ctx, e, data); err != nil {
 			return err
@@ -167,7 +168,7 @@ func (s *SinkSet) Load(ctx context.Context, e *Entry, data []byte) error {
 }
 
 // Begin tells every member that is a Beginner.
-func (s *SinkSet) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+func (s *SinkSet) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
 	return begin(ctx, *s, version, info)
 }
 
@@ -202,7 +203,7 @@ func leaves(s Sink) []Sink {
 	return out
 }
 
-func begin(ctx context.Context, sinks []Sink, version uint64, info *SourceInfo) error {
+func begin(ctx context.Context, sinks []Sink, version uint64, info *wire.SourceInfo) error {
 	for _, s := range sinks {
 		if b, ok := s.(Beginner); ok {
 			if err := b.Begin(ctx, version, info); err != nil {
@@ -377,7 +378,7 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 }
 
 // finish commits the round after its last bucket and acknowledges b.
-func (l *loadRound) finish(ctx context.Context, m *BucketMeta, b *Bucket) error {
+func (l *loadRound) finish(ctx context.Context, m *wire.BucketMeta, b *Bucket) error {
 	if m.IsLast {
 		if err := commit(ctx, l.sinks, m.Version); err != nil {
 			return fmt.Errorf("committing version %d: %w", m.Version, err)

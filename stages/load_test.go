@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // failAfter is a sink that keeps nothing and, when n > 0, fails at the n-th
 // tensor of a round.
 type failAfter struct{ n, seen int }
 
-func (f *failAfter) Load(ctx context.Context, e *Entry, data []byte) error {
+func (f *failAfter) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if e.Chunk == 0 {
 		f.seen++
 	}
@@ -95,14 +96,14 @@ type recordSink struct {
 	committed, flushes, dev int
 }
 
-func (s *recordSink) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+func (s *recordSink) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.begun++
 	return nil
 }
 
-func (s *recordSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (s *recordSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.loaded++
@@ -128,7 +129,7 @@ func (s *recordSink) Holding() Holding { return s.holds }
 // recordDevice is a recordSink that takes device views too.
 type recordDevice struct{ recordSink }
 
-func (s *recordDevice) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error {
+func (s *recordDevice) LoadDevice(ctx context.Context, e *wire.Entry, src mem.Buffer, off int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dev++

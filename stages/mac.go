@@ -2,7 +2,6 @@ package stages
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -32,8 +31,8 @@ import (
 //     wait for it (deviceFill.queueMAC). Where the kernel is unavailable,
 //     the bucket is copied back and its MAC computed on the CPU.
 //   - publish waits for a pending MAC and signs the metadata (awaitMAC,
-//     sealMessage); the root signs its commit message the same way.
-//   - subscribe and AwaitCommit open every message (openMessage): a message
+//     wire.Seal); the root signs its commit message the same way.
+//   - subscribe and AwaitCommit open every message (wire.Open): a message
 //     that is not signed, or whose signature does not verify, fails the
 //     round naming the bucket or the version.
 //   - unpack checks the bytes' MAC, on the GPU for a device bucket, before
@@ -45,80 +44,6 @@ import (
 // A direct bucket (direct.go) has no bytes of its own to compute a MAC of,
 // so a Sender with keys packs every bucket, and both ends refuse a direct
 // bucket in a signed round.
-
-// macMember starts the last member of a signed message, its MAC.
-const macMember = `,"mac":"`
-
-// sealLen is how many bytes signing adds to a message.
-const sealLen = len(macMember) + 2*auth.KeySize + len(`"`)
-
-// sealMessage returns msg, the JSON object sent as message seq of the
-// metadata bus, signed with keys: the object with one more member at its
-// end, "mac", the 64 lower-case hex digits of keys.MessageMAC(seq, msg).
-// msg must end with the object's closing brace and hold at least one
-// member. Without keys it returns msg.
-func sealMessage(keys *auth.Keys, seq uint64, msg []byte) []byte {
-	if keys == nil {
-		return msg
-	}
-	tag := keys.MessageMAC(seq, msg)
-	out := make([]byte, 0, len(msg)+sealLen)
-	out = append(out, msg[:len(msg)-1]...)
-	out = append(out, macMember...)
-	out = hex.AppendEncode(out, tag[:])
-	return append(out, `"}`...)
-}
-
-// openMessage checks msg, message seq of the metadata bus, as sealMessage
-// signed it with keys, and returns the message without its signature. A
-// message that is not signed, whose signature does not verify, or, without
-// keys, that is signed, fails with an error wrapping auth.ErrFailed.
-// Without keys an unsigned message is returned as it is.
-func openMessage(keys *auth.Keys, seq uint64, msg []byte) ([]byte, error) {
-	body, tag, signed := splitSeal(msg)
-	switch {
-	case keys == nil && signed:
-		return nil, fmt.Errorf("%w: message %d is signed with a group secret, and this rank has none; give every rank the same secret", auth.ErrFailed, seq)
-	case keys == nil:
-		return msg, nil
-	case !signed:
-		return nil, fmt.Errorf("%w: message %d is not signed, and this rank has a group secret: the root runs without one, or a process without the secret sent or changed it", auth.ErrFailed, seq)
-	}
-	if err := keys.VerifyMessage(seq, body, tag); err != nil {
-		return nil, err
-	}
-	return body, nil
-}
-
-// splitSeal splits a signed message into the message it signs and its
-// MAC; signed is false when msg does not end in a signature.
-func splitSeal(msg []byte) (body, tag []byte, signed bool) {
-	n := len(msg) - sealLen - 1 // the signature, then the closing brace
-	if n < 1 || string(msg[n:n+len(macMember)]) != macMember || string(msg[len(msg)-2:]) != `"}` {
-		return nil, nil, false
-	}
-	tag = make([]byte, auth.KeySize)
-	if _, err := hex.Decode(tag, msg[n+len(macMember):len(msg)-2]); err != nil {
-		return nil, nil, false
-	}
-	body = append(msg[:n:n], '}') // a copy: msg stays as it is
-	return body, tag, true
-}
-
-// formatTag is the wire form of a bucket MAC: 64 lower-case hex digits.
-func formatTag(t mac.Tag) string { return t.String() }
-
-// parseTag reads a bucket MAC's wire form.
-func parseTag(s string) (mac.Tag, error) {
-	var t mac.Tag
-	if len(s) != 2*mac.Size {
-		return t, fmt.Errorf("malformed bucket MAC %q: want %d hex digits", s, 2*mac.Size)
-	}
-	if _, err := hex.Decode(t[:], []byte(s)); err != nil {
-		return t, fmt.Errorf("malformed bucket MAC %q: want %d hex digits", s, 2*mac.Size)
-	}
-	return t, nil
-}
 
 // bucketKey is the run's bucket-MAC key.
 func bucketKey(keys *auth.Keys) *mac.Key {

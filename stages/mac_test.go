@@ -21,6 +21,7 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // testKeys returns the keys of run run of group "g" under a fixed secret.
@@ -92,18 +93,18 @@ func TestSignedRounds(t *testing.T) {
 	}
 	buckets, commits := 0, 0
 	for _, m := range pub.msgs {
-		if _, _, signed := splitSeal(m.Data); !signed {
-			t.Fatalf("message %d went out unsigned: %s", m.Seq, quote(m.Data))
+		if _, err := wire.Open(nil, m.Seq, m.Data); err == nil { // without keys, only a signed message fails
+			t.Fatalf("message %d went out unsigned: %s", m.Seq, wire.Excerpt(m.Data))
 		}
-		body, err := openMessage(keys, m.Seq, m.Data)
+		body, err := wire.Open(keys, m.Seq, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := DecodeCommit(body); err == nil {
+		if _, err := wire.DecodeCommit(body); err == nil {
 			commits++
 			continue
 		}
-		meta, err := DecodeMeta(body)
+		meta, err := wire.DecodeMeta(body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -229,29 +230,29 @@ func TestMACCatchesForgery(t *testing.T) {
 // messages. Each error names the bucket or the version.
 func TestSignedMessagesRejected(t *testing.T) {
 	keys, other := testKeys(t, "r1"), testKeys(t, "r2")
-	meta := BucketMeta{Seq: 0, Version: 1, Length: 20, IsLast: true, MAC: mac.Tag{1}, HasMAC: true,
-		Entries: []Entry{{Name: "w", DType: dtype.F32, Shape: []int64{5}, Size: 20, Total: 20}}}
-	enc, err := EncodeMeta(&meta)
+	meta := wire.BucketMeta{Seq: 0, Version: 1, Length: 20, IsLast: true, MAC: mac.Tag{1}, HasMAC: true,
+		Entries: []wire.Entry{{Name: "w", DType: dtype.F32, Shape: []int64{5}, Size: 20, Total: 20}}}
+	enc, err := wire.EncodeMeta(&meta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	signed := sealMessage(keys, 0, enc)
+	signed := wire.Seal(keys, 0, enc)
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(signed, &obj); err != nil || string(obj["bucket_mac"]) != `"`+meta.MAC.String()+`"` {
 		t.Fatalf("the signed metadata %s is not JSON with the bucket MAC (%v)", signed, err)
 	}
 	// An older reader ignores the signature; the body is what was signed.
-	if back, err := DecodeMeta(signed); err != nil || back.MAC != meta.MAC {
+	if back, err := wire.DecodeMeta(signed); err != nil || back.MAC != meta.MAC {
 		t.Fatalf("DecodeMeta of signed metadata: %+v, %v", back, err)
 	}
-	if body, err := openMessage(keys, 0, signed); err != nil || !bytes.Equal(body, enc) {
-		t.Fatalf("openMessage: %q, %v", body, err)
+	if body, err := wire.Open(keys, 0, signed); err != nil || !bytes.Equal(body, enc) {
+		t.Fatalf("wire.Open: %q, %v", body, err)
 	}
 
 	renamed := bytes.Replace(signed, []byte(`"name":"w"`), []byte(`"name":"x"`), 1)
 	unsignedMAC := meta
 	unsignedMAC.HasMAC = false
-	noMAC, _ := EncodeMeta(&unsignedMAC)
+	noMAC, _ := wire.EncodeMeta(&unsignedMAC)
 	pool, err := NewPool(mem.Host{}, 2, 4096)
 	if err != nil {
 		t.Fatal(err)
@@ -269,7 +270,7 @@ func TestSignedMessagesRejected(t *testing.T) {
 		want string
 	}{
 		"unsigned":         {keys, transport.Message{Seq: 0, Data: enc}, "is not signed"},
-		"another run":      {keys, transport.Message{Seq: 0, Data: sealMessage(other, 0, enc)}, "does not verify"},
+		"another run":      {keys, transport.Message{Seq: 0, Data: wire.Seal(other, 0, enc)}, "does not verify"},
 		"renamed entry":    {keys, transport.Message{Seq: 0, Data: renamed}, "does not verify"},
 		"replayed":         {keys, transport.Message{Seq: 7, Data: signed}, "does not verify"},
 		"no secret here":   {nil, transport.Message{Seq: 0, Data: signed}, "this rank has none"},
@@ -287,7 +288,7 @@ func TestSignedMessagesRejected(t *testing.T) {
 
 	// Signed metadata without a bucket MAC passes the bus and fails in
 	// unpack, before any view is made.
-	got, err = subscribe(keys, transport.Message{Seq: 0, Data: sealMessage(keys, 0, noMAC)})
+	got, err = subscribe(keys, transport.Message{Seq: 0, Data: wire.Seal(keys, 0, noMAC)})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("signed metadata without a bucket MAC: %v", err)
 	}
@@ -304,12 +305,12 @@ func TestSignedMessagesRejected(t *testing.T) {
 
 	// The commit message, signed as docs/protocol.md writes it.
 	ctx := context.Background()
-	commit := EncodeCommit(2)
+	commit := wire.EncodeCommit(2)
 	tag := keys.MessageMAC(5, []byte(`{"commit":2}`))
-	if got, want := string(sealMessage(keys, 5, commit)), `{"commit":2,"mac":"`+hex.EncodeToString(tag[:])+`"}`; got != want {
+	if got, want := string(wire.Seal(keys, 5, commit)), `{"commit":2,"mac":"`+hex.EncodeToString(tag[:])+`"}`; got != want {
 		t.Fatalf("signed commit message %s, want %s", got, want)
 	}
-	if _, err := DecodeCommit(sealMessage(keys, 5, commit)); err == nil {
+	if _, err := wire.DecodeCommit(wire.Seal(keys, 5, commit)); err == nil {
 		t.Fatal("DecodeCommit took a signed commit message: older readers would take it unchecked")
 	}
 	for name, c := range map[string]struct {
@@ -318,9 +319,9 @@ func TestSignedMessagesRejected(t *testing.T) {
 		want string
 	}{
 		"unsigned":       {keys, transport.Message{Seq: 5, Data: commit}, "is not signed"},
-		"another run":    {keys, transport.Message{Seq: 5, Data: sealMessage(other, 5, commit)}, "does not verify"},
-		"replayed":       {keys, transport.Message{Seq: 5, Data: sealMessage(keys, 4, commit)}, "does not verify"},
-		"no secret here": {nil, transport.Message{Seq: 5, Data: sealMessage(keys, 5, commit)}, "this rank has none"},
+		"another run":    {keys, transport.Message{Seq: 5, Data: wire.Seal(other, 5, commit)}, "does not verify"},
+		"replayed":       {keys, transport.Message{Seq: 5, Data: wire.Seal(keys, 4, commit)}, "does not verify"},
+		"no secret here": {nil, transport.Message{Seq: 5, Data: wire.Seal(keys, 5, commit)}, "this rank has none"},
 	} {
 		sub := &scriptedSubscriber{msgs: []transport.Message{c.msg}}
 		err := AwaitCommit(ctx, sub, 5, 2, c.keys)
@@ -328,7 +329,7 @@ func TestSignedMessagesRejected(t *testing.T) {
 			t.Errorf("%s: %v (acked %v)", name, err, sub.acked)
 		}
 	}
-	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 5, Data: sealMessage(keys, 5, commit)}}}
+	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 5, Data: wire.Seal(keys, 5, commit)}}}
 	if err := AwaitCommit(ctx, sub, 5, 2, keys); err != nil || len(sub.acked) != 1 {
 		t.Fatalf("a signed commit: %v, acked %v", err, sub.acked)
 	}

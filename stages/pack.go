@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/checksum"
@@ -14,69 +13,25 @@ import (
 	"github.com/weightcast/weightcast/internal/parallel"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The pack stage: tensors into bucket buffers.
 //
-// Into host buckets, pack reads each tensor's bytes (converting a tensor
-// that casts) straight into the bucket, large tensors by several goroutines
-// at once, and computes the bucket's checksum on the CPU.
+//	tensor ──► packing.add ──► filler.copyIn ──► packing.emit ──► filler.seal ──► out
+//	           (its chunks'      (their bytes      (a full or        (checksum,
+//	            places)           into place)       last bucket)      MAC)
 //
-// Into device buckets (a Pool of device memory), it fills them on the GPU
-// through a copy stream that a Packer keeps from round to round (with the
-// kernels' memory):
-//
-//   - device tensors (Tensor.Device) are copied device to device: those
-//     on the bucket's GPU, in copies shorter than the plan's gatherBelow,
-//     by the gather kernel (gpu.Gather: one launch copies thousands of
-//     ranges, where the copy engine costs microseconds per copy), the
-//     others by the copy engine, the large ones spread over the plan's
-//     lanes (more streams, joined back before the bucket's event);
-//   - tensors that cast are converted into the bucket by the GPU cast
-//     kernel (gpu.Caster), on the copy stream: device tensors straight
-//     from their memory, host tensors from their source bytes, staged as
-//     below and copied to device scratch memory first;
-//   - device weights that Quantize picked are quantized by the GPU
-//     quantize kernel (gpu.Quantizer), on the copy stream: each chunk of
-//     codes straight into its bucket, the scales of the blocks it touches
-//     into device scratch memory, copied into the bucket as the scale
-//     tensor (quantIn); host weights are quantized on the CPU as they are
-//     read (Tensor.ReadAt), and staged as below;
-//   - host tensors (Data or Reader) are read, by several goroutines in
-//     parallel, into a ring of pinned staging slots (gpu.StagingRing) and
-//     copied host to device from there, so that the copy runs at pinned
-//     speed while the next bytes are read;
-//   - copies are not issued one per tensor: they are collected in two
-//     gpu.CopyBatch queues, one for the gather kernel and one for the copy
-//     engine (queued with one cuMemcpyBatchAsync per batch, or per-copy
-//     cuMemcpyAsync where the driver lacks it or the plan says so). Copies
-//     that continue each other, including across the alignment padding
-//     between tensors of one buffer, merge into one.
-//
-// Where the gather kernel cannot be loaded (gpu.NewGather says why, and
-// gpu.LastGatherPath tells which path ran), its queue goes to the copy
-// engine too.
-//
-// When a bucket is full, an event is recorded after its copies and the
-// bucket's buffer travels fenced (gpu.WithFence): the transport orders its
-// broadcast after the event on the GPU (cuStreamWaitEvent on the NCCL
-// stream) or waits for it on the host (CUDA IPC) — pack never blocks on
-// its own copies. The event is destroyed when the bucket is released. With
-// PackConfig.Checksum, the checksum costs no pass of its own where the
-// fused kernel can be used: every device copy on the bucket's GPU goes
-// through it (gpu.Gather.CopySum, summing each word as it copies it and
-// reading the bytes other copies wrote where they lie), the copy engine
-// left to rounds without checksums. Elsewhere the bucket's checksum is
-// queued on the GPU right after the event (gpu.Checksummer). Publish waits
-// for it. Where the checksum kernel is unavailable, pack copies the bucket
-// back to the host (gpu.Readback) and sums it there: slower, never
-// skipped.
-//
-// When the round is traced, each device bucket's copies are bracketed by
-// a pair of timed events on the copy stream, read after the round: the
-// host's pack span then shows only the time to queue the work ("bucket k
-// (queued)", with no byte count, so no rate), and Sender.Sync adds the
-// GPU's time on a lane of its own, "pack (GPU)".
+// packing (this file) lays each round out: which bucket and offset each
+// tensor's chunks take (split on Align boundaries), when a bucket is full,
+// the metadata of its entries. A filler puts the bytes there and seals the
+// full bucket:
+// hostFill for host buckets, on the CPU (large tensors read by several
+// goroutines at once, the checksum and MAC computed on the CPU), and
+// deviceFill for device buckets (a Pool of device memory), on the GPU,
+// through a copy stream that a Packer keeps from round to round
+// (pack_device.go says how). Direct buckets (direct.go) are laid out
+// here too, their entries placed where the receivers read them in place.
 
 // PackConfig says how Pack fills buckets.
 type PackConfig struct {
@@ -93,7 +48,7 @@ type PackConfig struct {
 	// Publish; nil: neither.
 	Auth *auth.Keys
 	// Source, when set, travels in the round's first bucket.
-	Source *SourceInfo
+	Source *wire.SourceInfo
 	// Direct leaves device buckets unfilled where every tensor in them
 	// can be read in place by the receivers (direct buckets, see
 	// direct.go): for endpoints whose receivers all share the sender's
@@ -145,9 +100,12 @@ func packStage(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfi
 				return err
 			}
 		}
-		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, dev: dev, waitSums: own, pk: pk}
+		r := packing{ctx: ctx, cfg: cfg, out: out, seq: cfg.FirstSeq, seen: map[string]struct{}{}, filler: hostFill{}, dev: dev, waitSums: own, pk: pk}
+		if dev != nil {
+			r.filler = dev
+		}
 		if r.cfg.maxTensors == 0 {
-			r.cfg.maxTensors = MaxTensors
+			r.cfg.maxTensors = wire.MaxTensors
 		}
 		defer func() { pk.noteDirect(r.directs) }()
 		defer func() { err = errors.Join(err, r.abandon()) }()
@@ -164,6 +122,61 @@ func packStage(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor], cfg PackConfi
 		}
 		return r.emit(true)
 	})
+}
+
+// filler is what fills buckets of one kind of memory: hostFill for host
+// buckets, deviceFill (pack_device.go) for device buckets. The pack
+// goroutine lays the bucket out (packing) and hands each piece of it to
+// the filler, then has the filler seal the full bucket before sending it
+// on.
+type filler interface {
+	// copyIn fills [off, off+n) of bucket with bytes [chunk, chunk+n) of
+	// t (converted where t casts or is quantized).
+	copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, off, n, chunk int64) error
+	// seal finishes b, whose Meta.Length is set: its checksum and MAC as
+	// s says. On failure b stays the caller's, for abandon.
+	seal(ctx context.Context, b *Bucket, s sealing) error
+	// abandon releases b, a bucket the round stopped filling (a device
+	// bucket once the copies into it have finished).
+	abandon(ctx context.Context, b *Bucket) error
+}
+
+// sealing says how a full bucket is sealed.
+type sealing struct {
+	checksum bool          // compute the bucket's checksum
+	auth     *auth.Keys    // MAC the bucket's bytes with these keys; nil: no MAC
+	wait     bool          // wait for the device's checksum and MAC here
+	direct   bool          // a direct bucket: the receivers read its pieces in place
+	pieces   []directPiece // a direct bucket's pieces
+}
+
+// hostFill fills host buckets on the CPU.
+type hostFill struct{}
+
+// copyIn reads the bytes into the bucket; a large read runs on several
+// goroutines, in pieces that start on Align boundaries of the tensor
+// (whole elements of a tensor that casts).
+func (hostFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, off, n, chunk int64) error {
+	buf := bucket.Host()
+	return parallel.Pieces(ctx, n, func(o, k int64) error {
+		return t.ReadAt(buf[off+o:off+o+k], chunk+o)
+	})
+}
+
+// seal sums and MACs the bucket's bytes on the CPU.
+func (hostFill) seal(_ context.Context, b *Bucket, s sealing) error {
+	data := b.Buf.Host()[:b.Meta.Length]
+	if s.checksum {
+		b.Meta.Checksum, b.Meta.HasChecksum = checksum.SumParallel(data), true
+	}
+	macHost(b, s.auth, data)
+	return nil
+}
+
+// abandon releases b at once: no copy into it can be in flight.
+func (hostFill) abandon(_ context.Context, b *Bucket) error {
+	b.Release()
+	return nil
 }
 
 // Packer keeps what Pack needs for device buckets from one round to the
@@ -318,12 +331,13 @@ type packing struct {
 	seen  map[string]struct{}
 
 	cur  *Bucket // the bucket being filled, nil between buckets
-	buf  []byte  // the host bytes of cur; nil for a device bucket
 	fill int64
 	span *pipeline.Span
-	// dev queues the copies of device buckets; nil for host buckets.
+	// filler fills and seals the round's buckets: dev for device
+	// buckets, hostFill for host ones. dev is nil for host buckets.
 	// waitSums: wait for each device bucket's checksum here (dev is
 	// freed when the stage returns, before Publish would wait).
+	filler   filler
 	dev      *deviceFill
 	waitSums bool
 
@@ -335,11 +349,11 @@ type packing struct {
 	directs int // direct buckets sent on
 }
 
-func alignUp(n int64) int64 { return (n + Align - 1) &^ (Align - 1) }
+func alignUp(n int64) int64 { return (n + wire.Align - 1) &^ (wire.Align - 1) }
 
 // The staging ring mirrors the bucket layout's alignment.
-var _ [gpu.StagingAlign - Align]struct{}
-var _ [Align - gpu.StagingAlign]struct{}
+var _ [gpu.StagingAlign - wire.Align]struct{}
+var _ [wire.Align - gpu.StagingAlign]struct{}
 
 // take makes sure a bucket is being filled, waiting for a free buffer.
 func (r *packing) take() error {
@@ -354,7 +368,7 @@ func (r *packing) take() error {
 		r.cfg.Pool.Put(buf)
 		return fmt.Errorf("pack: bucket buffers on %s are neither host nor CUDA device memory", buf.Device().Name())
 	}
-	r.cur = r.cfg.Pool.Bucket(buf, BucketMeta{Seq: r.seq, Index: r.index, Version: r.cfg.Version})
+	r.cur = r.cfg.Pool.Bucket(buf, wire.BucketMeta{Seq: r.seq, Index: r.index, Version: r.cfg.Version})
 	if r.index == 0 {
 		r.cur.Meta.Source = r.cfg.Source
 	}
@@ -362,7 +376,7 @@ func (r *packing) take() error {
 	if r.direct {
 		r.cur.Meta.Direct = newDirectInfo()
 	}
-	r.buf, r.fill = buf.Host(), 0
+	r.fill = 0
 	name := fmt.Sprintf("bucket %d", r.seq)
 	if r.dev != nil {
 		name += " (queued)" // the GPU does the work later: see pack (GPU)
@@ -382,35 +396,13 @@ func (r *packing) emit(last bool) error {
 	b := r.cur
 	b.Meta.Length, b.Meta.IsLast = r.fill, last
 	args := map[string]any{"entries": len(b.Meta.Entries)}
+	s := sealing{checksum: r.cfg.Checksum, auth: r.cfg.Auth, wait: r.waitSums, direct: r.direct, pieces: r.pieces}
+	if err := r.filler.seal(r.ctx, b, s); err != nil {
+		return err // abandon releases b (a device bucket once its copies are done)
+	}
 	if r.dev != nil {
-		var err error
-		switch {
-		case r.direct:
-			err = r.dev.sumDirect(r.ctx, b, r.pieces, r.cfg.Checksum, r.waitSums)
-		case r.dev.fuse:
-			err = r.dev.finishFused(r.ctx, b, r.waitSums)
-		case r.cfg.Checksum:
-			if err = r.dev.finish(r.ctx, b); err == nil {
-				err = r.dev.queueSum(r.ctx, b, r.waitSums)
-			}
-		default:
-			err = r.dev.finish(r.ctx, b)
-		}
-		if err != nil {
-			return err // abandon releases b once its copies are done
-		}
-		if err := r.dev.queueMAC(r.ctx, b, r.cfg.Auth, r.waitSums); err != nil {
-			return err // abandon releases b once its copies are done
-		}
-		if err := r.dev.markEnd(b); err != nil {
-			return err
-		}
 		args["queued_bytes"] = r.fill // not "bytes": the host span is no measure of the copies
 	} else {
-		if r.cfg.Checksum {
-			b.Meta.Checksum, b.Meta.HasChecksum = checksum.SumParallel(r.buf[:r.fill]), true
-		}
-		macHost(b, r.cfg.Auth, r.buf[:r.fill])
 		args["bytes"] = r.fill
 	}
 	if r.span != nil {
@@ -420,7 +412,7 @@ func (r *packing) emit(last bool) error {
 	if r.direct {
 		r.directs++
 	}
-	r.cur, r.buf, r.span = nil, nil, nil
+	r.cur, r.span = nil, nil
 	r.seq++
 	r.index++
 	return r.out.Send(b) // on failure Send releases b
@@ -434,11 +426,7 @@ func (r *packing) abandon() error {
 		return nil
 	}
 	r.cur = nil
-	if r.dev != nil {
-		return r.dev.abandon(r.ctx, b)
-	}
-	b.Release()
-	return nil
+	return r.filler.abandon(r.ctx, b)
 }
 
 func (r *packing) add(t *Tensor) error {
@@ -472,7 +460,7 @@ func (r *packing) add(t *Tensor) error {
 		room := bsize - off
 		n := min(size-chunk, room)
 		if n < size-chunk {
-			n &^= Align - 1 // split on Align boundaries within the tensor
+			n &^= wire.Align - 1 // split on Align boundaries within the tensor
 		}
 		if n <= 0 && size > 0 {
 			if err := r.emit(false); err != nil {
@@ -480,28 +468,18 @@ func (r *packing) add(t *Tensor) error {
 			}
 			continue
 		}
-		var src *EntrySource
+		var src *wire.EntrySource
 		if r.direct && n > 0 {
 			if src, err = r.placeDirect(t, off, n, chunk); err != nil {
 				return err
 			}
 		}
-		switch {
-		case src != nil: // read in place by the receivers
-		case r.dev != nil:
-			err = r.dev.copyIn(r.ctx, t, r.cur.Buf, off, n, chunk)
-		default:
-			// A large read runs on several goroutines, in pieces that
-			// start on Align boundaries of the tensor (whole elements of
-			// a tensor that casts).
-			err = parallel.Pieces(r.ctx, n, func(o, k int64) error {
-				return t.ReadAt(r.buf[off+o:off+o+k], chunk+o)
-			})
+		if src == nil { // else read in place by the receivers
+			if err := r.filler.copyIn(r.ctx, t, r.cur.Buf, off, n, chunk); err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
-		r.cur.Meta.Entries = append(r.cur.Meta.Entries, Entry{
+		r.cur.Meta.Entries = append(r.cur.Meta.Entries, wire.Entry{
 			Name: t.Name, DType: t.DType, Shape: t.Shape, Offset: off, Size: n, Chunk: chunk, Total: size, Src: src,
 		})
 		r.fill = off + n
@@ -517,7 +495,7 @@ func (r *packing) add(t *Tensor) error {
 // bucket being filled, where it lies in the sender's memory, and returns
 // its source; or, for a tensor a direct bucket cannot take, turns the
 // bucket into one pack fills (packDirect) and returns nil.
-func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*EntrySource, error) {
+func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*wire.EntrySource, error) {
 	p, e, ok, err := r.pk.directSource(t, r.cur.Buf, chunk, r.cfg.Version)
 	if err != nil {
 		return nil, err
@@ -527,7 +505,7 @@ func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*EntrySource, err
 	}
 	p.at, p.n = off, n
 	r.pieces = append(r.pieces, p)
-	return &EntrySource{Alloc: allocIndex(&r.cur.Meta, e), Offset: int64(p.addr - e.info.Base)}, nil
+	return &wire.EntrySource{Alloc: allocIndex(&r.cur.Meta, e), Offset: int64(p.addr - e.info.Base)}, nil
 }
 
 // packDirect turns the direct bucket being filled into one that pack
@@ -546,808 +524,8 @@ func (r *packing) packDirect() error {
 	return nil
 }
 
-// flushEvery bounds the copies collected in one queue before they are
-// handed to the driver, so that the GPU starts on a bucket of many small
-// tensors early.
-const flushEvery = 4096
-
-// devicePlan says how pack queues the copies of device tensors.
-type devicePlan struct {
-	// gatherBelow: copies shorter than this, out of device memory of the
-	// bucket's GPU, go through the gather kernel; 0 turns it off.
-	gatherBelow int64
-	// perCopy queues the copy engine's copies one cuMemcpyAsync each
-	// instead of with cuMemcpyBatchAsync.
-	perCopy bool
-	// lanes is the number of streams the copy engine's device-to-device
-	// copies of at least laneAbove bytes are spread over, in turn: the
-	// copy stream and lanes-1 more, joined back into the copy stream
-	// before the bucket's ready event, so that one copy's ramp-up and
-	// drain overlap another's. 0 or 1: the copy stream alone.
-	lanes     int
-	laneAbove int64
-	// hostCast converts host tensors that cast on the host, as they are
-	// read, even where the GPU cast kernel could (to compare the two).
-	hostCast bool
-}
-
-// defaultPlan is the plan a Packer uses: device-to-device copies under
-// 16 MiB through the gather kernel, larger ones on the copy engine, spread
-// over four streams (the measurements behind it are in
-// docs/benchmarks.md, "Figures behind the GPU defaults", the device copy
-// plan).
-var defaultPlan = devicePlan{gatherBelow: 16 << 20, lanes: 4, laneAbove: 16 << 20}
-
-// finalWait bounds the wait for a round's copies when the round's own
-// context is already done (so that memory is never freed under a copy).
-const finalWait = time.Minute
-
-// bounded returns ctx, or, once ctx is done, a context of finalWait that
-// keeps its values.
-func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() == nil {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(context.WithoutCancel(ctx), finalWait)
-}
-
-// deviceFill queues the copies that fill device buckets, round after round.
-// It is used by one pack goroutine at a time.
-type deviceFill struct {
-	stream  *gpu.Stream // the copy stream, of the buckets' GPU
-	plan    devicePlan
-	staging gpu.StagingConfig
-	// batch is the copy engine's queue: host staging copies and the
-	// device copies that do not go to the kernel. lastSrc is the address
-	// of the buffer the batch's last copy reads from (0: none), so that a
-	// copy continuing it across alignment padding can merge.
-	batch   gpu.CopyBatch
-	lastSrc uint64
-
-	// gather takes device copies shorter than plan.gatherBelow out of
-	// memory of the bucket's GPU (none when it is 0), and sums direct
-	// buckets: kbatch is its queue, klastSrc as lastSrc. With fuse (a round with checksums, the
-	// fused kernel usable: beginRound), it takes every device copy on the
-	// bucket's GPU, and kbatch holds the whole bucket's until finishFused
-	// queues them with the checksum.
-	gather   *gpu.Gather
-	kbatch   gpu.CopyBatch
-	klastSrc uint64
-	fuse     bool
-
-	// caster converts device tensors that cast into the bucket (the GPU
-	// cast kernel), made at the first such tensor.
-	caster *gpu.Caster
-
-	// quantizer quantizes device weights into the buckets (the GPU
-	// quantize kernel, see quantIn), made at the first. qscales is device
-	// memory that holds the scales of qw, the weight being quantized,
-	// which its scale tensor is copied from; qcoded counts the elements of
-	// qw whose codes were queued; qspent holds scratch memory outgrown,
-	// freed once the copies have settled.
-	quantizer *gpu.Quantizer
-	qscales   mem.Buffer
-	qspent    []mem.Buffer
-	qw        *quantized
-	qcoded    int64
-
-	// sums computes bucket checksums on the copy stream, made at the
-	// first; sumsWhy says why the kernel is unavailable, and readback
-	// then copies buckets to the host to sum them there.
-	sums     *gpu.Checksummer
-	sumsWhy  error
-	readback *gpu.Readback
-
-	// macs computes bucket MACs on a stream of its own (mac.go).
-	macs deviceMAC
-
-	// lanes are the extra streams of plan.lanes, with a queue each;
-	// laneUsed marks those with copies into the current bucket, next is
-	// the stream (0: the copy stream, i: lanes[i-1]) of the next large
-	// copy.
-	lanes     []*gpu.Stream
-	laneBatch []gpu.CopyBatch
-	laneUsed  []bool
-	next      int
-
-	// ring stages host tensors, made at the first one; its slots stay
-	// pinned from round to round.
-	ring *gpu.StagingRing
-
-	// marks are the timed events around each bucket of a traced round.
-	marks []gpuMark
-}
-
-func newDeviceFill(dev *gpu.CUDADevice, plan devicePlan, staging gpu.StagingConfig) (*deviceFill, error) {
-	s, err := dev.NewStream()
-	if err != nil {
-		return nil, fmt.Errorf("pack: creating the copy stream: %w", err)
-	}
-	f := &deviceFill{stream: s, plan: plan, staging: staging}
-	for range f.plan.lanes - 1 {
-		ls, err := dev.NewStream()
-		if err != nil {
-			f.close(context.Background())
-			return nil, fmt.Errorf("pack: creating a copy lane: %w", err)
-		}
-		f.lanes = append(f.lanes, ls)
-	}
-	f.laneBatch = make([]gpu.CopyBatch, len(f.lanes))
-	f.laneUsed = make([]bool, len(f.lanes))
-	f.gather = s.NewGather() // the plan's copies use it only when gatherBelow is set
-	return f, nil
-}
-
-// merge appends a copy of n bytes from src (inside the buffer at srcBase)
-// to dst to b, or merges it into b's last copy when it continues that
-// copy, on both sides, across at most the alignment padding, in the same
-// source buffer (*last; the destination is always the current bucket).
-// Copies from different buffers never merge, even when their addresses
-// touch: the driver refuses a copy spanning two allocations. It reports
-// whether b grew by a copy.
-func merge(b *gpu.CopyBatch, last *uint64, dst, src uint64, n int64, srcBase uint64) bool {
-	if ld, ls, ln, ok := b.Last(); ok && srcBase == *last {
-		end := ld + uint64(ln)
-		if gap := dst - end; dst >= end && gap < Align && src == ls+uint64(ln)+gap {
-			b.Extend(int64(gap) + n)
-			return false
-		}
-	}
-	b.Add(dst, src, n)
-	*last = srcBase
-	return true
-}
-
-// sameGPU reports whether a and b are memory of one device: of one GPU for
-// CUDA memory, so that a kernel launched for b can read a.
-func sameGPU(a, b mem.Buffer) bool {
-	da, db := gpu.Unfence(a).Device(), gpu.Unfence(b).Device()
-	ca, okA := da.(*gpu.CUDADevice)
-	cb, okB := db.(*gpu.CUDADevice)
-	if okA || okB {
-		return okA && okB && ca.Ordinal() == cb.Ordinal()
-	}
-	return da == db
-}
-
-// add queues a copy on the copy engine (see merge).
-func (f *deviceFill) add(dst, src uint64, n int64, srcBase uint64) error {
-	if merge(&f.batch, &f.lastSrc, dst, src, n, srcBase) && f.batch.Len() >= flushEvery {
-		return f.flushEngine()
-	}
-	return nil
-}
-
-// addLarge queues a large device-to-device copy on the next stream in
-// turn (see devicePlan.lanes).
-func (f *deviceFill) addLarge(dst, src uint64, n int64, srcBase uint64) error {
-	i := f.next
-	f.next = (f.next + 1) % (len(f.lanes) + 1)
-	if i == 0 {
-		return f.add(dst, src, n, srcBase)
-	}
-	f.laneBatch[i-1].Add(dst, src, n)
-	f.laneUsed[i-1] = true
-	return nil
-}
-
-// addKernel queues a copy for the gather kernel (see merge).
-func (f *deviceFill) addKernel(ctx context.Context, dst, src uint64, n int64, srcBase uint64) error {
-	if merge(&f.kbatch, &f.klastSrc, dst, src, n, srcBase) && f.kbatch.Len() >= flushEvery {
-		return f.flushKernel(ctx)
-	}
-	return nil
-}
-
-// flush hands every collected copy and cast to the driver.
-func (f *deviceFill) flush(ctx context.Context) error {
-	if f.ring != nil {
-		if err := f.ring.Drain(ctx); err != nil {
-			return fmt.Errorf("pack: %w", err)
-		}
-	}
-	if err := f.flushKernel(ctx); err != nil {
-		return err
-	}
-	if f.caster != nil {
-		if err := f.caster.Flush(ctx); err != nil {
-			return fmt.Errorf("pack: queueing casts into a device bucket: %w", err)
-		}
-	}
-	return f.flushEngine()
-}
-
-func (f *deviceFill) flushEngine() error {
-	f.lastSrc = 0
-	for i := range f.lanes {
-		if f.laneBatch[i].Len() == 0 {
-			continue
-		}
-		f.laneBatch[i].PerCopy = f.plan.perCopy
-		if err := f.lanes[i].CopyBatch(&f.laneBatch[i]); err != nil {
-			return fmt.Errorf("pack: queueing copies into a device bucket on copy lane %d: %w", i+1, err)
-		}
-	}
-	if f.batch.Len() == 0 {
-		return nil
-	}
-	f.batch.PerCopy = f.plan.perCopy
-	if err := f.stream.CopyBatch(&f.batch); err != nil {
-		return fmt.Errorf("pack: queueing copies into a device bucket: %w", err)
-	}
-	return nil
-}
-
-// joinLanes makes the copy stream wait for the copies queued on the lanes
-// since the last join.
-func (f *deviceFill) joinLanes() error {
-	for i, used := range f.laneUsed {
-		if !used {
-			continue
-		}
-		ev, err := f.lanes[i].Record()
-		if err != nil {
-			return fmt.Errorf("pack: recording copy lane %d's event: %w", i+1, err)
-		}
-		err = f.stream.WaitEvent(ev)
-		ev.Close() // the driver keeps it until the wait is done
-		if err != nil {
-			return fmt.Errorf("pack: joining copy lane %d: %w", i+1, err)
-		}
-		f.laneUsed[i] = false
-	}
-	return nil
-}
-
-func (f *deviceFill) flushKernel(ctx context.Context) error {
-	f.klastSrc = 0
-	if f.kbatch.Len() == 0 {
-		return nil
-	}
-	if err := f.gather.Copy(ctx, &f.kbatch); err != nil {
-		return fmt.Errorf("pack: queueing gathered copies into a device bucket: %w", err)
-	}
-	return nil
-}
-
-// copyIn queues the copy of t's bytes [chunk, chunk+n), as they travel, to
-// bucket[off:].
-func (f *deviceFill) copyIn(ctx context.Context, t *Tensor, bucket mem.Buffer, off, n, chunk int64) error {
-	dst := bucket.DevicePtr() + uint64(off)
-	if t.quant != nil && t.quant.w.Device != nil {
-		return f.quantIn(t, bucket, dst, n, chunk)
-	}
-	if t.Device != nil {
-		if t.Casts() {
-			return f.castIn(t, dst, n, chunk)
-		}
-		base, _ := gpu.Address(t.Device) // checked by Validate
-		return f.copyDevice(ctx, dst, base+uint64(t.DeviceOffset+chunk), n, base, sameGPU(t.Device, bucket))
-	}
-	if f.ring == nil {
-		ring, err := f.stream.NewStagingRing(f.staging)
-		if err != nil {
-			return fmt.Errorf("pack: %w", err)
-		}
-		f.ring = ring
-	}
-	var err error
-	if t.Casts() && !f.plan.hostCast && f.castKernel() {
-		// Stage the source bytes; the GPU converts them.
-		es, eo := int64(t.SourceDType.Size()), int64(t.DType.Size())
-		if chunk%eo != 0 || n%eo != 0 {
-			return fmt.Errorf("pack: cast %s→%s of tensor %q: %d bytes at %d are not whole elements", t.SourceDType, t.DType, t.Name, n, chunk)
-		}
-		err = f.ring.Convert(ctx, heldBytes{t}, t.SourceDType, t.DType, dst, n/eo*es, chunk/eo*es)
-	} else {
-		err = f.ring.Copy(ctx, t, dst, n, chunk) // t.ReadAt converts on the host
-	}
-	if err != nil {
-		return fmt.Errorf("pack: %w", err)
-	}
-	return nil
-}
-
-// copyDevice queues the copy of n bytes of device memory at src (in the
-// buffer at base; same: on the bucket's GPU) to the bucket at dst, by
-// the plan: with the bucket's checksum when fused, through the gather
-// kernel when short, spread over the lanes when long, else on the copy
-// stream.
-func (f *deviceFill) copyDevice(ctx context.Context, dst, src uint64, n int64, base uint64, same bool) error {
-	if f.fuse && same {
-		merge(&f.kbatch, &f.klastSrc, dst, src, n, base) // queued whole with the bucket's checksum
-		return nil
-	}
-	if n < f.plan.gatherBelow && same {
-		return f.addKernel(ctx, dst, src, n, base)
-	}
-	if len(f.lanes) > 0 && n >= f.plan.laneAbove {
-		return f.addLarge(dst, src, n, base)
-	}
-	return f.add(dst, src, n, base)
-}
-
-// sumDirect ends direct bucket b, whose entries pieces places in the
-// sender's memory: with a checksum, it queues the sum of the bucket as
-// pack would fill it with zeros between the entries, read from the
-// tensors themselves (Gather.CopySumLayout without copies), which b then
-// carries for Publish, or which sumDirect waits for itself when wait is
-// set. Without one, nothing is queued: no byte of b moves.
-func (f *deviceFill) sumDirect(ctx context.Context, b *Bucket, pieces []directPiece, sum, wait bool) error {
-	if !sum {
-		return nil
-	}
-	m := &b.Meta
-	sums, err := f.checksummer()
-	if err != nil {
-		return err
-	}
-	var l gpu.Layout
-	for _, p := range pieces {
-		l.Add(p.at, p.addr, p.n, 0)
-	}
-	ps, err := f.gather.CopySumLayout(ctx, &l, m.Length, sums)
-	if err != nil {
-		return fmt.Errorf("pack: queueing direct bucket %d's checksum: %w", m.Seq, err)
-	}
-	m.HasChecksum = true
-	b.sum = ps
-	b.whenReleased(ps.Close)
-	if wait {
-		if m.Checksum, err = ps.Wait(ctx); err != nil {
-			return fmt.Errorf("pack: checksum of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
-		}
-	}
-	return nil
-}
-
-// quantIn queues bytes [chunk, chunk+n) of t, one of the two tensors of a
-// device weight that Quantize picked, into the bucket at dst, on the copy
-// stream, so that the bucket's ready event, checksum and MAC come after:
-// the codes straight from the weight by the quantize kernel, which also
-// writes the scales of the blocks the chunk touches into f.qscales; the
-// scales copied from there (after a launch that computes them all, in
-// case the codes did not go through f). Both are queued at once, not
-// collected: the scratch is then reused in stream order by the next
-// weight.
-func (f *deviceFill) quantIn(t *Tensor, bucket mem.Buffer, dst uint64, n, chunk int64) error {
-	q := t.quant
-	if n == 0 {
-		return nil
-	}
-	if !sameGPU(q.w.Device, bucket) {
-		return fmt.Errorf("pack: quantize %q on the GPU: the weight is memory of %s and the buckets are on %s; hand it in on the buckets' GPU, or in host memory",
-			q.w.Name, q.w.Device.Device().Name(), bucket.Device().Name())
-	}
-	if f.quantizer == nil {
-		f.quantizer = f.stream.NewQuantizer()
-	}
-	if ok, why := f.quantizer.Kernel(); !ok {
-		return fmt.Errorf("pack: quantize %q on the GPU: %w; hand the weight in host memory, or leave it out with an exclude pattern", q.w.Name, why)
-	}
-	if err := f.quantScratch(q); err != nil {
-		return err
-	}
-	base, _ := gpu.Address(q.w.Device) // checked by Validate
-	job := gpu.QuantJob{Src: base + uint64(q.w.DeviceOffset), From: q.from, Rows: q.rows, Cols: q.cols, Scales: f.qscales.DevicePtr()}
-	if t.role == quantCodes {
-		job.First, job.End, job.Dst = chunk, chunk+n, dst
-		if err := f.quantizer.Queue(job); err != nil {
-			return fmt.Errorf("pack: quantize %q: %w", q.w.Name, err)
-		}
-		f.qcoded += n
-		return nil
-	}
-	if f.qcoded != q.rows*q.cols {
-		if err := f.quantizer.Queue(job); err != nil { // the scales only
-			return fmt.Errorf("pack: scales of %q: %w", q.w.Name, err)
-		}
-		f.qcoded = q.rows * q.cols
-	}
-	if err := f.stream.CopyDtoDPtr(dst, f.qscales.DevicePtr()+uint64(chunk), int(n)); err != nil {
-		return fmt.Errorf("pack: copying the scales of %q into a device bucket: %w", q.w.Name, err)
-	}
-	return nil
-}
-
-// quantScratch makes f.qscales hold the scales of q: from q's first
-// tensor on, and large enough (at least 1 MiB, so that it rarely grows).
-func (f *deviceFill) quantScratch(q *quantized) error {
-	if f.qw == q {
-		return nil
-	}
-	need := int(4 * q.nbr * q.nbc)
-	if f.qscales == nil || f.qscales.Len() < need {
-		b, err := f.stream.Device().Alloc(max(need, 1<<20))
-		if err != nil {
-			return fmt.Errorf("pack: scratch memory for the scales of %q: %w", q.w.Name, err)
-		}
-		if f.qscales != nil {
-			f.qspent = append(f.qspent, f.qscales) // launches queued may still write it
-		}
-		f.qscales = b
-	}
-	f.qw, f.qcoded = q, 0
-	return nil
-}
-
-// freeSpent frees the scratch memory outgrown; the copies must have
-// settled.
-func (f *deviceFill) freeSpent() error {
-	var errs []error
-	for _, b := range f.qspent {
-		errs = append(errs, b.Free())
-	}
-	f.qspent = nil
-	return errors.Join(errs...)
-}
-
-// castKernel reports whether the GPU cast kernel is usable.
-func (f *deviceFill) castKernel() bool {
-	if f.caster == nil {
-		f.caster = f.stream.NewCaster()
-	}
-	ok, _ := f.caster.Kernel()
-	return ok
-}
-
-// castIn queues the conversion of device tensor t, output bytes [chunk,
-// chunk+n), into the bucket at dst, by the GPU cast kernel.
-func (f *deviceFill) castIn(t *Tensor, dst uint64, n, chunk int64) error {
-	from, to := t.SourceDType, t.DType
-	es, eo := int64(from.Size()), int64(to.Size())
-	if chunk%eo != 0 || n%eo != 0 {
-		return fmt.Errorf("pack: cast %s→%s of tensor %q: %d bytes at %d are not whole elements", from, to, t.Name, n, chunk)
-	}
-	if n == 0 {
-		return nil
-	}
-	if f.caster == nil {
-		f.caster = f.stream.NewCaster()
-	}
-	base, _ := gpu.Address(t.Device) // checked by Validate
-	src := base + uint64(t.DeviceOffset+chunk/eo*es)
-	if err := f.caster.Add(dst, src, n/eo, from, to); err != nil {
-		return fmt.Errorf("pack: tensor %q: %w", t.Name, err)
-	}
-	return nil
-}
-
-// beginRound decides how this round's buckets are filled: with a
-// checksum, where the fused kernel can be used, every device copy on the
-// bucket's GPU goes through it (Gather.CopySum), so that the checksum
-// costs no pass over the bucket of its own (the copy engine is faster
-// for large copies alone, but not with a checksum pass after them:
-// docs/benchmarks.md, "Kernels behind the fused checksums"); without one,
-// copies go as the plan says.
-func (f *deviceFill) beginRound(sum bool) error {
-	f.fuse = false
-	if !sum || f.plan.gatherBelow == 0 {
-		return nil
-	}
-	if ok, _ := f.gather.SumKernel(); !ok {
-		return nil
-	}
-	c, err := f.checksummer()
-	if err != nil || c == nil {
-		return err
-	}
-	f.fuse = true
-	return nil
-}
-
-// checksummer returns the copy stream's Checksummer, made at first use,
-// or nil where the checksum kernel is unavailable (sumsWhy says why).
-func (f *deviceFill) checksummer() (*gpu.Checksummer, error) {
-	if f.sums == nil && f.sumsWhy == nil {
-		f.sums, f.sumsWhy = f.stream.NewChecksummer()
-		if f.sumsWhy != nil && !errors.Is(f.sumsWhy, gpu.ErrNoChecksumKernel) {
-			err := f.sumsWhy
-			f.sums, f.sumsWhy = nil, nil
-			return nil, fmt.Errorf("pack: %w", err)
-		}
-	}
-	return f.sums, nil
-}
-
-// finishFused ends a bucket filled with the fused kernel: it queues the
-// copies that are not the kernel's (staged host tensors, casts, copies
-// from another GPU, each into its own part of the bucket; quantized
-// weights were queued already, by quantIn), then the
-// kernel's copies with the checksum of the whole filled length
-// (Gather.CopySum: the bytes the others wrote are read where they lie),
-// and fences the buffer with an event recorded after them. b then
-// carries the pending sum, which Publish waits for, or which finishFused
-// waits for itself when wait is set.
-func (f *deviceFill) finishFused(ctx context.Context, b *Bucket, wait bool) error {
-	m := &b.Meta
-	if f.ring != nil {
-		if err := f.ring.Drain(ctx); err != nil {
-			return fmt.Errorf("pack: %w", err)
-		}
-	}
-	if f.caster != nil {
-		if err := f.caster.Flush(ctx); err != nil {
-			return fmt.Errorf("pack: queueing casts into a device bucket: %w", err)
-		}
-	}
-	if err := f.flushEngine(); err != nil {
-		return err
-	}
-	if err := f.joinLanes(); err != nil {
-		return err
-	}
-	f.klastSrc = 0
-	ps, err := f.gather.CopySum(ctx, &f.kbatch, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumDst, Sums: f.sums})
-	if err != nil {
-		return fmt.Errorf("pack: queueing bucket %d's copies with its checksum: %w", m.Seq, err)
-	}
-	m.HasChecksum = true
-	b.sum = ps
-	b.whenReleased(ps.Close)
-	ev, err := f.stream.Record()
-	if err != nil {
-		return fmt.Errorf("pack: recording bucket %d's ready event: %w", m.Seq, err)
-	}
-	b.Buf = gpu.WithFence(b.Buf, ev)
-	b.whenReleased(func() { ev.Close() })
-	if wait {
-		if m.Checksum, err = ps.Wait(ctx); err != nil {
-			return fmt.Errorf("pack: checksum of bucket %d (version %d): %w", m.Seq, m.Version, err)
-		}
-	}
-	return nil
-}
-
-// finish queues the bucket's remaining copies and fences its buffer with an
-// event recorded after them; releasing the bucket destroys the event.
-func (f *deviceFill) finish(ctx context.Context, b *Bucket) error {
-	if err := f.flush(ctx); err != nil {
-		return err
-	}
-	if err := f.joinLanes(); err != nil {
-		return err
-	}
-	ev, err := f.stream.Record()
-	if err != nil {
-		return fmt.Errorf("pack: recording bucket %d's ready event: %w", b.Meta.Seq, err)
-	}
-	b.Buf = gpu.WithFence(b.Buf, ev)
-	b.whenReleased(func() { ev.Close() })
-	return nil
-}
-
-// queueSum queues the checksum of b's filled bytes on the copy stream,
-// after everything queued before (the bucket's copies). b then carries the
-// pending sum, which Publish waits for, or which queueSum waits for itself
-// when wait is set; releasing b gives it back. Where the kernel is
-// unavailable, queueSum copies b to the host and sums it there.
-func (f *deviceFill) queueSum(ctx context.Context, b *Bucket, wait bool) error {
-	m := &b.Meta
-	m.HasChecksum = true
-	if _, err := f.checksummer(); err != nil {
-		return fmt.Errorf("bucket %d: %w", m.Seq, err)
-	}
-	if f.sums == nil {
-		if f.readback == nil {
-			f.readback = f.stream.Device().NewReadback()
-		}
-		host, err := f.readback.Read(ctx, b.Buf, int(m.Length)) // after the bucket's fence
-		if err != nil {
-			return fmt.Errorf("pack: checksum of bucket %d (version %d) on the host: %w", m.Seq, m.Version, err)
-		}
-		m.Checksum = checksum.SumParallel(host)
-		return nil
-	}
-	ps, err := f.sums.Queue(gpu.Unfence(b.Buf), m.Length)
-	if err != nil {
-		return fmt.Errorf("pack: queueing bucket %d's checksum: %w", m.Seq, err)
-	}
-	b.sum = ps
-	b.whenReleased(ps.Close)
-	if wait {
-		if m.Checksum, err = ps.Wait(ctx); err != nil {
-			return fmt.Errorf("pack: checksum of bucket %d (version %d): %w", m.Seq, m.Version, err)
-		}
-	}
-	return nil
-}
-
-// settle waits until every queued copy has finished, bounded by ctx or, once
-// ctx is done, by finalWait.
-func (f *deviceFill) settle(ctx context.Context) error {
-	ctx, cancel := bounded(ctx)
-	defer cancel()
-	for _, l := range f.lanes {
-		if err := l.Sync(ctx); err != nil {
-			return err
-		}
-	}
-	return f.stream.Sync(ctx)
-}
-
-// abandon gives back a bucket still being filled, once no copy into it is
-// in flight. If that cannot be known, the buffer stays out of the pool
-// (Pool.Close then reports it) rather than be reused under a copy.
-func (f *deviceFill) abandon(ctx context.Context, b *Bucket) error {
-	f.resetQueues()
-	if err := f.settle(ctx); err != nil {
-		return fmt.Errorf("pack: bucket %d kept out of the pool: its copies did not finish: %w", b.Meta.Seq, err)
-	}
-	b.Release()
-	return nil
-}
-
-// endRound ends a round. After a round that succeeded it stops the staging
-// readers, waits for the round's copies and returns the GPU's time on each
-// bucket of a traced round; the rest (streams, the staging ring's slots,
-// kernels' descriptor memory, the checksums of buckets still travelling)
-// stays for the next round. After a failed round, or when a wait fails, it
-// closes f.
-func (f *deviceFill) endRound(ctx context.Context, failed bool) ([]gpuSpan, error) {
-	if failed {
-		return nil, f.close(ctx)
-	}
-	f.resetQueues()
-	if f.ring != nil {
-		if err := f.ring.Stop(ctx); err != nil {
-			return nil, errors.Join(fmt.Errorf("pack: %w", err), f.close(ctx))
-		}
-	}
-	if err := f.settle(ctx); err != nil {
-		return nil, errors.Join(err, f.close(ctx))
-	}
-	f.qw = nil
-	if err := f.freeSpent(); err != nil {
-		return nil, errors.Join(fmt.Errorf("pack: %w", err), f.close(ctx))
-	}
-	// The GPU's times only inform the trace: where they cannot be
-	// read, the trace goes without them rather than fail the round.
-	spans, _ := f.timeMarks(ctx)
-	return spans, nil
-}
-
-// close stops the staging readers, waits for the copies, then frees the
-// staging ring, the kernels' memory, events and streams. On a failed wait
-// it frees nothing that a copy or a reader may still use.
-func (f *deviceFill) close(ctx context.Context) error {
-	f.resetQueues()
-	var rerr error
-	if f.ring != nil {
-		rerr = f.ring.Close(ctx) // stops its readers, waits for the copy stream
-	}
-	if err := f.settle(ctx); err != nil {
-		return errors.Join(rerr, fmt.Errorf("pack: copies still running after the round; leaving the pack state allocated: %w", err))
-	}
-	wctx, cancel := bounded(ctx)
-	defer cancel()
-	errs := []error{rerr}
-	if f.gather != nil {
-		errs = append(errs, f.gather.Close(wctx))
-	}
-	if f.sums != nil {
-		errs = append(errs, f.sums.Close(wctx))
-	}
-	errs = append(errs, f.macs.close(wctx))
-	if f.caster != nil {
-		errs = append(errs, f.caster.Close(wctx))
-	}
-	if f.quantizer != nil {
-		errs = append(errs, f.quantizer.Close(wctx))
-	}
-	errs = append(errs, f.freeSpent())
-	if f.qscales != nil {
-		errs = append(errs, f.qscales.Free())
-		f.qscales = nil
-	}
-	if f.readback != nil {
-		errs = append(errs, f.readback.Close(wctx))
-	}
-	f.closeMarks()
-	for _, l := range f.lanes {
-		errs = append(errs, l.Close())
-	}
-	errs = append(errs, f.stream.Close())
-	return errors.Join(errs...)
-}
-
-// resetQueues drops the copies collected and not yet queued.
-func (f *deviceFill) resetQueues() {
-	f.batch.Reset()
-	f.kbatch.Reset()
-	for i := range f.laneBatch {
-		f.laneBatch[i].Reset()
-	}
-	if f.caster != nil {
-		f.caster.Reset()
-	}
-}
-
-// gpuMark is the pair of timed events around the GPU's work on one bucket:
-// start on the copy stream before the bucket's first copy, end after its
-// ready event and checksum.
-type gpuMark struct {
-	seq, round uint64
-	bytes      int64
-	start, end *gpu.Event
-}
-
-// gpuSpan is when the GPU worked on one bucket, in host time.
-type gpuSpan struct {
-	seq, round uint64
-	bytes      int64
-	start, end time.Time
-}
-
-// markStart records the timed event that starts b's work on the GPU.
-func (f *deviceFill) markStart(b *Bucket) error {
-	ev, err := f.stream.RecordTimed()
-	if err != nil {
-		return fmt.Errorf("pack: recording bucket %d's start event: %w", b.Meta.Seq, err)
-	}
-	f.marks = append(f.marks, gpuMark{seq: b.Meta.Seq, round: b.Meta.Version, start: ev})
-	return nil
-}
-
-// markEnd records the timed event that ends b's work on the GPU, if its
-// start was recorded.
-func (f *deviceFill) markEnd(b *Bucket) error {
-	k := len(f.marks) - 1
-	if k < 0 || f.marks[k].seq != b.Meta.Seq || f.marks[k].end != nil {
-		return nil
-	}
-	ev, err := f.stream.RecordTimed()
-	if err != nil {
-		return fmt.Errorf("pack: recording bucket %d's end event: %w", b.Meta.Seq, err)
-	}
-	f.marks[k].end, f.marks[k].bytes = ev, b.Meta.Length
-	return nil
-}
-
-// timeMarks turns the marks of the round, whose work has finished, into
-// host times and destroys them. The GPU's clock is tied to the host's by
-// one more timed event, recorded on the idle copy stream and waited for.
-func (f *deviceFill) timeMarks(ctx context.Context) ([]gpuSpan, error) {
-	if len(f.marks) == 0 {
-		return nil, nil
-	}
-	defer f.closeMarks()
-	before := time.Now()
-	anchor, err := f.stream.RecordTimed()
-	if err != nil {
-		return nil, fmt.Errorf("pack: recording the round's clock event: %w", err)
-	}
-	defer anchor.Close()
-	if err := anchor.Wait(ctx); err != nil {
-		return nil, fmt.Errorf("pack: waiting for the round's clock event: %w", err)
-	}
-	after := time.Now()
-	at := before.Add(after.Sub(before) / 2) // when the GPU passed the anchor, give or take a few µs
-	var spans []gpuSpan
-	for _, m := range f.marks {
-		if m.end == nil {
-			continue
-		}
-		s, err := gpu.Elapsed(m.start, anchor)
-		if err != nil {
-			return nil, fmt.Errorf("pack: reading bucket %d's GPU time: %w", m.seq, err)
-		}
-		e, err := gpu.Elapsed(m.end, anchor)
-		if err != nil {
-			return nil, fmt.Errorf("pack: reading bucket %d's GPU time: %w", m.seq, err)
-		}
-		spans = append(spans, gpuSpan{seq: m.seq, round: m.round, bytes: m.bytes, start: at.Add(-s), end: at.Add(-e)})
-	}
-	return spans, nil
-}
-
-// closeMarks destroys the round's timed events.
-func (f *deviceFill) closeMarks() {
-	for _, m := range f.marks {
-		m.start.Close()
-		if m.end != nil {
-			m.end.Close()
-		}
-	}
-	f.marks = f.marks[:0]
-}
+// Both fillers are fillers.
+var (
+	_ filler = hostFill{}
+	_ filler = (*deviceFill)(nil)
+)

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // DefaultBuffers is the number of bucket buffers in a pool: two, so that
@@ -100,7 +101,7 @@ func (p *Pool) MaxHeld() int {
 }
 
 // Bucket wraps buf in a Bucket whose Release returns buf to this pool.
-func (p *Pool) Bucket(buf mem.Buffer, meta BucketMeta) *Bucket {
+func (p *Pool) Bucket(buf mem.Buffer, meta wire.BucketMeta) *Bucket {
 	return &Bucket{Meta: meta, Buf: buf, put: p.Put}
 }
 

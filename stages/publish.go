@@ -6,6 +6,7 @@ import (
 
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Publish adds the stage that sends each bucket's metadata through pub
@@ -44,11 +45,11 @@ func publish(ctx context.Context, b *Bucket, pub transport.Publisher) error {
 	if err := awaitMAC(ctx, b); err != nil {
 		return err
 	}
-	msg, err := EncodeMeta(m)
+	msg, err := wire.EncodeMeta(m)
 	if err != nil {
 		return err
 	}
-	msg = sealMessage(b.auth, m.Seq, msg)
+	msg = wire.Seal(b.auth, m.Seq, msg)
 	span.Args(map[string]any{"meta_bytes": len(msg)})
 	return pub.Publish(ctx, m.Seq, msg)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // QuantizeConfig chooses a rollout quantization (see package quant).
@@ -78,8 +79,8 @@ type quantSource struct {
 	sel *quant.Selector
 
 	mu      sync.Mutex
-	infoSrc *SourceInfo
-	info    *SourceInfo
+	infoSrc *wire.SourceInfo
+	info    *wire.SourceInfo
 }
 
 // quantized is what the two tensors of one quantized weight share: the
@@ -145,8 +146,8 @@ func (q *quantSource) wrap(t *Tensor) (codes, scales *Tensor, err error) {
 // newQuantized returns the tensors of weight t quantized.
 func newQuantized(t *Tensor) (codes, scales *Tensor, err error) {
 	rows, cols := t.Shape[0], t.Shape[1]
-	if len(t.Name)+len(quant.ScaleSuffix) > MaxNameLen {
-		return nil, nil, fmt.Errorf("quantize: tensor %q: the name of its scales would exceed the limit of %d bytes", t.Name, MaxNameLen)
+	if len(t.Name)+len(quant.ScaleSuffix) > wire.MaxNameLen {
+		return nil, nil, fmt.Errorf("quantize: tensor %q: the name of its scales would exceed the limit of %d bytes", t.Name, wire.MaxNameLen)
 	}
 	nbr, nbc := quant.ScaleShape(rows, cols)
 	q := &quantized{w: t, from: t.held(), rows: rows, cols: cols, nbr: nbr, nbc: nbc,
@@ -161,7 +162,7 @@ func newQuantized(t *Tensor) (codes, scales *Tensor, err error) {
 // none. Shards that do not list their tensors' dtypes and shapes are
 // described as src describes them. The result is shared and must not be
 // modified.
-func (q *quantSource) SourceInfo() *SourceInfo {
+func (q *quantSource) SourceInfo() *wire.SourceInfo {
 	d, ok := q.src.(Describer)
 	if !ok {
 		return nil
@@ -175,7 +176,7 @@ func (q *quantSource) SourceInfo() *SourceInfo {
 	return q.info
 }
 
-func (q *quantSource) describe(info *SourceInfo) *SourceInfo {
+func (q *quantSource) describe(info *wire.SourceInfo) *wire.SourceInfo {
 	if info == nil {
 		return nil
 	}
@@ -185,7 +186,7 @@ func (q *quantSource) describe(info *SourceInfo) *SourceInfo {
 		if len(sh.DTypes) != len(sh.Tensors) || len(sh.Shapes) != len(sh.Tensors) {
 			continue
 		}
-		var ns ShardInfo = sh
+		var ns wire.ShardInfo = sh
 		ns.Tensors, ns.DTypes, ns.Shapes = nil, nil, nil
 		for j, name := range sh.Tensors {
 			picked, err := q.sel.Select(name, sh.DTypes[j], sh.Shapes[j])

@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // stagingPrefix starts the name of the hidden directory a SafetensorsSink
@@ -173,7 +174,7 @@ type stShard struct {
 
 // Begin starts writing round version as described by info (nil or without
 // shards: one file). It abandons a round begun and never committed.
-func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.abortLocked(); err != nil {
@@ -191,7 +192,7 @@ func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *Sourc
 	return s.failLocked(s.begin(ctx, r, info))
 }
 
-func (s *SafetensorsSink) begin(ctx context.Context, r *stRound, info *SourceInfo) error {
+func (s *SafetensorsSink) begin(ctx context.Context, r *stRound, info *wire.SourceInfo) error {
 	if err := s.plan(r, info); err != nil {
 		return err
 	}
@@ -225,7 +226,7 @@ func (s *SafetensorsSink) failLocked(err error) error {
 
 // plan lays out the round's files from info, checking what came from the
 // wire: plain, distinct file names and tensor names seen once.
-func (s *SafetensorsSink) plan(r *stRound, info *SourceInfo) error {
+func (s *SafetensorsSink) plan(r *stRound, info *wire.SourceInfo) error {
 	if info == nil || len(info.Shards) == 0 {
 		if !plainName(s.opts.fileName) {
 			return fmt.Errorf("safetensors sink: file name %q is not a plain file name", s.opts.fileName)
@@ -288,7 +289,7 @@ func (s *SafetensorsSink) plan(r *stRound, info *SourceInfo) error {
 // shardLayout returns the tensors of si with their announced dtypes and
 // shapes, nil when si announces none, and an error when the announcement
 // is malformed.
-func shardLayout(si ShardInfo) ([]safetensors.TensorInfo, error) {
+func shardLayout(si wire.ShardInfo) ([]safetensors.TensorInfo, error) {
 	if len(si.DTypes) == 0 && len(si.Shapes) == 0 {
 		return nil, nil
 	}
@@ -299,8 +300,8 @@ func shardLayout(si ShardInfo) ([]safetensors.TensorInfo, error) {
 	layout := make([]safetensors.TensorInfo, len(si.Tensors))
 	for i, name := range si.Tensors {
 		dt, shape := si.DTypes[i], si.Shapes[i]
-		if len(shape) > MaxRank {
-			return nil, fmt.Errorf("safetensors sink: the source announces tensor %q in %s with %d dimensions; the limit is %d", name, si.File, len(shape), MaxRank)
+		if len(shape) > wire.MaxRank {
+			return nil, fmt.Errorf("safetensors sink: the source announces tensor %q in %s with %d dimensions; the limit is %d", name, si.File, len(shape), wire.MaxRank)
 		}
 		if _, err := dt.Bytes(shape); err != nil {
 			return nil, fmt.Errorf("safetensors sink: the source announces tensor %q in %s as %s%v: %w", name, si.File, dt, shape, err)
@@ -325,7 +326,7 @@ func (r *stRound) skipDone() {
 }
 
 // Load writes one entry's bytes into its file.
-func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (s *SafetensorsSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -337,7 +338,7 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *Entry, data []byte) error
 	return s.failLocked(s.load(ctx, s.round, e, data))
 }
 
-func (s *SafetensorsSink) load(ctx context.Context, r *stRound, e *Entry, data []byte) error {
+func (s *SafetensorsSink) load(ctx context.Context, r *stRound, e *wire.Entry, data []byte) error {
 	if r.cur >= len(r.shards) {
 		return fmt.Errorf("safetensors sink: tensor %q arrived after every file of the source was complete; the round does not match its source description", e.Name)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // TestSafetensorsSinkRounds writes a sharded checkpoint, then a different
@@ -102,12 +103,12 @@ func TestSafetensorsSinkSynthetic(t *testing.T) {
 func TestSafetensorsSinkMismatch(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	info := &SourceInfo{Format: "safetensors", Shards: []ShardInfo{
+	info := &wire.SourceInfo{Format: "safetensors", Shards: []wire.ShardInfo{
 		{File: "a.safetensors", Tensors: []string{"x", "y"}},
 		{File: "b.safetensors", Tensors: []string{"z"}},
 	}}
-	entry := func(name string, chunk, size, total int64) *Entry {
-		return &Entry{Name: name, DType: dtype.U8, Shape: []int64{total}, Size: size, Chunk: chunk, Total: total}
+	entry := func(name string, chunk, size, total int64) *wire.Entry {
+		return &wire.Entry{Name: name, DType: dtype.U8, Shape: []int64{total}, Size: size, Chunk: chunk, Total: total}
 	}
 	good := func(s *SafetensorsSink, version uint64) {
 		t.Helper()
@@ -183,7 +184,7 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 	}
 	// A description naming files outside the directory is refused.
 	for _, bad := range []string{"../evil.safetensors", "sub/a.safetensors", "", stagingPrefix + "x"} {
-		err := s.Begin(ctx, 3, &SourceInfo{Shards: []ShardInfo{{File: bad}}})
+		err := s.Begin(ctx, 3, &wire.SourceInfo{Shards: []wire.ShardInfo{{File: bad}}})
 		if err == nil {
 			t.Fatalf("file name %q accepted", bad)
 		}
@@ -203,24 +204,24 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 // them, and a tensor that arrives unlike its announcement fails the round.
 func TestSafetensorsSinkAnnounced(t *testing.T) {
 	ctx := context.Background()
-	names := func() ShardInfo { return ShardInfo{File: "a.safetensors", Tensors: []string{"x", "y"}} }
-	plain := &SourceInfo{Format: "safetensors", Metadata: map[string]string{"format": "pt"}, MetadataKeys: []string{"format"},
-		Shards: []ShardInfo{names(), {File: "b.safetensors", Tensors: []string{"z"}}}}
+	names := func() wire.ShardInfo { return wire.ShardInfo{File: "a.safetensors", Tensors: []string{"x", "y"}} }
+	plain := &wire.SourceInfo{Format: "safetensors", Metadata: map[string]string{"format": "pt"}, MetadataKeys: []string{"format"},
+		Shards: []wire.ShardInfo{names(), {File: "b.safetensors", Tensors: []string{"z"}}}}
 	announced := *plain
-	announced.Shards = []ShardInfo{names(), {File: "b.safetensors", Tensors: []string{"z"}}}
+	announced.Shards = []wire.ShardInfo{names(), {File: "b.safetensors", Tensors: []string{"z"}}}
 	announced.Shards[0].DTypes, announced.Shards[0].Shapes = []dtype.DType{dtype.U8, dtype.I16}, [][]int64{{3}, {2, 2}}
 	announced.Shards[1].DTypes, announced.Shards[1].Shapes = []dtype.DType{dtype.U8}, [][]int64{{}}
 	type load struct {
-		e    Entry
+		e    wire.Entry
 		data string
 	}
 	loads := []load{
-		{Entry{Name: "x", DType: dtype.U8, Shape: []int64{3}, Size: 2, Total: 3}, "xx"},
-		{Entry{Name: "x", DType: dtype.U8, Shape: []int64{3}, Size: 1, Chunk: 2, Total: 3}, "x"},
-		{Entry{Name: "y", DType: dtype.I16, Shape: []int64{2, 2}, Size: 8, Total: 8}, "yyyyyyyy"},
-		{Entry{Name: "z", DType: dtype.U8, Shape: []int64{}, Size: 1, Total: 1}, "z"},
+		{wire.Entry{Name: "x", DType: dtype.U8, Shape: []int64{3}, Size: 2, Total: 3}, "xx"},
+		{wire.Entry{Name: "x", DType: dtype.U8, Shape: []int64{3}, Size: 1, Chunk: 2, Total: 3}, "x"},
+		{wire.Entry{Name: "y", DType: dtype.I16, Shape: []int64{2, 2}, Size: 8, Total: 8}, "yyyyyyyy"},
+		{wire.Entry{Name: "z", DType: dtype.U8, Shape: []int64{}, Size: 1, Total: 1}, "z"},
 	}
-	write := func(info *SourceInfo) string {
+	write := func(info *wire.SourceInfo) string {
 		t.Helper()
 		dir := t.TempDir()
 		s := WriteSafetensors(dir, SafetensorsWithoutSync())
@@ -257,11 +258,11 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 	s := WriteSafetensors(dir, SafetensorsWithoutSync())
 	cases := []struct {
 		name  string
-		e     Entry
+		e     wire.Entry
 		wants string
 	}{
-		{"dtype", Entry{Name: "x", DType: dtype.I8, Shape: []int64{3}, Size: 3, Total: 3}, `tensor "x" arrived as I8[3], but the round's source description announces it as U8[3] in a.safetensors`},
-		{"shape", Entry{Name: "x", DType: dtype.U8, Shape: []int64{1, 3}, Size: 3, Total: 3}, `tensor "x" arrived as U8[1 3], but the round's source description announces it as U8[3]`},
+		{"dtype", wire.Entry{Name: "x", DType: dtype.I8, Shape: []int64{3}, Size: 3, Total: 3}, `tensor "x" arrived as I8[3], but the round's source description announces it as U8[3] in a.safetensors`},
+		{"shape", wire.Entry{Name: "x", DType: dtype.U8, Shape: []int64{1, 3}, Size: 3, Total: 3}, `tensor "x" arrived as U8[1 3], but the round's source description announces it as U8[3]`},
 	}
 	for _, c := range cases {
 		if err := s.Begin(ctx, 2, &announced); err != nil {
@@ -295,8 +296,8 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 // the wire, and are left out (so older peers decode the metadata) when
 // unknown.
 func TestSourceInfoDTypesWire(t *testing.T) {
-	m := &BucketMeta{Source: &SourceInfo{Format: "synthetic", Shards: []ShardInfo{{File: "a.safetensors", Tensors: []string{"x"}}}}}
-	b, err := EncodeMeta(m)
+	m := &wire.BucketMeta{Source: &wire.SourceInfo{Format: "synthetic", Shards: []wire.ShardInfo{{File: "a.safetensors", Tensors: []string{"x"}}}}}
+	b, err := wire.EncodeMeta(m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,13 +305,13 @@ func TestSourceInfoDTypesWire(t *testing.T) {
 		t.Fatalf("a shard without dtypes encodes them: %s", b)
 	}
 	m.Source.Shards[0].DTypes, m.Source.Shards[0].Shapes = []dtype.DType{dtype.BF16}, [][]int64{{2, 3}}
-	if b, err = EncodeMeta(m); err != nil {
+	if b, err = wire.EncodeMeta(m); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Contains(b, []byte(`"dtypes":["BF16"],"shapes":[[2,3]]`)) {
 		t.Fatalf("encoded %s", b)
 	}
-	got, err := DecodeMeta(b)
+	got, err := wire.DecodeMeta(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +323,7 @@ func TestSourceInfoDTypesWire(t *testing.T) {
 // TestCastSourceInfo checks that Cast announces the cast dtype for the
 // tensors it casts, and leaves its source's description alone.
 func TestCastSourceInfo(t *testing.T) {
-	info := &SourceInfo{Format: "safetensors", Shards: []ShardInfo{
+	info := &wire.SourceInfo{Format: "safetensors", Shards: []wire.ShardInfo{
 		{File: "a", Tensors: []string{"w", "i"}, DTypes: []dtype.DType{dtype.F32, dtype.I64}, Shapes: [][]int64{{2}, {2}}},
 		{File: "b", Tensors: []string{"h"}, DTypes: []dtype.DType{dtype.BF16}, Shapes: [][]int64{{4}}},
 	}}
@@ -336,7 +337,7 @@ func TestCastSourceInfo(t *testing.T) {
 	if got := castInfo(info, dtype.F32); !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.F32}) || !slices.Equal(got.Shards[0].DTypes, info.Shards[0].DTypes) {
 		t.Fatalf("cast to F32 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
 	}
-	noFloats := &SourceInfo{Shards: []ShardInfo{{File: "a", Tensors: []string{"i"}, DTypes: []dtype.DType{dtype.I64}, Shapes: [][]int64{{2}}}}}
+	noFloats := &wire.SourceInfo{Shards: []wire.ShardInfo{{File: "a", Tensors: []string{"i"}, DTypes: []dtype.DType{dtype.I64}, Shapes: [][]int64{{2}}}}}
 	if castInfo(noFloats, dtype.BF16) != noFloats {
 		t.Fatal("castInfo copied a description it does not change")
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/weightcast/weightcast/blame"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // RoundStats describes one finished (or failed) round on one rank.
@@ -47,7 +48,7 @@ type SenderConfig struct {
 	// example a filter that drops frozen tensors.
 	Wrap func(p *pipeline.Pipeline, in *pipeline.Stream[*Tensor]) *pipeline.Stream[*Tensor]
 	// Progress, when set, is called after each bucket has been moved.
-	Progress func(*BucketMeta)
+	Progress func(*wire.BucketMeta)
 	// NoDirect packs every bucket even where every receiver could read
 	// the sender's device tensors in place (see Sender), to compare.
 	NoDirect bool

@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // u8 is the entry of a whole U8 tensor of n bytes.
-func u8(name string, n int64) *Entry {
-	return &Entry{Name: name, DType: dtype.U8, Shape: []int64{n}, Size: n, Total: n}
+func u8(name string, n int64) *wire.Entry {
+	return &wire.Entry{Name: name, DType: dtype.U8, Shape: []int64{n}, Size: n, Total: n}
 }
 
 func fill(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
@@ -120,7 +121,7 @@ func TestShadowCopies(t *testing.T) {
 	if err := h.Begin(ctx, 6, nil); err != nil {
 		t.Fatal(err)
 	}
-	e := &Entry{Name: "a", DType: dtype.U8, Shape: []int64{2, 16}, Size: 32, Total: 32}
+	e := &wire.Entry{Name: "a", DType: dtype.U8, Shape: []int64{2, 16}, Size: 32, Total: 32}
 	if err := h.Load(ctx, e, fill(32, 6)); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // HostTensor is one tensor held by a HostModel.
@@ -82,7 +83,7 @@ func (h *HostModel) Holding() Holding {
 
 // Begin starts a round: with a shadow, it forgets what an unfinished
 // round loaded.
-func (h *HostModel) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+func (h *HostModel) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
 	if h.shadow {
 		clear(h.loaded)
 		h.pending = 0
@@ -92,7 +93,7 @@ func (h *HostModel) Begin(ctx context.Context, version uint64, info *SourceInfo)
 
 // Load copies the entry's bytes into the tensor's place: the served
 // tensor, or with a shadow its copy in the spare model.
-func (h *HostModel) Load(ctx context.Context, e *Entry, data []byte) error {
+func (h *HostModel) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if h.shadow {
 		return h.loadShadow(e, data)
 	}
@@ -108,7 +109,7 @@ func (h *HostModel) Load(ctx context.Context, e *Entry, data []byte) error {
 	return nil
 }
 
-func (h *HostModel) loadShadow(e *Entry, data []byte) error {
+func (h *HostModel) loadShadow(e *wire.Entry, data []byte) error {
 	t := h.spare[e.Name]
 	if !h.loaded[e.Name] && (!fits(t, e) || h.serves(e.Name, t)) {
 		// A new tensor, a changed one, or one the spare shares with
@@ -134,11 +135,11 @@ func (h *HostModel) serves(name string, t *HostTensor) bool {
 	return t != nil && h.tensors[name] == t
 }
 
-func fits(t *HostTensor, e *Entry) bool {
+func fits(t *HostTensor, e *wire.Entry) bool {
 	return t != nil && t.DType == e.DType && slices.Equal(t.Shape, e.Shape)
 }
 
-func newHostTensor(e *Entry) *HostTensor {
+func newHostTensor(e *wire.Entry) *HostTensor {
 	return &HostTensor{DType: e.DType, Shape: slices.Clone(e.Shape), Data: make([]byte, e.Total)}
 }
 
@@ -251,7 +252,7 @@ func NewChecksumSink() *ChecksumSink {
 }
 
 // Load adds the entry's bytes to its tensor's checksum.
-func (c *ChecksumSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (c *ChecksumSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if e.Whole() {
 		c.Sums[e.Name] = checksum.Sum(data)
 	} else {
@@ -299,7 +300,7 @@ type callbackSink struct {
 	partial map[string][]byte
 }
 
-func (c *callbackSink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (c *callbackSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if e.Whole() {
 		return c.fn(ctx, Received{Name: e.Name, DType: e.DType, Shape: e.Shape, Data: data})
 	}
@@ -348,7 +349,7 @@ type VerifySink struct {
 func (v *VerifySink) Holding() Holding { return HoldsNothing }
 
 // Load compares the entry's bytes with the source's, in 1 MiB pieces.
-func (v *VerifySink) Load(ctx context.Context, e *Entry, data []byte) error {
+func (v *VerifySink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	t, ok := v.want.Lookup(e.Name)
 	if !ok {
 		return fmt.Errorf("received tensor %q that the source does not have", e.Name)

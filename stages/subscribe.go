@@ -7,6 +7,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Subscribe adds a receiver's source stage: it takes each bucket's metadata
@@ -25,14 +26,14 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			if err != nil {
 				return err
 			}
-			data, err := openMessage(keys, msg.Seq, msg.Data)
+			data, err := wire.Open(keys, msg.Seq, msg.Data)
 			if err != nil {
 				return fmt.Errorf("the metadata of bucket %d: %w", msg.Seq, err)
 			}
-			if isCommit(data) {
-				return fmt.Errorf("message %d is a commit message (%s) where the metadata of bucket %d was expected: the root and this rank disagree on where the round ends", msg.Seq, quote(data), want)
+			if wire.IsCommit(data) {
+				return fmt.Errorf("message %d is a commit message (%s) where the metadata of bucket %d was expected: the root and this rank disagree on where the round ends", msg.Seq, wire.Excerpt(data), want)
 			}
-			meta, err := DecodeMeta(data)
+			meta, err := wire.DecodeMeta(data)
 			if err != nil {
 				return err
 			}

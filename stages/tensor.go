@@ -8,6 +8,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Tensor is one named array of weights as a Source yields it. Its bytes are
@@ -141,11 +142,11 @@ func (t *Tensor) Validate() (size int64, err error) {
 	if t.Name == "" {
 		return 0, fmt.Errorf("tensor with empty name (dtype %s, shape %v): every tensor needs a unique name", t.DType, t.Shape)
 	}
-	if len(t.Name) > MaxNameLen {
-		return 0, fmt.Errorf("tensor name of %d bytes exceeds the limit of %d: %.40q...", len(t.Name), MaxNameLen, t.Name)
+	if len(t.Name) > wire.MaxNameLen {
+		return 0, fmt.Errorf("tensor name of %d bytes exceeds the limit of %d: %.40q...", len(t.Name), wire.MaxNameLen, t.Name)
 	}
-	if len(t.Shape) > MaxRank {
-		return 0, fmt.Errorf("tensor %q has %d dimensions; the limit is %d", t.Name, len(t.Shape), MaxRank)
+	if len(t.Shape) > wire.MaxRank {
+		return 0, fmt.Errorf("tensor %q has %d dimensions; the limit is %d", t.Name, len(t.Shape), wire.MaxRank)
 	}
 	size, err = t.Size()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The unpack stage: a received bucket checked and turned into views.
@@ -42,7 +43,7 @@ import (
 
 // View is one entry of a received bucket with its bytes.
 type View struct {
-	Entry *Entry
+	Entry *wire.Entry
 	// Data is the entry's bytes inside the bucket buffer: valid only
 	// until the bucket is released. Nil for a device bucket.
 	Data []byte
@@ -134,7 +135,7 @@ type bucketCheck struct {
 }
 
 func newBucketCheck(dev *deviceCheck) *bucketCheck {
-	return &bucketCheck{got: map[string]progress{}, maxTensors: MaxTensors, dev: dev}
+	return &bucketCheck{got: map[string]progress{}, maxTensors: wire.MaxTensors, dev: dev}
 }
 
 // progress counts the bytes of one tensor received so far in a round.
@@ -245,7 +246,7 @@ func (c *bucketCheck) checkSum(ctx context.Context, b *Bucket, data []byte) erro
 // verifySum reports a bucket whose bytes' checksum, got, is not the one
 // the root sent: the one place where a mismatch is found and told, for
 // sums computed here and by load's copies.
-func verifySum(m *BucketMeta, got uint64) error {
+func verifySum(m *wire.BucketMeta, got uint64) error {
 	if got == m.Checksum {
 		return nil
 	}
@@ -266,7 +267,7 @@ func (c *bucketCheck) device(b *Bucket) (*deviceCheck, error) {
 	return c.dev, nil
 }
 
-func entryNames(es []Entry, limit int) string {
+func entryNames(es []wire.Entry, limit int) string {
 	s := ""
 	for i, e := range es {
 		if i == limit {

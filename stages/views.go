@@ -9,6 +9,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/transport"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // Views is a Sink that hands a round to a consumer bucket by bucket, as
@@ -104,7 +105,7 @@ func (v *Views) Batches() <-chan *Batch { return v.batches }
 var _ DeviceSink = (*Views)(nil)
 
 // Begin starts a round.
-func (v *Views) Begin(ctx context.Context, version uint64, info *SourceInfo) error {
+func (v *Views) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
 	v.version, v.index, v.cur, v.own, v.fences = version, 0, nil, nil, v.fences[:0]
 	return nil
 }
@@ -112,7 +113,7 @@ func (v *Views) Begin(ctx context.Context, version uint64, info *SourceInfo) err
 // Load takes a view of host bytes, which stay valid until Flush returns
 // (the DeviceSink rule), or copies a chunk of a split tensor into its
 // buffer.
-func (v *Views) Load(ctx context.Context, e *Entry, data []byte) error {
+func (v *Views) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if e.Whole() {
 		v.add(View{Entry: e, Data: data}, false)
 		return nil
@@ -130,7 +131,7 @@ func (v *Views) Load(ctx context.Context, e *Entry, data []byte) error {
 
 // LoadDevice takes a view of device memory, or queues the copy of a chunk
 // of a split tensor into its buffer on the same GPU.
-func (v *Views) LoadDevice(ctx context.Context, e *Entry, src mem.Buffer, off int64) error {
+func (v *Views) LoadDevice(ctx context.Context, e *wire.Entry, src mem.Buffer, off int64) error {
 	if ev := gpu.FenceOf(src); ev != nil && (len(v.fences) == 0 || v.fences[len(v.fences)-1] != ev) {
 		v.fences = append(v.fences, ev)
 	}
@@ -179,7 +180,7 @@ func (v *Views) add(view View, assembled bool) {
 
 // part returns the buffer tensor e is assembled in, allocated (or
 // reallocated, when its size or memory changed) at its first chunk.
-func (v *Views) part(e *Entry, dev *gpu.CUDADevice) (part, error) {
+func (v *Views) part(e *wire.Entry, dev *gpu.CUDADevice) (part, error) {
 	p, ok := v.parts[e.Name]
 	if ok && e.Chunk == 0 && (p.buf.Len() != int(e.Total) || p.dev != dev) {
 		delete(v.parts, e.Name)
@@ -223,7 +224,7 @@ func (v *Views) free(p part) error {
 	return p.buf.Free()
 }
 
-func whole(e *Entry) *Entry {
+func whole(e *wire.Entry) *wire.Entry {
 	w := *e
 	w.Offset, w.Size, w.Chunk = 0, e.Total, 0
 	return &w

@@ -10,6 +10,7 @@ import (
 	"github.com/weightcast/weightcast/stages"
 	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
 	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // rankDevice names the device a rank's buckets live on for a transport,
@@ -81,7 +82,7 @@ func newDeviceModel(dev *gpu.CUDADevice, m model) (*deviceModel, error) {
 	for i, t := range m.List() {
 		offs[i] = total
 		n, _ := t.Size()
-		total += (n + stages.Align - 1) &^ (stages.Align - 1)
+		total += (n + wire.Align - 1) &^ (wire.Align - 1)
 	}
 	buf, err := dev.Alloc(int(max(total, 1)))
 	if err != nil {

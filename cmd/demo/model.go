@@ -10,6 +10,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // model is what a round sends: a Source whose tensors can be listed and
@@ -109,7 +110,7 @@ func (m *castModel) Size() int64                               { return m.size }
 
 // SourceInfo forwards the checkpoint's description, so receivers can
 // write the same files back.
-func (m *castModel) SourceInfo() *stages.SourceInfo {
+func (m *castModel) SourceInfo() *wire.SourceInfo {
 	if d, ok := m.Source.(stages.Describer); ok {
 		return d.SourceInfo()
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // event is one line a rank reports: progress while it runs, its result at
@@ -169,7 +170,7 @@ type progress struct {
 	sent   int64
 }
 
-func (p *progress) bucket(m *stages.BucketMeta) {
+func (p *progress) bucket(m *wire.BucketMeta) {
 	p.sent += m.Length
 	if p.report != nil {
 		p.report(event{Type: "progress", Rank: 0, Round: p.round, Bytes: p.sent, Total: p.total, Elapsed: time.Since(p.start).Seconds()})
@@ -342,7 +343,7 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 // discard is the sink used without --verify: it only counts bytes.
 type discard struct{ bytes int64 }
 
-func (d *discard) Load(ctx context.Context, e *stages.Entry, data []byte) error {
+func (d *discard) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	d.bytes += int64(len(data))
 	return nil
 }
