@@ -147,8 +147,16 @@ func (p *Plan) balance() {
 func (p *Plan) stats(tp topo, load, forced, localCan []int64) {
 	st := &p.Stats
 	pairs := map[[2]int]bool{}
-	for m := range p.Moves() {
-		pairs[[2]int{m.Sender, m.Receiver}] = true
+	for _, g := range p.Groups {
+		for _, r := range g.Regions {
+			if r.choice < 0 {
+				pairs[[2]int{r.Holders[0].Sender, r.Receiver}] = true
+				continue
+			}
+			for j := range g.Tensors {
+				pairs[[2]int{r.Holders[g.choices[j][r.choice]].Sender, r.Receiver}] = true
+			}
+		}
 	}
 	st.Streams = len(pairs)
 	streams := make([]int, len(load))
