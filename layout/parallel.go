@@ -55,6 +55,7 @@ type Parallel struct {
 	spec    Spec
 	tensors []Tensor
 	kinds   []Kind
+	experts []int // the expert index of each expert tensor, else -1
 	model   Model
 }
 
@@ -67,7 +68,7 @@ func NewParallel(tensors []Tensor, rules *Rules, m Model, s Spec) (*Parallel, er
 	if rules == nil {
 		rules = DefaultRules()
 	}
-	p := &Parallel{spec: s, tensors: tensors, model: m, kinds: make([]Kind, len(tensors))}
+	p := &Parallel{spec: s, tensors: tensors, model: m, kinds: make([]Kind, len(tensors)), experts: make([]int, len(tensors))}
 	seen := make(map[string]bool, len(tensors))
 	for i, t := range tensors {
 		if err := t.Validate(); err != nil {
@@ -82,7 +83,16 @@ func NewParallel(tensors []Tensor, rules *Rules, m Model, s Spec) (*Parallel, er
 			return nil, err
 		}
 		p.kinds[i] = k
-		for g := range s.GroupSize() {
+		p.experts[i] = -1
+		if k == ExpertColumn || k == ExpertRow {
+			if e, ok := ExpertIndex(t.Name); ok {
+				p.experts[i] = e
+			}
+		}
+		// The slices depend on the TP rank, and for experts under expert
+		// parallelism on the expert's index: checking the first EP rank
+		// checks the index.
+		for g := range max(s.TP, 1) {
 			c, _ := s.Coord(g)
 			if _, _, err := k.Need(t, c, m); err != nil {
 				return nil, err
@@ -123,12 +133,7 @@ func (p *Parallel) Pieces(t int) iter.Seq2[int, Slice] {
 	return func(yield func(int, Slice) bool) {
 		s := p.spec
 		g := s.GroupSize()
-		groups := make([]Slice, g)
-		has := make([]bool, g)
-		for in := range g {
-			c, _ := s.Coord(in)
-			groups[in], has[in], _ = p.kinds[t].Need(p.tensors[t], c, p.model)
-		}
+		groups, has := p.groupSlices(t)
 		f := s.Ranks / g
 		var buf Slice
 		for i := range s.Ranks {
@@ -150,6 +155,37 @@ func (p *Parallel) Pieces(t int) iter.Seq2[int, Slice] {
 			}
 		}
 	}
+}
+
+// groupSlices returns the slice of tensor t that each rank of a group
+// needs, computing each distinct slice once: experts under expert
+// parallelism go whole to their owner, other kinds depend on the TP rank
+// only.
+func (p *Parallel) groupSlices(t int) ([]Slice, []bool) {
+	s, tn, k := p.spec, p.tensors[t], p.kinds[t]
+	g := s.GroupSize()
+	groups := make([]Slice, g)
+	has := make([]bool, g)
+	if (k == ExpertColumn || k == ExpertRow) && max(s.EP, 1) > 1 {
+		full := Full(tn.Shape)
+		for in := range g {
+			c, _ := s.Coord(in)
+			lo, hi := ExpertRange(p.model.Experts, c.EPRank, c.EPSize)
+			if e := p.experts[t]; e >= lo && e < hi {
+				groups[in], has[in] = full, true
+			}
+		}
+		return groups, has
+	}
+	tp := max(s.TP, 1)
+	for r := range tp {
+		c, _ := s.Coord(r)
+		groups[r], has[r], _ = k.Need(tn, c, p.model)
+	}
+	for in := tp; in < g; in++ {
+		groups[in], has[in] = groups[in%tp], has[in%tp]
+	}
+	return groups, has
 }
 
 // chunkInto writes ChunkDim0(s, i, n) into dst, reusing its memory.
