@@ -90,6 +90,12 @@ func TestParallelPieces(t *testing.T) {
 	if _, err := NewParallel(ts, nil, Model{}, Spec{Ranks: 3, TP: 3}); err == nil || !strings.Contains(err.Error(), "down_proj") {
 		t.Errorf("16 columns over 3: %v", err)
 	}
+	if err := (Spec{Ranks: 8, TP: 8, EP: 4}).Validate(); err == nil {
+		t.Error("EP 4 under TP 8 accepted")
+	}
+	if err := (Spec{Ranks: 12, TP: 4, EP: 6}).Validate(); err == nil {
+		t.Error("EP 6 over TP 4 accepted")
+	}
 	c, k := Spec{Ranks: 16, TP: 2, EP: 8}.Coord(13)
 	if c != (Coord{TPRank: 1, TPSize: 2, EPRank: 5, EPSize: 8}) || k != 1 {
 		t.Errorf("Coord(13) = %+v, %d", c, k)

@@ -32,6 +32,8 @@ func (s Spec) Validate() error {
 		return errors.New("TP and EP sizes must not be negative")
 	case s.Ranks%g != 0:
 		return fmt.Errorf("%d ranks are not a multiple of the group size %d (max of TP %d, EP %d)", s.Ranks, g, s.TP, s.EP)
+	case s.EP > 1 && s.EP < s.TP:
+		return fmt.Errorf("EP %d is smaller than TP %d: the EP ranks of a group are its ranks, so EP must be at least TP", s.EP, s.TP)
 	case g%max(s.TP, 1) != 0:
 		return fmt.Errorf("EP %d is not a multiple of TP %d", s.EP, s.TP)
 	}
