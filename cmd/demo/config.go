@@ -87,6 +87,9 @@ Usage:
   RANK=R WORLD_SIZE=N MASTER_ADDR=H MASTER_PORT=P demo [flags]
                                     the same, torchrun style (rank 0 serves the
                                     rendezvous on MASTER_ADDR:MASTER_PORT)
+  demo plan --config config.json [flags]
+                                    plan sharded trainer → sharded rollout
+                                    transfers on paper (demo plan --help)
 
 Flags:
 `

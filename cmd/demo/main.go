@@ -91,6 +91,9 @@ func signalName(sig syscall.Signal) string {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) > 0 && args[0] == "plan" {
+		return runPlan(args[1:], stdout, stderr) // plan.go
+	}
 	c, err := parseConfig(args, getenv)
 	if errors.Is(err, pflag.ErrHelp) {
 		writeHelp(stdout)
