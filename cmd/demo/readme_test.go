@@ -8,8 +8,9 @@ import (
 )
 
 // TestREADMEDemoLines parses every demo command line of the README (make
-// demo ARGS="…" and bin/demo …) as the demo parses its flags, so that the
-// README never shows a flag that does not exist or a value it refuses.
+// demo ARGS="…" and bin/demo …) as the demo parses its flags, and runs its
+// demo plan lines, so that the README never shows a flag that does not
+// exist or a value it refuses.
 func TestREADMEDemoLines(t *testing.T) {
 	text, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -28,6 +29,19 @@ func TestREADMEDemoLines(t *testing.T) {
 			}
 		}
 		lines++
+		if len(args) > 0 && args[0] == "plan" {
+			// Its paths are the repository root's; this test runs in cmd/demo.
+			for i := range args {
+				if i > 0 && args[i-1] == "--config" {
+					args[i] = "../../" + args[i]
+				}
+			}
+			var out, errOut strings.Builder
+			if code := runPlan(args[1:], &out, &errOut); code != exitOK {
+				t.Errorf("README: %s\n  demo plan exits %d: %s", m[0], code, errOut.String())
+			}
+			continue
+		}
 		if _, err := parseConfig(args, func(k string) string { return env[k] }); err != nil {
 			t.Errorf("README: %s\n  the demo refuses it: %v", m[0], err)
 		}
