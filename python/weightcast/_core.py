@@ -203,7 +203,7 @@ class Sender(_Rank):
     each of the two bucket buffers' size (bytes, or a string such as
     "256MiB"; 1 GiB); ``timeout`` (seconds; 120) bounds every wait;
     ``checksum=False`` turns the per-bucket checksum off. Left None, the
-    library's defaults (in brackets) apply; ``device`` ("cpu", "cuda:N", an int or a torch.device) says
+    library's defaults (in parentheses) apply; ``device`` ("cpu", "cuda:N", an int or a torch.device) says
     where the buckets live when the transport puts them on a GPU.
     ``secret_file`` (default $WEIGHTCAST_SECRET_FILE) names the group secret
     every rank must prove it holds; ``tls_ca``, ``tls_cert`` and ``tls_key``
@@ -368,7 +368,7 @@ def _describe(named_tensors):
 
 class Receiver(_Rank):
     """A receiving rank (1 .. world_size-1) of a group. Same keywords as
-    Sender, less ``dtype`` and ``serve_rendezvous``."""
+    Sender, less ``dtype``, ``quantize`` and ``serve_rendezvous``."""
 
     _open = "wc_open_receiver"
 
