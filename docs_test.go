@@ -134,17 +134,7 @@ func moduleGoFiles(t *testing.T) ([]goFile, map[string]bool) {
 	var files []goFile
 	decls := map[string]bool{}
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if d.IsDir() {
-			if path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	walkModule(t, func(path, name string) error {
 		decls["file:"+name] = true
 		if !strings.HasSuffix(name, ".go") {
 			return nil
@@ -186,10 +176,30 @@ func moduleGoFiles(t *testing.T) ([]goFile, map[string]bool) {
 		files = append(files, f)
 		return nil
 	})
+	return files, decls
+}
+
+// walkModule calls fn with the path and name of every file of the module
+// below the current directory, the module root (not in testdata, hidden
+// or node_modules directories); an error of fn fails the test.
+func walkModule(t *testing.T, fn func(path, name string) error) {
+	t.Helper()
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		return fn(path, name)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return files, decls
 }
 
 // markdownHeadings returns the headings of a Markdown text, outside code

@@ -2,13 +2,11 @@ package weightcast
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,10 +44,7 @@ func TestServedRendezvousNeedsNoRunID(t *testing.T) {
 			const world = 3
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			var s *Sender
-			rs := make([]*Receiver, world-1)
-			errs := make([]error, world)
-			var wg sync.WaitGroup
+			opts := make([]Options, world)
 			for r := range world {
 				env := map[string]string{"RANK": string(rune('0' + r)), "WORLD_SIZE": "3", "MASTER_ADDR": host, "MASTER_PORT": port}
 				for k, v := range tc.env {
@@ -62,30 +57,9 @@ func TestServedRendezvousNeedsNoRunID(t *testing.T) {
 				if o.RunID != "" || !o.ServeRendezvous {
 					t.Fatalf("rank %d: FromEnv gave run id %q, ServeRendezvous %v; want none, and a served rendezvous", r, o.RunID, o.ServeRendezvous)
 				}
-				wg.Go(func() {
-					if r == 0 {
-						s, errs[0] = OpenSender(ctx, o)
-					} else {
-						rs[r-1], errs[r] = OpenReceiver(ctx, o)
-					}
-				})
+				opts[r] = o
 			}
-			wg.Wait()
-			defer func() {
-				var wg sync.WaitGroup
-				for _, r := range rs {
-					if r != nil {
-						wg.Go(func() { r.Close() })
-					}
-				}
-				if s != nil {
-					wg.Go(func() { s.Close() })
-				}
-				wg.Wait()
-			}()
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
+			s, rs := openRanks(t, opts)
 			id := s.RunID()
 			if !strings.HasPrefix(id, "served-") || seen[id] {
 				t.Fatalf("rank 0's run id %q: want a fresh served-… id (seen: %v)", id, seen)

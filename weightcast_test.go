@@ -35,20 +35,32 @@ var groupID atomic.Int64
 // processes would, and closes them when the test ends.
 func ranks(t *testing.T, world int, o Options) (*Sender, []*Receiver) {
 	t.Helper()
+	opts := make([]Options, world)
+	for r := range world {
+		opts[r] = o
+		opts[r].Rank, opts[r].WorldSize = r, world
+		if r > 0 {
+			opts[r].ServeRendezvous = false // only rank 0 serves
+		}
+	}
+	return openRanks(t, opts)
+}
+
+// openRanks opens rank r with opts[r] (rank 0 the sender), all at once, as
+// separate processes would, and closes them when the test ends.
+func openRanks(t *testing.T, opts []Options) (*Sender, []*Receiver) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var s *Sender
-	rs := make([]*Receiver, world-1)
-	errs := make([]error, world)
+	rs := make([]*Receiver, len(opts)-1)
+	errs := make([]error, len(opts))
 	var wg sync.WaitGroup
-	for r := range world {
-		o := o
-		o.Rank, o.WorldSize = r, world
+	for r, o := range opts {
 		wg.Go(func() {
 			if r == 0 {
 				s, errs[0] = OpenSender(ctx, o)
 			} else {
-				o.ServeRendezvous = false // only rank 0 serves
 				rs[r-1], errs[r] = OpenReceiver(ctx, o)
 			}
 		})

@@ -10,7 +10,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
-	"github.com/weightcast/weightcast/nccl"
+	"github.com/weightcast/weightcast/nccl/nccltest"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/ncclx"
@@ -60,26 +60,6 @@ func TestIPCDirectRounds(t *testing.T) {
 // overNCCL): every byte verified on the receiver after each round.
 func TestNCCLRounds(t *testing.T) { overNCCL.Run(t) }
 
-// ncclMemory is GPU memory on a host that has NCCL too: where the library
-// is missing it skips, saying so.
-type ncclMemory struct{ gputest.CUDAMemory }
-
-func (m ncclMemory) Devices(tb testing.TB) int {
-	tb.Helper()
-	n := m.CUDAMemory.Devices(tb)
-	skipWithoutNCCL(tb)
-	return n
-}
-
-func skipWithoutNCCL(tb testing.TB) {
-	tb.Helper()
-	if err := nccl.Load(nccl.Options{}); errors.Is(err, nccl.ErrNoLibrary) {
-		tb.Skipf("skipping: needs NCCL: %v", err)
-	} else if err != nil {
-		tb.Fatal(err)
-	}
-}
-
 const (
 	// pipeBucket is the bucket size of BenchmarkNCCLPipeline, and
 	// pipeTensors how many of them it moves per round.
@@ -110,7 +90,7 @@ var pipelineProcs = transporttest.Procs[pipelineChild]{Env: "WEIGHTCAST_STAGESTE
 func BenchmarkNCCLPipeline(b *testing.B) {
 	gputest.SkipWithoutCUDA(b, "2 CUDA GPUs")
 	gputest.SkipWithoutDevices(b, 2, " (NCCL refuses two ranks on one GPU)")
-	skipWithoutNCCL(b)
+	nccltest.SkipWithout(b)
 	g := transporttest.NewGroup(b, "nccl-pipe")
 	kid := pipelineProcs.Start(b, 1, pipelineChild{Group: g, Count: 1 + b.N})
 	d := gputest.Open(b, 0)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/nccl/nccltest"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/ipc"
@@ -45,7 +46,7 @@ var directIPC = &Rounds{
 // synthetic model packed into device buckets on cuda:0, received into a
 // DeviceModel on cuda:1, the communicator rebuilt between the rounds.
 var overNCCL = &Rounds{
-	Name: "nccl", Transport: ncclx.Name, Memory: ncclMemory{}, DevicePerRank: true, World: 2,
+	Name: "nccl", Transport: ncclx.Name, Memory: nccltest.Memory{}, DevicePerRank: true, World: 2,
 	Model:  stages.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21},
 	Bucket: 32 << 20, Rounds: 2, Timeout: time.Minute,
 	BetweenRounds: func(ctx context.Context, ep transport.Endpoint) error { return ep.(*ncclx.Endpoint).Rebuild(ctx) },

@@ -1,33 +1,11 @@
 package ncclx
 
 import (
-	"errors"
 	"testing"
 
-	"github.com/weightcast/weightcast/gpu/gputest"
-	"github.com/weightcast/weightcast/nccl"
+	"github.com/weightcast/weightcast/nccl/nccltest"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
-
-// ncclMemory is GPU memory on a host that has NCCL too: where the library
-// is missing it skips, saying so.
-type ncclMemory struct{ gputest.CUDAMemory }
-
-func (m ncclMemory) Devices(tb testing.TB) int {
-	tb.Helper()
-	n := m.CUDAMemory.Devices(tb)
-	skipWithoutNCCL(tb)
-	return n
-}
-
-func skipWithoutNCCL(tb testing.TB) {
-	tb.Helper()
-	if err := nccl.Load(nccl.Options{}); errors.Is(err, nccl.ErrNoLibrary) {
-		tb.Skipf("skipping: needs NCCL: %v", err)
-	} else if err != nil {
-		tb.Fatal(err)
-	}
-}
 
 // conformance is the transport suite for nccl: GPU memory, one GPU per
 // rank (NCCL refuses two ranks on one), ranks as goroutines of one process
@@ -35,7 +13,7 @@ func skipWithoutNCCL(tb testing.TB) {
 // ranks, so that a root whose peer is gone blocks). It is a collective:
 // see transporttest.Suite.Collective.
 var conformance = &transporttest.Suite{
-	Name: Name, Open: Open, Memory: ncclMemory{},
+	Name: Name, Open: Open, Memory: nccltest.Memory{},
 	Ranks:         transporttest.Goroutines | transporttest.Processes,
 	DevicePerRank: true, Collective: true, MaxBucket: 64 << 20,
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/nccl"
+	"github.com/weightcast/weightcast/nccl/nccltest"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
 )
@@ -43,7 +44,7 @@ func startPair(b *testing.B, prefix string, cfg childConfig, limit time.Duration
 	b.Helper()
 	gputest.SkipWithoutCUDA(b, "2 CUDA GPUs")
 	gputest.SkipWithoutDevices(b, 2, " (NCCL refuses two ranks on one GPU)")
-	skipWithoutNCCL(b)
+	nccltest.SkipWithout(b)
 	cfg.Group = transporttest.NewGroup(b, prefix)
 	kid := procs.Start(b, 1, cfg)
 	d := gputest.Open(b, 0)
