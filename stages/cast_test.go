@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,73 +14,8 @@ import (
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 )
-
-// miniTensor is a tensor as miniRead finds it.
-type miniTensor struct {
-	DType   string  `json:"dtype"`
-	Shape   []int64 `json:"shape"`
-	Offsets []int64 `json:"data_offsets"`
-	data    []byte
-}
-
-// miniRead parses a safetensors file with encoding/json alone, as an
-// independent check of what package safetensors writes.
-func miniRead(t testing.TB, path string) (map[string]string, map[string]*miniTensor) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := binary.LittleEndian.Uint64(b)
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(b[8:8+n], &top); err != nil {
-		t.Fatalf("%s: header: %v", path, err)
-	}
-	var meta map[string]string
-	tensors := map[string]*miniTensor{}
-	var covered int64
-	for k, v := range top {
-		if k == "__metadata__" {
-			if err := json.Unmarshal(v, &meta); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		var mt miniTensor
-		if err := json.Unmarshal(v, &mt); err != nil {
-			t.Fatal(err)
-		}
-		mt.data = b[8+int64(n)+mt.Offsets[0] : 8+int64(n)+mt.Offsets[1]]
-		covered += mt.Offsets[1] - mt.Offsets[0]
-		tensors[k] = &mt
-	}
-	if covered != int64(len(b))-8-int64(n) {
-		t.Fatalf("%s: tensors cover %d of %d data bytes", path, covered, int64(len(b))-8-int64(n))
-	}
-	return meta, tensors
-}
-
-// castShards is a checkpoint of mostly F32, with every other kind of
-// tensor; lm_head is larger than the cast reader's scratch buffer.
-func castShards() [][]spec {
-	return [][]spec{
-		{
-			{"embed.weight", dtype.F32, []int64{300, 40}},
-			{"norm.weight", dtype.F32, []int64{40}},
-			{"empty", dtype.F32, []int64{0}},
-			{"bf16.weight", dtype.BF16, []int64{33, 3}},
-		},
-		{
-			{"f16.weight", dtype.F16, []int64{7, 9}},
-			{"ids", dtype.I32, []int64{100}},
-			{"flags", dtype.U8, []int64{13}},
-			{"f64.weight", dtype.F64, []int64{9}},
-			{"fp8.weight", dtype.F8E4M3, []int64{10}},
-			{"lm_head.weight", dtype.F32, []int64{200, 400}}, // 312.5 KiB
-		},
-	}
-}
 
 // convert16 converts each element of src (of dtype from) to to, element by
 // element through package cast's scalar functions.
@@ -116,22 +49,22 @@ func convert16(t testing.TB, src []byte, from, to dtype.DType) []byte {
 
 func TestCastCheckpoint(t *testing.T) {
 	src := t.TempDir()
-	data := makeShards(t, src, 11, castShards(), true)
+	data := safetensorstest.Write(t, src, 11, safetensorstest.CastShards(), true)
 	ckpt, err := OpenCheckpoint(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ckpt.Close()
 	srcTypes := map[string]dtype.DType{}
-	for _, sh := range castShards() {
+	for _, sh := range safetensorstest.CastShards() {
 		for _, s := range sh {
-			srcTypes[s.name] = s.dtype
+			srcTypes[s.Name] = s.DType
 		}
 	}
 	for _, to := range []dtype.DType{dtype.BF16, dtype.F16} {
 		for _, bucket := range []int{4 << 10, 1 << 20} {
 			t.Run(fmt.Sprintf("%s/bucket=%d", to, bucket), func(t *testing.T) {
-				outs := outDirs(t, 3)
+				outs := safetensorstest.OutDirs(t, 3)
 				syncTo(t, Cast(ckpt, to), bucket, outs, 1)
 				for _, o := range outs {
 					m, err := safetensors.OpenModel(o)
@@ -143,12 +76,12 @@ func TestCastCheckpoint(t *testing.T) {
 					}
 					m.Close()
 					n := 0
-					for _, f := range dirFiles(t, o) {
+					for _, f := range safetensorstest.DirFiles(t, o) {
 						if !strings.HasSuffix(f, ".safetensors") {
 							continue
 						}
-						meta, tensors := miniRead(t, filepath.Join(o, f))
-						if !maps.Equal(meta, testMeta) {
+						meta, tensors := safetensorstest.ReadRaw(t, filepath.Join(o, f))
+						if !maps.Equal(meta, safetensorstest.Meta) {
 							t.Fatalf("%s: metadata %v", f, meta)
 						}
 						for name, mt := range tensors {
@@ -158,9 +91,9 @@ func TestCastCheckpoint(t *testing.T) {
 							if castable(from, to) {
 								want, wantType = convert16(t, data[name], from, to), to
 							}
-							if mt.DType != wantType.String() || !bytes.Equal(mt.data, want) {
+							if mt.DType != wantType.String() || !bytes.Equal(mt.Data, want) {
 								t.Fatalf("%s: tensor %s is %s of %d bytes, want %s of %d bytes (source %s), or its values differ",
-									f, name, mt.DType, len(mt.data), wantType, len(want), from)
+									f, name, mt.DType, len(mt.Data), wantType, len(want), from)
 							}
 						}
 					}

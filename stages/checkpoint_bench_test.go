@@ -12,79 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 	"github.com/weightcast/weightcast/wire"
 )
-
-// benchCheckpoint returns a sharded checkpoint of about total bytes in
-// shards files, made once in a fixed directory under os.TempDir() and
-// reused by later runs. Its tensors are BF16, of 32 MiB, 8 MiB and 16 KiB
-// in turn, like the projections and norms of a transformer.
-func benchCheckpoint(b *testing.B, total int64, shards int) string {
-	b.Helper()
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("weightcast-bench-checkpoint-%dMiB-%d", total>>20, shards))
-	if c, err := OpenCheckpoint(dir); err == nil {
-		size := c.Size()
-		c.Close()
-		if size == total {
-			return dir
-		}
-	}
-	os.RemoveAll(dir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	sizes := []int64{32 << 20, 8 << 20, 16 << 10}
-	per := total / int64(shards)
-	var layout safetensors.ModelLayout
-	k := 0
-	for s := range shards {
-		sl := safetensors.ShardLayout{Name: fmt.Sprintf("model-%05d-of-%05d.safetensors", s+1, shards), Metadata: map[string]string{"format": "pt"}}
-		for have := int64(0); have < per; k++ {
-			n := min(sizes[k%len(sizes)], per-have)
-			sl.Tensors = append(sl.Tensors, safetensors.TensorInfo{Name: fmt.Sprintf("model.layers.%d.weight", k), DType: dtype.BF16, Shape: []int64{n / 2}})
-			have += n
-		}
-		layout.Shards = append(layout.Shards, sl)
-	}
-	layout.IndexName = safetensors.IndexFileName
-	w, err := safetensors.CreateModel(dir, layout, safetensors.WithoutSync())
-	if err != nil {
-		b.Fatal(err)
-	}
-	chunk := make([]byte, 1<<20)
-	for i := range chunk {
-		chunk[i] = byte(i*7 + i>>9)
-	}
-	for _, sh := range w.Shards() {
-		for left := sh.Size() - sh.DataOffset(); left > 0; left -= int64(len(chunk)) {
-			if _, err := sh.Write(chunk[:min(int64(len(chunk)), left)]); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	if err := w.Close(); err != nil {
-		b.Fatal(err)
-	}
-	return dir
-}
-
-// benchFiles lists the checkpoint's shard files and their total size.
-func benchFiles(b *testing.B, dir string) ([]string, int64) {
-	m, err := safetensors.OpenModel(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	var paths []string
-	var total int64
-	for _, f := range m.Shards() {
-		paths = append(paths, f.Path())
-		total += f.Size()
-	}
-	return paths, total
-}
 
 // dropCache evicts the files from the page cache, for cold reads.
 func dropCache(b *testing.B, paths []string) {
@@ -127,8 +57,8 @@ func BenchmarkCheckpoint(b *testing.B) {
 	if testing.Short() {
 		b.Skip("uses a 1 GiB checkpoint")
 	}
-	dir := benchCheckpoint(b, 1<<30, 8)
-	paths, fileBytes := benchFiles(b, dir)
+	dir := safetensorstest.Bench(b, 1<<30, 8)
+	paths, fileBytes := safetensorstest.BenchFiles(b, dir)
 	baseline := map[string]float64{} // GB/s of read/1MiB, by cache state
 	for _, cache := range []string{"warm", "cold"} {
 		prepare := func(b *testing.B) {
@@ -285,8 +215,8 @@ func BenchmarkWriteSafetensors(b *testing.B) {
 	if testing.Short() {
 		b.Skip("uses a 1 GiB checkpoint")
 	}
-	dir := benchCheckpoint(b, 1<<30, 8)
-	paths, fileBytes := benchFiles(b, dir)
+	dir := safetensorstest.Bench(b, 1<<30, 8)
+	paths, fileBytes := safetensorstest.BenchFiles(b, dir)
 	var base float64
 	b.Run("copy-files", func(b *testing.B) {
 		out := b.TempDir()

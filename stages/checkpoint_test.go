@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,142 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 	"github.com/weightcast/weightcast/wire"
 )
-
-// spec is one tensor of a test checkpoint.
-type spec struct {
-	name  string
-	dtype dtype.DType
-	shape []int64
-}
-
-// testMeta is a __metadata__ with several keys, deliberately not sorted.
-var (
-	testMeta     = map[string]string{"format": "pt", "step": "1200", "author": "weightcast \"tests\" <é>\n"}
-	testMetaKeys = []string{"step", "format", "author"}
-)
-
-// makeShards writes a checkpoint of the given shards into dir with
-// deterministic random bytes and returns the bytes of every tensor. With
-// one shard and index false it writes a single file called name.
-func makeShards(t testing.TB, dir string, seed uint64, shards [][]spec, index bool) map[string][]byte {
-	t.Helper()
-	data := map[string][]byte{}
-	rng := rand.New(rand.NewPCG(seed, 7))
-	var layout safetensors.ModelLayout
-	var total int64
-	for i, sh := range shards {
-		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
-		if !index {
-			name = "model.safetensors"
-		}
-		sl := safetensors.ShardLayout{Name: name, Metadata: testMeta, MetadataKeys: testMetaKeys}
-		for _, s := range sh {
-			sl.Tensors = append(sl.Tensors, safetensors.TensorInfo{Name: s.name, DType: s.dtype, Shape: s.shape})
-			n, err := s.dtype.Bytes(s.shape)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := make([]byte, n)
-			for j := range b {
-				b[j] = byte(rng.Uint32())
-			}
-			data[s.name] = b
-			total += n
-		}
-		layout.Shards = append(layout.Shards, sl)
-	}
-	if index {
-		layout.IndexName = safetensors.IndexFileName
-		layout.IndexMetadata = map[string]any{"total_size": json.Number(fmt.Sprint(total)), "note": "sharded for tests"}
-	}
-	w, err := safetensors.CreateModel(dir, layout, safetensors.WithoutSync())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range data {
-		if err := w.WriteTensorAt(name, b, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
-// testShards is a small checkpoint of several dtypes: a tensor larger than
-// 1 MiB (the largest test bucket), a zero-element tensor, odd sizes.
-func testShards() [][]spec {
-	return [][]spec{
-		{
-			{"model.embed_tokens.weight", dtype.BF16, []int64{640, 1024}}, // 1.25 MiB
-			{"model.layers.0.input_layernorm.weight", dtype.F32, []int64{1024}},
-			{"model.rotary_emb.unused", dtype.F32, []int64{0, 8}},
-		},
-		{
-			{"model.layers.0.self_attn.q_proj.weight", dtype.BF16, []int64{96, 1000}},
-			{"model.layers.0.self_attn.k_proj.bias", dtype.F16, []int64{77}},
-			{"model.layers.0.mlp.gate.weight", dtype.F32, []int64{33, 129}},
-			{"model.position_ids", dtype.I64, []int64{1, 513}},
-			{"model.mask", dtype.BOOL, []int64{31}},
-		},
-		{
-			{"model.norm.weight", dtype.F64, []int64{5}},
-			{"model.quant.scale", dtype.U8, []int64{1000}},
-			{"lm_head.weight", dtype.F32, []int64{128, 700}},
-		},
-	}
-}
-
-// dirFiles returns the names of the regular files in dir, sorted, and
-// fails on anything else (a leftover staging directory).
-func dirFiles(t testing.TB, dir string) []string {
-	t.Helper()
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range es {
-		if !e.Type().IsRegular() {
-			t.Fatalf("%s holds %s, which is not a regular file (a leftover round?)", dir, e.Name())
-		}
-		out = append(out, e.Name())
-	}
-	return out
-}
-
-// sameFiles fails unless dir got holds exactly the files of dir want, each
-// byte for byte.
-func sameFiles(t testing.TB, want, got string) {
-	t.Helper()
-	wn, gn := dirFiles(t, want), dirFiles(t, got)
-	if !slices.Equal(wn, gn) {
-		t.Fatalf("%s has files %q, want %q", got, gn, wn)
-	}
-	for _, n := range wn {
-		a, err := os.ReadFile(filepath.Join(want, n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(filepath.Join(got, n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(a, b) {
-			i := 0
-			for i < len(a) && i < len(b) && a[i] == b[i] {
-				i++
-			}
-			t.Fatalf("%s differs from the source %s (%d vs %d bytes) from byte %d:\n got  %.120q\n want %.120q",
-				filepath.Join(got, n), filepath.Join(want, n), len(b), len(a), i, b[max(0, i-40):], a[max(0, i-40):])
-		}
-	}
-}
 
 // syncTo runs rounds of src through a new group of 1+len(outs) ranks whose
 // receivers write with WriteSafetensors into outs.
@@ -173,23 +40,14 @@ func syncTo(t *testing.T, src Source, bucket int, outs []string, rounds int) []*
 	return sts
 }
 
-func outDirs(t *testing.T, n int) []string {
-	base := t.TempDir()
-	out := make([]string, n)
-	for i := range out {
-		out[i] = filepath.Join(base, fmt.Sprintf("rank%d", i+1))
-	}
-	return out
-}
-
 func TestCheckpointRoundTrip(t *testing.T) {
 	for _, layout := range []string{"single", "sharded"} {
 		src := t.TempDir()
-		shards := testShards()
+		shards := safetensorstest.Shards()
 		if layout == "single" {
-			shards = [][]spec{slices.Concat(shards...)}
+			shards = [][]safetensorstest.Spec{slices.Concat(shards...)}
 		}
-		makeShards(t, src, 1, shards, layout == "sharded")
+		safetensorstest.Write(t, src, 1, shards, layout == "sharded")
 		ckpt, err := OpenCheckpoint(src)
 		if err != nil {
 			t.Fatal(err)
@@ -197,10 +55,10 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		defer ckpt.Close()
 		for _, bucket := range []int{4 << 10, 64 << 10, 1 << 20} {
 			t.Run(fmt.Sprintf("%s/bucket=%d", layout, bucket), func(t *testing.T) {
-				outs := outDirs(t, 3)
+				outs := safetensorstest.OutDirs(t, 3)
 				syncTo(t, ckpt, bucket, outs, 2)
 				for _, o := range outs {
-					sameFiles(t, src, o)
+					safetensorstest.SameFiles(t, src, o)
 				}
 			})
 		}
@@ -220,12 +78,12 @@ func TestCheckpointReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ckpt.Close()
-			outs := outDirs(t, 3)
+			outs := safetensorstest.OutDirs(t, 3)
 			syncTo(t, ckpt, 1<<10, outs, 1)
 			want := path
 			if !strings.HasSuffix(c, ".safetensors") {
 				for _, o := range outs {
-					sameFiles(t, want, o)
+					safetensorstest.SameFiles(t, want, o)
 				}
 				return
 			}
@@ -234,7 +92,7 @@ func TestCheckpointReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, o := range outs {
-				if n := dirFiles(t, o); !slices.Equal(n, []string{c}) {
+				if n := safetensorstest.DirFiles(t, o); !slices.Equal(n, []string{c}) {
 					t.Fatalf("%s holds %q, want only %s", o, n, c)
 				}
 				b, err := os.ReadFile(filepath.Join(o, c))
@@ -251,14 +109,14 @@ func TestCheckpointReference(t *testing.T) {
 
 func TestCheckpointSourceInfo(t *testing.T) {
 	src := t.TempDir()
-	data := makeShards(t, src, 2, testShards(), true)
+	data := safetensorstest.Write(t, src, 2, safetensorstest.Shards(), true)
 	ckpt, err := OpenCheckpoint(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ckpt.Close()
 	info := ckpt.SourceInfo()
-	if info.Format != "safetensors" || !slices.Equal(info.MetadataKeys, testMetaKeys) || info.Metadata["author"] != testMeta["author"] {
+	if info.Format != "safetensors" || !slices.Equal(info.MetadataKeys, safetensorstest.MetaKeys) || info.Metadata["author"] != safetensorstest.Meta["author"] {
 		t.Fatalf("info %+v", info)
 	}
 	if len(info.Shards) != 3 || info.Shards[1].File != "model-00002-of-00003.safetensors" || info.Shards[1].Tensors[2] != "model.layers.0.mlp.gate.weight" || info.Shards[1].Metadata != nil {
@@ -306,7 +164,7 @@ func TestCheckpointSourceInfo(t *testing.T) {
 
 func TestCheckpointOpenErrors(t *testing.T) {
 	dir := t.TempDir()
-	makeShards(t, dir, 3, testShards(), true)
+	safetensorstest.Write(t, dir, 3, safetensorstest.Shards(), true)
 	// A shard that does not match the index: errors from package
 	// safetensors pass through, naming file and tensor.
 	p := filepath.Join(dir, "model-00003-of-00003.safetensors")
@@ -390,13 +248,13 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			src := t.TempDir()
-			makeShards(t, src, 4, testShards(), true)
+			safetensorstest.Write(t, src, 4, safetensorstest.Shards(), true)
 			ckpt, err := OpenCheckpoint(src)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ckpt.Close()
-			outs := outDirs(t, 3)
+			outs := safetensorstest.OutDirs(t, 3)
 			g := newGroup(t, groupOpts{world: 4, bucket: 4 << 10, checksum: true})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -441,9 +299,9 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 			// nothing of the failed round beside them (the receivers
 			// aborted their sinks), and each receiver says so.
 			ref := t.TempDir()
-			makeShards(t, ref, 4, testShards(), true)
+			safetensorstest.Write(t, ref, 4, safetensorstest.Shards(), true)
 			for i, o := range outs {
-				sameFiles(t, ref, o)
+				safetensorstest.SameFiles(t, ref, o)
 				if st := g.receivers[i].State(); st != StateIntact {
 					t.Errorf("receiver %d: state %v after a failed round that left its files as they were, want intact", i+1, st)
 				}
@@ -454,7 +312,7 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 
 func TestCheckpointReadAhead(t *testing.T) {
 	src := t.TempDir()
-	data := makeShards(t, src, 5, testShards(), true)
+	data := safetensorstest.Write(t, src, 5, safetensorstest.Shards(), true)
 	for _, window := range []int64{0, 4 << 10, 1 << 20} {
 		ckpt, err := OpenCheckpoint(src, WithReadAhead(window))
 		if err != nil {

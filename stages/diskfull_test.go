@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/internal/faultfs"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -37,14 +38,14 @@ func (u undescribed) SourceInfo() *wire.SourceInfo {
 // reports its model intact, and once there is room the next round works.
 func TestSafetensorsSinkDiskFull(t *testing.T) {
 	src := t.TempDir()
-	makeShards(t, src, 9, testShards(), true)
+	safetensorstest.Write(t, src, 9, safetensorstest.Shards(), true)
 	ckpt, err := OpenCheckpoint(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ckpt.Close()
 	var size int64 // the bytes of one round's files
-	for _, f := range dirFiles(t, src) {
+	for _, f := range safetensorstest.DirFiles(t, src) {
 		st, err := os.Stat(filepath.Join(src, f))
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +60,7 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/room %d of %d", c.name, room, size), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				outs := outDirs(t, 2)
+				outs := safetensorstest.OutDirs(t, 2)
 				disk := faultfs.New(3 * size)
 				g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true})
 				sinks := []Sink{WriteSafetensors(outs[0], SafetensorsWithFS(disk)), WriteSafetensors(outs[1], SafetensorsWithoutSync())}
@@ -80,7 +81,7 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 					}
 				}
 				for i, o := range outs {
-					sameFiles(t, src, o) // fails on a leftover round directory
+					safetensorstest.SameFiles(t, src, o) // fails on a leftover round directory
 					if st := g.receivers[i].State(); st != StateIntact {
 						t.Errorf("receiver %d: state %v, want intact", i+1, st)
 					}
@@ -97,7 +98,7 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 				if err := g.round(ctx, c.src, 3, sinks); err != nil {
 					t.Fatal(err)
 				}
-				sameFiles(t, src, outs[0])
+				safetensorstest.SameFiles(t, src, outs[0])
 			})
 		}
 	}

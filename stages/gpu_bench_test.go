@@ -14,6 +14,7 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 )
 
 // packRound runs iterate → pack over src with cfg (with pk's state, or the
@@ -306,7 +307,7 @@ func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
 func BenchmarkGPUCheckpoint(b *testing.B) {
 	d := gputest.Device(b)
 	const total = 4 << 30
-	dir := benchCheckpoint(b, total, 8)
+	dir := safetensorstest.Bench(b, total, 8)
 	warmFiles(b, dir)
 	ckpt, err := OpenCheckpoint(dir)
 	if err != nil {

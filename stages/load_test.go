@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -34,7 +35,7 @@ func (f *failAfter) Holding() Holding                                 { return H
 func snapshot(t *testing.T, dir string) string {
 	t.Helper()
 	out := t.TempDir()
-	for _, name := range dirFiles(t, dir) {
+	for _, name := range safetensorstest.DirFiles(t, dir) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +68,7 @@ func TestSafetensorsFailedRoundIntact(t *testing.T) {
 			sinks := []Sink{Sinks(files, other), bad}
 			g, _ := commitGroup(t, groupFault{}, sinks)
 			before := snapshot(t, dir)
-			if len(dirFiles(t, before)) == 0 {
+			if len(safetensorstest.DirFiles(t, before)) == 0 {
 				t.Fatal("round 1 wrote no files")
 			}
 			if c.failOwn {
@@ -83,7 +84,7 @@ func TestSafetensorsFailedRoundIntact(t *testing.T) {
 			if r.State() != StateIntact || r.Committed() != 1 {
 				t.Fatalf("rank 1: state %v, committed %d; want intact at 1 (%v)", r.State(), r.Committed(), errs[1])
 			}
-			sameFiles(t, before, dir) // and no hidden round directory left behind
+			safetensorstest.SameFiles(t, before, dir) // and no hidden round directory left behind
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 )
 
 // These need a GPU; they skip without one.
@@ -23,20 +24,20 @@ import (
 // ones.
 func stagingCheckpoint(t *testing.T, dir string) map[string][]byte {
 	t.Helper()
-	var shards [][]spec
+	var shards [][]safetensorstest.Spec
 	for s := range 3 {
-		var sh []spec
-		sh = append(sh, spec{fmt.Sprintf("s%d.big", s), dtype.BF16, []int64{5000, 4100}}) // 39 MiB
+		var sh []safetensorstest.Spec
+		sh = append(sh, safetensorstest.Spec{Name: fmt.Sprintf("s%d.big", s), DType: dtype.BF16, Shape: []int64{5000, 4100}}) // 39 MiB
 		for i := range 150 {
-			sh = append(sh, spec{fmt.Sprintf("s%d.small.%d", s, i), dtype.F32, []int64{int64(1 + i*37%700)}})
+			sh = append(sh, safetensorstest.Spec{Name: fmt.Sprintf("s%d.small.%d", s, i), DType: dtype.F32, Shape: []int64{int64(1 + i*37%700)}})
 			if i%50 == 7 {
-				sh = append(sh, spec{fmt.Sprintf("s%d.mid.%d", s, i), dtype.F16, []int64{1000, 1537}}) // 2.9 MiB
+				sh = append(sh, safetensorstest.Spec{Name: fmt.Sprintf("s%d.mid.%d", s, i), DType: dtype.F16, Shape: []int64{1000, 1537}}) // 2.9 MiB
 			}
 		}
-		sh = append(sh, spec{fmt.Sprintf("s%d.empty", s), dtype.F32, []int64{0, 3}})
+		sh = append(sh, safetensorstest.Spec{Name: fmt.Sprintf("s%d.empty", s), DType: dtype.F32, Shape: []int64{0, 3}})
 		shards = append(shards, sh)
 	}
-	return makeShards(t, dir, 11, shards, true)
+	return safetensorstest.Write(t, dir, 11, shards, true)
 }
 
 // TestGPUPackCheckpoint packs a checkpoint from disk into device buckets of
@@ -146,7 +147,7 @@ func TestGPUPackHostReadError(t *testing.T) {
 // warmFiles reads the checkpoint in dir once, so that it is in the page
 // cache.
 func warmFiles(b *testing.B, dir string) {
-	paths, _ := benchFiles(b, dir)
+	paths, _ := safetensorstest.BenchFiles(b, dir)
 	for _, p := range paths {
 		f, err := os.Open(p)
 		if err != nil {

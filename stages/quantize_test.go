@@ -15,6 +15,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 )
 
 // bf16Weights returns n normal values with standard deviation sd as BF16
@@ -171,18 +172,18 @@ func checkDequantized(t *testing.T, name string, codes, scaleBytes, w []byte, fr
 // F32 scales next to it, and read back as package quant computes them.
 func TestQuantizeCheckpoint(t *testing.T) {
 	dir := t.TempDir()
-	shards := [][]spec{
+	shards := [][]safetensorstest.Spec{
 		{
-			{"model.embed_tokens.weight", dtype.BF16, []int64{50, 64}},
-			{"model.layers.0.self_attn.o_proj.weight", dtype.BF16, []int64{200, 130}},
-			{"model.norm.weight", dtype.BF16, []int64{64}},
+			{Name: "model.embed_tokens.weight", DType: dtype.BF16, Shape: []int64{50, 64}},
+			{Name: "model.layers.0.self_attn.o_proj.weight", DType: dtype.BF16, Shape: []int64{200, 130}},
+			{Name: "model.norm.weight", DType: dtype.BF16, Shape: []int64{64}},
 		},
 		{
-			{"model.layers.0.mlp.gate_proj.weight", dtype.F16, []int64{64, 300}},
-			{"lm_head.weight", dtype.BF16, []int64{50, 64}},
+			{Name: "model.layers.0.mlp.gate_proj.weight", DType: dtype.F16, Shape: []int64{64, 300}},
+			{Name: "lm_head.weight", DType: dtype.BF16, Shape: []int64{50, 64}},
 		},
 	}
-	data := makeShards(t, dir, 5, shards, true)
+	data := safetensorstest.Write(t, dir, 5, shards, true)
 	ckpt, err := OpenCheckpoint(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +193,7 @@ func TestQuantizeCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outs := outDirs(t, 2)
+	outs := safetensorstest.OutDirs(t, 2)
 	syncTo(t, qs, 8<<10, outs, 1)
 	for _, o := range outs {
 		m, err := safetensors.OpenModel(o)
@@ -200,10 +201,10 @@ func TestQuantizeCheckpoint(t *testing.T) {
 			t.Fatalf("the package reader refuses the quantized checkpoint: %v", err)
 		}
 		m.Close()
-		found := map[string]*miniTensor{}
-		for _, f := range dirFiles(t, o) {
+		found := map[string]*safetensorstest.RawTensor{}
+		for _, f := range safetensorstest.DirFiles(t, o) {
 			if strings.HasSuffix(f, ".safetensors") {
-				_, ts := miniRead(t, filepath.Join(o, f))
+				_, ts := safetensorstest.ReadRaw(t, filepath.Join(o, f))
 				for k, v := range ts {
 					found[k] = v
 				}
@@ -211,18 +212,18 @@ func TestQuantizeCheckpoint(t *testing.T) {
 		}
 		for _, sh := range shards {
 			for _, s := range sh {
-				got := found[s.name]
-				if !quant.Default(s.name, s.dtype, s.shape) {
-					if got == nil || got.DType != s.dtype.String() || !bytes.Equal(got.data, data[s.name]) {
-						t.Fatalf("%s: %+v, want it as it was", s.name, got)
+				got := found[s.Name]
+				if !quant.Default(s.Name, s.DType, s.Shape) {
+					if got == nil || got.DType != s.DType.String() || !bytes.Equal(got.Data, data[s.Name]) {
+						t.Fatalf("%s: %+v, want it as it was", s.Name, got)
 					}
 					continue
 				}
-				rows, cols := int(s.shape[0]), int(s.shape[1])
-				codes, scales := wantQuantized(t, data[s.name], s.dtype, rows, cols)
-				sc := found[s.name+quant.ScaleSuffix]
-				if got == nil || got.DType != "F8_E4M3" || !bytes.Equal(got.data, codes) || sc == nil || sc.DType != "F32" || !bytes.Equal(sc.data, scaleBytes(scales)) {
-					t.Fatalf("%s: codes or scales missing or different", s.name)
+				rows, cols := int(s.Shape[0]), int(s.Shape[1])
+				codes, scales := wantQuantized(t, data[s.Name], s.DType, rows, cols)
+				sc := found[s.Name+quant.ScaleSuffix]
+				if got == nil || got.DType != "F8_E4M3" || !bytes.Equal(got.Data, codes) || sc == nil || sc.DType != "F32" || !bytes.Equal(sc.Data, scaleBytes(scales)) {
+					t.Fatalf("%s: codes or scales missing or different", s.Name)
 				}
 			}
 		}

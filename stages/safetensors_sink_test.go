@@ -12,6 +12,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -20,9 +21,9 @@ import (
 // the first, leaving none of its files.
 func TestSafetensorsSinkRounds(t *testing.T) {
 	a, b := t.TempDir(), t.TempDir()
-	makeShards(t, a, 21, testShards(), true)
-	shardsB := castShards()
-	makeShards(t, b, 22, [][]spec{append(shardsB[0], shardsB[1]...)}, false)
+	safetensorstest.Write(t, a, 21, safetensorstest.Shards(), true)
+	shardsB := safetensorstest.CastShards()
+	safetensorstest.Write(t, b, 22, [][]safetensorstest.Spec{append(shardsB[0], shardsB[1]...)}, false)
 	ca, err := OpenCheckpoint(a)
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +34,7 @@ func TestSafetensorsSinkRounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cb.Close()
-	outs := outDirs(t, 3)
+	outs := safetensorstest.OutDirs(t, 3)
 	g := newGroup(t, groupOpts{world: 4, bucket: 16 << 10, checksum: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -49,9 +50,9 @@ func TestSafetensorsSinkRounds(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, o := range outs {
-			sameFiles(t, c.dir, o)
+			safetensorstest.SameFiles(t, c.dir, o)
 			files := sinks[i].(*SafetensorsSink).Files()
-			if want := len(dirFiles(t, c.dir)); len(files) != want {
+			if want := len(safetensorstest.DirFiles(t, c.dir)); len(files) != want {
 				t.Fatalf("round %d: Files() = %q, want %d files", round+1, files, want)
 			}
 		}
@@ -65,7 +66,7 @@ func TestSafetensorsSinkSynthetic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outs := outDirs(t, 2)
+	outs := safetensorstest.OutDirs(t, 2)
 	g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10})
 	sinks := []Sink{WriteSafetensors(outs[0]), WriteSafetensors(outs[1], SafetensorsFileName("weights.safetensors"), SafetensorsWithoutSync())}
 	if err := g.round(context.Background(), m, 1, sinks); err != nil {
@@ -130,11 +131,11 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 	s := WriteSafetensors(dir, SafetensorsWithoutSync())
 	good(s, 1)
 	snapshot := t.TempDir()
-	for _, f := range dirFiles(t, dir) {
+	for _, f := range safetensorstest.DirFiles(t, dir) {
 		b, _ := os.ReadFile(filepath.Join(dir, f))
 		os.WriteFile(filepath.Join(snapshot, f), b, 0o644)
 	}
-	if got := dirFiles(t, dir); strings.Join(got, ",") != "a.safetensors,b.safetensors,model.safetensors.index.json" {
+	if got := safetensorstest.DirFiles(t, dir); strings.Join(got, ",") != "a.safetensors,b.safetensors,model.safetensors.index.json" {
 		t.Fatalf("files %q", got)
 	}
 
@@ -180,7 +181,7 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 		if err := s.Abort(); err != nil {
 			t.Fatal(err)
 		}
-		sameFiles(t, snapshot, dir)
+		safetensorstest.SameFiles(t, snapshot, dir)
 	}
 	// A description naming files outside the directory is refused.
 	for _, bad := range []string{"../evil.safetensors", "sub/a.safetensors", "", stagingPrefix + "x"} {
@@ -192,10 +193,10 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 	if err := s.Commit(ctx, 3); err == nil {
 		t.Fatal("commit without a round begun")
 	}
-	sameFiles(t, snapshot, dir)
+	safetensorstest.SameFiles(t, snapshot, dir)
 	// A later good round works after all this.
 	good(s, 4)
-	sameFiles(t, snapshot, dir)
+	safetensorstest.SameFiles(t, snapshot, dir)
 }
 
 // TestSafetensorsSinkAnnounced feeds the sink a description with dtypes and
@@ -249,8 +250,8 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 		return dir
 	}
 	want, got := write(plain), write(&announced)
-	sameFiles(t, want, got)
-	if meta, tensors := miniRead(t, filepath.Join(got, "a.safetensors")); meta["format"] != "pt" || tensors["y"].DType != "I16" || string(tensors["y"].data) != "yyyyyyyy" {
+	safetensorstest.SameFiles(t, want, got)
+	if meta, tensors := safetensorstest.ReadRaw(t, filepath.Join(got, "a.safetensors")); meta["format"] != "pt" || tensors["y"].DType != "I16" || string(tensors["y"].Data) != "yyyyyyyy" {
 		t.Fatalf("a.safetensors: metadata %v, tensors %v", meta, tensors)
 	}
 
@@ -274,7 +275,7 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 		if err := s.Abort(); err != nil {
 			t.Fatal(err)
 		}
-		if left := dirFiles(t, dir); len(left) != 0 {
+		if left := safetensorstest.DirFiles(t, dir); len(left) != 0 {
 			t.Fatalf("%s: the failed round left %q", c.name, left)
 		}
 	}
