@@ -1,8 +1,12 @@
 // Package stagestest runs whole weight-sync rounds (stages.Sender and
-// stages.Receiver) over a byte transport and the ZeroMQ metadata bus, the
-// root in the test process and every receiver in a child process of the
-// test binary: the transport tests' check that the pipeline works over
-// them end to end, with each receiver verifying every byte it holds.
+// stages.Receiver) for tests. Rounds runs them over a byte transport and
+// the ZeroMQ metadata bus, the root in the test process and every receiver
+// in a child process of the test binary: the transport tests' check that
+// the pipeline works over them end to end, with each receiver verifying
+// every byte it holds. Group runs them with every rank a goroutine of the
+// test's process over the inproc transport and bus: the rounds the tests
+// of the sinks and sources (packages sink and source) move their bytes
+// through.
 //
 // It sits under stages, not under transport: it imports stages, and
 // transport and everything under it import nothing above them (the tests
