@@ -41,8 +41,8 @@ func (c *countSink) Load(ctx context.Context, e *wire.Entry, data []byte) error 
 func (c *countSink) Commit(ctx context.Context, version uint64) error { return nil }
 
 // hostModel makes count tensors of size bytes each, in host memory.
-func hostModel(count, size int) Tensors {
-	ts := make(Tensors, count)
+func hostModel(count, size int) tensorList {
+	ts := make(tensorList, count)
 	backing := make([]byte, count*size)
 	for i := range backing {
 		backing[i] = byte(i * 7)

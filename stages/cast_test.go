@@ -115,13 +115,13 @@ func TestCastInMemory(t *testing.T) {
 	for i := range bf16 {
 		bf16[i] = byte(i * 11)
 	}
-	src := Tensors{
+	src := tensorList{
 		{Name: "a", DType: dtype.F32, Shape: []int64{10, 100}, Data: f32},
 		{Name: "b", DType: dtype.BF16, Shape: []int64{999}, Data: bf16},
 		{Name: "c", DType: dtype.I64, Shape: []int64{2}, Data: make([]byte, 16)},
 	}
 	g := newGroup(t, groupOpts{world: 2, bucket: 1 << 10, checksum: true})
-	h := NewHostModel()
+	h := newMemModel()
 	if err := g.round(context.Background(), Cast(src, dtype.F16), 1, []Sink{h}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestCastInMemory(t *testing.T) {
 }
 
 // listLookup adds Lookup to a list of tensors.
-type listLookup struct{ list Tensors }
+type listLookup struct{ list tensorList }
 
 func (l listLookup) Tensors(ctx context.Context, emit func(*Tensor) error) error {
 	return l.list.Tensors(ctx, emit)
@@ -187,7 +187,7 @@ func TestCastReaderBounds(t *testing.T) {
 		}
 	}
 	// A source whose Data does not fit its shape is refused up front.
-	bad := Tensors{{Name: "bad", DType: dtype.F32, Shape: []int64{8}, Data: make([]byte, 30)}}
+	bad := tensorList{{Name: "bad", DType: dtype.F32, Shape: []int64{8}, Data: make([]byte, 30)}}
 	err = Cast(bad, dtype.BF16).Tensors(context.Background(), func(*Tensor) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "bad") {
 		t.Fatalf("bad source: %v", err)
@@ -195,8 +195,8 @@ func TestCastReaderBounds(t *testing.T) {
 }
 
 func TestCastNoOp(t *testing.T) {
-	src := Tensors{{Name: "a", DType: dtype.F32, Shape: []int64{1}, Data: make([]byte, 4)}}
-	if s, ok := Cast(src, dtype.Invalid).(Tensors); !ok || &s[0] != &src[0] {
+	src := tensorList{{Name: "a", DType: dtype.F32, Shape: []int64{1}, Data: make([]byte, 4)}}
+	if s, ok := Cast(src, dtype.Invalid).(tensorList); !ok || &s[0] != &src[0] {
 		t.Fatalf("Cast to Invalid did not return its source")
 	}
 	var got []*Tensor

@@ -46,12 +46,12 @@ func (e *directEP) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n 
 // them (host bytes, a cast, and device memory CUDA IPC cannot share: a
 // view of pinned host memory, which the driver knows as no device
 // allocation), and what every receiver must end up with.
-func directSource(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, seed uint64, mixed bool) (Tensors, hostLookup) {
+func directSource(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, seed uint64, mixed bool) (tensorList, hostLookup) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, seed+1))
 	devTs := randomTensors(rng, 40, 300<<10)
 	exp := hostLookup{}
-	var src Tensors
+	var src tensorList
 	for i, tn := range placeOnDevice(t, d, devTs, 20, 3) {
 		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), devTs[i].Data)
 		exp[tn.Name] = &Tensor{Name: tn.Name, DType: tn.DType, Shape: tn.Shape, Data: devTs[i].Data}
@@ -93,13 +93,13 @@ func directSource(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, seed uint64, m
 }
 
 // runDirectRounds runs two rounds of src from a root whose receivers read
-// in place, with and without checksums: one receiver into a DeviceModel
+// in place, with and without checksums: one receiver into a device model
 // (which load copies into from the sender's memory), one into a host
 // model and a verifier (direct buckets gathered into its own buffers
 // first). Every receiver must hold exp; it returns the root's stats of
 // the last round, the buckets that reached the byte transport and what the
 // sender logged.
-func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLookup, sum bool) (RoundStats, int, []string) {
+func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src tensorList, exp hostLookup, sum bool) (RoundStats, int, []string) {
 	t.Helper()
 	var ep *directEP
 	g := newGPUGroup(t, d, 3, 256<<10, false, sum, func(r int, e transport.Endpoint) transport.Endpoint {
@@ -122,17 +122,17 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src Tensors, exp hostLooku
 }
 
 // runRounds runs two rounds of src through g, whose two receivers load
-// into a DeviceModel and into a host model and a verifier, and checks that
+// into a device model and into a host model and a verifier, and checks that
 // both hold exp after each; it returns the root's stats of the last round.
-func runRounds(t *testing.T, g *group, d *gpu.CUDADevice, src Tensors, exp hostLookup) RoundStats {
+func runRounds(t *testing.T, g *group, d *gpu.CUDADevice, src tensorList, exp hostLookup) RoundStats {
 	t.Helper()
-	dm := newDeviceModel(t, d)
-	hm := NewHostModel()
+	dm := newDevModel(t, d)
+	hm := newMemModel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var st RoundStats
 	for v := uint64(1); v <= 2; v++ {
-		vs := Verify(exp)
+		vs := verify(exp)
 		errs := make(chan error, 1)
 		go func() {
 			var err error
@@ -228,7 +228,7 @@ func (p *flipSumPublisher) Publish(ctx context.Context, seq uint64, msg []byte) 
 
 // checkDirectMismatch checks that a direct bucket whose checksum is not
 // that of the sender's tensors fails the round on a receiver that copies
-// it into a DeviceModel from where it lies (found by load's copies: the
+// it into a device model from where it lies (found by load's copies: the
 // model is left partial) and on one that gathers it into its own buffer
 // for a host model (found before the sink sees it: the model stays
 // intact).
@@ -242,7 +242,7 @@ func checkDirectMismatch(t *testing.T) {
 		name string
 		sink Sink
 		want SinkState
-	}{{"device model, read in place", newDeviceModel(t, d), StatePartial}, {"host model, gathered", NewHostModel(), StateIntact}} {
+	}{{"device model, read in place", newDevModel(t, d), StatePartial}, {"host model, gathered", newMemModel(), StateIntact}} {
 		g := newGPUGroup(t, d, 2, 256<<10, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
 			if r == 0 {
 				return &directEP{Endpoint: e}

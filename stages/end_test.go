@@ -20,12 +20,9 @@ import (
 func TestEndOfRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, err := Synthetic{Size: 1 << 20, Tensors: 8, DTypes: []dtype.DType{dtype.BF16}, Seed: 3}.Model()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := synthetic(t, 1<<20, 8, 3, dtype.BF16)
 	g := newGroup(t, groupOpts{world: 3, bucket: 256 << 10, checksum: true})
-	models := []*HostModel{NewHostModel(), NewHostModel()}
+	models := []*memModel{newMemModel(), newMemModel()}
 	if err := g.round(ctx, m, 1, []Sink{models[0], models[1]}); err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +30,7 @@ func TestEndOfRun(t *testing.T) {
 	if err := g.receivers[0].AwaitEnd(ctx); err != nil {
 		t.Fatalf("rank 1: AwaitEnd: %v", err)
 	}
-	_, err = g.receivers[1].Sync(ctx, models[1])
+	_, err := g.receivers[1].Sync(ctx, models[1])
 	if !errors.Is(err, transport.ErrEnded) || !strings.Contains(err.Error(), "no round after version 1") {
 		t.Fatalf("rank 2: Sync after the end: want ErrEnded, got %v", err)
 	}
@@ -45,7 +42,7 @@ func TestEndOfRun(t *testing.T) {
 
 	// The root goes on with another round where the end was expected.
 	g = newGroup(t, groupOpts{world: 2, bucket: 256 << 10, checksum: true})
-	if err := g.round(ctx, m, 1, []Sink{NewHostModel()}); err != nil {
+	if err := g.round(ctx, m, 1, []Sink{newMemModel()}); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

@@ -102,13 +102,10 @@ func (f *faultySink) Load(ctx context.Context, e *wire.Entry, data []byte) error
 // error (none may hang or report success), the failing rank's error must
 // name the cause once, and every bucket buffer must be back in its pool.
 func TestFailureAnywhereStopsEveryRank(t *testing.T) {
-	model, err := Synthetic{Size: 2 << 20, Tensors: 40, Seed: 3}.Model()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad := append(Tensors(nil), model.List()...)
+	model := synthetic(t, 2<<20, 40, 3)
+	bad := append(tensorList(nil), model.List()...)
 	bad[5] = &Tensor{Name: "bad", DType: dtype.F32, Shape: []int64{4}, Data: []byte{1, 2, 3}}
-	dup := append(Tensors(nil), model.List()...)
+	dup := append(tensorList(nil), model.List()...)
 	dup[7] = dup[3]
 
 	cases := []struct {
@@ -211,7 +208,7 @@ func (g *faultyGroup) roundClosingOnError(t *testing.T, src Source, version uint
 	})
 	for i, r := range g.receivers {
 		wg.Go(func() {
-			var sink Sink = NewChecksumSink()
+			var sink Sink = &countSink{}
 			if n, ok := g.fault.sink[i+1]; ok {
 				sink = &faultySink{Sink: sink, after: n}
 			}
@@ -235,7 +232,7 @@ func (g *faultyGroup) roundClosingOnError(t *testing.T, src Source, version uint
 // TestBrokenAfterFailure: a rank whose round failed refuses the next one
 // with ErrBroken rather than running with an unknown stream position.
 func TestBrokenAfterFailure(t *testing.T) {
-	model, _ := Synthetic{Size: 1 << 20, Tensors: 13, Seed: 3}.Model()
+	model := synthetic(t, 1<<20, 13, 3)
 	g := newFaultyGroup(t, 2, 64<<10, groupFault{pub: 1})
 	g.roundClosingOnError(t, model, 1)
 	if _, err := g.sender.Sync(context.Background(), model, 2); !errors.Is(err, ErrBroken) {
@@ -246,7 +243,7 @@ func TestBrokenAfterFailure(t *testing.T) {
 // TestCancelMidRound cancels the context while buckets are in flight on
 // every rank: all return promptly, and every buffer is back.
 func TestCancelMidRound(t *testing.T) {
-	model, _ := Synthetic{Size: 16 << 20, Tensors: 40, Seed: 5}.Model()
+	model := synthetic(t, 16<<20, 40, 5)
 	slow := func(rank int, ep transport.Endpoint) transport.Endpoint {
 		return &slowEndpoint{Endpoint: ep, d: 20 * time.Millisecond}
 	}
@@ -254,7 +251,7 @@ func TestCancelMidRound(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
-	err := g.round(ctx, model, 1, []Sink{NewChecksumSink(), NewChecksumSink()})
+	err := g.round(ctx, model, 1, []Sink{&countSink{}, &countSink{}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("round = %v; want context.Canceled", err)
 	}
@@ -288,7 +285,7 @@ func (s *slowEndpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer
 // rank ever holds more than two buffers, however many buckets the model
 // takes.
 func TestDoubleBuffering(t *testing.T) {
-	model, _ := Synthetic{Size: 8 << 20, Tensors: 60, Seed: 9}.Model()
+	model := synthetic(t, 8<<20, 60, 9)
 	tr := pipeline.NewTracer(time.Now())
 	slowRoot := func(rank int, ep transport.Endpoint) transport.Endpoint {
 		if rank == 0 {
@@ -297,7 +294,7 @@ func TestDoubleBuffering(t *testing.T) {
 		return ep
 	}
 	g := newGroup(t, groupOpts{world: 3, bucket: 256 << 10, checksum: true, tracer: tr, wrapEP: slowRoot})
-	if err := g.round(context.Background(), model, 1, []Sink{NewChecksumSink(), NewChecksumSink()}); err != nil {
+	if err := g.round(context.Background(), model, 1, []Sink{&countSink{}, &countSink{}}); err != nil {
 		t.Fatal(err)
 	}
 	type span struct{ start, end float64 }
@@ -391,7 +388,7 @@ func TestDecodeMetaRejects(t *testing.T) {
 // never split, large ones are chunked on Align boundaries, only the last
 // bucket is marked, and an empty model still sends one (empty) last bucket.
 func TestPackSplitsAndMarksLast(t *testing.T) {
-	pack := func(src Tensors, bucket int) []wire.BucketMeta {
+	pack := func(src tensorList, bucket int) []wire.BucketMeta {
 		pool, _ := NewPool(mem.Host{}, 2, bucket)
 		defer pool.Close()
 		p := pipeline.New("pack")
@@ -405,7 +402,7 @@ func TestPackSplitsAndMarksLast(t *testing.T) {
 	if m := pack(nil, 4096); len(m) != 1 || !m[0].IsLast || m[0].Length != 0 {
 		t.Fatalf("empty model: %+v", m)
 	}
-	src := Tensors{
+	src := tensorList{
 		{Name: "small", DType: dtype.U8, Shape: []int64{3000}, Data: make([]byte, 3000)},
 		{Name: "fits-next", DType: dtype.U8, Shape: []int64{2000}, Data: make([]byte, 2000)},
 		{Name: "big", DType: dtype.U8, Shape: []int64{10000}, Data: make([]byte, 10000)},
@@ -448,7 +445,7 @@ func collect(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], fn func(*Bucket
 // the sender with an error naming the limit, and a receiver refuses it
 // too, rather than growing bookkeeping without bound.
 func TestTensorCountLimit(t *testing.T) {
-	src := make(Tensors, 11)
+	src := make(tensorList, 11)
 	for i := range src {
 		src[i] = &Tensor{Name: "t" + string(rune('a'+i)), DType: dtype.U8, Shape: []int64{4}, Data: make([]byte, 4)}
 	}

@@ -12,7 +12,7 @@ import (
 
 // TestGPUFusedLoad checks the receiver's checksum computed by its copies:
 // device tensors packed with checksums (the fused kernel at the root)
-// into device buckets, received by one DeviceModel, whose copies out of
+// into device buckets, received by one device model, whose copies out of
 // each bucket compute its checksum (the Loader's CopySum) instead of a
 // pass in unpack. The model holds every byte, and a byte flipped in a
 // received bucket fails the round with the checksum's error and leaves
@@ -23,7 +23,7 @@ func TestGPUFusedLoad(t *testing.T) {
 	rng := rand.New(rand.NewPCG(81, 82))
 	hostTs := randomTensors(rng, 120, 700<<10)
 	exp := hostLookup{}
-	var src Tensors
+	var src tensorList
 	for i, tn := range placeOnDevice(t, d, hostTs, 40, 3) {
 		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), hostTs[i].Data)
 		src = append(src, tn)
@@ -34,7 +34,7 @@ func TestGPUFusedLoad(t *testing.T) {
 	defer cancel()
 
 	g := newGPUGroup(t, d, 2, 1<<20, false, true, nil)
-	dm := newDeviceModel(t, d)
+	dm := newDevModel(t, d)
 	for v := uint64(1); v <= 2; v++ {
 		if err := roundCancel(ctx, g, src, v, []Sink{dm}); err != nil {
 			t.Fatal(err)
@@ -58,7 +58,7 @@ func TestGPUFusedLoad(t *testing.T) {
 		return &flipEndpoint{Endpoint: ep, seq: 1, s: s}
 	}
 	g2 := newGPUGroup(t, d, 2, 1<<20, false, true, corrupt)
-	dm2 := newDeviceModel(t, d)
+	dm2 := newDevModel(t, d)
 	err := roundCancel(ctx, g2, src, 1, []Sink{dm2})
 	if err == nil || !bytesContain(err.Error(), "failed its checksum") {
 		t.Fatalf("a byte flipped in a received device bucket went unnoticed: %v", err)

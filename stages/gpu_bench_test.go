@@ -163,7 +163,7 @@ func BenchmarkGPUPackDevice(b *testing.B) {
 	b.Run("round", func(b *testing.B) {
 		pk := testPacker(b, defaultPlan, gpu.DefaultStagingConfig())
 		pool := devicePool(b, d, DefaultBuffers, 256<<20)
-		one := Tensors{{Name: "w", DType: dtype.U8, Shape: []int64{64}, Device: src[0].Device}}
+		one := tensorList{{Name: "w", DType: dtype.U8, Shape: []int64{64}, Device: src[0].Device}}
 		packOnly(b, one, pool, pk)
 		b.ResetTimer()
 		for b.Loop() {
@@ -197,7 +197,7 @@ func BenchmarkGPUPackSmall(b *testing.B) {
 	}{{"scattered", 2 * size, defaultPlan}, {"contiguous", size, defaultPlan}, {"scattered-batch", 2 * size, devicePlan{}}} {
 		b.Run(layout.name, func(b *testing.B) {
 			pk := testPacker(b, layout.plan, gpu.DefaultStagingConfig())
-			src := make(Tensors, count)
+			src := make(tensorList, count)
 			for i := range src {
 				src[i] = &Tensor{Name: fmt.Sprintf("t%d", i), DType: dtype.U8, Shape: []int64{size}, Device: buf, DeviceOffset: int64(i) * layout.stride}
 			}
@@ -219,7 +219,7 @@ func BenchmarkGPUPackSmall(b *testing.B) {
 func BenchmarkGPUPackHost(b *testing.B) {
 	d := gputest.Device(b)
 	const total, each = 1 << 30, 64 << 20
-	var src Tensors
+	var src tensorList
 	for i := range total / each {
 		data := make([]byte, each)
 		for j := range data {
@@ -266,8 +266,8 @@ func BenchmarkGPUPackDevice16GiB(b *testing.B) {
 
 // deviceTensors allocates total bytes of bf16 device tensors of each bytes,
 // one allocation per tensor.
-func deviceTensors(b *testing.B, d *gpu.CUDADevice, total, each int) Tensors {
-	var src Tensors
+func deviceTensors(b *testing.B, d *gpu.CUDADevice, total, each int) tensorList {
+	var src tensorList
 	for i := range total / each {
 		buf := gputest.Alloc(b, d, each)
 		src = append(src, &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.BF16, Shape: []int64{int64(each / 2)}, Device: buf})
@@ -300,8 +300,9 @@ func benchPlainD2D(b *testing.B, d *gpu.CUDADevice, total int) {
 // (and freeing it), which a Packer avoids by keeping its ring's slots;
 // cast-f16 and cast-f16-host pack the checkpoint cast to F16, on the GPU
 // and on the host. Every pack case warms up with one round first, so that
-// the timed rounds reuse the slots. The reads alone, without the GPU, are
-// gpu's BenchmarkStagingReadOnly.
+// the timed rounds reuse the slots. Each tensor is read straight from its
+// file (openFiles), with the preads source.Checkpoint makes. The reads
+// alone, without the GPU, are gpu's BenchmarkStagingReadOnly.
 //
 //	stages.test -test.run '^$' -test.bench 'GPUCheckpoint' -test.benchtime 3x
 func BenchmarkGPUCheckpoint(b *testing.B) {
@@ -309,11 +310,7 @@ func BenchmarkGPUCheckpoint(b *testing.B) {
 	const total = 4 << 30
 	dir := safetensorstest.Bench(b, total, 8)
 	warmFiles(b, dir)
-	ckpt, err := OpenCheckpoint(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ckpt.Close() })
+	ckpt := openFiles(b, dir)
 	var pinned float64 // GB/s of pinnedH2D
 	b.Run("pinnedH2D", func(b *testing.B) {
 		s := gputest.Stream(b, d)
@@ -412,7 +409,7 @@ func BenchmarkGPUQuantizePack16GiB(b *testing.B) {
 	s := gputest.Stream(b, d)
 	rng := rand.New(rand.NewPCG(16, 16))
 	piece := bf16Weights(rng, 8<<20, 0.02) // 16 MiB, repeated through each weight
-	var src Tensors
+	var src tensorList
 	for i := range total / each {
 		buf := gputest.Alloc(b, d, each)
 		gputest.Upload(b, s, buf, 0, piece)

@@ -104,9 +104,9 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 	}
 	for _, rootHost := range []bool{false, true} {
 		g := signed(newGPUGroup(t, d, 3, bucket, rootHost, true, nil))
-		dm := newDeviceModel(t, d)
-		hm := NewHostModel()
-		if err := roundCancel(ctx, g, src, 1, []Sink{Sinks(dm, Verify(exp)), hm}); err != nil {
+		dm := newDevModel(t, d)
+		hm := newMemModel()
+		if err := roundCancel(ctx, g, src, 1, []Sink{Sinks(dm, verify(exp)), hm}); err != nil {
 			t.Fatalf("root with host buckets %v: %v", rootHost, err)
 		}
 		if _, err := dm.Verify(ctx, exp); err != nil {
@@ -160,7 +160,7 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 		fl.devLoopEP = e.(*devLoopEP)
 		return fl
 	}))
-	err = roundCancel(ctx, g, dsrc, 1, []Sink{newDeviceModel(t, d)})
+	err = roundCancel(ctx, g, dsrc, 1, []Sink{newDevModel(t, d)})
 	if err == nil || !strings.Contains(err.Error(), "bucket 1 (version 1, ") || !strings.Contains(err.Error(), "failed its MAC") || !fl.forged {
 		t.Fatalf("a lent bucket forged in the root's buffer (forged %v): %v", fl.forged, err)
 	}
@@ -175,9 +175,9 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 			fe.Endpoint = ep
 			return fe
 		}))
-		var sk Sink = NewHostModel()
+		var sk Sink = newMemModel()
 		if sink == "device" {
-			sk = newDeviceModel(t, d)
+			sk = newDevModel(t, d)
 		}
 		err := roundCancel(ctx, g, src, 1, []Sink{sk})
 		if err == nil || !strings.Contains(err.Error(), "bucket 1 (version 1, ") || !strings.Contains(err.Error(), "failed its MAC") || !errors.Is(err, auth.ErrFailed) {

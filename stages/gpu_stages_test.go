@@ -202,7 +202,7 @@ func (h hostLookup) List() []*Tensor {
 // shared of them in one buffer, each i%gaps bytes after the one before
 // (odd offsets included), the others in allocations of their own, and
 // zero-byte ones anywhere in the shared buffer.
-func placeOnDevice(t *testing.T, d *gpu.CUDADevice, ts Tensors, shared, gaps int) Tensors {
+func placeOnDevice(t *testing.T, d *gpu.CUDADevice, ts tensorList, shared, gaps int) tensorList {
 	t.Helper()
 	var size int64
 	offs := make([]int64, shared)
@@ -211,7 +211,7 @@ func placeOnDevice(t *testing.T, d *gpu.CUDADevice, ts Tensors, shared, gaps int
 		size = offs[i] + int64(len(tn.Data))
 	}
 	flat := gputest.Alloc(t, d, int(size)+1)
-	out := make(Tensors, len(ts))
+	out := make(tensorList, len(ts))
 	for i, tn := range ts {
 		dev := &Tensor{Name: "dev." + tn.Name, DType: tn.DType, Shape: tn.Shape}
 		switch {
@@ -239,21 +239,10 @@ func devicePool(tb testing.TB, d *gpu.CUDADevice, buffers, bucket int) *Pool {
 	return pool
 }
 
-// newDeviceModel makes a DeviceModel on d, closed when tb ends.
-func newDeviceModel(tb testing.TB, d *gpu.CUDADevice) *DeviceModel {
-	tb.Helper()
-	dm, err := NewDeviceModel(d)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { dm.Close() })
-	return dm
-}
-
 // TestGPURoundTrip sends host tensors and device tensors (some sharing one
 // buffer, some on their own) of random dtypes and sizes, some split across
-// buckets, from device buckets to a DeviceModel, a HostModel and a Verify
-// sink; the second round changes every tensor's bytes, which the models
+// buckets, from device buckets to a device model, a host model and a
+// verifier; the second round changes every tensor's bytes, which the models
 // must take in place.
 func TestGPURoundTrip(t *testing.T) {
 	d := gputest.Device(t)
@@ -266,7 +255,7 @@ func TestGPURoundTrip(t *testing.T) {
 	// included), the rest have their own.
 	devs := placeOnDevice(t, d, devTs, 100, 3)
 	exp := hostLookup{}
-	var src Tensors
+	var src tensorList
 	for i := range 300 {
 		src = append(src, hostTs[i])
 		exp[hostTs[i].Name] = hostTs[i]
@@ -286,9 +275,9 @@ func TestGPURoundTrip(t *testing.T) {
 	}
 	upload()
 	g := newGPUGroup(t, d, 4, bucket, false, true, nil)
-	dm := newDeviceModel(t, d)
-	hm := NewHostModel()
-	vs := Verify(exp)
+	dm := newDevModel(t, d)
+	hm := newMemModel()
+	vs := verify(exp)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for round := uint64(1); round <= 2; round++ {
@@ -340,16 +329,13 @@ func TestGPURoundTrip(t *testing.T) {
 
 // TestGPUSynthetic sends a synthetic model (bytes generated on demand,
 // tensors larger than a bucket and than the staging buffers) to a
-// DeviceModel and a Verify sink fed through host staging.
+// device model and a verifier fed through host staging.
 func TestGPUSynthetic(t *testing.T) {
 	d := gputest.Device(t)
-	m, err := Synthetic{Size: 96 << 20, Tensors: 50, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 3}.Model()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := synthetic(t, 96<<20, 50, 3, dtype.BF16, dtype.F32)
 	g := newGPUGroup(t, d, 3, 8<<20, false, false, nil)
-	dm := newDeviceModel(t, d)
-	vs := Verify(m)
+	dm := newDevModel(t, d)
+	vs := verify(m)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for round := uint64(1); round <= 2; round++ {
@@ -389,8 +375,8 @@ func TestGPUChecksum(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			g := newGPUGroup(t, d, 3, 1<<20, rootHost, true, nil)
-			dm := newDeviceModel(t, d)
-			if err := roundCancel(ctx, g, src, 1, []Sink{dm, Verify(exp)}); err != nil {
+			dm := newDevModel(t, d)
+			if err := roundCancel(ctx, g, src, 1, []Sink{dm, verify(exp)}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := dm.Verify(ctx, exp); err != nil {
@@ -407,9 +393,9 @@ func TestGPUChecksum(t *testing.T) {
 					return &flipEndpoint{Endpoint: ep, seq: 2, s: s}
 				}
 				g2 := newGPUGroup(t, d, 2, 1<<20, rootHost, true, corrupt)
-				var sk Sink = NewHostModel()
+				var sk Sink = newMemModel()
 				if sink == "device" {
-					dm2 := newDeviceModel(t, d)
+					dm2 := newDevModel(t, d)
 					sk = dm2
 				}
 				err := roundCancel(ctx, g2, src, 1, []Sink{sk})
@@ -425,7 +411,7 @@ func TestGPUChecksum(t *testing.T) {
 // checkPackedSums packs src into device buckets with checksums and checks
 // that each bucket's checksum, computed on the GPU and completed as
 // Publish completes it, is checksum.Sum of the bucket's bytes.
-func checkPackedSums(t *testing.T, d *gpu.CUDADevice, src Tensors) {
+func checkPackedSums(t *testing.T, d *gpu.CUDADevice, src tensorList) {
 	t.Helper()
 	pool, err := NewPool(d, DefaultBuffers, 1<<20)
 	if err != nil {
@@ -487,7 +473,7 @@ func (f *flipEndpoint) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer
 func bytesContain(s, sub string) bool { return bytes.Contains([]byte(s), []byte(sub)) }
 
 // TestGPUReleaseAfterCopy checks that Load gives a device bucket back only
-// after the DeviceModel's copy out of it has completed: the release hook
+// after the device model's copy out of it has completed: the release hook
 // queries the model's fence, and the bucket is overwritten right after
 // release without touching the model's bytes.
 func TestGPUReleaseAfterCopy(t *testing.T) {
@@ -497,7 +483,7 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 	pool := devicePool(t, d, 1, n)
 	want := make([]byte, n)
 	rand.NewChaCha8([32]byte{1}).Read(want)
-	dm := newDeviceModel(t, d)
+	dm := newDevModel(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for round := range 3 {
@@ -558,14 +544,14 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 // checkPacked runs iterate → pack over src into device buckets from pool
 // with pk's state, reads every bucket back to the host and compares each
 // entry's bytes with exp; it returns the number of buckets.
-func checkPacked(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool, pk *Packer) int {
+func checkPacked(t *testing.T, src tensorList, exp map[string][]byte, pool *Pool, pk *Packer) int {
 	return checkPackedWith(t, src, exp, pool, pk, false)
 }
 
 // checkPackedWith is checkPacked, with checksums when sum is set: each
 // bucket's, waited for as Publish waits, must be checksum.Sum of the bytes
 // read back.
-func checkPackedWith(t *testing.T, src Tensors, exp map[string][]byte, pool *Pool, pk *Packer, sum bool) int {
+func checkPackedWith(t *testing.T, src tensorList, exp map[string][]byte, pool *Pool, pk *Packer, sum bool) int {
 	t.Helper()
 	got := map[string]int64{}
 	buckets := 0
@@ -623,7 +609,7 @@ func TestGPUPackPlans(t *testing.T) {
 	devTs := randomTensors(rng, 240, 3<<20)
 	hostTs := randomTensors(rng, 40, 64<<10)
 	exp := map[string][]byte{}
-	var src Tensors
+	var src tensorList
 	for i, tn := range placeOnDevice(t, d, devTs, 80, 5) {
 		data := devTs[i].Data
 		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), data)
@@ -678,7 +664,7 @@ func TestGPUCastDevice(t *testing.T) {
 	const bucket = 1 << 20
 	for _, to := range []dtype.DType{dtype.BF16, dtype.F16, dtype.F32} {
 		t.Run(to.String(), func(t *testing.T) {
-			var src Tensors
+			var src tensorList
 			var want []*Tensor
 			for i, from := range []dtype.DType{dtype.F32, dtype.BF16, dtype.F16, dtype.F32, dtype.I32} {
 				elems := []int64{1, 7, 1000, 300_001, 0}[i]
@@ -691,7 +677,7 @@ func TestGPUCastDevice(t *testing.T) {
 				name := fmt.Sprintf("t%d.%s", i, from)
 				src = append(src, &Tensor{Name: name, DType: from, Shape: []int64{elems}, Device: buf, DeviceOffset: off})
 				host := &Tensor{Name: name, DType: from, Shape: []int64{elems}, Data: data}
-				ct, err := Cast(Tensors{host}, to).(*castSource).wrap(host)
+				ct, err := Cast(tensorList{host}, to).(*castSource).wrap(host)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -704,8 +690,8 @@ func TestGPUCastDevice(t *testing.T) {
 			}
 			gputest.Sync(t, s)
 			g := newGPUGroup(t, d, 3, bucket, false, true, nil)
-			hm := NewHostModel()
-			dm := newDeviceModel(t, d)
+			hm := newMemModel()
+			dm := newDevModel(t, d)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := roundCancel(ctx, g, Cast(src, to), 1, []Sink{hm, dm}); err != nil {
@@ -750,7 +736,7 @@ func TestGPUTraceSpans(t *testing.T) {
 	defer cancel()
 	for round := uint64(1); round <= 2; round++ {
 		before := time.Since(tr.Epoch())
-		if err := roundCancel(ctx, g, src, round, []Sink{newDeviceModel(t, d)}); err != nil {
+		if err := roundCancel(ctx, g, src, round, []Sink{newDevModel(t, d)}); err != nil {
 			t.Fatal(err)
 		}
 		after := time.Since(tr.Epoch())
@@ -835,7 +821,7 @@ func TestDeviceRoundsOnFakesChild(t *testing.T) {
 	hostTs := randomTensors(rng, 30, 300<<10)
 	devs := placeOnDevice(t, d, devTs, 20, 3)
 	exp := hostLookup{}
-	var src Tensors
+	var src tensorList
 	for i, tn := range devs {
 		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), devTs[i].Data)
 		exp[tn.Name] = &Tensor{Name: tn.Name, DType: tn.DType, Shape: tn.Shape, Data: devTs[i].Data}
@@ -862,9 +848,9 @@ func TestDeviceRoundsOnFakesChild(t *testing.T) {
 	g.sender.cfg.Tracer = tr
 	g.sender.packer = newPacker(devicePlan{gatherBelow: 64 << 10, lanes: 2, laneAbove: 128 << 10},
 		gpu.StagingConfig{Slots: 2, SlotSize: 64 << 10, Piece: 16 << 10, Readers: 3})
-	dm := newDeviceModel(t, d)
-	hm := NewHostModel()
-	vs := Verify(exp)
+	dm := newDevModel(t, d)
+	hm := newMemModel()
+	vs := verify(exp)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for round := uint64(1); round <= 2; round++ {

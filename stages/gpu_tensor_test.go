@@ -57,8 +57,8 @@ func TestDeviceTensorIntoHostBuckets(t *testing.T) {
 	}
 	defer pool.Close()
 	p := pipeline.New("host pack")
-	src := Tensors{{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: fakeDevice{n: 64}}}
-	Load(p, Unpack(p, Pack(p, Iterate(p, src), PackConfig{Pool: pool})), NewHostModel())
+	src := tensorList{{Name: "w", DType: dtype.F32, Shape: []int64{16}, Device: fakeDevice{n: 64}}}
+	Load(p, Unpack(p, Pack(p, Iterate(p, src), PackConfig{Pool: pool})), newMemModel())
 	err = p.Run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "device buckets") {
 		t.Fatalf("packing a device tensor into host buckets: %v", err)

@@ -69,7 +69,7 @@ func (f failSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 
 // checkLendRounds runs two rounds from device buckets to receivers that
 // borrow the root's buffers, with and without checksums: into a
-// DeviceModel (which load copies into from the lent buffer, the checksum
+// device model (which load copies into from the lent buffer, the checksum
 // in the same copies) and into a host model and a verifier (the lent
 // buffer copied to the host). Every receiver must hold every byte, each
 // bucket must have been lent to each receiver, and the root must reuse a
@@ -82,7 +82,7 @@ func checkLendRounds(t *testing.T) {
 	rng := rand.New(rand.NewPCG(101, 102))
 	devTs := randomTensors(rng, 50, 400<<10)
 	exp := hostLookup{}
-	var src Tensors
+	var src tensorList
 	for i, tn := range placeOnDevice(t, d, devTs, 25, 3) {
 		gputest.Upload(t, s, tn.Device, int(tn.DeviceOffset), devTs[i].Data)
 		exp[tn.Name] = &Tensor{Name: tn.Name, DType: tn.DType, Shape: tn.Shape, Data: devTs[i].Data}
@@ -120,7 +120,7 @@ func checkLendRounds(t *testing.T) {
 	var serr, rerr error
 	var wg sync.WaitGroup
 	wg.Go(func() { _, serr = g.sender.Sync(ctx, src, 1) })
-	wg.Go(func() { _, rerr = g.receivers[0].Sync(ctx, failSink{NewHostModel(), src[30].Name}) })
+	wg.Go(func() { _, rerr = g.receivers[0].Sync(ctx, failSink{newMemModel(), src[30].Name}) })
 	wg.Wait()
 	if serr == nil || eps[0].failed.Load() == 0 {
 		t.Fatalf("the root, whose receiver's sink failed: %v, with %d lent buffers given back as failed; want it failed, and the buffer given back as failed", serr, eps[0].failed.Load())

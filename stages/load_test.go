@@ -64,7 +64,7 @@ func TestSafetensorsFailedRoundIntact(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "out")
 			files := WriteSafetensors(dir, SafetensorsWithoutSync())
 			other := &failAfter{}
-			bad := &failCommit{HostModel: NewHostModel()}
+			bad := &failCommit{memModel: newMemModel()}
 			sinks := []Sink{Sinks(files, other), bad}
 			g, _ := commitGroup(t, groupFault{}, sinks)
 			before := snapshot(t, dir)
@@ -152,7 +152,7 @@ func (s *recordDevice) Flush(ctx context.Context) error {
 func TestSinksCapabilities(t *testing.T) {
 	a := &recordSink{holds: HoldsShadowed}
 	d := &recordDevice{recordSink{holds: HoldsNothing}}
-	set := Sinks(a, Sinks(d, NewHostModel(WithShadow())))
+	set := Sinks(a, Sinks(d, newShadowModel()))
 	if n := len(set.Unwrap()); n != 3 {
 		t.Fatalf("a nested set has %d members, want 3", n)
 	}
@@ -175,8 +175,8 @@ func TestSinksCapabilities(t *testing.T) {
 		want Holding
 	}{
 		{set, HoldsShadowed},
-		{Sinks(a, NewHostModel()), HoldsInPlace},
-		{Sinks(Verify(roundModel(t, 1)), d), HoldsNothing},
+		{Sinks(a, newMemModel()), HoldsInPlace},
+		{Sinks(verify(roundModel(t, 1)), d), HoldsNothing},
 		{Sinks(), HoldsNothing},
 	} {
 		if h := c.set.Holding(); h != c.want {
@@ -210,7 +210,7 @@ func TestLoaderOneRoundAtATime(t *testing.T) {
 	if err := ld.Close(); err != nil {
 		t.Fatal("Close is not idempotent:", err)
 	}
-	if _, err := ld.takeLoad(NewHostModel()); err == nil || !strings.Contains(err.Error(), "closed") {
+	if _, err := ld.takeLoad(newMemModel()); err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Fatalf("a round after Close: %v", err)
 	}
 	pk := NewPacker()

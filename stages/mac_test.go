@@ -77,7 +77,7 @@ func TestSignedRounds(t *testing.T) {
 	rec := &macRecorder{Endpoint: g.sender.cfg.Endpoint, key: bucketKey(keys), tags: map[uint64]mac.Tag{}}
 	pub := &pubRecorder{Publisher: g.sender.cfg.Publisher}
 	g.sender.cfg.Endpoint, g.sender.cfg.Publisher = rec, pub
-	models := []*HostModel{NewHostModel(), NewHostModel(WithShadow())}
+	models := []*memModel{newMemModel(), newShadowModel()}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for v := uint64(1); v <= 3; v++ {
@@ -178,7 +178,7 @@ func TestMACCatchesForgery(t *testing.T) {
 					fe.Endpoint = ep
 					return fe
 				}})
-			models := []*HostModel{NewHostModel(), NewHostModel(WithShadow())}
+			models := []*memModel{newMemModel(), newShadowModel()}
 			sinks := []Sink{models[0], models[1]}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -352,7 +352,7 @@ func TestSecretMismatch(t *testing.T) {
 			g.receivers[0].cfg.Auth = c.recv
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := roundCancel(ctx, g, roundModel(t, 1), 1, []Sink{NewHostModel()})
+			err := roundCancel(ctx, g, roundModel(t, 1), 1, []Sink{newMemModel()})
 			if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, auth.ErrFailed) {
 				t.Fatalf("%v; want authentication failed, %q", err, c.want)
 			}

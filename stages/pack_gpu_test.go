@@ -49,11 +49,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 	d := gputest.Device(t)
 	dir := t.TempDir()
 	data := stagingCheckpoint(t, dir)
-	ckpt, err := OpenCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ckpt.Close()
+	ckpt := openFiles(t, dir)
 	cast := map[string][]byte{}
 	for name, b := range data {
 		tn, _ := ckpt.Lookup(name)
@@ -84,7 +80,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 				plan = devicePlan{gatherBelow: defaultPlan.gatherBelow, perCopy: true}
 			}
 			pk := testPacker(t, plan, c.cfg)
-			var src Tensors
+			var src tensorList
 			if err := Cast(ckpt, c.castTo).Tensors(context.Background(), func(tn *Tensor) error {
 				src = append(src, tn)
 				return nil
@@ -125,7 +121,7 @@ func TestGPUPackCheckpoint(t *testing.T) {
 func TestGPUPackHostReadError(t *testing.T) {
 	d := gputest.Device(t)
 	pk := testPacker(t, defaultPlan, gpu.StagingConfig{Slots: 3, SlotSize: 1 << 20, Piece: 128 << 10, Readers: 4})
-	var src Tensors
+	var src tensorList
 	for i := range 40 {
 		data := make([]byte, 300<<10)
 		tn := &Tensor{Name: fmt.Sprintf("w%d", i), DType: dtype.U8, Shape: []int64{int64(len(data))}, Data: data}

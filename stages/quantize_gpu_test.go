@@ -20,8 +20,8 @@ import (
 // than a bucket of bucket bytes (so their codes split across buckets at
 // 64-byte boundaries, inside blocks and rows), and tensors it leaves as
 // they are; as host tensors (Data).
-func quantTestModel(rng *rand.Rand) Tensors {
-	var ts Tensors
+func quantTestModel(rng *rand.Rand) tensorList {
+	var ts tensorList
 	for i, c := range []struct {
 		from       dtype.DType
 		rows, cols int
@@ -40,9 +40,9 @@ func quantTestModel(rng *rand.Rand) Tensors {
 
 // uploadTensors returns ts with the same names, dtypes and shapes, their bytes
 // uploaded to d (each in an allocation of its own, 64 bytes in).
-func uploadTensors(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, ts Tensors) Tensors {
+func uploadTensors(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, ts tensorList) tensorList {
 	t.Helper()
-	var out Tensors
+	var out tensorList
 	for _, tn := range ts {
 		buf := gputest.Alloc(t, d, len(tn.Data)+128)
 		gputest.Upload(t, s, buf, 64, tn.Data)
@@ -55,7 +55,7 @@ func uploadTensors(t *testing.T, d *gpu.CUDADevice, s *gpu.Stream, ts Tensors) T
 // hostQuantized returns the bytes of every tensor of Quantize(ts) as the
 // host path computes them (Tensor.ReadAt), after checking that the picked
 // weights' codes and scales are package quant's.
-func hostQuantized(t *testing.T, ts Tensors) map[string][]byte {
+func hostQuantized(t *testing.T, ts tensorList) map[string][]byte {
 	t.Helper()
 	qs, err := Quantize(ts, QuantizeConfig{Scheme: quant.FP8Block})
 	if err != nil {
@@ -110,7 +110,7 @@ func TestGPUQuantizeDevice(t *testing.T) {
 		t.Run(fmt.Sprintf("checksum=%v", sum), func(t *testing.T) {
 			g := newGPUGroup(t, d, 3, 1<<20, false, sum, nil)
 			for v := uint64(1); v <= 2; v++ {
-				hm, dm := NewHostModel(), newDeviceModel(t, d)
+				hm, dm := newMemModel(), newDevModel(t, d)
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				if err := roundCancel(ctx, g, qs, v, []Sink{hm, dm}); err != nil {
@@ -156,7 +156,7 @@ func TestGPUQuantizeScalesOnly(t *testing.T) {
 		t.Fatalf("no %s", name)
 	}
 	pk := testPacker(t, defaultPlan, gpu.DefaultStagingConfig())
-	checkPacked(t, Tensors{sc}, map[string][]byte{name: want[name]}, devicePool(t, d, DefaultBuffers, 1<<20), pk)
+	checkPacked(t, tensorList{sc}, map[string][]byte{name: want[name]}, devicePool(t, d, DefaultBuffers, 1<<20), pk)
 }
 
 // TestGPUQuantizeRefused checks the clear errors of device weights the GPU
@@ -174,7 +174,7 @@ func TestGPUQuantizeRefused(t *testing.T) {
 	g := newGPUGroup(t, d, 2, 1<<20, false, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err = roundCancel(ctx, g, qs, 1, []Sink{NewHostModel()})
+	err = roundCancel(ctx, g, qs, 1, []Sink{newMemModel()})
 	if err == nil || !bytesContain(err.Error(), host[0].Name) || !bytesContain(err.Error(), gpu.QuantEnv) {
 		t.Fatalf("round with the quantize kernel off: %v", err)
 	}

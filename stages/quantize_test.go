@@ -70,7 +70,7 @@ func TestQuantizeRound(t *testing.T) {
 	for i := range f8 {
 		f8[i] = byte(i)
 	}
-	src := Tensors{
+	src := tensorList{
 		{Name: "model.embed_tokens.weight", DType: dtype.BF16, Shape: []int64{64, 200}, Data: embed},
 		{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{300, 200}, Data: up},
 		{Name: "model.layers.0.mlp.down_proj.weight", DType: dtype.BF16, Shape: []int64{129, 1000}, Reader: bytes.NewReader(down)},
@@ -85,7 +85,7 @@ func TestQuantizeRound(t *testing.T) {
 	}
 	for _, bucket := range []int{4 << 10, 1 << 20} {
 		g := newGroup(t, groupOpts{world: 3, bucket: bucket, checksum: true})
-		models := []*HostModel{NewHostModel(), NewHostModel()}
+		models := []*memModel{newMemModel(), newMemModel()}
 		if err := g.round(context.Background(), qs, 1, []Sink{models[0], models[1]}); err != nil {
 			t.Fatal(err)
 		}
@@ -234,22 +234,22 @@ func TestQuantizeCheckpoint(t *testing.T) {
 }
 
 func TestQuantizeErrors(t *testing.T) {
-	if _, err := Quantize(Tensors{}, QuantizeConfig{Scheme: "fp4"}); err == nil || !strings.Contains(err.Error(), "fp8-block") {
+	if _, err := Quantize(tensorList{}, QuantizeConfig{Scheme: "fp4"}); err == nil || !strings.Contains(err.Error(), "fp8-block") {
 		t.Errorf("unknown scheme: %v", err)
 	}
-	if _, err := Quantize(Tensors{}, QuantizeConfig{Include: []string{"x"}}); err == nil {
+	if _, err := Quantize(tensorList{}, QuantizeConfig{Include: []string{"x"}}); err == nil {
 		t.Error("patterns without a scheme accepted")
 	}
-	if _, err := Quantize(Tensors{}, QuantizeConfig{Scheme: quant.FP8Block, Exclude: []string{"("}}); err == nil {
+	if _, err := Quantize(tensorList{}, QuantizeConfig{Scheme: quant.FP8Block, Exclude: []string{"("}}); err == nil {
 		t.Error("a bad pattern accepted")
 	}
-	src := Tensors{{Name: "model.norm.weight", DType: dtype.BF16, Shape: []int64{8}, Data: make([]byte, 16)}}
+	src := tensorList{{Name: "model.norm.weight", DType: dtype.BF16, Shape: []int64{8}, Data: make([]byte, 16)}}
 	qs, err := Quantize(src, QuantizeConfig{Scheme: quant.FP8Block, Include: []string{`norm`}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := newGroup(t, groupOpts{world: 2, bucket: 1 << 10})
-	err = g.round(context.Background(), qs, 1, []Sink{NewHostModel()})
+	err = g.round(context.Background(), qs, 1, []Sink{newMemModel()})
 	if err == nil || !strings.Contains(err.Error(), "model.norm.weight") || !strings.Contains(err.Error(), "2-D") {
 		t.Fatalf("a 1-D tensor forced by a pattern: %v", err)
 	}
@@ -258,13 +258,13 @@ func TestQuantizeErrors(t *testing.T) {
 	}
 	// A device weight read for host buckets: the GPU quantizes it, into
 	// device buckets only.
-	dev := Tensors{{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{4, 8}, Device: fakeDevice{n: 64}}}
+	dev := tensorList{{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{4, 8}, Device: fakeDevice{n: 64}}}
 	qs, err = Quantize(dev, QuantizeConfig{Scheme: quant.FP8Block})
 	if err != nil {
 		t.Fatal(err)
 	}
 	g = newGroup(t, groupOpts{world: 2, bucket: 1 << 10}) // the first is broken
-	err = g.round(context.Background(), qs, 1, []Sink{NewHostModel()})
+	err = g.round(context.Background(), qs, 1, []Sink{newMemModel()})
 	if err == nil || !strings.Contains(err.Error(), "up_proj") || !strings.Contains(err.Error(), "device buckets") {
 		t.Fatalf("a device weight into host buckets: %v", err)
 	}
@@ -279,7 +279,7 @@ func TestQuantizeLookup(t *testing.T) {
 	w := &Tensor{Name: "model.layers.0.mlp.up_proj.weight", DType: dtype.BF16, Shape: []int64{200, 300}, Data: bf16Weights(rng, 200*300, 0.02)}
 	norm := &Tensor{Name: "model.layers.0.input_layernorm.weight", DType: dtype.BF16, Shape: []int64{300}, Data: bf16Weights(rng, 300, 1)}
 	codes, scales := wantQuantized(t, w.Data, w.DType, 200, 300)
-	qs, err := Quantize(listLookup{Tensors{w, norm}}, QuantizeConfig{Scheme: quant.FP8Block})
+	qs, err := Quantize(listLookup{tensorList{w, norm}}, QuantizeConfig{Scheme: quant.FP8Block})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestQuantizeLookup(t *testing.T) {
 		}
 	}
 	// A plain list cannot look up, so neither can Quantize over it.
-	qs, err = Quantize(Tensors{w, norm}, QuantizeConfig{Scheme: quant.FP8Block})
+	qs, err = Quantize(tensorList{w, norm}, QuantizeConfig{Scheme: quant.FP8Block})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // randomTensors returns count tensors of random dtypes, shapes and sizes
 // from 0 to maxBytes, with random bytes.
-func randomTensors(rng *rand.Rand, count int, maxBytes int64) Tensors {
+func randomTensors(rng *rand.Rand, count int, maxBytes int64) tensorList {
 	all := dtype.All()
-	out := make(Tensors, count)
+	out := make(tensorList, count)
 	for i := range out {
 		d := all[rng.IntN(len(all))]
 		elems := rng.Int64N(maxBytes/int64(d.Size()) + 1)
@@ -58,7 +58,7 @@ func TestRoundTripRandom(t *testing.T) {
 			g := newGroup(t, groupOpts{world: 4, bucket: c.bucket, checksum: true})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			models := []*HostModel{NewHostModel(), NewHostModel(), NewHostModel()}
+			models := []*memModel{newMemModel(), newMemModel(), newMemModel()}
 			for round := uint64(1); round <= 2; round++ {
 				if err := g.round(ctx, src, round, []Sink{models[0], models[1], models[2]}); err != nil {
 					t.Fatal(err)

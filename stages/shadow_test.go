@@ -211,7 +211,7 @@ func TestShadowServesThroughRounds(t *testing.T) {
 			if len(seen) != 1 || seen[rounds] == 0 || h.Version() != rounds || g.receivers[0].State() != StateIntact {
 				t.Fatalf("during the failed round the reader saw versions %v; the model serves %d, state %v", seen, h.Version(), g.receivers[0].State())
 			}
-			if err := sameAs(h, roundModel(t, rounds)); err != nil {
+			if err := servesModel(h, roundModel(t, rounds)); err != nil {
 				t.Fatal(err)
 			}
 			break
@@ -224,7 +224,7 @@ func TestShadowServesThroughRounds(t *testing.T) {
 				t.Fatalf("round %d: the reader saw version %d", v, sv)
 			}
 		}
-		if err := sameAs(h, roundModel(t, v)); err != nil || h.Version() != v {
+		if err := servesModel(h, roundModel(t, v)); err != nil || h.Version() != v {
 			t.Fatalf("after round %d: version %d, %v", v, h.Version(), err)
 		}
 	}
@@ -237,4 +237,23 @@ func mustSize(t *testing.T, tn *Tensor) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// servesModel reports the first tensor of want whose bytes h does not
+// serve.
+func servesModel(h *HostModel, want *genModel) error {
+	for _, w := range want.List() {
+		got, ok := h.Get(w.Name)
+		if !ok {
+			return fmt.Errorf("tensor %s missing", w.Name)
+		}
+		exp := make([]byte, len(got.Data))
+		if err := w.ReadAt(exp, 0); err != nil {
+			return err
+		}
+		if !bytes.Equal(got.Data, exp) {
+			return fmt.Errorf("tensor %s differs", w.Name)
+		}
+	}
+	return nil
 }

@@ -19,10 +19,10 @@ import (
 // round, each with a dtype and shape drawn from seed (some larger than a
 // bucket, some empty), and bytes drawn from seed too. Seed 0 is the
 // reference layout the memory is measured at.
-func soakLayout(seed uint64, names int, bucket int64) Tensors {
+func soakLayout(seed uint64, names int, bucket int64) tensorList {
 	rng := rand.New(rand.NewPCG(seed, 0x50a4))
 	types := []dtype.DType{dtype.BF16, dtype.F16, dtype.F32, dtype.U8, dtype.I64}
-	out := make(Tensors, names)
+	out := make(tensorList, names)
 	for i := range out {
 		d := types[rng.IntN(len(types))]
 		maxElems := bucket / 2 / int64(d.Size())
@@ -77,13 +77,13 @@ func TestSoak(t *testing.T) {
 		mark   = 10 // the round the memory is first measured at
 	)
 	g := newGroup(t, groupOpts{world: 4, bucket: bucket, checksum: true})
-	models := []*HostModel{NewHostModel(), NewHostModel(), NewHostModel(WithShadow())}
+	models := []*memModel{newMemModel(), newMemModel(), newShadowModel()}
 	sinks := []Sink{models[0], models[1], models[2]}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	start := time.Now()
-	var prev Tensors
+	var prev tensorList
 	var base, end, peak uint64
 	var baseGoroutines int
 	var bytesMoved, reallocs int64
