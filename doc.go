@@ -20,5 +20,5 @@
 // SendRefs sends tensors handed in by address (host memory, or device
 // memory in the primary context, as a PyTorch tensor's data_ptr() is),
 // ordered after the work queued on the caller's CUDA streams. Receive with
-// a stages.Views sink hands a round over bucket by bucket as views.
+// a sink.Views hands a round over bucket by bucket as views.
 package weightcast

@@ -6,6 +6,7 @@ import (
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/zmqbus"
@@ -40,7 +41,7 @@ func KindOf(err error) Kind {
 		return KindClosed
 	case errors.Is(err, ErrConfig), errors.Is(err, rendezvous.ErrWorldSizeMismatch),
 		errors.Is(err, rendezvous.ErrDuplicateRank), errors.Is(err, rendezvous.ErrInvalid),
-		errors.Is(err, zmqbus.ErrHandshake), errors.Is(err, stages.ErrNotHeld), errors.Is(err, stages.ErrStaleVersion):
+		errors.Is(err, zmqbus.ErrHandshake), errors.Is(err, sink.ErrNotHeld), errors.Is(err, stages.ErrStaleVersion):
 		return KindConfig
 	case errors.Is(err, stages.ErrChecksum):
 		return KindChecksum

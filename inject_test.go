@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
@@ -109,7 +110,7 @@ func TestInjectedLinks(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	src := randomTensors(rng, 20, 8<<10)
-	models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+	models := []*sink.HostModel{sink.NewHostModel(), sink.NewHostModel()}
 	send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
 	if err := syncRound(ctx, s, rs, send, []stages.Sink{models[0], models[1]}); err != nil {
 		t.Fatal(err)

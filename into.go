@@ -7,6 +7,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
 )
@@ -49,7 +50,7 @@ func (r *Receiver) ReceiveInto(ctx context.Context, dst []Ref) (stages.RoundStat
 func (r *Receiver) into(dst []Ref) (stages.Sink, func(), error) {
 	cuda, _ := r.dev.(*gpu.CUDADevice)
 	host := &hostInto{refs: make(map[string]*Ref, len(dst))}
-	tensors := make(map[string]*stages.DeviceTensor, len(dst))
+	tensors := make(map[string]*sink.DeviceTensor, len(dst))
 	for i := range dst {
 		ref := &dst[i]
 		if _, dup := host.refs[ref.Name]; dup {
@@ -71,7 +72,7 @@ func (r *Receiver) into(dst []Ref) (stages.Sink, func(), error) {
 		if cuda == nil {
 			continue
 		}
-		t := &stages.DeviceTensor{DType: dt, Shape: slices.Clone(ref.Shape)}
+		t := &sink.DeviceTensor{DType: dt, Shape: slices.Clone(ref.Shape)}
 		if size > 0 {
 			if t.Buf, err = cuda.View(ref.Addr, int(size)); err != nil {
 				return nil, nil, fmt.Errorf("%w: tensor %q: %v", ErrConfig, ref.Name, err)
@@ -82,7 +83,7 @@ func (r *Receiver) into(dst []Ref) (stages.Sink, func(), error) {
 	if cuda == nil {
 		return host, func() {}, nil
 	}
-	m, err := stages.NewDeviceModelOver(cuda, tensors)
+	m, err := sink.NewDeviceModelOver(cuda, tensors)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
@@ -277,7 +278,7 @@ func (o *Options) Validate() error {
 		return fieldError("dtype", o.RolloutDType, ": choose BF16, F16 or F32 (floating tensors are cast to it), or none to send tensors as they are")
 	}
 	if q := o.Quantize; q.Scheme != "" || len(q.Include) > 0 || len(q.Exclude) > 0 {
-		if _, err := stages.Quantize(stages.Tensors{}, q); err != nil {
+		if _, err := stages.Quantize(source.Tensors{}, q); err != nil {
 			fe := fieldError("quantize", nil, ": %v", err)
 			fe.Err = err
 			return fe

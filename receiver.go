@@ -29,7 +29,7 @@ func OpenReceiver(ctx context.Context, o Options) (*Receiver, error) {
 }
 
 // Receive receives one round into sink and returns once the sender has
-// committed its version on every receiver (stats.Version). A stages.Views
+// committed its version on every receiver (stats.Version). A sink.Views
 // sink hands the round over bucket by bucket. A failed round fails on
 // every rank and leaves the Receiver broken; State then says what sink
 // holds.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -71,7 +72,7 @@ func TestServedRendezvousNeedsNoRunID(t *testing.T) {
 				}
 			}
 			src := randomTensors(rand.New(rand.NewPCG(5, 6)), 10, 8<<10)
-			models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+			models := []*sink.HostModel{sink.NewHostModel(), sink.NewHostModel()}
 			send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
 			if err := syncRound(ctx, s, rs, send, []stages.Sink{models[0], models[1]}); err != nil {
 				t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -23,7 +24,7 @@ type Sender struct {
 // returns once every rank has joined and the bus and transport are open.
 // o.Rank must be 0.
 func OpenSender(ctx context.Context, o Options) (*Sender, error) {
-	if _, err := stages.Quantize(stages.Tensors{}, o.Quantize); err != nil {
+	if _, err := stages.Quantize(source.Tensors{}, o.Quantize); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	m, err := open(ctx, o, "sender")

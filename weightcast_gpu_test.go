@@ -16,6 +16,7 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -40,7 +41,7 @@ func TestGPURefsIntoHostBuckets(t *testing.T) {
 		}
 		refs = append(refs, Ref{Name: fmt.Sprintf("w%d", i), DType: "U8", Shape: []int64{each}, Addr: buf.DevicePtr(), Device: d.Ordinal(), Stream: s.Handle(), Bytes: each})
 	}
-	model := stages.NewHostModel()
+	model := sink.NewHostModel()
 	err := syncRound(ctx, sender, rs, func(ctx context.Context) error { _, err := sender.SendRefs(ctx, refs, 1); return err }, []stages.Sink{model})
 	if err != nil {
 		t.Fatal(err)
@@ -250,11 +251,11 @@ func TestGPURefsQuantize(t *testing.T) {
 		n.Addr, n.Device, n.Stream = nbuf.DevicePtr(), d.Ordinal(), st.Handle()
 		devRefs, hostRefs = append(devRefs, n), append(hostRefs, hn)
 	}
-	var models [2][]*stages.HostModel
+	var models [2][]*sink.HostModel
 	for v, refs := range [][]Ref{devRefs, hostRefs} {
 		var sinks []stages.Sink
 		for range rs {
-			m := stages.NewHostModel()
+			m := sink.NewHostModel()
 			models[v] = append(models[v], m)
 			sinks = append(sinks, m)
 		}

@@ -22,6 +22,8 @@ import (
 	"github.com/weightcast/weightcast/internal/testhook"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/ncclx"
@@ -84,8 +86,8 @@ func openRanks(t *testing.T, opts []Options) (*Sender, []*Receiver) {
 	return s, rs
 }
 
-func randomTensors(rng *rand.Rand, n int, maxBytes int) stages.Tensors {
-	var ts stages.Tensors
+func randomTensors(rng *rand.Rand, n int, maxBytes int) source.Tensors {
+	var ts source.Tensors
 	for i := range n {
 		b := make([]byte, rng.IntN(maxBytes+1)&^3)
 		for j := range b {
@@ -109,7 +111,7 @@ func syncRound(ctx context.Context, s *Sender, rs []*Receiver, send func(context
 	return errors.Join(errs...)
 }
 
-func checkModels(t *testing.T, src stages.Tensors, models []*stages.HostModel) {
+func checkModels(t *testing.T, src source.Tensors, models []*sink.HostModel) {
 	t.Helper()
 	for i, m := range models {
 		for _, tn := range src {
@@ -131,7 +133,7 @@ func TestInProcess(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(1, 2))
-	models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+	models := []*sink.HostModel{sink.NewHostModel(), sink.NewHostModel()}
 	for v := uint64(1); v <= 3; v++ {
 		src := randomTensors(rng, 50, 12<<10)
 		send := func(ctx context.Context) error { _, err := s.Send(ctx, src, v); return err }
@@ -192,7 +194,7 @@ func TestTorchrunStyle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(3, 4))
-	models := []*stages.HostModel{stages.NewHostModel(), stages.NewHostModel()}
+	models := []*sink.HostModel{sink.NewHostModel(), sink.NewHostModel()}
 	for v := uint64(1); v <= 2; v++ {
 		src := randomTensors(rng, 30, 20<<10)
 		send := func(ctx context.Context) error { _, err := s.Send(ctx, src, v); return err }
@@ -214,7 +216,7 @@ func TestAbortBetweenRounds(t *testing.T) {
 	errs := make([]error, len(rs))
 	var wg sync.WaitGroup
 	for i, r := range rs {
-		wg.Go(func() { _, errs[i] = r.Receive(ctx, stages.NewHostModel()) })
+		wg.Go(func() { _, errs[i] = r.Receive(ctx, sink.NewHostModel()) })
 	}
 	time.Sleep(100 * time.Millisecond) // let them wait; the abort must reach them either way
 	start := time.Now()
@@ -231,7 +233,7 @@ func TestAbortBetweenRounds(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("receivers took %v to fail", d)
 	}
-	if _, err := s.Send(ctx, stages.Tensors{}, 1); err == nil || !errors.Is(err, stages.ErrBroken) {
+	if _, err := s.Send(ctx, source.Tensors{}, 1); err == nil || !errors.Is(err, stages.ErrBroken) {
 		t.Fatalf("send after abort: %v", err)
 	}
 	// Receivers leave first: rank 0 serves the rendezvous they revoke
@@ -247,7 +249,7 @@ func TestAbortBetweenRounds(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if _, err := s.Send(ctx, stages.Tensors{}, 1); KindOf(err) != KindClosed {
+	if _, err := s.Send(ctx, source.Tensors{}, 1); KindOf(err) != KindClosed {
 		t.Fatalf("send after close: %v", err)
 	}
 }
@@ -271,7 +273,7 @@ func TestBadRefs(t *testing.T) {
 			defer cancel()
 			refs := []Ref{{Name: "ok", DType: "U8", Shape: []int64{3}, Data: []byte{1, 2, 3}}, c.ref}
 			var sendErr error
-			err := syncRound(ctx, s, rs, func(ctx context.Context) error { _, sendErr = s.SendRefs(ctx, refs, 1); return sendErr }, []stages.Sink{stages.NewHostModel()})
+			err := syncRound(ctx, s, rs, func(ctx context.Context) error { _, sendErr = s.SendRefs(ctx, refs, 1); return sendErr }, []stages.Sink{sink.NewHostModel()})
 			if sendErr == nil || !strings.Contains(sendErr.Error(), c.want) || KindOf(sendErr) != KindConfig {
 				t.Fatalf("sender: %v (kind %d), want %q", sendErr, KindOf(sendErr), c.want)
 			}
@@ -399,7 +401,7 @@ func TestPeerGoneAcrossShortRounds(t *testing.T) {
 	var err2 error
 	for v := uint64(1); v < 100000 && err2 == nil; v++ {
 		send := func(ctx context.Context) error { _, err := s.Send(ctx, src, v); return err }
-		err2 = syncRound(ctx, s, rs, send, []stages.Sink{stages.NewHostModel()})
+		err2 = syncRound(ctx, s, rs, send, []stages.Sink{sink.NewHostModel()})
 	}
 	if err2 == nil || !strings.Contains(err2.Error(), "rendezvous") && !strings.Contains(err2.Error(), "etcd") && !strings.Contains(err2.Error(), "lease") {
 		t.Fatalf("rounds after the rendezvous died: %v", err2)
@@ -419,13 +421,13 @@ func TestEndOfRun(t *testing.T) {
 	defer cancel()
 	src := randomTensors(rand.New(rand.NewPCG(9, 9)), 5, 1<<10)
 	send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
-	if err := syncRound(ctx, s, rs, send, []stages.Sink{stages.NewHostModel(), stages.NewHostModel()}); err != nil {
+	if err := syncRound(ctx, s, rs, send, []stages.Sink{sink.NewHostModel(), sink.NewHostModel()}); err != nil {
 		t.Fatal(err)
 	}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs[0] = rs[0].AwaitEnd(ctx) })
-	wg.Go(func() { _, errs[1] = rs[1].Receive(ctx, stages.NewHostModel()) })
+	wg.Go(func() { _, errs[1] = rs[1].Receive(ctx, sink.NewHostModel()) })
 	time.Sleep(100 * time.Millisecond) // let them wait; the end must reach them either way
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
@@ -508,7 +510,7 @@ func TestFirstRoundFailsWhileAReceiverOpens(t *testing.T) {
 				errs[r] = err
 				return
 			}
-			_, errs[r] = rcv.Receive(ctx, stages.NewHostModel())
+			_, errs[r] = rcv.Receive(ctx, sink.NewHostModel())
 			rcv.Close()
 		})
 	}
@@ -538,7 +540,7 @@ func TestReceiveIntoHost(t *testing.T) {
 			dsts[i] = append(dsts[i], Ref{Name: tn.Name, DType: tn.DType.String(), Shape: tn.Shape, Data: make([]byte, len(tn.Data))})
 		}
 	}
-	into := func(ctx context.Context, version uint64, src stages.Tensors) []error {
+	into := func(ctx context.Context, version uint64, src source.Tensors) []error {
 		return intoRound(ctx, rs, dsts, func(ctx context.Context) error { _, err := s.Send(ctx, src, version); return err })
 	}
 	for v := uint64(1); v <= 2; v++ {
@@ -631,7 +633,7 @@ func TestCloseAfterTheRootLeft(t *testing.T) {
 	defer cancel()
 	src := randomTensors(rand.New(rand.NewPCG(3, 3)), 5, 1<<10)
 	send := func(ctx context.Context) error { _, err := s.Send(ctx, src, 1); return err }
-	if err := syncRound(ctx, s, rs, send, []stages.Sink{stages.NewHostModel(), stages.NewHostModel()}); err != nil {
+	if err := syncRound(ctx, s, rs, send, []stages.Sink{sink.NewHostModel(), sink.NewHostModel()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil { // waits a bounded while for the receivers to leave, then goes

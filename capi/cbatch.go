@@ -10,7 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/weightcast/weightcast/gpu"
-	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/sink"
 )
 
 // cBatch is a batch described in C memory for wc_next: the wc_batch, its
@@ -25,7 +25,7 @@ type cBatch struct {
 func cAlloc(n int) unsafe.Pointer { return C.calloc(C.size_t(max(n, 1)), 1) }
 
 // newCBatch describes b in C memory.
-func newCBatch(b *stages.Batch) *cBatch {
+func newCBatch(b *sink.Batch) *cBatch {
 	var nameLen, ndims int
 	for _, v := range b.Views {
 		nameLen += len(v.Entry.Name)
@@ -80,7 +80,7 @@ func newCBatch(b *stages.Batch) *cBatch {
 // bucketOf returns the range of the bucket that the batch's views not
 // assembled elsewhere lie in, so that a caller can view it as one array
 // and slice the tensors out of it.
-func bucketOf(b *stages.Batch, ts []C.wc_tensor) (base, n C.uint64_t, device C.int32_t) {
+func bucketOf(b *sink.Batch, ts []C.wc_tensor) (base, n C.uint64_t, device C.int32_t) {
 	var lo, hi uint64
 	device = -1
 	for i := range b.Views {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -280,13 +281,13 @@ func (h *senderHandle) close() error {
 
 type receiverHandle struct {
 	r     *weightcast.Receiver
-	views *stages.Views
+	views *sink.Views
 	dev   *gpu.CUDADevice // the receiver's GPU, when its buckets are on one
 	roundRunner
 
 	mu   sync.Mutex
-	held *stages.Batch // handed out by next, not yet released
-	out  *cBatch       // the C memory describing held
+	held *sink.Batch // handed out by next, not yet released
+	out  *cBatch     // the C memory describing held
 }
 
 func openReceiver(text string) (int64, error) {
@@ -300,7 +301,7 @@ func openReceiver(text string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	h := &receiverHandle{r: r, views: stages.NewViews(cHost{}, o.Timeout)}
+	h := &receiverHandle{r: r, views: sink.NewViews(cHost{}, o.Timeout)}
 	h.dev, _ = r.Device().(*gpu.CUDADevice)
 	return register(h), nil
 }

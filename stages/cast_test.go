@@ -4,17 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"fmt"
-	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
-	"github.com/weightcast/weightcast/safetensors"
-	"github.com/weightcast/weightcast/safetensors/safetensorstest"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // convert16 converts each element of src (of dtype from) to to, element by
@@ -45,65 +41,6 @@ func convert16(t testing.TB, src []byte, from, to dtype.DType) []byte {
 		out = []byte{}
 	}
 	return out
-}
-
-func TestCastCheckpoint(t *testing.T) {
-	src := t.TempDir()
-	data := safetensorstest.Write(t, src, 11, safetensorstest.CastShards(), true)
-	ckpt, err := OpenCheckpoint(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ckpt.Close()
-	srcTypes := map[string]dtype.DType{}
-	for _, sh := range safetensorstest.CastShards() {
-		for _, s := range sh {
-			srcTypes[s.Name] = s.DType
-		}
-	}
-	for _, to := range []dtype.DType{dtype.BF16, dtype.F16} {
-		for _, bucket := range []int{4 << 10, 1 << 20} {
-			t.Run(fmt.Sprintf("%s/bucket=%d", to, bucket), func(t *testing.T) {
-				outs := safetensorstest.OutDirs(t, 3)
-				syncTo(t, Cast(ckpt, to), bucket, outs, 1)
-				for _, o := range outs {
-					m, err := safetensors.OpenModel(o)
-					if err != nil {
-						t.Fatalf("the package reader refuses the cast checkpoint: %v", err)
-					}
-					if got := m.Index().Metadata["note"]; got != "sharded for tests" {
-						t.Fatalf("index metadata note %v", got)
-					}
-					m.Close()
-					n := 0
-					for _, f := range safetensorstest.DirFiles(t, o) {
-						if !strings.HasSuffix(f, ".safetensors") {
-							continue
-						}
-						meta, tensors := safetensorstest.ReadRaw(t, filepath.Join(o, f))
-						if !maps.Equal(meta, safetensorstest.Meta) {
-							t.Fatalf("%s: metadata %v", f, meta)
-						}
-						for name, mt := range tensors {
-							n++
-							from := srcTypes[name]
-							want, wantType := data[name], from
-							if castable(from, to) {
-								want, wantType = convert16(t, data[name], from, to), to
-							}
-							if mt.DType != wantType.String() || !bytes.Equal(mt.Data, want) {
-								t.Fatalf("%s: tensor %s is %s of %d bytes, want %s of %d bytes (source %s), or its values differ",
-									f, name, mt.DType, len(mt.Data), wantType, len(want), from)
-							}
-						}
-					}
-					if n != len(data) {
-						t.Fatalf("%s holds %d tensors, want %d", o, n, len(data))
-					}
-				}
-			})
-		}
-	}
 }
 
 func TestCastInMemory(t *testing.T) {
@@ -212,5 +149,28 @@ func TestCastNoOp(t *testing.T) {
 	}
 	if _, ok := Cast(src, dtype.BF16).(Lookuper).Lookup("a"); ok {
 		t.Fatal("found a tensor in a source that cannot look up")
+	}
+}
+
+// TestCastSourceInfo checks that Cast announces the cast dtype for the
+// tensors it casts, and leaves its source's description alone.
+func TestCastSourceInfo(t *testing.T) {
+	info := &wire.SourceInfo{Format: "safetensors", Shards: []wire.ShardInfo{
+		{File: "a", Tensors: []string{"w", "i"}, DTypes: []dtype.DType{dtype.F32, dtype.I64}, Shapes: [][]int64{{2}, {2}}},
+		{File: "b", Tensors: []string{"h"}, DTypes: []dtype.DType{dtype.BF16}, Shapes: [][]int64{{4}}},
+	}}
+	got := castInfo(info, dtype.BF16)
+	if !slices.Equal(got.Shards[0].DTypes, []dtype.DType{dtype.BF16, dtype.I64}) || !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.BF16}) {
+		t.Fatalf("cast to BF16 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
+	}
+	if info.Shards[0].DTypes[0] != dtype.F32 {
+		t.Fatal("castInfo modified its source's description")
+	}
+	if got := castInfo(info, dtype.F32); !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.F32}) || !slices.Equal(got.Shards[0].DTypes, info.Shards[0].DTypes) {
+		t.Fatalf("cast to F32 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
+	}
+	noFloats := &wire.SourceInfo{Shards: []wire.ShardInfo{{File: "a", Tensors: []string{"i"}, DTypes: []dtype.DType{dtype.I64}, Shapes: [][]int64{{2}}}}}
+	if castInfo(noFloats, dtype.BF16) != noFloats {
+		t.Fatal("castInfo copied a description it does not change")
 	}
 }

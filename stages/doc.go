@@ -37,17 +37,19 @@
 // Load) compose custom pipelines, such as one that drops frozen tensors
 // between iterate and pack.
 //
-// Sources: Tensors (a list), Synthetic (a deterministic transformer-shaped
-// model generated on demand), OpenCheckpoint (safetensors files, streamed
-// from disk straight into buckets), and Cast, which marks floating tensors
-// to be converted to the rollout dtype as pack copies them
-// (Tensor.SourceDType). Sinks: HostModel and DeviceModel (updated in place
-// round after round), ChecksumSink, Verify, Callback, WriteSafetensors (the
-// received model written back as the source's files), and Sinks, which
-// combines several. A sink declares what else it can do by the optional
-// interfaces it implements (Beginner, Committer, DeviceSink, DeviceTarget,
-// Holder); load
-// asks each sink itself, through Sinks too.
+// The stages consume a Source and a Sink, interfaces declared here (with
+// the capabilities a source or sink may add: Describer, Lookuper; Beginner,
+// Committer, DeviceSink, DeviceTarget, Holder, Aborter). The models a
+// sender sends are package source's (a list of Tensors, a Synthetic model
+// generated on demand, a Checkpoint of safetensors files streamed from
+// disk straight into buckets), and the destinations package sink's (host
+// and device models updated in place round after round, safetensors files,
+// views, verifiers, checksums, callbacks); both import this package, never
+// the other way round. What the stages themselves act on stays here: Cast,
+// which marks floating tensors to be converted to the rollout dtype as
+// pack copies them (Tensor.SourceDType), Quantize, which marks weights to
+// be quantized as pack copies them, and Sinks, which combines several
+// sinks and which load sees through, asking each member what it can do.
 //
 // Rounds are all or nothing. Every round carries a model version; once
 // every receiver has acknowledged every bucket, Sender.Sync announces the
@@ -56,9 +58,9 @@
 // (Committed, WaitCommitted) and tell its sink (Committer). After a failed
 // round, Receiver.State says whether the sink still holds the committed
 // version (StateIntact) or was partly overwritten (StatePartial: resync),
-// from what the sink holds (Holding): a HostModel made WithShadow and
-// WriteSafetensors load each round into a copy of their own and switch on
-// commit, so the committed version stays servable throughout.
+// from what the sink holds (Holding): a sink.HostModel made WithShadow and
+// sink.WriteSafetensors load each round into a copy of their own and
+// switch on commit, so the committed version stays servable throughout.
 //
 // On GPUs the same stages run on device memory: a Pool of device buffers
 // makes Pack copy into device buckets (device tensors device to device,

@@ -12,6 +12,8 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
@@ -43,7 +45,7 @@ func Example_checkpoint() {
 	}
 	w.Close()
 
-	ckpt, err := stages.OpenCheckpoint(src)
+	ckpt, err := source.OpenCheckpoint(src)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -75,7 +77,7 @@ func Example_checkpoint() {
 			defer sub.Close()
 			receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool, Rank: rank})
 			defer receiver.Close()
-			if _, err := receiver.Sync(ctx, stages.WriteSafetensors(out)); err != nil {
+			if _, err := receiver.Sync(ctx, sink.WriteSafetensors(out)); err != nil {
 				fmt.Println("receive failed:", err)
 			}
 		})

@@ -8,6 +8,8 @@ import (
 
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
@@ -18,7 +20,7 @@ import (
 // one process, over the in-process transport.
 func Example() {
 	ctx := context.Background()
-	model, _ := stages.Synthetic{Size: 4 << 20, Tensors: 22, Seed: 1}.Model()
+	model, _ := source.Synthetic{Size: 4 << 20, Tensors: 22, Seed: 1}.Model()
 
 	const world = 3
 	var wg sync.WaitGroup
@@ -42,7 +44,7 @@ func Example() {
 			defer sub.Close()
 			receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool})
 			defer receiver.Close()
-			if _, err := receiver.Sync(ctx, stages.Verify(model)); err != nil {
+			if _, err := receiver.Sync(ctx, sink.Verify(model)); err != nil {
 				fmt.Println("rank", rank, "failed:", err)
 			}
 		})
@@ -56,7 +58,7 @@ func Example() {
 // embeddings), so they are never packed or sent.
 func Example_customPipeline() {
 	ctx := context.Background()
-	model, _ := stages.Synthetic{Size: 1 << 20, Tensors: 13, Seed: 1}.Model()
+	model, _ := source.Synthetic{Size: 1 << 20, Tensors: 13, Seed: 1}.Model()
 	const world = 2
 	var wg sync.WaitGroup
 	for rank := range world {
@@ -70,13 +72,13 @@ func Example_customPipeline() {
 				sub, _ := inproc.OpenSubscriber(ctx, cfg)
 				defer sub.Close()
 				var names []string
-				sink := stages.Callback(func(ctx context.Context, t stages.Received) error {
+				into := sink.Callback(func(ctx context.Context, t sink.Received) error {
 					names = append(names, t.Name)
 					return nil
 				}, nil)
 				receiver := stages.NewReceiver(stages.ReceiverConfig{Endpoint: ep, Subscriber: sub, Pool: pool})
 				defer receiver.Close()
-				if _, err := receiver.Sync(ctx, sink); err != nil {
+				if _, err := receiver.Sync(ctx, into); err != nil {
 					fmt.Println("rank", rank, "failed:", err)
 				}
 				fmt.Println("received", len(names), "tensors; embeddings among them:", strings.Contains(strings.Join(names, " "), "embed_tokens"), "; committed version", receiver.Committed())

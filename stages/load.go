@@ -37,7 +37,9 @@ import (
 //     shadowed sink's unfinished files), which the Receiver asks for.
 //
 // Several sinks are combined with Sinks, which Load and the Receiver see
-// through (Unwrap), so that each member keeps its capabilities.
+// through (Unwrap), so that each member keeps its capabilities. The sinks
+// themselves are package sink's; the interfaces stay here, with the stages
+// that consume them.
 
 // Sink is where a receiver puts what it received.
 type Sink interface {
@@ -102,16 +104,16 @@ type Holding int
 
 const (
 	// HoldsInPlace: the sink updates what it holds as bytes arrive
-	// (HostModel, DeviceModel, ChecksumSink): a failed round that reached
+	// (sink.HostModel, DeviceModel, Checksums): a failed round that reached
 	// it leaves it partial. A Sink that is no Holder holds in place.
 	HoldsInPlace Holding = iota
 	// HoldsShadowed: the sink loads a round into a copy of its own and
-	// switches to it only in Committed (a HostModel made WithShadow,
-	// WriteSafetensors): a failed round leaves the committed version in
-	// place.
+	// switches to it only in Committed (a sink.HostModel made
+	// WithShadow, sink.WriteSafetensors): a failed round leaves the
+	// committed version in place.
 	HoldsShadowed
-	// HoldsNothing: the sink keeps no copy of the model (Verify): a failed
-	// round leaves nothing to resync.
+	// HoldsNothing: the sink keeps no copy of the model (sink.Verify): a
+	// failed round leaves nothing to resync.
 	HoldsNothing
 )
 
@@ -121,9 +123,10 @@ type Holder interface {
 }
 
 // Aborter is implemented by Sinks that keep a round's work apart until it
-// is committed and can drop it (WriteSafetensors' hidden round directory):
-// a Receiver calls Abort after a round that failed, so that nothing of the
-// round is left behind. Abort keeps the last committed version.
+// is committed and can drop it (sink.WriteSafetensors' hidden round
+// directory): a Receiver calls Abort after a round that failed, so that
+// nothing of the round is left behind. Abort keeps the last committed
+// version.
 type Aborter interface {
 	Abort() error
 }

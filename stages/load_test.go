@@ -2,15 +2,12 @@ package stages
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/weightcast/weightcast/mem"
-	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -30,64 +27,6 @@ func (f *failAfter) Load(ctx context.Context, e *wire.Entry, data []byte) error 
 
 func (f *failAfter) Commit(ctx context.Context, version uint64) error { f.seen = 0; return nil }
 func (f *failAfter) Holding() Holding                                 { return HoldsNothing }
-
-// snapshot copies dir's files into a new directory and returns it.
-func snapshot(t *testing.T, dir string) string {
-	t.Helper()
-	out := t.TempDir()
-	for _, name := range safetensorstest.DirFiles(t, dir) {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(out, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
-}
-
-// TestSafetensorsFailedRoundIntact: a receiver that writes each round with
-// WriteSafetensors, beside a sink that keeps nothing (combined with Sinks,
-// as the demo's --out and --verify are), still holds the last committed
-// round's files, byte for byte, after a round that fails, and says so:
-// State is intact, whether its own round failed after some tensors were
-// written, or another receiver failed after this one had the whole round
-// (its files are finished then, but only the group's commit puts them in
-// place); and the Receiver has the sink drop the failed round's files.
-func TestSafetensorsFailedRoundIntact(t *testing.T) {
-	for _, c := range []struct {
-		name    string
-		failOwn bool
-	}{{"own round fails mid-way", true}, {"another receiver fails", false}} {
-		t.Run(c.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "out")
-			files := WriteSafetensors(dir, SafetensorsWithoutSync())
-			other := &failAfter{}
-			bad := &failCommit{memModel: newMemModel()}
-			sinks := []Sink{Sinks(files, other), bad}
-			g, _ := commitGroup(t, groupFault{}, sinks)
-			before := snapshot(t, dir)
-			if len(safetensorstest.DirFiles(t, before)) == 0 {
-				t.Fatal("round 1 wrote no files")
-			}
-			if c.failOwn {
-				other.n = 5
-			} else {
-				bad.fail = true
-			}
-			errs := g.failedRound(t, 2, sinks)
-			if errs[1] == nil {
-				t.Fatal("rank 1 reported success")
-			}
-			r := g.receivers[0]
-			if r.State() != StateIntact || r.Committed() != 1 {
-				t.Fatalf("rank 1: state %v, committed %d; want intact at 1 (%v)", r.State(), r.Committed(), errs[1])
-			}
-			safetensorstest.SameFiles(t, before, dir) // and no hidden round directory left behind
-		})
-	}
-}
 
 // recordSink is a host sink that records what it was told.
 type recordSink struct {

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,8 +13,6 @@ import (
 	"github.com/weightcast/weightcast/cast"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
-	"github.com/weightcast/weightcast/safetensors"
-	"github.com/weightcast/weightcast/safetensors/safetensorstest"
 )
 
 // bf16Weights returns n normal values with standard deviation sd as BF16
@@ -163,72 +160,6 @@ func checkDequantized(t *testing.T, name string, codes, scaleBytes, w []byte, fr
 		}
 		if math.Abs(d-o) > step/2*s+math.Abs(o)*0x1p-20 {
 			t.Fatalf("%s element %d: %g dequantized to %g, beyond the FP8 rounding bound", name, i, o, d)
-		}
-	}
-}
-
-// TestQuantizeCheckpoint writes a quantized checkpoint through the
-// safetensors sink: the files list each picked weight as F8_E4M3 with its
-// F32 scales next to it, and read back as package quant computes them.
-func TestQuantizeCheckpoint(t *testing.T) {
-	dir := t.TempDir()
-	shards := [][]safetensorstest.Spec{
-		{
-			{Name: "model.embed_tokens.weight", DType: dtype.BF16, Shape: []int64{50, 64}},
-			{Name: "model.layers.0.self_attn.o_proj.weight", DType: dtype.BF16, Shape: []int64{200, 130}},
-			{Name: "model.norm.weight", DType: dtype.BF16, Shape: []int64{64}},
-		},
-		{
-			{Name: "model.layers.0.mlp.gate_proj.weight", DType: dtype.F16, Shape: []int64{64, 300}},
-			{Name: "lm_head.weight", DType: dtype.BF16, Shape: []int64{50, 64}},
-		},
-	}
-	data := safetensorstest.Write(t, dir, 5, shards, true)
-	ckpt, err := OpenCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ckpt.Close()
-	qs, err := Quantize(ckpt, QuantizeConfig{Scheme: quant.FP8Block})
-	if err != nil {
-		t.Fatal(err)
-	}
-	outs := safetensorstest.OutDirs(t, 2)
-	syncTo(t, qs, 8<<10, outs, 1)
-	for _, o := range outs {
-		m, err := safetensors.OpenModel(o)
-		if err != nil {
-			t.Fatalf("the package reader refuses the quantized checkpoint: %v", err)
-		}
-		m.Close()
-		found := map[string]*safetensorstest.RawTensor{}
-		for _, f := range safetensorstest.DirFiles(t, o) {
-			if strings.HasSuffix(f, ".safetensors") {
-				_, ts := safetensorstest.ReadRaw(t, filepath.Join(o, f))
-				for k, v := range ts {
-					found[k] = v
-				}
-			}
-		}
-		for _, sh := range shards {
-			for _, s := range sh {
-				got := found[s.Name]
-				if !quant.Default(s.Name, s.DType, s.Shape) {
-					if got == nil || got.DType != s.DType.String() || !bytes.Equal(got.Data, data[s.Name]) {
-						t.Fatalf("%s: %+v, want it as it was", s.Name, got)
-					}
-					continue
-				}
-				rows, cols := int(s.Shape[0]), int(s.Shape[1])
-				codes, scales := wantQuantized(t, data[s.Name], s.DType, rows, cols)
-				sc := found[s.Name+quant.ScaleSuffix]
-				if got == nil || got.DType != "F8_E4M3" || !bytes.Equal(got.Data, codes) || sc == nil || sc.DType != "F32" || !bytes.Equal(sc.Data, scaleBytes(scales)) {
-					t.Fatalf("%s: codes or scales missing or different", s.Name)
-				}
-			}
-		}
-		if len(found) != 7 {
-			t.Fatalf("%d tensors written, want 5 and 2 scales", len(found))
 		}
 	}
 }

@@ -88,22 +88,3 @@ func TestRoundTripRandom(t *testing.T) {
 		})
 	}
 }
-
-func TestSyntheticVerify(t *testing.T) {
-	m, err := Synthetic{Size: 8 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 7}.Model()
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := newGroup(t, groupOpts{world: 3, bucket: 1 << 20, checksum: true})
-	ctx := context.Background()
-	sinks := []Sink{Verify(m), Verify(m)}
-	for round := uint64(1); round <= 3; round++ {
-		if err := g.round(ctx, m, round, sinks); err != nil {
-			t.Fatal(err)
-		}
-	}
-	v := sinks[0].(*VerifySink)
-	if v.Bytes != 3*m.Size() || v.Tensors != 3*len(m.List()) {
-		t.Fatalf("verified %d bytes, %d tensors; model %d bytes, %d tensors", v.Bytes, v.Tensors, m.Size(), len(m.List()))
-	}
-}

@@ -195,17 +195,11 @@ type Source interface {
 	Tensors(ctx context.Context, emit func(*Tensor) error) error
 }
 
-// Tensors is a Source over a fixed list of tensors.
-type Tensors []*Tensor
-
-// Tensors emits each tensor of the list in order.
-func (ts Tensors) Tensors(ctx context.Context, emit func(*Tensor) error) error {
-	for _, t := range ts {
-		if err := emit(t); err != nil {
-			return err
-		}
-	}
-	return nil
+// Lookuper finds a tensor by name: a source that can (source.Synthetic's
+// model, a source.Checkpoint, and Cast and Quantize over one), which
+// sink.Verify and sink.DeviceModel.Verify compare received bytes with.
+type Lookuper interface {
+	Lookup(name string) (*Tensor, bool)
 }
 
 // onDevice reports whether b is memory that only the GPU reads (device

@@ -18,6 +18,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -573,7 +574,7 @@ func (c *config) checkSyntheticSize(raw string) error {
 	if c.size == 0 {
 		return fmt.Errorf("--size %s: a model needs at least one byte; give a size such as 1GiB", raw)
 	}
-	least, err := stages.Synthetic{Size: 0, Tensors: c.tensors, DTypes: c.dtypes}.Model()
+	least, err := source.Synthetic{Size: 0, Tensors: c.tensors, DTypes: c.dtypes}.Model()
 	if err != nil {
 		return fmt.Errorf("--size, --tensors, --dtypes: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
 	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
@@ -73,7 +74,7 @@ func (c *config) gpuList() ([]int, error) {
 type deviceModel struct {
 	dev     *gpu.CUDADevice
 	buf     mem.Buffer
-	tensors stages.Tensors
+	tensors source.Tensors
 }
 
 func newDeviceModel(dev *gpu.CUDADevice, m model) (*deviceModel, error) {

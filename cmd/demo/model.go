@@ -9,6 +9,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
 )
@@ -34,10 +35,10 @@ var (
 // same every round, opened once per process, cast to --dtype when asked.
 func (c *config) model(round int) (model, error) {
 	if c.modelPath == "" {
-		return stages.Synthetic{Size: c.size, Tensors: c.tensors, DTypes: c.dtypes, Seed: c.seed + uint64(round)}.Model()
+		return source.Synthetic{Size: c.size, Tensors: c.tensors, DTypes: c.dtypes, Seed: c.seed + uint64(round)}.Model()
 	}
 	checkpointOnce.Do(func() {
-		ck, err := stages.OpenCheckpoint(c.modelPath)
+		ck, err := source.OpenCheckpoint(c.modelPath)
 		if err != nil {
 			checkpointErr = err
 			return
@@ -83,7 +84,7 @@ type castModel struct {
 	size   int64
 }
 
-func newCastModel(ck *stages.Checkpoint, to dtype.DType) (*castModel, error) {
+func newCastModel(ck *source.Checkpoint, to dtype.DType) (*castModel, error) {
 	src := stages.Cast(ck, to)
 	lk, ok := src.(stages.Lookuper)
 	if !ok {

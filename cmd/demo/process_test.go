@@ -25,7 +25,7 @@ import (
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
 	"github.com/weightcast/weightcast/safetensors"
-	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/timeline"
 )
 
@@ -496,7 +496,7 @@ func TestQuantizeRound(t *testing.T) {
 			t.Fatalf("rank %d: %+v", r.Rank, r)
 		}
 	}
-	orig, err := stages.Synthetic{Size: 4 << 20, Tensors: 30, DTypes: []dtype.DType{dtype.BF16}, Seed: 1 + 2}.Model()
+	orig, err := source.Synthetic{Size: 4 << 20, Tensors: 30, DTypes: []dtype.DType{dtype.BF16}, Seed: 1 + 2}.Model()
 	if err != nil {
 		t.Fatal(err)
 	}

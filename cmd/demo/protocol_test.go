@@ -14,7 +14,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/rendezvous/rendezvoustest"
 	"github.com/weightcast/weightcast/safetensors"
-	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/source"
 )
 
 // python is the interpreter the Python tests run: $PYTHON, or Debian's,
@@ -97,7 +97,7 @@ func TestIndependentReceiver(t *testing.T) {
 	// Each version as the demo's root made it: the synthetic model of
 	// seed 1 + version (--seed 1, the default).
 	for v := 1; v <= rounds; v++ {
-		want, err := stages.Synthetic{Size: size, Tensors: tensors, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.I8}, Seed: 1 + uint64(v)}.Model()
+		want, err := source.Synthetic{Size: size, Tensors: tensors, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.I8}, Seed: 1 + uint64(v)}.Model()
 		if err != nil {
 			t.Fatal(err)
 		}

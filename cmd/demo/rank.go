@@ -11,6 +11,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
 )
@@ -266,12 +267,12 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 			res.State = receiver.State().String()
 		}
 	}()
-	var onDevice *stages.DeviceModel
+	var onDevice *sink.DeviceModel
 	if cuda != nil {
 		// A rollout worker's weights live on its GPU: allocated in the
 		// first round, updated in place after.
 		var err error
-		if onDevice, err = stages.NewDeviceModel(cuda); err != nil {
+		if onDevice, err = sink.NewDeviceModel(cuda); err != nil {
 			return err
 		}
 		defer onDevice.Close()
@@ -286,26 +287,26 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		if err != nil {
 			return err
 		}
-		var sink stages.Sink = &discard{}
-		var verify *stages.VerifySink
+		var into stages.Sink = &discard{}
+		var verify *sink.Verifier
 		var sinks []stages.Sink
 		if c.verify && (onDevice == nil || c.out != "") {
-			verify = stages.Verify(want1)
+			verify = sink.Verify(want1)
 			sinks = append(sinks, verify)
 		}
 		if c.out != "" {
 			// Written from host memory; device buckets are copied out first.
-			sinks = append(sinks, stages.WriteSafetensors(c.outDir(rank)))
+			sinks = append(sinks, sink.WriteSafetensors(c.outDir(rank)))
 		}
 		switch {
 		case len(sinks) == 1:
-			sink = sinks[0]
+			into = sinks[0]
 		case len(sinks) > 1:
-			sink = stages.Sinks(sinks...) // each keeps what it can do: a verifier holds nothing, the files are shadowed
+			into = stages.Sinks(sinks...) // each keeps what it can do: a verifier holds nothing, the files are shadowed
 		case onDevice != nil:
-			sink = onDevice
+			into = onDevice
 		}
-		st, err := receiver.Receive(ctx, sink)
+		st, err := receiver.Receive(ctx, into)
 		gpuMemory()
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
@@ -319,7 +320,7 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 			want += want1Size
 			res.VerifyScope = "every round"
 		}
-		if onDevice != nil && sink == stages.Sink(onDevice) && c.verify && round == c.rounds {
+		if onDevice != nil && into == stages.Sink(onDevice) && c.verify && round == c.rounds {
 			// Reading a GPU model back costs far more than receiving it,
 			// so the device path checks the final version: every tensor,
 			// byte for byte, against the last round's bytes.

@@ -25,6 +25,8 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/tcp"
@@ -43,7 +45,7 @@ func main() {
 func run(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	weights, err := stages.Synthetic{Size: 16 << 20, Tensors: 30, Seed: 1}.Model()
+	weights, err := source.Synthetic{Size: 16 << 20, Tensors: 30, Seed: 1}.Model()
 	if err != nil {
 		return err
 	}
@@ -54,7 +56,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	err = ranks(out, "front door", n, weights, func(rank int, model *stages.HostModel) error {
+	err = ranks(out, "front door", n, weights, func(rank int, model *sink.HostModel) error {
 		o := weightcast.Options{Rank: rank, WorldSize: n, Rendezvous: "etcd://" + addr, ServeRendezvous: rank == 0,
 			RunID: runID, BucketSize: 4 << 20}
 		return syncMember(ctx, o, weights, 1, model)
@@ -68,19 +70,19 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer etcd.Close()
-	return ranks(out, "by hand", n, weights, func(rank int, model *stages.HostModel) error {
+	return ranks(out, "by hand", n, weights, func(rank int, model *sink.HostModel) error {
 		return syncRank(ctx, []string{etcd.ClientURL()}, runID, rank, n, weights, 1, model)
 	})
 }
 
 // ranks runs sync for every rank on a goroutine of its own, each loading
 // into a model of its own, and checks that every receiver holds weights.
-func ranks(out io.Writer, how string, n int, weights *stages.SyntheticModel, sync1 func(rank int, model *stages.HostModel) error) error {
-	models := make([]*stages.HostModel, n)
+func ranks(out io.Writer, how string, n int, weights *source.SyntheticModel, sync1 func(rank int, model *sink.HostModel) error) error {
+	models := make([]*sink.HostModel, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for rank := range n {
-		models[rank] = stages.NewHostModel()
+		models[rank] = sink.NewHostModel()
 		wg.Go(func() {
 			if err := sync1(rank, models[rank]); err != nil {
 				errs[rank] = fmt.Errorf("%s: rank %d: %w", how, rank, err)
@@ -117,7 +119,7 @@ func freeAddr() (string, error) {
 // where the group meets (rank 0 serves the rendezvous when
 // o.ServeRendezvous is set, as under torchrun, where Options.FromEnv fills
 // o); rank 0 sends weights as version step and every other rank loads it
-// into model (a stages.HostModel, a DeviceModel, WriteSafetensors(dir), ...).
+// into model (a sink.HostModel, a DeviceModel, WriteSafetensors(dir), ...).
 func syncMember(ctx context.Context, o weightcast.Options, weights stages.Source, step uint64, model stages.Sink) (err error) {
 	if o.Rank > 0 {
 		return receiveMember(ctx, o, model)
@@ -153,7 +155,7 @@ func receiveMember(ctx context.Context, o weightcast.Options, model stages.Sink)
 // syncRank is one rank of a sync group: every rank runs it with its own
 // rank, and rank 0 sends weights as version step. etcd lists the
 // rendezvous's endpoints; runID is the same on every rank of a launch and
-// new for each launch. A receiver loads into model: a stages.HostModel, a
+// new for each launch. A receiver loads into model: a sink.HostModel, a
 // DeviceModel, WriteSafetensors(dir) or Callback(fn, commit).
 func syncRank(ctx context.Context, etcd []string, runID string, rank, n int, weights stages.Source, step uint64, model stages.Sink) (err error) {
 	store, err := rendezvous.DialEtcd(ctx, etcd, 10*time.Second)
@@ -210,7 +212,7 @@ func closeInto(err *error, c io.Closer) { *err = errors.Join(*err, c.Close()) }
 // [README: end]
 
 // same checks that model holds every tensor of want, byte for byte.
-func same(want *stages.SyntheticModel, model *stages.HostModel) error {
+func same(want *source.SyntheticModel, model *sink.HostModel) error {
 	for _, t := range want.List() {
 		size, err := t.Size()
 		if err != nil {

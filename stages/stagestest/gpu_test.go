@@ -11,6 +11,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/nccl/nccltest"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/ncclx"
@@ -96,7 +97,7 @@ func BenchmarkNCCLPipeline(b *testing.B) {
 	d := gputest.Open(b, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	b.Cleanup(cancel)
-	var src stages.Tensors
+	var src source.Tensors
 	s := gputest.Stream(b, d)
 	for i := range pipeTensors {
 		t := gputest.Alloc(b, d, pipeBucket)

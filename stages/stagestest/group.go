@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/inproc"
@@ -159,4 +160,27 @@ func (g *Group) run(ctx context.Context, src stages.Source, version uint64, sink
 	}
 	wg.Wait()
 	return errs
+}
+
+// WriteRounds runs rounds 1 to rounds of src through a new Group of
+// 1+len(outs) ranks with buckets of bucket bytes and checksums, whose
+// receivers write each round with sink.WriteSafetensors (without fsync)
+// into outs, and returns their sinks.
+func WriteRounds(tb testing.TB, src stages.Source, bucket int, outs []string, rounds int) []*sink.Safetensors {
+	tb.Helper()
+	g := NewGroup(tb, GroupOptions{World: len(outs) + 1, Bucket: bucket, Checksum: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sinks []stages.Sink
+	var sts []*sink.Safetensors
+	for _, o := range outs {
+		s := sink.WriteSafetensors(o, sink.SafetensorsWithoutSync())
+		sinks, sts = append(sinks, s), append(sts, s)
+	}
+	for round := 1; round <= rounds; round++ {
+		if err := g.Round(ctx, src, uint64(round), sinks); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return sts
 }

@@ -25,6 +25,8 @@ import (
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/transporttest"
@@ -91,11 +93,11 @@ func (r *Rank) Close() error {
 }
 
 // Model is what a receiver loads rounds into and checks them by: a
-// stages.DeviceModel on a GPU, verified by reading it back after a round;
+// sink.DeviceModel on a GPU, verified by reading it back after a round;
 // on the host a sink that verifies every byte as it arrives.
 type Model struct {
-	dm      *stages.DeviceModel // on a GPU
-	vs      *stages.VerifySink  // on the host
+	dm      *sink.DeviceModel // on a GPU
+	vs      *sink.Verifier    // on the host
 	want    stages.Lookuper
 	checked int64 // the host sink's count at the last Verify
 }
@@ -104,13 +106,13 @@ type Model struct {
 // want.
 func NewModel(d mem.Device, want stages.Lookuper) (*Model, error) {
 	if cd, ok := d.(*gpu.CUDADevice); ok {
-		dm, err := stages.NewDeviceModel(cd)
+		dm, err := sink.NewDeviceModel(cd)
 		if err != nil {
 			return nil, err
 		}
 		return &Model{dm: dm, want: want}, nil
 	}
-	return &Model{vs: stages.Verify(want), want: want}, nil
+	return &Model{vs: sink.Verify(want), want: want}, nil
 }
 
 // Sink is what Receiver.Sync loads into.
@@ -163,7 +165,7 @@ type Rounds struct {
 	// on device 0.
 	DevicePerRank bool
 	World         int
-	Model         stages.Synthetic
+	Model         source.Synthetic
 	Bucket        int
 	Rounds        int
 	// Timeout bounds each wait of the transport and the bus; 0 means 60 s.
@@ -344,7 +346,7 @@ func (r *Rounds) play(ctx context.Context, g transporttest.Group, rank int, logf
 // round sends round v of src (want's tensors) from the root, or receives
 // it into m on a receiver and verifies it against want. On the root it
 // returns how many buckets the receivers read in place.
-func (r *Rounds) round(ctx context.Context, rk *Rank, rank int, v uint64, src stages.Source, want *stages.SyntheticModel, m *Model, logf func(string, ...any)) (int, error) {
+func (r *Rounds) round(ctx context.Context, rk *Rank, rank int, v uint64, src stages.Source, want *source.SyntheticModel, m *Model, logf func(string, ...any)) (int, error) {
 	if rk.Sender != nil {
 		st, err := rk.Sender.Sync(ctx, src, v)
 		if err == nil {
@@ -370,7 +372,7 @@ func (r *Rounds) round(ctx context.Context, rk *Rank, rank int, v uint64, src st
 // onDevice uploads want's tensors to dev, a GPU, each into an allocation
 // of its own, and returns them as device tensors with the function that
 // frees them.
-func onDevice(ctx context.Context, dev mem.Device, want *stages.SyntheticModel) (stages.Tensors, func() error, error) {
+func onDevice(ctx context.Context, dev mem.Device, want *source.SyntheticModel) (source.Tensors, func() error, error) {
 	cd, ok := dev.(*gpu.CUDADevice)
 	if !ok {
 		return nil, nil, fmt.Errorf("a device source needs a GPU, not %s", dev.Name())
@@ -388,7 +390,7 @@ func onDevice(ctx context.Context, dev mem.Device, want *stages.SyntheticModel) 
 		}
 		return errors.Join(errs...)
 	}
-	var ts stages.Tensors
+	var ts source.Tensors
 	for _, t := range want.List() {
 		n, err := t.Size()
 		if err != nil {

@@ -8,7 +8,7 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/nccl/nccltest"
-	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/ipc"
 	"github.com/weightcast/weightcast/transport/ncclx"
@@ -20,7 +20,7 @@ import (
 // tensors larger than a bucket, mixed dtypes.
 var overTCP = &Rounds{
 	Name: "tcp", Transport: tcp.Name, Memory: transporttest.HostMemory{}, World: 4,
-	Model:  stages.Synthetic{Size: 6 << 20, Tensors: 9, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 5},
+	Model:  source.Synthetic{Size: 6 << 20, Tensors: 9, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 5},
 	Bucket: 512 << 10, Rounds: 3,
 }
 
@@ -29,7 +29,7 @@ var overTCP = &Rounds{
 // received into DeviceModels, two rounds.
 var overIPC = &Rounds{
 	Name: "ipc", Transport: ipc.Name, Memory: gputest.CUDAMemory{}, World: 4,
-	Model:  stages.Synthetic{Size: 48 << 20, Tensors: 12, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 11},
+	Model:  source.Synthetic{Size: 48 << 20, Tensors: 12, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 11},
 	Bucket: 8 << 20, Rounds: 2, Timeout: 30 * time.Second,
 }
 
@@ -38,7 +38,7 @@ var overIPC = &Rounds{
 // read the tensors in place, mapping each allocation by its handle.
 var directIPC = &Rounds{
 	Name: "direct", Transport: ipc.Name, Memory: gputest.CUDAMemory{}, World: 4, DeviceSource: true,
-	Model:  stages.Synthetic{Size: 48 << 20, Tensors: 12, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 12},
+	Model:  source.Synthetic{Size: 48 << 20, Tensors: 12, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 12},
 	Bucket: 8 << 20, Rounds: 2, Timeout: 30 * time.Second,
 }
 
@@ -47,7 +47,7 @@ var directIPC = &Rounds{
 // DeviceModel on cuda:1, the communicator rebuilt between the rounds.
 var overNCCL = &Rounds{
 	Name: "nccl", Transport: ncclx.Name, Memory: nccltest.Memory{}, DevicePerRank: true, World: 2,
-	Model:  stages.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21},
+	Model:  source.Synthetic{Size: 256 << 20, Tensors: 40, DTypes: []dtype.DType{dtype.BF16, dtype.F32, dtype.F16}, Seed: 21},
 	Bucket: 32 << 20, Rounds: 2, Timeout: time.Minute,
 	BetweenRounds: func(ctx context.Context, ep transport.Endpoint) error { return ep.(*ncclx.Endpoint).Rebuild(ctx) },
 }

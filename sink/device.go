@@ -1,4 +1,4 @@
-package stages
+package sink
 
 import (
 	"bytes"
@@ -8,12 +8,33 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
 )
+
+// finalWait bounds a wait for copies still queued where no context bounds
+// it (Close, freeing memory a copy may still write), as it does the
+// stages': memory is never freed under a copy.
+const finalWait = time.Minute
+
+// flushEvery bounds the copies a DeviceModel collects before it queues
+// them, as pack's device fill does, so that the GPU starts on a bucket of
+// many small tensors early.
+const flushEvery = 4096
+
+// cudaDeviceOf returns the CUDA device that owns b.
+func cudaDeviceOf(b mem.Buffer) (*gpu.CUDADevice, error) {
+	d, ok := gpu.Unfence(b).Device().(*gpu.CUDADevice)
+	if !ok {
+		return nil, fmt.Errorf("buffer on %s is not CUDA device memory", b.Device().Name())
+	}
+	return d, nil
+}
 
 // DeviceTensor is one tensor held by a DeviceModel.
 type DeviceTensor struct {
@@ -23,7 +44,7 @@ type DeviceTensor struct {
 	Buf mem.Buffer
 }
 
-// DeviceModel is a Sink that keeps the received model in device memory,
+// DeviceModel is a stages.Sink that keeps the received model in device memory,
 // the destination of a rollout worker's weights. Tensors are allocated on
 // the first round that carries them and updated in place after (a tensor
 // whose dtype or shape changes is reallocated). Copies into them run on
@@ -31,7 +52,7 @@ type DeviceTensor struct {
 // batches; from host buckets host to device. Flush (called by Load after
 // each bucket) waits for them, so a bucket is never reused while a copy
 // out of it is in flight; Commit leaves every tensor complete. As a
-// DeviceTarget it also lets Load copy device buckets into its tensors
+// stages.DeviceTarget it also lets Load copy device buckets into its tensors
 // itself, with the buckets' checksums computed in the same pass.
 //
 // Its methods are safe for concurrent use. Close frees the tensors.
@@ -87,7 +108,7 @@ func NewDeviceModelOver(dev *gpu.CUDADevice, tensors map[string]*DeviceTensor) (
 	return m, nil
 }
 
-var _ DeviceTarget = (*DeviceModel)(nil)
+var _ stages.DeviceTarget = (*DeviceModel)(nil)
 
 // place returns the tensor of e, allocating it on first sight.
 func (m *DeviceModel) place(e *wire.Entry) (*DeviceTensor, error) {
@@ -298,7 +319,7 @@ type VerifyStats struct {
 // copying the model's bytes back in pieces of 16 MiB. It fails on the first
 // difference, naming the tensor and byte, and when want can list its
 // tensors, on a tensor missing from the model.
-func (m *DeviceModel) Verify(ctx context.Context, want Lookuper) (VerifyStats, error) {
+func (m *DeviceModel) Verify(ctx context.Context, want stages.Lookuper) (VerifyStats, error) {
 	var st VerifyStats
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -362,7 +383,7 @@ func (m *DeviceModel) Verify(ctx context.Context, want Lookuper) (VerifyStats, e
 		}
 		st.Tensors++
 	}
-	if l, ok := want.(interface{ List() []*Tensor }); ok && len(l.List()) != len(names) {
+	if l, ok := want.(interface{ List() []*stages.Tensor }); ok && len(l.List()) != len(names) {
 		return st, fmt.Errorf("the model holds %d tensors, the source has %d", len(names), len(l.List()))
 	}
 	return st, nil

@@ -1,4 +1,4 @@
-package stages
+package sink_test
 
 import (
 	"context"
@@ -13,13 +13,17 @@ import (
 
 	"github.com/weightcast/weightcast/internal/faultfs"
 	"github.com/weightcast/weightcast/safetensors/safetensorstest"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/stages/stagestest"
 	"github.com/weightcast/weightcast/wire"
 )
 
 // undescribed is a checkpoint whose description lists its files and
 // tensors but not their dtypes and shapes (as older senders sent it), so
-// that a SafetensorsSink spools all but each file's last tensor.
-type undescribed struct{ *Checkpoint }
+// that a Safetensors sink spools all but each file's last tensor.
+type undescribed struct{ *source.Checkpoint }
 
 func (u undescribed) SourceInfo() *wire.SourceInfo {
 	info := *u.Checkpoint.SourceInfo()
@@ -39,7 +43,7 @@ func (u undescribed) SourceInfo() *wire.SourceInfo {
 func TestSafetensorsSinkDiskFull(t *testing.T) {
 	src := t.TempDir()
 	safetensorstest.Write(t, src, 9, safetensorstest.Shards(), true)
-	ckpt, err := OpenCheckpoint(src)
+	ckpt, err := source.OpenCheckpoint(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +58,7 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name string
-		src  Source
+		src  stages.Source
 	}{{"announced", ckpt}, {"spooled", undescribed{ckpt}}} {
 		for _, room := range []int64{1, size / 7, size / 3, size / 2, size - 4096, size - 100} {
 			t.Run(fmt.Sprintf("%s/room %d of %d", c.name, room, size), func(t *testing.T) {
@@ -62,16 +66,16 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 				defer cancel()
 				outs := safetensorstest.OutDirs(t, 2)
 				disk := faultfs.New(3 * size)
-				g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true})
-				sinks := []Sink{WriteSafetensors(outs[0], SafetensorsWithFS(disk)), WriteSafetensors(outs[1], SafetensorsWithoutSync())}
-				if err := g.round(ctx, c.src, 1, sinks); err != nil {
+				g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 3, Bucket: 64 << 10, Checksum: true})
+				sinks := []stages.Sink{sink.WriteSafetensors(outs[0], sink.SafetensorsWithFS(disk)), sink.WriteSafetensors(outs[1], sink.SafetensorsWithoutSync())}
+				if err := g.Round(ctx, c.src, 1, sinks); err != nil {
 					t.Fatal(err)
 				}
 				if disk.Used() != size {
 					t.Fatalf("the committed round takes %d bytes of the disk, its files are %d", disk.Used(), size)
 				}
 				disk.SetCapacity(size + room)
-				errs := failingRound(ctx, g, c.src, 2, sinks)
+				errs := g.RoundClosingOnError(ctx, c.src, 2, sinks)
 				if !errors.Is(errs[1], syscall.ENOSPC) || !strings.Contains(errs[1].Error(), outs[0]) {
 					t.Fatalf("receiver 1: want ENOSPC naming a file under %s, got %v", outs[0], errs[1])
 				}
@@ -82,7 +86,7 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 				}
 				for i, o := range outs {
 					safetensorstest.SameFiles(t, src, o) // fails on a leftover round directory
-					if st := g.receivers[i].State(); st != StateIntact {
+					if st := g.Receivers[i].State(); st != stages.StateIntact {
 						t.Errorf("receiver %d: state %v, want intact", i+1, st)
 					}
 				}
@@ -93,9 +97,9 @@ func TestSafetensorsSinkDiskFull(t *testing.T) {
 				// The next run, with room for a round (spooled, a file's
 				// bytes are on the disk twice for a while).
 				disk.SetCapacity(3 * size)
-				g = newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true})
-				sinks[0] = WriteSafetensors(outs[0], SafetensorsWithFS(disk))
-				if err := g.round(ctx, c.src, 3, sinks); err != nil {
+				g = stagestest.NewGroup(t, stagestest.GroupOptions{World: 3, Bucket: 64 << 10, Checksum: true})
+				sinks[0] = sink.WriteSafetensors(outs[0], sink.SafetensorsWithFS(disk))
+				if err := g.Round(ctx, c.src, 3, sinks); err != nil {
 					t.Fatal(err)
 				}
 				safetensorstest.SameFiles(t, src, outs[0])

@@ -1,4 +1,4 @@
-package stages
+package source_test
 
 import (
 	"context"
@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/weightcast/weightcast/safetensors/safetensorstest"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/stages/stagestest"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -23,7 +26,7 @@ func dropCache(b *testing.B, paths []string) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := fadviseDontNeed(f, 0, 0); err != nil {
+		if err := source.FadviseDontNeed(f, 0, 0); err != nil {
 			b.Skipf("cannot drop the page cache here: %v", err)
 		}
 		f.Close()
@@ -52,7 +55,7 @@ func (plainWriter) Write(p []byte) (int, error) { return len(p), nil }
 // ("x-read"). Cold cases evict the files from the page cache before each
 // iteration (posix_fadvise DONTNEED), so they measure the disk.
 //
-//	go test -run '^$' -bench Checkpoint -benchtime 5x ./stages
+//	go test -run '^$' -bench Checkpoint -benchtime 5x ./source
 func BenchmarkCheckpoint(b *testing.B) {
 	if testing.Short() {
 		b.Skip("uses a 1 GiB checkpoint")
@@ -118,7 +121,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		// readers, into a 64 MiB buffer, one read per tensor) with no
 		// pipeline: the ceiling of the pack stage.
 		b.Run(cache+"/read/tensors-into-64MiB", func(b *testing.B) {
-			ckpt, err := OpenCheckpoint(dir)
+			ckpt, err := source.OpenCheckpoint(dir)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -126,7 +129,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 			buf := make([]byte, 64<<20)
 			timed(b, ckpt.Size(), func() error {
 				fill := int64(0)
-				return ckpt.Tensors(context.Background(), func(t *Tensor) error {
+				return ckpt.Tensors(context.Background(), func(t *stages.Tensor) error {
 					n, _ := t.Size()
 					if fill+n > int64(len(buf)) {
 						fill = 0
@@ -154,12 +157,12 @@ func BenchmarkCheckpoint(b *testing.B) {
 		for _, c := range cases {
 			name := fmt.Sprintf("%s/sync/bucket=%dMiB/readahead=%dMiB/sink=%s/bucketsum=%v", cache, c.bucket>>20, c.readAhead>>20, c.sink, c.checksum)
 			b.Run(name, func(b *testing.B) {
-				ckpt, err := OpenCheckpoint(dir, WithReadAhead(c.readAhead))
+				ckpt, err := source.OpenCheckpoint(dir, source.WithReadAhead(c.readAhead))
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer ckpt.Close()
-				g := newGroup(b, groupOpts{world: 2, bucket: c.bucket, checksum: c.checksum})
+				g := stagestest.NewGroup(b, stagestest.GroupOptions{World: 2, Bucket: c.bucket, Checksum: c.checksum})
 				ctx := context.Background()
 				b.SetBytes(ckpt.Size())
 				var wall time.Duration
@@ -168,16 +171,16 @@ func BenchmarkCheckpoint(b *testing.B) {
 				for b.Loop() {
 					prepare(b)
 					version++
-					var sink Sink = &discardSink{}
+					var into stages.Sink = &discardSink{}
 					if c.sink == "checksum" {
-						sink = NewChecksumSink()
+						into = sink.NewChecksums()
 					}
 					t0 := time.Now()
-					var sst, rst RoundStats
+					var sst, rst stages.RoundStats
 					var serr, rerr error
 					var wg sync.WaitGroup
-					wg.Go(func() { sst, serr = g.sender.Sync(ctx, ckpt, version) })
-					wg.Go(func() { rst, rerr = g.receivers[0].Sync(ctx, sink) })
+					wg.Go(func() { sst, serr = g.Sender.Sync(ctx, ckpt, version) })
+					wg.Go(func() { rst, rerr = g.Receivers[0].Sync(ctx, into) })
 					wg.Wait()
 					if err := errors.Join(serr, rerr); err != nil {
 						b.Fatal(err)
@@ -202,71 +205,4 @@ func BenchmarkCheckpoint(b *testing.B) {
 			})
 		}
 	}
-}
-
-// BenchmarkWriteSafetensors syncs the 1 GiB checkpoint (from the page
-// cache) to one receiver that writes it with WriteSafetensors (no fsync),
-// against copying the files into a directory with io.Copy in the same run.
-// A checkpoint announces each tensor's dtype and shape, so the sink opens
-// every file at its first tensor and writes each byte once, in place.
-//
-//	go test -run '^$' -bench WriteSafetensors -benchtime 3x ./stages
-func BenchmarkWriteSafetensors(b *testing.B) {
-	if testing.Short() {
-		b.Skip("uses a 1 GiB checkpoint")
-	}
-	dir := safetensorstest.Bench(b, 1<<30, 8)
-	paths, fileBytes := safetensorstest.BenchFiles(b, dir)
-	var base float64
-	b.Run("copy-files", func(b *testing.B) {
-		out := b.TempDir()
-		b.SetBytes(fileBytes)
-		var wall time.Duration
-		for b.Loop() {
-			t0 := time.Now()
-			for _, p := range paths {
-				in, err := os.Open(p)
-				if err != nil {
-					b.Fatal(err)
-				}
-				o, err := os.Create(filepath.Join(out, filepath.Base(p)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.Copy(o, in); err != nil {
-					b.Fatal(err)
-				}
-				in.Close()
-				o.Close()
-			}
-			wall += time.Since(t0)
-		}
-		base = float64(fileBytes) * float64(b.N) / wall.Seconds() / 1e9
-		b.ReportMetric(base, "GB/s")
-	})
-	b.Run("sync", func(b *testing.B) {
-		ckpt, err := OpenCheckpoint(dir)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer ckpt.Close()
-		g := newGroup(b, groupOpts{world: 2, bucket: 64 << 20})
-		sink := WriteSafetensors(b.TempDir(), SafetensorsWithoutSync())
-		b.SetBytes(ckpt.Size())
-		var wall time.Duration
-		version := uint64(0)
-		for b.Loop() {
-			version++
-			t0 := time.Now()
-			if err := g.round(context.Background(), ckpt, version, []Sink{sink}); err != nil {
-				b.Fatal(err)
-			}
-			wall += time.Since(t0)
-		}
-		gbs := float64(ckpt.Size()) * float64(b.N) / wall.Seconds() / 1e9
-		b.ReportMetric(gbs, "GB/s")
-		if base > 0 {
-			b.ReportMetric(gbs/base, "x-copy")
-		}
-	})
 }

@@ -1,11 +1,10 @@
-package stages
+package sink_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +12,12 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/stages/stagestest"
+	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -25,7 +30,7 @@ func fill(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
 
 // shadowRound loads tensors (name → fill byte) into h as one round and
 // commits it on the group when commit is set.
-func shadowRound(t *testing.T, h *HostModel, version uint64, tensors map[string]byte, commit bool) {
+func shadowRound(t *testing.T, h *sink.HostModel, version uint64, tensors map[string]byte, commit bool) {
 	t.Helper()
 	ctx := context.Background()
 	if err := h.Begin(ctx, version, nil); err != nil {
@@ -54,7 +59,7 @@ func shadowRound(t *testing.T, h *HostModel, version uint64, tensors map[string]
 }
 
 // serves checks the bytes h serves: name → fill byte, and nothing else.
-func serves(t *testing.T, h *HostModel, version uint64, want map[string]byte) {
+func serves(t *testing.T, h *sink.HostModel, version uint64, want map[string]byte) {
 	t.Helper()
 	v, snap := h.Snapshot()
 	if v != version || h.Version() != version {
@@ -76,8 +81,8 @@ func serves(t *testing.T, h *HostModel, version uint64, want map[string]byte) {
 // overwrite the copy still served, a failed round leaves nothing behind,
 // and a changed shape is reallocated.
 func TestShadowCopies(t *testing.T) {
-	h := NewHostModel(WithShadow())
-	if h.Holding() != HoldsShadowed || NewHostModel().Holding() != HoldsInPlace {
+	h := sink.NewHostModel(sink.WithShadow())
+	if h.Holding() != stages.HoldsShadowed || sink.NewHostModel().Holding() != stages.HoldsInPlace {
 		t.Fatal("Holding")
 	}
 	shadowRound(t, h, 1, map[string]byte{"a": 1, "b": 1}, true)
@@ -132,15 +137,51 @@ func TestShadowCopies(t *testing.T) {
 	}
 }
 
+// corrupting flips a bit of the bytes that landed in one broadcast, once
+// armed, as a link that corrupts them in transit would.
+type corrupting struct {
+	transport.Endpoint
+	mu   sync.Mutex
+	left int // broadcasts to let through before the one it corrupts; -1: none
+}
+
+// arm has the broadcast after the next n corrupted.
+func (c *corrupting) arm(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.left = n
+}
+
+func (c *corrupting) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
+	err := c.Endpoint.Broadcast(ctx, seq, buf, n)
+	c.mu.Lock()
+	hit := c.left == 0
+	if c.left >= 0 {
+		c.left--
+	}
+	c.mu.Unlock()
+	if err == nil && hit && n > 0 {
+		buf.Host()[n/2] ^= 0x10
+	}
+	return err
+}
+
 // TestShadowServesThroughRounds reads a shadowed model from another
 // goroutine while rounds run: every snapshot is one whole committed
 // version, byte for byte, the version advances at each commit, and a round
 // that fails halfway changes nothing the reader sees. Run with -race, it
-// also shows that no round writes into the copy being served.
+// also shows that no round writes into the copy being served, and steady
+// rounds reuse the model's two copies.
 func TestShadowServesThroughRounds(t *testing.T) {
-	h := NewHostModel(WithShadow())
-	fe := &faultyEndpoint{seq: math.MaxUint64, corrupt: true}
-	g := newFaultyGroup(t, 2, 64<<10, groupFault{ep: map[int]*faultyEndpoint{1: fe}})
+	h := sink.NewHostModel(sink.WithShadow())
+	fe := &corrupting{left: -1}
+	g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 2, Bucket: 64 << 10, Checksum: true, WrapEndpoint: func(rank int, ep transport.Endpoint) transport.Endpoint {
+		if rank != 1 {
+			return ep
+		}
+		fe.Endpoint = ep
+		return fe
+	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	want := map[uint64]map[string][]byte{}
@@ -191,12 +232,15 @@ func TestShadowServesThroughRounds(t *testing.T) {
 		reader.Go(func() { seen, readErr = read(stop) })
 		errs := make([]error, 2)
 		if last {
-			fe.seq = g.sender.seq + 2
-			errs = g.failedRound(t, v, []Sink{h})
+			fe.arm(2) // the round's third bucket
+			errs = g.RoundClosingOnError(ctx, roundModel(t, v), v, []stages.Sink{h})
+			if errs[0] == nil {
+				t.Fatal("the root reported success")
+			}
 		} else {
 			var wg sync.WaitGroup
-			wg.Go(func() { _, errs[0] = g.sender.Sync(ctx, roundModel(t, v), v) })
-			wg.Go(func() { _, errs[1] = g.receivers[0].Sync(ctx, h) })
+			wg.Go(func() { _, errs[0] = g.Sender.Sync(ctx, roundModel(t, v), v) })
+			wg.Go(func() { _, errs[1] = g.Receivers[0].Sync(ctx, h) })
 			wg.Wait()
 		}
 		close(stop)
@@ -208,11 +252,15 @@ func TestShadowServesThroughRounds(t *testing.T) {
 			if errs[1] == nil || !strings.Contains(errs[1].Error(), "checksum") {
 				t.Fatalf("the last round: %v", errs)
 			}
-			if len(seen) != 1 || seen[rounds] == 0 || h.Version() != rounds || g.receivers[0].State() != StateIntact {
-				t.Fatalf("during the failed round the reader saw versions %v; the model serves %d, state %v", seen, h.Version(), g.receivers[0].State())
+			if len(seen) != 1 || seen[rounds] == 0 || h.Version() != rounds || g.Receivers[0].State() != stages.StateIntact {
+				t.Fatalf("during the failed round the reader saw versions %v; the model serves %d, state %v", seen, h.Version(), g.Receivers[0].State())
 			}
 			if err := servesModel(h, roundModel(t, rounds)); err != nil {
 				t.Fatal(err)
+			}
+			// Steady rounds reuse both copies.
+			if a, n := h.Allocations(), len(roundModel(t, 1).List()); a != 2*n {
+				t.Fatalf("the shadowed model allocated %d tensors over %d rounds of %d; want %d (two copies)", a, rounds+1, n, 2*n)
 			}
 			break
 		}
@@ -230,7 +278,7 @@ func TestShadowServesThroughRounds(t *testing.T) {
 	}
 }
 
-func mustSize(t *testing.T, tn *Tensor) int64 {
+func mustSize(t *testing.T, tn *stages.Tensor) int64 {
 	t.Helper()
 	n, err := tn.Size()
 	if err != nil {
@@ -241,7 +289,7 @@ func mustSize(t *testing.T, tn *Tensor) int64 {
 
 // servesModel reports the first tensor of want whose bytes h does not
 // serve.
-func servesModel(h *HostModel, want *genModel) error {
+func servesModel(h *sink.HostModel, want *source.SyntheticModel) error {
 	for _, w := range want.List() {
 		got, ok := h.Get(w.Name)
 		if !ok {

@@ -1,4 +1,4 @@
-package stages
+package sink
 
 import (
 	"context"
@@ -8,11 +8,12 @@ import (
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
 )
 
-// Views is a Sink that hands a round to a consumer bucket by bucket, as
+// Views is a stages.Sink that hands a round to a consumer bucket by bucket, as
 // views of whole tensors inside the received bucket, instead of copying
 // them anywhere: the shape of verl's receive_weights and of a rollout
 // engine's load_weights, which take (name, tensor) views valid until the
@@ -40,7 +41,7 @@ type Views struct {
 
 	version uint64
 	index   int             // buckets handed over this round
-	cur     []View          // whole tensors of the bucket being loaded
+	cur     []stages.View   // whole tensors of the bucket being loaded
 	own     []bool          // which of cur were assembled
 	fences  []*gpu.Event    // fences of the device views in cur
 	parts   map[string]part // tensors split across buckets, by name
@@ -62,7 +63,7 @@ type Batch struct {
 	Index int
 	// Views are whole tensors (Entry.Whole() holds): host bytes in Data,
 	// or device memory at Device[Offset:]. Valid until Release.
-	Views []View
+	Views []stages.View
 	// Assembled marks the views of tensors split across buckets, which
 	// lie in buffers of their own; the others lie in the bucket.
 	Assembled []bool
@@ -102,7 +103,7 @@ func NewViews(host mem.Device, timeout time.Duration) *Views {
 // closed: a consumer selects on it and on the end of the receiver's round.
 func (v *Views) Batches() <-chan *Batch { return v.batches }
 
-var _ DeviceSink = (*Views)(nil)
+var _ stages.DeviceSink = (*Views)(nil)
 
 // Begin starts a round.
 func (v *Views) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
@@ -115,7 +116,7 @@ func (v *Views) Begin(ctx context.Context, version uint64, info *wire.SourceInfo
 // buffer.
 func (v *Views) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	if e.Whole() {
-		v.add(View{Entry: e, Data: data}, false)
+		v.add(stages.View{Entry: e, Data: data}, false)
 		return nil
 	}
 	p, err := v.part(e, nil)
@@ -124,7 +125,7 @@ func (v *Views) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	}
 	copy(p.buf.Host()[e.Chunk:], data)
 	if e.Complete() {
-		v.add(View{Entry: whole(e), Data: p.buf.Host()[:e.Total]}, true)
+		v.add(stages.View{Entry: whole(e), Data: p.buf.Host()[:e.Total]}, true)
 	}
 	return nil
 }
@@ -136,7 +137,7 @@ func (v *Views) LoadDevice(ctx context.Context, e *wire.Entry, src mem.Buffer, o
 		v.fences = append(v.fences, ev)
 	}
 	if e.Whole() {
-		v.add(View{Entry: e, Device: src, Offset: off}, false)
+		v.add(stages.View{Entry: e, Device: src, Offset: off}, false)
 		return nil
 	}
 	dev, err := cudaDeviceOf(src)
@@ -168,12 +169,12 @@ func (v *Views) LoadDevice(ctx context.Context, e *wire.Entry, src mem.Buffer, o
 	}
 	v.copied = true
 	if e.Complete() {
-		v.add(View{Entry: whole(e), Device: p.buf}, true)
+		v.add(stages.View{Entry: whole(e), Device: p.buf}, true)
 	}
 	return nil
 }
 
-func (v *Views) add(view View, assembled bool) {
+func (v *Views) add(view stages.View, assembled bool) {
 	v.cur = append(v.cur, view)
 	v.own = append(v.own, assembled)
 }

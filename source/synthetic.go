@@ -1,4 +1,4 @@
-package stages
+package source
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"math"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/stages"
 )
 
 // Synthetic describes a deterministic, transformer-shaped model: token
@@ -29,7 +30,8 @@ type Synthetic struct {
 	Seed uint64
 }
 
-// Model lays out the tensors. The result is a Source and supports Lookup.
+// Model lays out the tensors. The result is a stages.Source and a
+// stages.Lookuper.
 func (s Synthetic) Model() (*SyntheticModel, error) {
 	if s.Tensors < 1 {
 		return nil, fmt.Errorf("synthetic model needs at least 1 tensor, got %d", s.Tensors)
@@ -79,7 +81,7 @@ func (s Synthetic) Model() (*SyntheticModel, error) {
 	m := &SyntheticModel{seed: s.Seed, byName: map[string]int{}}
 	pick := func(i int) dtype.DType { return mix[i%len(mix)] }
 	add := func(name string, dt dtype.DType, shape ...int64) {
-		m.list = append(m.list, &Tensor{Name: name, DType: dt, Shape: shape, Reader: genReader{seed: s.Seed, id: uint64(len(m.list))}})
+		m.list = append(m.list, &stages.Tensor{Name: name, DType: dt, Shape: shape, Reader: genReader{seed: s.Seed, id: uint64(len(m.list))}})
 	}
 	add("model.embed_tokens.weight", pick(0), vocab, h)
 	for l := range layers {
@@ -117,13 +119,13 @@ func (s Synthetic) Model() (*SyntheticModel, error) {
 // SyntheticModel is a laid-out Synthetic model.
 type SyntheticModel struct {
 	seed   uint64
-	list   []*Tensor
+	list   []*stages.Tensor
 	byName map[string]int
 	size   int64
 }
 
 // Tensors emits the model's tensors in order.
-func (m *SyntheticModel) Tensors(ctx context.Context, emit func(*Tensor) error) error {
+func (m *SyntheticModel) Tensors(ctx context.Context, emit func(*stages.Tensor) error) error {
 	for _, t := range m.list {
 		if err := emit(t); err != nil {
 			return err
@@ -133,13 +135,13 @@ func (m *SyntheticModel) Tensors(ctx context.Context, emit func(*Tensor) error) 
 }
 
 // List returns the model's tensors in order.
-func (m *SyntheticModel) List() []*Tensor { return m.list }
+func (m *SyntheticModel) List() []*stages.Tensor { return m.list }
 
 // Size is the model's exact total size in bytes.
 func (m *SyntheticModel) Size() int64 { return m.size }
 
 // Lookup returns the tensor called name.
-func (m *SyntheticModel) Lookup(name string) (*Tensor, bool) {
+func (m *SyntheticModel) Lookup(name string) (*stages.Tensor, bool) {
 	i, ok := m.byName[name]
 	if !ok {
 		return nil, false

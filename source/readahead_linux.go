@@ -1,6 +1,6 @@
 //go:build linux
 
-package stages
+package source
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package stages
+package source_test
 
 import (
 	"bytes"
@@ -16,29 +16,12 @@ import (
 
 	"github.com/weightcast/weightcast/safetensors"
 	"github.com/weightcast/weightcast/safetensors/safetensorstest"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/stages/stagestest"
 	"github.com/weightcast/weightcast/wire"
 )
-
-// syncTo runs rounds of src through a new group of 1+len(outs) ranks whose
-// receivers write with WriteSafetensors into outs.
-func syncTo(t *testing.T, src Source, bucket int, outs []string, rounds int) []*SafetensorsSink {
-	t.Helper()
-	g := newGroup(t, groupOpts{world: len(outs) + 1, bucket: bucket, checksum: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var sinks []Sink
-	var sts []*SafetensorsSink
-	for _, o := range outs {
-		s := WriteSafetensors(o, SafetensorsWithoutSync())
-		sinks, sts = append(sinks, s), append(sts, s)
-	}
-	for round := 1; round <= rounds; round++ {
-		if err := g.round(ctx, src, uint64(round), sinks); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return sts
-}
 
 func TestCheckpointRoundTrip(t *testing.T) {
 	for _, layout := range []string{"single", "sharded"} {
@@ -48,7 +31,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 			shards = [][]safetensorstest.Spec{slices.Concat(shards...)}
 		}
 		safetensorstest.Write(t, src, 1, shards, layout == "sharded")
-		ckpt, err := OpenCheckpoint(src)
+		ckpt, err := source.OpenCheckpoint(src)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +39,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		for _, bucket := range []int{4 << 10, 64 << 10, 1 << 20} {
 			t.Run(fmt.Sprintf("%s/bucket=%d", layout, bucket), func(t *testing.T) {
 				outs := safetensorstest.OutDirs(t, 3)
-				syncTo(t, ckpt, bucket, outs, 2)
+				stagestest.WriteRounds(t, ckpt, bucket, outs, 2)
 				for _, o := range outs {
 					safetensorstest.SameFiles(t, src, o)
 				}
@@ -73,13 +56,13 @@ func TestCheckpointReference(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c, func(t *testing.T) {
 			path := filepath.Join(ref, c)
-			ckpt, err := OpenCheckpoint(path)
+			ckpt, err := source.OpenCheckpoint(path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ckpt.Close()
 			outs := safetensorstest.OutDirs(t, 3)
-			syncTo(t, ckpt, 1<<10, outs, 1)
+			stagestest.WriteRounds(t, ckpt, 1<<10, outs, 1)
 			want := path
 			if !strings.HasSuffix(c, ".safetensors") {
 				for _, o := range outs {
@@ -110,7 +93,7 @@ func TestCheckpointReference(t *testing.T) {
 func TestCheckpointSourceInfo(t *testing.T) {
 	src := t.TempDir()
 	data := safetensorstest.Write(t, src, 2, safetensorstest.Shards(), true)
-	ckpt, err := OpenCheckpoint(src)
+	ckpt, err := source.OpenCheckpoint(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +112,7 @@ func TestCheckpointSourceInfo(t *testing.T) {
 	// The emitted order is shard order, then file offset; every byte reads back.
 	var names []string
 	var size int64
-	err = ckpt.Tensors(context.Background(), func(tn *Tensor) error {
+	err = ckpt.Tensors(context.Background(), func(tn *stages.Tensor) error {
 		names = append(names, tn.Name)
 		n, err := tn.Size()
 		if err != nil {
@@ -175,55 +158,34 @@ func TestCheckpointOpenErrors(t *testing.T) {
 	if err := os.WriteFile(p, b[:len(b)-10], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = OpenCheckpoint(dir)
+	_, err = source.OpenCheckpoint(dir)
 	var se *safetensors.Error
 	if !errors.As(err, &se) || !errors.Is(err, safetensors.ErrTruncated) || se.File != p || se.Tensor != "lm_head.weight" {
 		t.Fatalf("truncated shard: %v", err)
 	}
-	if _, err := OpenCheckpoint(filepath.Join(dir, "nothing")); err == nil {
+	if _, err := source.OpenCheckpoint(filepath.Join(dir, "nothing")); err == nil {
 		t.Fatal("opened a missing path")
 	}
 }
 
-// failingRound runs one round of src on every rank of g and returns each
-// rank's error (sender first). When the sender fails it closes the
-// sender's endpoint and publisher, as an application drops a broken root,
-// so that receivers waiting for more buckets fail at once.
-func failingRound(ctx context.Context, g *group, src Source, version uint64, sinks []Sink) []error {
-	errs := make([]error, len(g.receivers)+1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		_, errs[0] = g.sender.Sync(ctx, src, version)
-		if errs[0] != nil {
-			g.closers[0]()
-			g.closers[1]()
-		}
-	})
-	for i, r := range g.receivers {
-		wg.Go(func() { _, errs[i+1] = r.Sync(ctx, sinks[i]) })
-	}
-	wg.Wait()
-	return errs
-}
-
 // hookSource calls before(name) just before emitting each tensor.
 type hookSource struct {
-	Source
+	stages.Source
 	before func(name string)
 }
 
-func (h hookSource) Tensors(ctx context.Context, emit func(*Tensor) error) error {
-	return h.Source.Tensors(ctx, func(t *Tensor) error {
+func (h hookSource) Tensors(ctx context.Context, emit func(*stages.Tensor) error) error {
+	return h.Source.Tensors(ctx, func(t *stages.Tensor) error {
 		h.before(t.Name)
 		return emit(t)
 	})
 }
 
-func (h hookSource) SourceInfo() *wire.SourceInfo { return h.Source.(Describer).SourceInfo() }
+func (h hookSource) SourceInfo() *wire.SourceInfo { return h.Source.(stages.Describer).SourceInfo() }
 
 // TestCheckpointChangedUnderRound truncates or rewrites a shard before or
 // during a round: the round fails on every rank, the sender's error names
-// the file and wraps ErrSourceChanged, nothing hangs, and the receivers'
+// the file and wraps ErrChanged, nothing hangs, and the receivers'
 // directories keep the previous round.
 func TestCheckpointChangedUnderRound(t *testing.T) {
 	cases := []struct {
@@ -249,24 +211,24 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			src := t.TempDir()
 			safetensorstest.Write(t, src, 4, safetensorstest.Shards(), true)
-			ckpt, err := OpenCheckpoint(src)
+			ckpt, err := source.OpenCheckpoint(src)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ckpt.Close()
 			outs := safetensorstest.OutDirs(t, 3)
-			g := newGroup(t, groupOpts{world: 4, bucket: 4 << 10, checksum: true})
+			g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 4, Bucket: 4 << 10, Checksum: true})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			var sinks []Sink
+			var sinks []stages.Sink
 			for _, o := range outs {
-				sinks = append(sinks, WriteSafetensors(o, SafetensorsWithoutSync()))
+				sinks = append(sinks, sink.WriteSafetensors(o, sink.SafetensorsWithoutSync()))
 			}
-			if err := g.round(ctx, ckpt, 1, sinks); err != nil {
+			if err := g.Round(ctx, ckpt, 1, sinks); err != nil {
 				t.Fatal(err)
 			}
 			victim := filepath.Join(src, "model-00002-of-00003.safetensors")
-			var src2 Source = ckpt
+			var src2 stages.Source = ckpt
 			if c.during {
 				var once sync.Once
 				src2 = hookSource{Source: ckpt, before: func(name string) {
@@ -282,11 +244,11 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			errs := failingRound(ctx, g, src2, 2, sinks)
+			errs := g.RoundClosingOnError(ctx, src2, 2, sinks)
 			if time.Since(start) > 10*time.Second {
 				t.Fatalf("the failed round took %v", time.Since(start))
 			}
-			if !errors.Is(errs[0], ErrSourceChanged) || !strings.Contains(errs[0].Error(), victim) {
+			if !errors.Is(errs[0], source.ErrChanged) || !strings.Contains(errs[0].Error(), victim) {
 				t.Fatalf("sender: %v", errs[0])
 			}
 			t.Logf("sender: %v\nreceiver 1: %v", errs[0], errs[1])
@@ -302,7 +264,7 @@ func TestCheckpointChangedUnderRound(t *testing.T) {
 			safetensorstest.Write(t, ref, 4, safetensorstest.Shards(), true)
 			for i, o := range outs {
 				safetensorstest.SameFiles(t, ref, o)
-				if st := g.receivers[i].State(); st != StateIntact {
+				if st := g.Receivers[i].State(); st != stages.StateIntact {
 					t.Errorf("receiver %d: state %v after a failed round that left its files as they were, want intact", i+1, st)
 				}
 			}
@@ -314,16 +276,17 @@ func TestCheckpointReadAhead(t *testing.T) {
 	src := t.TempDir()
 	data := safetensorstest.Write(t, src, 5, safetensorstest.Shards(), true)
 	for _, window := range []int64{0, 4 << 10, 1 << 20} {
-		ckpt, err := OpenCheckpoint(src, WithReadAhead(window))
+		ckpt, err := source.OpenCheckpoint(src, source.WithReadAhead(window))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if (ckpt.ra != nil) != (window > 0 && fadviseSupported) {
-			t.Fatalf("window %d: read-ahead %v", window, ckpt.ra != nil)
+		on, _, _ := source.ReadAheadOf(ckpt)
+		if on != (window > 0 && source.FadviseSupported) {
+			t.Fatalf("window %d: read-ahead %v", window, on)
 		}
 		reads := 0
 		for round := 0; round < 2; round++ {
-			err = ckpt.Tensors(context.Background(), func(tn *Tensor) error {
+			err = ckpt.Tensors(context.Background(), func(tn *stages.Tensor) error {
 				n, _ := tn.Size()
 				b := make([]byte, n)
 				for off := int64(0); off < n; off += 1000 {
@@ -342,12 +305,12 @@ func TestCheckpointReadAhead(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if ra := ckpt.ra; ra != nil {
+		if on, requests, advised := source.ReadAheadOf(ckpt); on {
 			// One request per half window, not one per read; two rounds.
 			most := 2 * (ckpt.Size()/(window/2) + 2)
-			if ra.requests == 0 || ra.requests > most || ra.advised > ckpt.Size() {
+			if requests == 0 || requests > most || advised > ckpt.Size() {
 				t.Fatalf("window %d: %d advice requests for %d reads (at most %d expected), advised up to %d of %d",
-					window, ra.requests, reads, most, ra.advised, ckpt.Size())
+					window, requests, reads, most, advised, ckpt.Size())
 			}
 		}
 		ckpt.Close()
@@ -358,14 +321,14 @@ func TestCheckpointReadAhead(t *testing.T) {
 // not travel in a round's first bucket is refused at open, naming the
 // checkpoint and both sizes; one that fits is not.
 func TestCheckpointDescriptionLimit(t *testing.T) {
-	info := &wire.SourceInfo{Format: "safetensors", Metadata: map[string]string{"notes": strings.Repeat("a", maxDescription)}}
-	err := checkDescription("/models/m", info)
+	info := &wire.SourceInfo{Format: "safetensors", Metadata: map[string]string{"notes": strings.Repeat("a", source.MaxDescription)}}
+	err := source.CheckDescription("/models/m", info)
 	if !errors.Is(err, safetensors.ErrLimit) || !strings.Contains(err.Error(), "/models/m") ||
-		!strings.Contains(err.Error(), fmt.Sprintf("more than the %d bytes", maxDescription)) {
+		!strings.Contains(err.Error(), fmt.Sprintf("more than the %d bytes", source.MaxDescription)) {
 		t.Fatalf("want ErrLimit naming the checkpoint and the limit, got %.400v", err)
 	}
-	info.Metadata["notes"] = strings.Repeat("a", maxDescription-100)
-	if err := checkDescription("/models/m", info); err != nil {
+	info.Metadata["notes"] = strings.Repeat("a", source.MaxDescription-100)
+	if err := source.CheckDescription("/models/m", info); err != nil {
 		t.Fatalf("a description under the limit: %.300v", err)
 	}
 }

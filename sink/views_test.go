@@ -1,4 +1,4 @@
-package stages
+package sink_test
 
 import (
 	"bytes"
@@ -13,13 +13,17 @@ import (
 
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/stages/stagestest"
 )
 
 // consumeViews takes every batch of one round from v until done closes,
 // copying each view's bytes out (through read) after the batch was handed
 // over, and releasing it. It checks that the views are whole tensors, the
 // batches numbered in order.
-func consumeViews(v *Views, done <-chan struct{}, read func(View) []byte) (map[string][]byte, error) {
+func consumeViews(v *sink.Views, done <-chan struct{}, read func(stages.View) []byte) (map[string][]byte, error) {
 	got := map[string][]byte{}
 	next := 0
 	for {
@@ -51,11 +55,11 @@ func consumeViews(v *Views, done <-chan struct{}, read func(View) []byte) (map[s
 // sender fills the next buckets, and checks every byte.
 func TestViews(t *testing.T) {
 	const bucket = 4 << 10
-	g := newGroup(t, groupOpts{world: 3, bucket: bucket, checksum: true})
+	g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 3, Bucket: bucket, Checksum: true})
 	rng := rand.New(rand.NewPCG(13, 14))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	views := []*Views{NewViews(nil, 0), NewViews(mem.Host{}, 0)}
+	views := []*sink.Views{sink.NewViews(nil, 0), sink.NewViews(mem.Host{}, 0)}
 	for _, v := range views {
 		defer v.Close()
 	}
@@ -71,10 +75,10 @@ func TestViews(t *testing.T) {
 		var wg sync.WaitGroup
 		for i, v := range views {
 			wg.Go(func() {
-				results[i], errs[i] = consumeViews(v, done, func(view View) []byte { return bytes.Clone(view.Data) })
+				results[i], errs[i] = consumeViews(v, done, func(view stages.View) []byte { return bytes.Clone(view.Data) })
 			})
 		}
-		err := g.round(ctx, src, version, []Sink{views[0], views[1]})
+		err := g.Round(ctx, src, version, []stages.Sink{views[0], views[1]})
 		close(done)
 		wg.Wait()
 		if err = errors.Join(err, errors.Join(errs...)); err != nil {
@@ -91,8 +95,8 @@ func TestViews(t *testing.T) {
 			}
 		}
 	}
-	for r, p := range g.pools {
-		if p.Held() != 0 || p.MaxHeld() > DefaultBuffers {
+	for r, p := range g.Pools {
+		if p.Held() != 0 || p.MaxHeld() > stages.DefaultBuffers {
 			t.Fatalf("rank %d: held %d, max held %d", r, p.Held(), p.MaxHeld())
 		}
 	}
@@ -103,8 +107,8 @@ func TestViews(t *testing.T) {
 // hanging, and that the buckets all come back.
 func TestViewsUnreleased(t *testing.T) {
 	const bucket = 4 << 10
-	g := newGroup(t, groupOpts{world: 2, bucket: bucket})
-	v := NewViews(nil, 200*time.Millisecond)
+	g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 2, Bucket: bucket})
+	v := sink.NewViews(nil, 200*time.Millisecond)
 	defer v.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -117,22 +121,23 @@ func TestViewsUnreleased(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}()
-	err := roundCancel(ctx, g, src, 1, []Sink{v})
+	err := errors.Join(g.RoundClosingOnError(ctx, src, 1, []stages.Sink{v})...)
 	<-taken
 	if err == nil || !strings.Contains(err.Error(), "batch 0 of version 1 was held for more than") {
 		t.Fatalf("round with an unreleased batch: %v", err)
 	}
-	for r, p := range g.pools {
+	for r, p := range g.Pools {
 		if p.Held() != 0 {
 			t.Fatalf("rank %d still holds %d buffers", r, p.Held())
 		}
 	}
 }
 
-// TestGPUViews receives host and device tensors, some split across
-// buckets, into device buckets through Views, and reads each view back
-// from the GPU; the consumer releases each batch with an event recorded
-// after its own copies out of the views.
+// TestGPUViews packs host tensors, some split across buckets, into device
+// buckets and hands them to two Views (the receivers' load stages, each
+// over a pipeline of its own: iterate, pack, unpack, load), and reads
+// each view back from the GPU; the consumer releases each batch with an
+// event recorded after its own copies out of the views.
 func TestGPUViews(t *testing.T) {
 	d := gputest.Device(t)
 	s := gputest.Stream(t, d)
@@ -143,8 +148,23 @@ func TestGPUViews(t *testing.T) {
 	for _, tn := range src {
 		want[tn.Name] = tn.Data
 	}
-	g := newGPUGroup(t, d, 3, bucket, false, true, nil)
-	views := []*Views{NewViews(nil, 0), NewViews(nil, 0)}
+	views := []*sink.Views{sink.NewViews(nil, 0), sink.NewViews(nil, 0)}
+	var pools []*stages.Pool
+	for range views {
+		pool, err := stages.NewPool(d, stages.DefaultBuffers, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		pools = append(pools, pool)
+	}
+	// round runs round version of src into views[i].
+	round := func(ctx context.Context, i int, version uint64) error {
+		p := pipeline.New(fmt.Sprintf("views %d", i))
+		in := stages.Pack(p, stages.Iterate(p, src), stages.PackConfig{Pool: pools[i], Version: version, Checksum: true})
+		stages.Load(p, stages.Unpack(p, in), views[i])
+		return p.Run(ctx)
+	}
 	for _, v := range views {
 		defer v.Close()
 	}
@@ -188,7 +208,13 @@ func TestGPUViews(t *testing.T) {
 				}
 			})
 		}
-		err := roundCancel(ctx, g, src, version, []Sink{views[0], views[1]})
+		rounds := make([]error, len(views))
+		var rw sync.WaitGroup
+		for i := range views {
+			rw.Go(func() { rounds[i] = round(ctx, i, version) })
+		}
+		rw.Wait()
+		err := errors.Join(rounds...)
 		close(done)
 		wg.Wait()
 		if err = errors.Join(err, errors.Join(errs...)); err != nil {

@@ -1,4 +1,4 @@
-package stages
+package sink_test
 
 import (
 	"bytes"
@@ -13,6 +13,10 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
 	"github.com/weightcast/weightcast/safetensors/safetensorstest"
+	"github.com/weightcast/weightcast/sink"
+	"github.com/weightcast/weightcast/source"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/stages/stagestest"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -24,34 +28,34 @@ func TestSafetensorsSinkRounds(t *testing.T) {
 	safetensorstest.Write(t, a, 21, safetensorstest.Shards(), true)
 	shardsB := safetensorstest.CastShards()
 	safetensorstest.Write(t, b, 22, [][]safetensorstest.Spec{append(shardsB[0], shardsB[1]...)}, false)
-	ca, err := OpenCheckpoint(a)
+	ca, err := source.OpenCheckpoint(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ca.Close()
-	cb, err := OpenCheckpoint(b)
+	cb, err := source.OpenCheckpoint(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cb.Close()
 	outs := safetensorstest.OutDirs(t, 3)
-	g := newGroup(t, groupOpts{world: 4, bucket: 16 << 10, checksum: true})
+	g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 4, Bucket: 16 << 10, Checksum: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var sinks []Sink
+	var sinks []stages.Sink
 	for _, o := range outs {
-		sinks = append(sinks, WriteSafetensors(o, SafetensorsWithoutSync()))
+		sinks = append(sinks, sink.WriteSafetensors(o, sink.SafetensorsWithoutSync()))
 	}
 	for round, c := range []struct {
-		src *Checkpoint
+		src *source.Checkpoint
 		dir string
 	}{{ca, a}, {cb, b}, {ca, a}} {
-		if err := g.round(ctx, c.src, uint64(round+1), sinks); err != nil {
+		if err := g.Round(ctx, c.src, uint64(round+1), sinks); err != nil {
 			t.Fatal(err)
 		}
 		for i, o := range outs {
 			safetensorstest.SameFiles(t, c.dir, o)
-			files := sinks[i].(*SafetensorsSink).Files()
+			files := sinks[i].(*sink.Safetensors).Files()
 			if want := len(safetensorstest.DirFiles(t, c.dir)); len(files) != want {
 				t.Fatalf("round %d: Files() = %q, want %d files", round+1, files, want)
 			}
@@ -62,14 +66,14 @@ func TestSafetensorsSinkRounds(t *testing.T) {
 // TestSafetensorsSinkSynthetic writes a source that is not a checkpoint as
 // one file, readable by package safetensors, with the tensors in order.
 func TestSafetensorsSinkSynthetic(t *testing.T) {
-	m, err := Synthetic{Size: 1 << 20, Tensors: 25, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 3}.Model()
+	m, err := source.Synthetic{Size: 1 << 20, Tensors: 25, DTypes: []dtype.DType{dtype.BF16, dtype.F32}, Seed: 3}.Model()
 	if err != nil {
 		t.Fatal(err)
 	}
 	outs := safetensorstest.OutDirs(t, 2)
-	g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10})
-	sinks := []Sink{WriteSafetensors(outs[0]), WriteSafetensors(outs[1], SafetensorsFileName("weights.safetensors"), SafetensorsWithoutSync())}
-	if err := g.round(context.Background(), m, 1, sinks); err != nil {
+	g := stagestest.NewGroup(t, stagestest.GroupOptions{World: 3, Bucket: 64 << 10})
+	sinks := []stages.Sink{sink.WriteSafetensors(outs[0]), sink.WriteSafetensors(outs[1], sink.SafetensorsFileName("weights.safetensors"), sink.SafetensorsWithoutSync())}
+	if err := g.Round(context.Background(), m, 1, sinks); err != nil {
 		t.Fatal(err)
 	}
 	for i, name := range []string{"model.safetensors", "weights.safetensors"} {
@@ -111,7 +115,7 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 	entry := func(name string, chunk, size, total int64) *wire.Entry {
 		return &wire.Entry{Name: name, DType: dtype.U8, Shape: []int64{total}, Size: size, Chunk: chunk, Total: total}
 	}
-	good := func(s *SafetensorsSink, version uint64) {
+	good := func(s *sink.Safetensors, version uint64) {
 		t.Helper()
 		if err := s.Begin(ctx, version, info); err != nil {
 			t.Fatal(err)
@@ -128,7 +132,7 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := WriteSafetensors(dir, SafetensorsWithoutSync())
+	s := sink.WriteSafetensors(dir, sink.SafetensorsWithoutSync())
 	good(s, 1)
 	snapshot := t.TempDir()
 	for _, f := range safetensorstest.DirFiles(t, dir) {
@@ -184,7 +188,7 @@ func TestSafetensorsSinkMismatch(t *testing.T) {
 		safetensorstest.SameFiles(t, snapshot, dir)
 	}
 	// A description naming files outside the directory is refused.
-	for _, bad := range []string{"../evil.safetensors", "sub/a.safetensors", "", stagingPrefix + "x"} {
+	for _, bad := range []string{"../evil.safetensors", "sub/a.safetensors", "", sink.StagingPrefix + "x"} {
 		err := s.Begin(ctx, 3, &wire.SourceInfo{Shards: []wire.ShardInfo{{File: bad}}})
 		if err == nil {
 			t.Fatalf("file name %q accepted", bad)
@@ -225,7 +229,7 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 	write := func(info *wire.SourceInfo) string {
 		t.Helper()
 		dir := t.TempDir()
-		s := WriteSafetensors(dir, SafetensorsWithoutSync())
+		s := sink.WriteSafetensors(dir, sink.SafetensorsWithoutSync())
 		if err := s.Begin(ctx, 1, info); err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +238,7 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 				t.Fatal(err)
 			}
 			if i == 0 {
-				staged, _ := filepath.Glob(filepath.Join(dir, stagingPrefix+"*", ".*"))
+				staged, _ := filepath.Glob(filepath.Join(dir, sink.StagingPrefix+"*", ".*"))
 				spilled := slices.ContainsFunc(staged, func(p string) bool { return strings.HasPrefix(filepath.Base(p), ".spill-") })
 				if spilled != (info == plain) {
 					t.Fatalf("after the first chunk the round's directory holds %q; spooled %v, want %v", staged, spilled, info == plain)
@@ -256,7 +260,7 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	s := WriteSafetensors(dir, SafetensorsWithoutSync())
+	s := sink.WriteSafetensors(dir, sink.SafetensorsWithoutSync())
 	cases := []struct {
 		name  string
 		e     wire.Entry
@@ -291,55 +295,4 @@ func TestSafetensorsSinkAnnounced(t *testing.T) {
 		t.Fatalf("negative dimension: %v", err)
 	}
 	s.Abort()
-}
-
-// TestSourceInfoDTypesWire checks that a shard's dtypes and shapes survive
-// the wire, and are left out (so older peers decode the metadata) when
-// unknown.
-func TestSourceInfoDTypesWire(t *testing.T) {
-	m := &wire.BucketMeta{Source: &wire.SourceInfo{Format: "synthetic", Shards: []wire.ShardInfo{{File: "a.safetensors", Tensors: []string{"x"}}}}}
-	b, err := wire.EncodeMeta(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Contains(b, []byte("dtypes")) || bytes.Contains(b, []byte("shapes")) {
-		t.Fatalf("a shard without dtypes encodes them: %s", b)
-	}
-	m.Source.Shards[0].DTypes, m.Source.Shards[0].Shapes = []dtype.DType{dtype.BF16}, [][]int64{{2, 3}}
-	if b, err = wire.EncodeMeta(m); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Contains(b, []byte(`"dtypes":["BF16"],"shapes":[[2,3]]`)) {
-		t.Fatalf("encoded %s", b)
-	}
-	got, err := wire.DecodeMeta(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sh := got.Source.Shards[0]; !slices.Equal(sh.DTypes, []dtype.DType{dtype.BF16}) || len(sh.Shapes) != 1 || !slices.Equal(sh.Shapes[0], []int64{2, 3}) {
-		t.Fatalf("decoded %+v", sh)
-	}
-}
-
-// TestCastSourceInfo checks that Cast announces the cast dtype for the
-// tensors it casts, and leaves its source's description alone.
-func TestCastSourceInfo(t *testing.T) {
-	info := &wire.SourceInfo{Format: "safetensors", Shards: []wire.ShardInfo{
-		{File: "a", Tensors: []string{"w", "i"}, DTypes: []dtype.DType{dtype.F32, dtype.I64}, Shapes: [][]int64{{2}, {2}}},
-		{File: "b", Tensors: []string{"h"}, DTypes: []dtype.DType{dtype.BF16}, Shapes: [][]int64{{4}}},
-	}}
-	got := castInfo(info, dtype.BF16)
-	if !slices.Equal(got.Shards[0].DTypes, []dtype.DType{dtype.BF16, dtype.I64}) || !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.BF16}) {
-		t.Fatalf("cast to BF16 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
-	}
-	if info.Shards[0].DTypes[0] != dtype.F32 {
-		t.Fatal("castInfo modified its source's description")
-	}
-	if got := castInfo(info, dtype.F32); !slices.Equal(got.Shards[1].DTypes, []dtype.DType{dtype.F32}) || !slices.Equal(got.Shards[0].DTypes, info.Shards[0].DTypes) {
-		t.Fatalf("cast to F32 announces %v %v", got.Shards[0].DTypes, got.Shards[1].DTypes)
-	}
-	noFloats := &wire.SourceInfo{Shards: []wire.ShardInfo{{File: "a", Tensors: []string{"i"}, DTypes: []dtype.DType{dtype.I64}, Shapes: [][]int64{{2}}}}}
-	if castInfo(noFloats, dtype.BF16) != noFloats {
-		t.Fatal("castInfo copied a description it does not change")
-	}
 }

@@ -1,4 +1,4 @@
-package stages
+package sink
 
 import (
 	"bytes"
@@ -13,14 +13,15 @@ import (
 	"sync"
 
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
 )
 
-// stagingPrefix starts the name of the hidden directory a SafetensorsSink
+// stagingPrefix starts the name of the hidden directory a Safetensors sink
 // writes a round into before moving its files into place.
 const stagingPrefix = ".weightcast-round-"
 
-// sinkWriteSize is the most bytes a SafetensorsSink writes with one
+// sinkWriteSize is the most bytes a Safetensors sink writes with one
 // system call. Writing a 64 MiB bucket entry with a single pwrite ran at
 // half the speed of writing it 1 MiB at a time (Linux, ext4, page cache;
 // BenchmarkWriteSafetensors).
@@ -55,19 +56,19 @@ func SafetensorsFileName(name string) SafetensorsOption {
 	return func(o *safetensorsOptions) { o.fileName = name }
 }
 
-// WriteSafetensors returns a Sink that writes each round it receives as a
-// safetensors checkpoint in the directory dir (created if needed).
+// WriteSafetensors returns a stages.Sink that writes each round it receives
+// as a safetensors checkpoint in the directory dir (created if needed).
 //
 // When the round's source is a checkpoint (its SourceInfo lists shards, as
-// a Checkpoint's does), the sink mirrors it: the same file names, the same
-// tensors in the same order in each file, the same __metadata__ in the same
-// key order, and a model.safetensors.index.json with the same "metadata"
-// when the source had an index or more than one file. Without a cast the
-// files are then byte-identical to the source's (for files written by the
-// reference implementation or package safetensors); after a Cast the
-// headers carry the received dtypes. For any other source it writes one
-// file (model.safetensors, see SafetensorsFileName) holding the tensors in
-// the order received.
+// a source.Checkpoint's does), the sink mirrors it: the same file names,
+// the same tensors in the same order in each file, the same __metadata__ in
+// the same key order, and a model.safetensors.index.json with the same
+// "metadata" when the source had an index or more than one file. Without a
+// cast the files are then byte-identical to the source's (for files written
+// by the reference implementation or package safetensors); after a
+// stages.Cast the headers carry the received dtypes. For any other source
+// it writes one file (model.safetensors, see SafetensorsFileName) holding
+// the tensors in the order received.
 //
 // The files are streamed to disk as chunks arrive; no tensor is held in
 // memory. A file's header depends on the dtype and shape of every tensor in
@@ -104,7 +105,7 @@ func SafetensorsFileName(name string) SafetensorsOption {
 // Tensors must arrive in source order (as Pack sends them); a tensor
 // missing, unexpected or out of order fails the round with an error naming
 // it, since the files could not mirror the source.
-func WriteSafetensors(dir string, opts ...SafetensorsOption) *SafetensorsSink {
+func WriteSafetensors(dir string, opts ...SafetensorsOption) *Safetensors {
 	o := safetensorsOptions{fileName: "model.safetensors"}
 	for _, f := range opts {
 		if f != nil {
@@ -115,14 +116,14 @@ func WriteSafetensors(dir string, opts ...SafetensorsOption) *SafetensorsSink {
 	if fsys == nil {
 		fsys = safetensors.OS
 	}
-	return &SafetensorsSink{dir: dir, opts: o, fs: fsys}
+	return &Safetensors{dir: dir, opts: o, fs: fsys}
 }
 
-// SafetensorsSink is the Sink returned by WriteSafetensors; it is a
-// Beginner, a Committer, a Holder and an Aborter. Its methods may be called
+// Safetensors is the stages.Sink returned by WriteSafetensors; it is a
+// stages.Beginner, Committer, Holder and Aborter. Its methods may be called
 // from several goroutines, one at a time (the load stage, then the
 // Receiver).
-type SafetensorsSink struct {
+type Safetensors struct {
 	dir  string
 	opts safetensorsOptions
 	fs   safetensors.FS
@@ -174,7 +175,7 @@ type stShard struct {
 
 // Begin starts writing round version as described by info (nil or without
 // shards: one file). It abandons a round begun and never committed.
-func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
+func (s *Safetensors) Begin(ctx context.Context, version uint64, info *wire.SourceInfo) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.abortLocked(); err != nil {
@@ -192,7 +193,7 @@ func (s *SafetensorsSink) Begin(ctx context.Context, version uint64, info *wire.
 	return s.failLocked(s.begin(ctx, r, info))
 }
 
-func (s *SafetensorsSink) begin(ctx context.Context, r *stRound, info *wire.SourceInfo) error {
+func (s *Safetensors) begin(ctx context.Context, r *stRound, info *wire.SourceInfo) error {
 	if err := s.plan(r, info); err != nil {
 		return err
 	}
@@ -214,7 +215,7 @@ func (s *SafetensorsSink) begin(ctx context.Context, r *stRound, info *wire.Sour
 // failLocked abandons the round when err is not nil, so that a failed call
 // leaves none of the round's files behind, and returns err (with the
 // clean-up's own failure, if any).
-func (s *SafetensorsSink) failLocked(err error) error {
+func (s *Safetensors) failLocked(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -226,7 +227,7 @@ func (s *SafetensorsSink) failLocked(err error) error {
 
 // plan lays out the round's files from info, checking what came from the
 // wire: plain, distinct file names and tensor names seen once.
-func (s *SafetensorsSink) plan(r *stRound, info *wire.SourceInfo) error {
+func (s *Safetensors) plan(r *stRound, info *wire.SourceInfo) error {
 	if info == nil || len(info.Shards) == 0 {
 		if !plainName(s.opts.fileName) {
 			return fmt.Errorf("safetensors sink: file name %q is not a plain file name", s.opts.fileName)
@@ -326,7 +327,7 @@ func (r *stRound) skipDone() {
 }
 
 // Load writes one entry's bytes into its file.
-func (s *SafetensorsSink) Load(ctx context.Context, e *wire.Entry, data []byte) error {
+func (s *Safetensors) Load(ctx context.Context, e *wire.Entry, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -338,7 +339,7 @@ func (s *SafetensorsSink) Load(ctx context.Context, e *wire.Entry, data []byte) 
 	return s.failLocked(s.load(ctx, s.round, e, data))
 }
 
-func (s *SafetensorsSink) load(ctx context.Context, r *stRound, e *wire.Entry, data []byte) error {
+func (s *Safetensors) load(ctx context.Context, r *stRound, e *wire.Entry, data []byte) error {
 	if r.cur >= len(r.shards) {
 		return fmt.Errorf("safetensors sink: tensor %q arrived after every file of the source was complete; the round does not match its source description", e.Name)
 	}
@@ -410,7 +411,7 @@ func (s *SafetensorsSink) load(ctx context.Context, r *stRound, e *wire.Entry, d
 	return nil
 }
 
-func (s *SafetensorsSink) spillWrite(r *stRound, sh *stShard, data []byte, off int64) error {
+func (s *Safetensors) spillWrite(r *stRound, sh *stShard, data []byte, off int64) error {
 	if sh.spill == nil {
 		f, err := s.fs.CreateTemp(r.staging, ".spill-*")
 		if err != nil {
@@ -425,7 +426,7 @@ func (s *SafetensorsSink) spillWrite(r *stRound, sh *stShard, data []byte, off i
 // openWriter creates the shard's file holding tensors in the staging
 // directory now that its header is known, and copies the first spooled
 // bytes of the data region behind it.
-func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShard, tensors []safetensors.TensorInfo, spooled int64) error {
+func (s *Safetensors) openWriter(ctx context.Context, r *stRound, sh *stShard, tensors []safetensors.TensorInfo, spooled int64) error {
 	var opts []safetensors.Option
 	if sh.metaKeys != nil {
 		opts = append(opts, safetensors.WithMetadataOrder(sh.metaKeys))
@@ -459,7 +460,7 @@ func (s *SafetensorsSink) openWriter(ctx context.Context, r *stRound, sh *stShar
 }
 
 // fileOptions are the options of every file the sink writes.
-func (s *SafetensorsSink) fileOptions() []safetensors.Option {
+func (s *Safetensors) fileOptions() []safetensors.Option {
 	opts := []safetensors.Option{safetensors.WithFS(s.fs)}
 	if s.opts.noSync {
 		opts = append(opts, safetensors.WithoutSync())
@@ -467,7 +468,7 @@ func (s *SafetensorsSink) fileOptions() []safetensors.Option {
 	return opts
 }
 
-func (s *SafetensorsSink) dropSpill(sh *stShard) error {
+func (s *Safetensors) dropSpill(sh *stShard) error {
 	if sh.spill == nil {
 		return nil
 	}
@@ -481,7 +482,7 @@ func (s *SafetensorsSink) dropSpill(sh *stShard) error {
 }
 
 // closeShard finishes the shard's file in the staging directory.
-func (s *SafetensorsSink) closeShard(sh *stShard) error {
+func (s *Safetensors) closeShard(sh *stShard) error {
 	if err := sh.w.Close(); err != nil {
 		return fmt.Errorf("safetensors sink: %w", err)
 	}
@@ -492,7 +493,7 @@ func (s *SafetensorsSink) closeShard(sh *stShard) error {
 // Commit finishes the round in the staging directory: every file
 // complete, the index written. The round is then ready for Committed,
 // which puts it in place; until then dir holds the version before it.
-func (s *SafetensorsSink) Commit(ctx context.Context, version uint64) error {
+func (s *Safetensors) Commit(ctx context.Context, version uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.round
@@ -507,7 +508,7 @@ func (s *SafetensorsSink) Commit(ctx context.Context, version uint64) error {
 
 // finishRound completes the files and writes the index in the round's
 // directory.
-func (s *SafetensorsSink) finishRound(ctx context.Context, r *stRound) error {
+func (s *Safetensors) finishRound(ctx context.Context, r *stRound) error {
 	if r.open {
 		sh := r.shards[0]
 		if sh.inTensor {
@@ -542,7 +543,7 @@ func (s *SafetensorsSink) finishRound(ctx context.Context, r *stRound) error {
 // Committed puts the round of version, which Commit finished, in place:
 // its files are renamed into dir (the index last), files of the sink's
 // earlier rounds that it does not have are removed, and dir is synced.
-func (s *SafetensorsSink) Committed(ctx context.Context, version uint64) error {
+func (s *Safetensors) Committed(ctx context.Context, version uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.round
@@ -556,7 +557,7 @@ func (s *SafetensorsSink) Committed(ctx context.Context, version uint64) error {
 }
 
 // replace renames the finished round's files into the directory.
-func (s *SafetensorsSink) replace(r *stRound) error {
+func (s *Safetensors) replace(r *stRound) error {
 	var names []string
 	for _, sh := range r.shards {
 		names = append(names, sh.name)
@@ -593,16 +594,16 @@ func (s *SafetensorsSink) replace(r *stRound) error {
 // Holding is HoldsShadowed: a round reaches dir only in Committed, so a
 // failed round leaves dir's files as the last install put them; after an
 // install that failed part way, dir mixes two rounds: HoldsInPlace.
-func (s *SafetensorsSink) Holding() Holding {
+func (s *Safetensors) Holding() stages.Holding {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mixed {
-		return HoldsInPlace
+		return stages.HoldsInPlace
 	}
-	return HoldsShadowed
+	return stages.HoldsShadowed
 }
 
-func (s *SafetensorsSink) syncDir() error {
+func (s *Safetensors) syncDir() error {
 	if s.opts.noSync {
 		return nil
 	}
@@ -621,13 +622,13 @@ func (s *SafetensorsSink) syncDir() error {
 // the directory keeps the last committed round. A Receiver calls it when
 // its round fails; call it yourself after a failed round of a pipeline of
 // your own (the next Begin does it otherwise).
-func (s *SafetensorsSink) Abort() error {
+func (s *Safetensors) Abort() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.abortLocked()
 }
 
-func (s *SafetensorsSink) abortLocked() error {
+func (s *Safetensors) abortLocked() error {
 	r := s.round
 	if r == nil {
 		return nil
@@ -649,7 +650,7 @@ func (s *SafetensorsSink) abortLocked() error {
 
 // Files returns the paths of the files the last committed round wrote, in
 // order (the index last).
-func (s *SafetensorsSink) Files() []string {
+func (s *Safetensors) Files() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, len(s.written))

@@ -1,4 +1,4 @@
-package stages
+package source
 
 import (
 	"context"
@@ -14,13 +14,14 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/safetensors"
+	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
 )
 
-// ErrSourceChanged is wrapped by the errors of a Checkpoint whose files were
+// ErrChanged is wrapped by the errors of a Checkpoint whose files were
 // truncated, modified or replaced after it was opened. The round that sees
 // it fails; open the checkpoint again.
-var ErrSourceChanged = errors.New("checkpoint changed on disk after it was opened")
+var ErrChanged = errors.New("checkpoint changed on disk after it was opened")
 
 // CheckpointOption adjusts OpenCheckpoint.
 type CheckpointOption func(*checkpointOptions)
@@ -55,7 +56,7 @@ func WithCheckpointLimits(l safetensors.Limits) CheckpointOption {
 	return func(o *checkpointOptions) { o.limits = l }
 }
 
-// Checkpoint is a Source over a safetensors checkpoint on disk: one
+// Checkpoint is a stages.Source over a safetensors checkpoint on disk: one
 // .safetensors file, or a Hugging Face directory of shards with its
 // model.safetensors.index.json (anything safetensors.OpenModel opens).
 //
@@ -63,19 +64,19 @@ func WithCheckpointLimits(l safetensors.Limits) CheckpointOption {
 // range in its file, so Pack reads the bytes straight into a bucket (the
 // kernel's page cache is the only staging) and the model is never held in
 // memory. Tensors come in shard order, then file offset. A Checkpoint
-// describes itself (SourceInfo) so that a receiver can write the same
-// files back (WriteSafetensors).
+// describes itself (SourceInfo, a stages.Describer) so that a receiver can
+// write the same files back (sink.WriteSafetensors).
 //
 // The files are opened once and read in every round. If one is truncated,
 // modified or replaced in place while the Checkpoint is open, reads fail
-// with an error wrapping ErrSourceChanged that names the file and the
-// tensor, and the round fails; a file replaced by renaming a new one over
+// with an error wrapping ErrChanged that names the file and the tensor,
+// and the round fails; a file replaced by renaming a new one over
 // it is not seen (the open file is still read). A Checkpoint is safe for
 // concurrent use. Close it when done.
 type Checkpoint struct {
 	path    string
 	files   []*ckptFile
-	tensors []*Tensor
+	tensors []*stages.Tensor
 	byName  map[string]int
 	info    *wire.SourceInfo
 	size    int64
@@ -131,7 +132,7 @@ func OpenCheckpoint(path string, opts ...CheckpointOption) (*Checkpoint, error) 
 	for _, mt := range m.Tensors() {
 		cf := c.files[mt.Shard]
 		c.byName[mt.Name] = len(c.tensors)
-		c.tensors = append(c.tensors, &Tensor{
+		c.tensors = append(c.tensors, &stages.Tensor{
 			Name: mt.Name, DType: mt.DType, Shape: mt.Shape,
 			Reader: &ckptReader{c: c, file: cf, name: mt.Name, off: mt.Offset, size: mt.Size},
 		})
@@ -184,7 +185,7 @@ func openShard(sf *safetensors.File, vstart int64, lim safetensors.Limits) (*ckp
 	if err != nil {
 		return fail(err)
 	}
-	changed := fmt.Errorf("%w: the file was modified or replaced while it was being opened; open the checkpoint again", ErrSourceChanged)
+	changed := fmt.Errorf("%w: the file was modified or replaced while it was being opened; open the checkpoint again", ErrChanged)
 	if st.Size() != sf.Size() {
 		return fail(changed)
 	}
@@ -244,7 +245,7 @@ func describe(m *safetensors.Model, shards []*safetensors.File, names []string) 
 
 // Tensors emits every tensor of the checkpoint: shard order, then file
 // offset. It first checks that no file changed since it was opened.
-func (c *Checkpoint) Tensors(ctx context.Context, emit func(*Tensor) error) error {
+func (c *Checkpoint) Tensors(ctx context.Context, emit func(*stages.Tensor) error) error {
 	for _, cf := range c.files {
 		if err := cf.check(""); err != nil {
 			return err
@@ -266,8 +267,8 @@ func (c *Checkpoint) Tensors(ctx context.Context, emit func(*Tensor) error) erro
 // modified.
 func (c *Checkpoint) SourceInfo() *wire.SourceInfo { return c.info }
 
-// Lookup returns the tensor called name (for Verify).
-func (c *Checkpoint) Lookup(name string) (*Tensor, bool) {
+// Lookup returns the tensor called name (for sink.Verify).
+func (c *Checkpoint) Lookup(name string) (*stages.Tensor, bool) {
 	i, ok := c.byName[name]
 	if !ok {
 		return nil, false
@@ -277,7 +278,7 @@ func (c *Checkpoint) Lookup(name string) (*Tensor, bool) {
 
 // List returns every tensor in the order Tensors emits them. The slice is
 // a copy; the tensors are shared and must not be modified.
-func (c *Checkpoint) List() []*Tensor { return slices.Clone(c.tensors) }
+func (c *Checkpoint) List() []*stages.Tensor { return slices.Clone(c.tensors) }
 
 // Len is the number of tensors.
 func (c *Checkpoint) Len() int { return len(c.tensors) }
@@ -316,7 +317,7 @@ func (cf *ckptFile) changed() error {
 	}
 	if st.Size() != cf.size || !st.ModTime().Equal(cf.mtime) {
 		return fmt.Errorf("%w: it was %d bytes modified at %s, it is now %d bytes modified at %s; open the checkpoint again",
-			ErrSourceChanged, cf.size, cf.mtime.Format(time.RFC3339Nano), st.Size(), st.ModTime().Format(time.RFC3339Nano))
+			ErrChanged, cf.size, cf.mtime.Format(time.RFC3339Nano), st.Size(), st.ModTime().Format(time.RFC3339Nano))
 	}
 	return nil
 }
@@ -348,7 +349,7 @@ func (r *ckptReader) ReadAt(p []byte, off int64) (int, error) {
 		if err == nil || errors.Is(err, io.EOF) {
 			err = r.file.changed()
 			if err == nil {
-				err = ErrSourceChanged
+				err = ErrChanged
 			}
 			err = fmt.Errorf("%w (%w: read %d of %d bytes at file offset %d)", err, safetensors.ErrTruncated, n, len(p), abs)
 		}
