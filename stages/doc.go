@@ -74,7 +74,8 @@
 // Receivers on the root's GPU borrow the root's buckets rather than copy
 // them (transport.Lender). The GPU state this needs between rounds
 // (streams, kernels' memory, pending checksums, pinned staging) is a
-// Packer's on the sender and a Loader's on a receiver; a Sender and a
-// Receiver each own one, and their Close frees it. A Pool holds buffers
+// Packer's on the sender and a Loader's on a receiver (loader.go: all of
+// the receive stages' device work, which their device branches call); a
+// Sender and a Receiver each own one, and their Close frees it. A Pool holds buffers
 // only and stays its creator's.
 package stages

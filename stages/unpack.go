@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/weightcast/weightcast/checksum"
-	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/wire"
@@ -254,19 +253,6 @@ func verifySum(m *wire.BucketMeta, got uint64) error {
 		m.Seq, m.Version, m.Length, ErrChecksum, got, m.Checksum, entryNames(m.Entries, 8))
 }
 
-// device returns the check of device buckets on b's GPU, made at the
-// first device bucket.
-func (c *bucketCheck) device(b *Bucket) (*deviceCheck, error) {
-	if c.dev == nil {
-		dev, err := cudaDeviceOf(b.Buf)
-		if err != nil {
-			return nil, fmt.Errorf("unpack: bucket %d: %w", b.Meta.Seq, err)
-		}
-		c.dev = &deviceCheck{dev: dev}
-	}
-	return c.dev, nil
-}
-
 func entryNames(es []wire.Entry, limit int) string {
 	s := ""
 	for i, e := range es {
@@ -279,76 +265,4 @@ func entryNames(es []wire.Entry, limit int) string {
 		s += e.Name
 	}
 	return s
-}
-
-// deviceCheck sums device buckets: with the GPU checksum kernel on a
-// stream of its own, or, where the kernel is unavailable, on the CPU after
-// copying the bucket back. It is used by one unpack goroutine at a time.
-type deviceCheck struct {
-	dev      *gpu.CUDADevice
-	stream   *gpu.Stream
-	sums     *gpu.Checksummer // nil until first used, or where unavailable
-	sumsWhy  error            // why the checksum kernel is unavailable
-	readback *gpu.Readback
-	// macs checks device buckets' MACs (mac.go).
-	macs deviceMAC
-}
-
-// sum returns the checksum of b's filled bytes, after b's fence.
-func (c *deviceCheck) sum(ctx context.Context, b *Bucket) (uint64, error) {
-	if c.stream == nil {
-		s, err := c.dev.NewStream()
-		if err != nil {
-			return 0, err
-		}
-		c.stream = s
-	}
-	if c.sums == nil && c.sumsWhy == nil {
-		c.sums, c.sumsWhy = c.stream.NewChecksummer()
-		if c.sumsWhy != nil && !errors.Is(c.sumsWhy, gpu.ErrNoChecksumKernel) {
-			err := c.sumsWhy
-			c.sums, c.sumsWhy = nil, nil
-			return 0, err
-		}
-	}
-	if c.sums == nil {
-		if c.readback == nil {
-			c.readback = c.dev.NewReadback()
-		}
-		host, err := c.readback.Read(ctx, b.Buf, int(b.Meta.Length))
-		if err != nil {
-			return 0, fmt.Errorf("on the host: %w", err)
-		}
-		return checksum.SumParallel(host), nil
-	}
-	ps, err := c.sums.Queue(b.Buf, b.Meta.Length) // after b's fence, if any
-	if err != nil {
-		return 0, err
-	}
-	defer ps.Close()
-	return ps.Wait(ctx)
-}
-
-// close frees the stream and the kernel's slots once nothing queued on
-// them runs, bounded by ctx or, once ctx is done, by finalWait.
-func (c *deviceCheck) close(ctx context.Context) error {
-	ctx, cancel := bounded(ctx)
-	defer cancel()
-	var errs []error
-	if c.readback != nil {
-		errs = append(errs, c.readback.Close(ctx))
-	}
-	errs = append(errs, c.macs.close(ctx))
-	if c.stream == nil {
-		return errors.Join(errs...)
-	}
-	if err := c.stream.Sync(ctx); err != nil {
-		return errors.Join(append(errs, fmt.Errorf("unpack: a checksum still running; leaving its memory allocated: %w", err))...)
-	}
-	if c.sums != nil {
-		errs = append(errs, c.sums.Close(ctx))
-	}
-	errs = append(errs, c.stream.Close())
-	c.stream, c.sums = nil, nil
-	return errors.Join(errs...)
 }
