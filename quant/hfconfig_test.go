@@ -59,11 +59,11 @@ func quantConfig(t *testing.T, b []byte) (map[string]any, []string) {
 	return q, keys
 }
 
-// TestUpdateHFConfig checks the quantization_config written for a
+// TestQuantHFConfig checks the quantization_config written for a
 // quantized Llama (tied LM head or not), an MoE whose router stays BF16,
 // an LM head quantized on request, and that the config's other keys keep
 // their order and values, and a second update changes nothing.
-func TestUpdateHFConfig(t *testing.T) {
+func TestQuantHFConfig(t *testing.T) {
 	moe := llamaTensors(true)
 	moe = append(moe, TensorMeta{"model.layers.1.mlp.gate.weight", dtype.BF16, []int64{8, 256}},
 		TensorMeta{"model.layers.1.mlp.experts.0.up_proj.weight", dtype.F8E4M3, []int64{256, 256}},
@@ -105,13 +105,13 @@ func TestUpdateHFConfig(t *testing.T) {
 	}
 }
 
-// TestUpdateHFConfigKeeps checks what UpdateHFConfig leaves or removes: a
+// TestQuantHFConfigKeeps checks what UpdateHFConfig leaves or removes: a
 // round without FP8 weights drops an "fp8" quantization_config and keeps
 // another; an FP8 config's other keys and activation scheme stay; FP8
 // tensors of another layout (no block scales, or scales of the wrong
 // shape) leave the config as it is; a config that is not a JSON object is
 // an error.
-func TestUpdateHFConfigKeeps(t *testing.T) {
+func TestQuantHFConfigKeeps(t *testing.T) {
 	plain := []TensorMeta{{"model.layers.0.mlp.up_proj.weight", dtype.BF16, []int64{256, 256}}}
 	stale := `{"a": 1, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}, "b": 2}`
 	out, changed, err := UpdateHFConfig([]byte(stale), plain)
