@@ -295,7 +295,7 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		}
 		if c.out != "" {
 			// Written from host memory; device buckets are copied out first.
-			sinks = append(sinks, stages.WriteSafetensors(c.outDir(rank)))
+			sinks = append(sinks, stages.WriteSafetensors(c.outDir(rank), c.modelConfig()))
 		}
 		switch {
 		case len(sinks) == 1:
