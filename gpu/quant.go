@@ -301,8 +301,10 @@ type quantCheckWeight struct {
 
 // quantCheckWeights returns weights for the self-test: each dtype, edge
 // blocks partial in both directions, full blocks of BF16 and F16 with
-// rows 16-byte aligned (the kernel's vector path), quantized in ranges
-// that split blocks and rows at odd elements.
+// rows 16-byte aligned (the kernel's vector path; in the last, 18 blocks,
+// one whose scale is below 2^-90, which quant.ptx's vector path leaves to
+// the scalar path), quantized in ranges that split blocks and rows at odd
+// elements.
 func quantCheckWeights() []quantCheckWeight {
 	rng := rand.New(rand.NewPCG(23, 448))
 	var ws []quantCheckWeight
@@ -310,7 +312,7 @@ func quantCheckWeights() []quantCheckWeight {
 		from       dtype.DType
 		rows, cols int
 	}{{dtype.BF16, 257, 300}, {dtype.F16, 130, 129}, {dtype.F32, 129, 260}, {dtype.BF16, 1, 5},
-		{dtype.BF16, 384, 384}, {dtype.F16, 384, 392}} { // the last two: the vector path, every kind of block
+		{dtype.BF16, 384, 384}, {dtype.F16, 384, 392}, {dtype.BF16, 256, 1152}} { // the last three: the vector path, every kind of block
 		n := int64(c.rows * c.cols)
 		cut := []int64{0, n / 3, n/3 + 1, n / 2, n}
 		var ranges [][2]int64
