@@ -97,9 +97,11 @@ def dequantized(out):
 
 
 def compare(a, b):
-    a, b = a.float().flatten(), b.float().flatten()
+    """The cosine similarity of two logits tensors and the relative L2
+    error of b against a."""
     import torch
 
+    a, b = a.float().flatten(), b.float().flatten()
     cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
     rel = float((a - b).norm() / a.norm())
     return cos, rel
@@ -107,7 +109,7 @@ def compare(a, b):
 
 def case(demo, transport, work, tied):
     import torch
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     src, out = os.path.join(work, "bf16"), os.path.join(work, "fp8")
     ref = llama(tied)
