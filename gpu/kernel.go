@@ -18,6 +18,7 @@ type deviceKernels struct {
 	gather, checksum, cast, gatherSum, gatherLayout, quant onceKernel
 	mac                                                    onceMAC
 	gatherSpare, castSpare, sumSpare, layoutSpare          descSpares
+	quantInt                                               error // why quant is quant_int.ptx (nil: quant.ptx)
 
 	smOnce sync.Once
 	sms    int

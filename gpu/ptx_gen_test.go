@@ -10,9 +10,10 @@ import (
 
 // This file holds the generator of the kernels whose PTX is generated
 // rather than written by hand (mac_chunks.ptx, mac_parents.ptx,
-// gather.ptx, gather_sum.ptx and quant.ptx: unrolled code reads better as
-// the Go that writes it, the two gather kernels share their copy loops,
-// and the quantize kernel's two passes share their element loads).
+// gather.ptx, gather_sum.ptx, quant.ptx and quant_int.ptx: unrolled code
+// reads better as the Go that writes it, the two gather kernels share
+// their copy loops, and the quantize kernels share their scalar path and
+// their two passes their element loads).
 // TestPTXGenerated fails when a committed file differs from what its
 // generator writes; `go generate ./gpu` rewrites them (it runs that test
 // with -write-ptx).
@@ -26,6 +27,7 @@ func TestPTXGenerated(t *testing.T) {
 		{"gather.ptx", gatherPTX, gatherDefault.ptx()},
 		{"gather_sum.ptx", gatherSumPTX, gatherSumDefault.ptx()},
 		{"quant.ptx", quantPTX, genQuant()},
+		{"quant_int.ptx", quantIntPTX, genQuantInt()},
 	} {
 		if *writePTX {
 			if err := os.WriteFile(f.name, []byte(f.generated), 0o644); err != nil {

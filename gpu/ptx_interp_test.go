@@ -104,6 +104,7 @@ const (
 	cUnpack // mov.b64 {lo, hi}, a
 	cDiv    // div.u32, rem.u32 (sub "div" or "rem")
 	cDivF32 // div.rn.f32, mul.rn.f32, add.rn.f32: IEEE 754, rounded to nearest even
+	cF8     // fma.rn.f32, cvt.rn.satfinite.e4m3x2.f32, cvt.f32.f16, max.u16x2 (ptx_interp_f8_test.go)
 )
 
 type ptxInst struct {
@@ -431,6 +432,9 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		}
 		return nil
 	}
+	if ok, err := k.decodeF8(in, args); ok {
+		return err
+	}
 	switch parts[0] {
 	case "ret":
 		in.code = cRet
@@ -453,23 +457,27 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 	case "mov":
 		if strings.Contains(argText, "{") {
 			// mov.b64 d, {lo, hi} and mov.b64 {lo, hi}, a: a 64-bit
-			// register as two 32-bit halves, the low one first.
-			if in.op != "mov.b64" {
-				return fmt.Errorf("%s: only mov.b64 moves a {vector}", in.op)
+			// register as two 32-bit halves, the low one first; mov.b32
+			// the same with a 32-bit register and 16-bit halves.
+			if in.op != "mov.b64" && in.op != "mov.b32" {
+				return fmt.Errorf("%s: only mov.b64 and mov.b32 move a {vector}", in.op)
 			}
 			if err := want(2); err != nil {
 				return err
 			}
 			in.width = 64
+			if in.op == "mov.b32" {
+				in.width = 32
+			}
 			at, role, code := 1, roleDst, cPack
 			if strings.HasPrefix(args[0], "{") {
 				at, role, code = 0, roleReg, cUnpack
 			}
-			v, err := k.vector(args[at], 32, 2)
+			v, err := k.vector(args[at], in.width/2, 2)
 			if err != nil {
 				return fmt.Errorf("%s: %w", in.op, err)
 			}
-			r, err := k.operand(args[1-at], role, 64, false)
+			r, err := k.operand(args[1-at], role, in.width, false)
 			if err != nil {
 				return fmt.Errorf("%s: %w", in.op, err)
 			}
@@ -1428,7 +1436,7 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 					if !set[r] {
 						return fmt.Errorf("reads %s before it is written", k.regName[r])
 					}
-					v |= regs[r] << (32 * i)
+					v |= regs[r] << (in.width / 2 * uint(i))
 				}
 				put(&in.args[0], v)
 			case cUnpack:
@@ -1438,7 +1446,7 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 					return err
 				}
 				for i, r := range in.args[0].vec {
-					regs[r], set[r] = v>>(32*i)&0xffffffff, true
+					regs[r], set[r] = mask(v>>(in.width/2*uint(i)), in.width/2), true
 				}
 			case cDiv:
 				a, b, err := get2()
@@ -1474,6 +1482,8 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 					q = x + y
 				}
 				put(&in.args[0], uint64(math.Float32bits(q)))
+			case cF8:
+				return k.execF8(in, get, put)
 			case cClz:
 				a, err := get(&in.args[1])
 				if err != nil {
@@ -1817,7 +1827,8 @@ func TestPTXInterpreterCollectives(t *testing.T) {
 		"ld.shared.nc.u32 %r1, [%r2];":                            "no cache qualifiers on .shared",
 		"ld.global.L2::256B.nc.u64 %rd1, [%rd2];":                 "out of order",
 		"st.global.nc.u64 [%rd1], %rd2;":                          "unknown here",
-		"mov.b32 {%r1, %r2}, %rd1;":                               "only mov.b64",
+		"mov.u32 {%r1, %r2}, %rd1;":                               "only mov.b64 and mov.b32",
+		"mov.b32 {%r1, %r2}, %rd1;":                               "no declared 16-bit register",
 		"mov.b64 {%r1, %rd2}, %rd1;":                              "no declared 32-bit register",
 		".shared .align 3 .b8 s[8];":                              "bad shared array",
 	} {

@@ -2,13 +2,59 @@ package gpu
 
 import "fmt"
 
-// genQuant writes quant.ptx, the kernel of Quantizer. It is generated
-// because the element load (three dtypes) is needed by both passes over a
-// block, and reads better written once, as the Go below.
-func genQuant() string {
+// genQuant writes quant.ptx, the kernel of Quantizer: its vector path
+// converts with the GPU's FP8 converter (quantFastConv in
+// quant_conv_ptx_gen_test.go). It is generated because the element load
+// (three dtypes) is needed by both passes over a block, and reads better
+// written once, as the Go below.
+func genQuant() string { return genQuantKernel(true) }
+
+// genQuantInt writes quant_int.ptx, the kernel Quantizer falls back to
+// where quant.ptx fails to load or its self-test: the same kernel with
+// the vector path of integer arithmetic (quantFast below) that quant.ptx
+// had before the converter.
+func genQuantInt() string { return genQuantKernel(false) }
+
+// genQuantKernel writes quant.ptx (conv) or quant_int.ptx.
+func genQuantKernel(conv bool) string {
 	var p ptxText
-	p.header("genQuant in quant_ptx_gen_test.go", `
-quant.ptx: the FP8 block quantization kernel of Quantizer. One thread
+	if conv {
+		p.header("genQuant in quant_ptx_gen_test.go", quantConvHeader+quantScalarC)
+	} else {
+		p.header("genQuantInt in quant_ptx_gen_test.go", quantIntHeader+quantScalarC)
+	}
+	p.params("wc_quant", "u64 src", "u64 dst", "u64 scales", "u64 first", "u64 end",
+		"u32 rows", "u32 cols", "u32 br0", "u32 kind")
+	p.line(".maxntid 256, 1, 1")
+	p.line("{")
+	p.line("\t.reg .pred\t%%p<16>;")
+	p.line("\t.reg .b32\t%%r<60>;")
+	p.line("\t.reg .b64\t%%rd<32>;")
+	p.line("\t.reg .b32\t%%v<32>;")
+	if conv {
+		p.line("\t.reg .b16\t%%h<4>;")
+	} else {
+		p.line("\t.reg .b32\t%%c<8>;")
+	}
+	p.line("\t.shared .align 4 .b8 wc_quant_warps[32];")
+	p.line("")
+	genQuantBody(&p)
+	if conv {
+		quantFastConv(&p, "BF")
+		quantFastConv(&p, "FH")
+	} else {
+		quantFast(&p, "BF")
+		quantFast(&p, "FH")
+	}
+	p.line("}")
+	return p.b.String()
+}
+
+// quantIntHeader opens quant_int.ptx's comment.
+const quantIntHeader = `
+quant_int.ptx: the FP8 block quantization kernel that Quantizer falls back
+to where quant.ptx (the same kernel, its vector path converting with the
+GPU's FP8 converter) fails to load or its self-test. One thread
 block of 256 threads per 128x128 block of a [rows, cols] weight of F32,
 BF16 or F16: the block's amax, its scale, then the float8_e4m3fn codes of
 the block's elements that lie in [first, end) (flat, row-major indices),
@@ -22,7 +68,11 @@ the same registers (the subnormal codes as round(|q| * 2^9) by float
 arithmetic) and stored 8 bytes at a time where the whole block lies in
 [first, end) and dst - first is 8-byte aligned, else byte by byte. Every
 other block takes the scalar path, this CUDA C:
+`
 
+// quantScalarC is the CUDA C of the kernels' scalar path, at the end of
+// their opening comments.
+const quantScalarC = `
   __device__ unsigned widen(const void *w, unsigned long long e, unsigned kind) {
     // kind 1: F32, 2: BF16, 3: F16 (f16_to_f32 as in cast.ptx: exact)
     return kind == 1 ? ((const unsigned *)w)[e]
@@ -66,18 +116,11 @@ other block takes the scalar path, this CUDA C:
           dst[e - first] = s == 0x7FC00000 ? 0x7F
                          : e4m3(__float_as_uint(__fdiv_rn(__uint_as_float(widen(src, e, kind)), __uint_as_float(s))));
   }
-`)
-	p.params("wc_quant", "u64 src", "u64 dst", "u64 scales", "u64 first", "u64 end",
-		"u32 rows", "u32 cols", "u32 br0", "u32 kind")
-	p.line(".maxntid 256, 1, 1")
-	p.line("{")
-	p.line("\t.reg .pred\t%%p<16>;")
-	p.line("\t.reg .b32\t%%r<60>;")
-	p.line("\t.reg .b64\t%%rd<32>;")
-	p.line("\t.reg .b32\t%%v<32>;")
-	p.line("\t.reg .b32\t%%c<8>;")
-	p.line("\t.shared .align 4 .b8 wc_quant_warps[32];")
-	p.line("")
+`
+
+// genQuantBody writes the kernel's parameters' loads, the block's
+// coordinates, the dispatch to the vector path and the scalar path.
+func genQuantBody(p *ptxText) {
 	p.comment("%rd1 = src, %rd2 = dst, %rd3 = scales, %rd4 = first, %rd5 = end,")
 	p.comment("%r1 = rows, %r2 = cols, %r3 = br0, %r4 = kind")
 	for i, n := range []string{"src", "dst", "scales", "first", "end"} {
@@ -124,7 +167,7 @@ other block takes the scalar path, this CUDA C:
 	p.op("setp.eq.u32", "%%p4, %%r4, 2")
 	p.op("selp.b64", "%%rd8, 4, 2, %%p3")
 	p.line("")
-	quantFastDispatch(&p)
+	quantFastDispatch(p)
 	p.label("SCALAR", "")
 	p.comment("pass 1: %r20 = m, the amax bits of this thread's elements")
 	p.op("mov.u32", "%%r20, 0")
@@ -134,15 +177,15 @@ other block takes the scalar path, this CUDA C:
 	p.label("AMAX", "for (r = r0, e = e0; r < h; r += 2, e += 2*cols)")
 	p.op("setp.ge.u32", "%%p5, %%r21, %%r15")
 	p.op("@%p5 bra", "REDUCE")
-	quantWiden(&p, "A")
+	quantWiden(p, "A")
 	p.op("and.b32", "%%r22, %%r22, 0x7FFFFFFF")
 	p.op("max.u32", "%%r20, %%r20, %%r22")
 	p.op("add.u32", "%%r21, %%r21, 2")
 	p.op("add.u64", "%%rd9, %%rd9, %%rd7")
 	p.op("bra.uni", "AMAX")
 	p.label("REDUCE", "m = max over the warp, then over the block's 8 warps")
-	quantReduce(&p, "")
-	quantScale(&p, "CODES")
+	quantReduce(p, "")
+	quantScale(p, "CODES")
 	p.label("CODES", "pass 2: the codes of the elements in [first, end)")
 	p.op("@!%p2 bra", "DONE")
 	p.op("mov.u32", "%%r21, %%r12")
@@ -156,7 +199,7 @@ other block takes the scalar path, this CUDA C:
 	p.op("@%p5 bra", "NEXT")
 	p.op("mov.u32", "%%r30, 127")
 	p.op("@%p8 bra", "STORE")
-	quantWiden(&p, "C")
+	quantWiden(p, "C")
 	p.op("div.rn.f32", "%%r31, %%r22, %%r27")
 	p.comment("%r30 = e4m3(%r31): %r32 = sign, %r33 = a, %r35 = normal, %r37 = sub")
 	p.op("shr.u32", "%%r32, %%r31, 24")
@@ -199,10 +242,6 @@ other block takes the scalar path, this CUDA C:
 	p.op("bra.uni", "CODE")
 	p.label("DONE", "")
 	p.line("\tret;")
-	quantFast(&p, "BF")
-	quantFast(&p, "FH")
-	p.line("}")
-	return p.b.String()
 }
 
 // quantFastDispatch branches to the vector path of a full 128x128 block of
@@ -238,26 +277,7 @@ func quantFastDispatch(p *ptxText) {
 // byte by byte, each checked against the range.
 func quantFast(p *ptxText, tag string) {
 	L := func(n string) string { return n + tag }
-	p.label(L("FAST"), "")
-	p.comment("%rd20 = e, this thread's first element; %rd22 = 16*cols (the next chunk)")
-	p.op("shr.u32", "%%r40, %%r10, 4")
-	p.op("and.b32", "%%r41, %%r10, 15")
-	p.op("shl.b32", "%%r41, %%r41, 3")
-	p.op("add.u32", "%%r42, %%r13, %%r40")
-	p.op("mul.wide.u32", "%%rd20, %%r42, %%r2")
-	p.op("add.u32", "%%r43, %%r14, %%r41")
-	p.op("cvt.u64.u32", "%%rd21, %%r43")
-	p.op("add.u64", "%%rd20, %%rd20, %%rd21")
-	p.op("mul.wide.u32", "%%rd22, %%r2, 16")
-	p.op("shl.b64", "%%rd23, %%rd20, 1")
-	p.op("add.s64", "%%rd23, %%rd1, %%rd23")
-	p.op("shl.b64", "%%rd24, %%rd22, 1")
-	for i := range 8 {
-		p.op("ld.global.nc.v4.u32", "{%%v%d, %%v%d, %%v%d, %%v%d}, [%%rd23]", 4*i, 4*i+1, 4*i+2, 4*i+3)
-		if i < 7 {
-			p.op("add.s64", "%%rd23, %%rd23, %%rd24")
-		}
-	}
+	quantFastLoad(p, tag)
 	p.comment("%r20 = the largest low half's magnitude, %r44 the high halves'")
 	p.op("mov.u32", "%%r20, 0")
 	p.op("mov.u32", "%%r44, 0")
@@ -270,41 +290,10 @@ func quantFast(p *ptxText, tag string) {
 	p.op("shr.u32", "%%r44, %%r44, 16")
 	p.op("max.u32", "%%r20, %%r20, %%r44")
 	quantReduce(p, tag)
-	p.comment("m widened to float32")
-	if tag == "BF" {
-		p.op("shl.b32", "%%r20, %%r20, 16")
-	} else {
-		p.op("mov.u32", "%%r22, %%r20")
-		quantF16(p)
-		p.op("mov.u32", "%%r20, %%r22")
-	}
+	quantWidenAmax(p, tag)
 	quantScale(p, L("FCODES"))
 	p.label(L("FCODES"), "the codes, from the registers")
-	p.comment("%rd25 = the block's first element, %rd26 its last; none in [first, end): done")
-	p.op("mul.wide.u32", "%%rd25, %%r13, %%r2")
-	p.op("cvt.u64.u32", "%%rd26, %%r14")
-	p.op("add.u64", "%%rd25, %%rd25, %%rd26")
-	p.op("mul.wide.u32", "%%rd26, %%r2, 127")
-	p.op("add.u64", "%%rd26, %%rd26, %%rd25")
-	p.op("add.u64", "%%rd26, %%rd26, 127")
-	p.op("setp.ge.u64", "%%p12, %%rd25, %%rd5")
-	p.op("@%p12 bra", "DONE")
-	p.op("setp.lt.u64", "%%p12, %%rd26, %%rd4")
-	p.op("@%p12 bra", "DONE")
-	p.comment("%p12: whole-block vector stores (the block in [first, end), dst - first 8-byte aligned)")
-	p.op("sub.u64", "%%rd27, %%rd2, %%rd4")
-	p.op("and.b64", "%%rd28, %%rd27, 7")
-	p.op("setp.eq.u64", "%%p12, %%rd28, 0")
-	p.op("selp.b32", "%%r45, 1, 0, %%p12")
-	p.op("setp.ge.u64", "%%p12, %%rd25, %%rd4")
-	p.op("selp.b32", "%%r46, 1, 0, %%p12")
-	p.op("and.b32", "%%r45, %%r45, %%r46")
-	p.op("setp.lt.u64", "%%p12, %%rd26, %%rd5")
-	p.op("selp.b32", "%%r46, 1, 0, %%p12")
-	p.op("and.b32", "%%r45, %%r45, %%r46")
-	p.op("setp.ne.u32", "%%p12, %%r45, 0")
-	p.comment("%rd28 = the address of the code of element e (dst + e - first)")
-	p.op("add.s64", "%%rd28, %%rd27, %%rd20")
+	quantFastRange(p)
 	p.op("mov.b32", "%%r48, 0x44000000") // 512.0f
 	p.op("mov.b32", "%%r49, 0x4B000000") // 2^23
 	for i := range 8 {
@@ -360,6 +349,77 @@ func quantFast(p *ptxText, tag string) {
 		}
 	}
 	p.line("\tret;")
+}
+
+// quantFastLoad writes the vector path's label and loads: %rd20 = e, the
+// element of the thread's first chunk, %rd22 = 16*cols, and the 64
+// elements in %v0..%v31 (quantFast says how they lie).
+func quantFastLoad(p *ptxText, tag string) {
+	p.label("FAST"+tag, "")
+	p.comment("%rd20 = e, this thread's first element; %rd22 = 16*cols (the next chunk)")
+	p.op("shr.u32", "%%r40, %%r10, 4")
+	p.op("and.b32", "%%r41, %%r10, 15")
+	p.op("shl.b32", "%%r41, %%r41, 3")
+	p.op("add.u32", "%%r42, %%r13, %%r40")
+	p.op("mul.wide.u32", "%%rd20, %%r42, %%r2")
+	p.op("add.u32", "%%r43, %%r14, %%r41")
+	p.op("cvt.u64.u32", "%%rd21, %%r43")
+	p.op("add.u64", "%%rd20, %%rd20, %%rd21")
+	p.op("mul.wide.u32", "%%rd22, %%r2, 16")
+	p.op("shl.b64", "%%rd23, %%rd20, 1")
+	p.op("add.s64", "%%rd23, %%rd1, %%rd23")
+	p.op("shl.b64", "%%rd24, %%rd22, 1")
+	for i := range 8 {
+		p.op("ld.global.nc.v4.u32", "{%%v%d, %%v%d, %%v%d, %%v%d}, [%%rd23]", 4*i, 4*i+1, 4*i+2, 4*i+3)
+		if i < 7 {
+			p.op("add.s64", "%%rd23, %%rd23, %%rd24")
+		}
+	}
+}
+
+// quantWidenAmax writes %r20 = the block's amax, the 15 magnitude bits of
+// a BF16 (tag BF) or F16 in %r20, widened to float32 bits.
+func quantWidenAmax(p *ptxText, tag string) {
+	p.comment("m widened to float32")
+	if tag == "BF" {
+		p.op("shl.b32", "%%r20, %%r20, 16")
+	} else {
+		p.op("mov.u32", "%%r22, %%r20")
+		quantF16(p)
+		p.op("mov.u32", "%%r20, %%r22")
+	}
+}
+
+// quantFastRange writes the vector path's checks of the range: done where
+// no element of the block lies in [first, end); %p12 where whole-block
+// vector stores may be used; %rd28 = the address of the code of element
+// %rd20.
+func quantFastRange(p *ptxText) {
+	p.comment("%rd25 = the block's first element, %rd26 its last; none in [first, end): done")
+	p.op("mul.wide.u32", "%%rd25, %%r13, %%r2")
+	p.op("cvt.u64.u32", "%%rd26, %%r14")
+	p.op("add.u64", "%%rd25, %%rd25, %%rd26")
+	p.op("mul.wide.u32", "%%rd26, %%r2, 127")
+	p.op("add.u64", "%%rd26, %%rd26, %%rd25")
+	p.op("add.u64", "%%rd26, %%rd26, 127")
+	p.op("setp.ge.u64", "%%p12, %%rd25, %%rd5")
+	p.op("@%p12 bra", "DONE")
+	p.op("setp.lt.u64", "%%p12, %%rd26, %%rd4")
+	p.op("@%p12 bra", "DONE")
+	p.comment("%p12: whole-block vector stores (the block in [first, end), dst - first 8-byte aligned)")
+	p.op("sub.u64", "%%rd27, %%rd2, %%rd4")
+	p.op("and.b64", "%%rd28, %%rd27, 7")
+	p.op("setp.eq.u64", "%%p12, %%rd28, 0")
+	p.op("selp.b32", "%%r45, 1, 0, %%p12")
+	p.op("setp.ge.u64", "%%p12, %%rd25, %%rd4")
+	p.op("selp.b32", "%%r46, 1, 0, %%p12")
+	p.op("and.b32", "%%r45, %%r45, %%r46")
+	p.op("setp.lt.u64", "%%p12, %%rd26, %%rd5")
+	p.op("selp.b32", "%%r46, 1, 0, %%p12")
+	p.op("and.b32", "%%r45, %%r45, %%r46")
+	p.op("setp.ne.u32", "%%p12, %%r45, 0")
+	p.comment("%rd28 = the address of the code of element e (dst + e - first)")
+	p.op("add.s64", "%%rd28, %%rd27, %%rd20")
 }
 
 // quantE4M3 writes dst = e4m3(%r31) for a quotient of a block whose scale

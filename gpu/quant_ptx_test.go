@@ -12,10 +12,10 @@ import (
 	"github.com/weightcast/weightcast/quant"
 )
 
-// The tests below run the generated quant.ptx on the host, through the
-// PTX interpreter of ptx_interp_test.go, launched exactly as Quantizer
-// launches it (quantLaunches), and compare every code and scale with
-// package quant. The weight is mapped read-only; each launch's codes go
+// The tests below run the generated quant.ptx and quant_int.ptx on the
+// host, through the PTX interpreter of ptx_interp_test.go, launched
+// exactly as Quantizer launches them (quantLaunches), and compare every
+// code and scale with package quant. The weight is mapped read-only; each launch's codes go
 // to a region of exactly its range's bytes, filled with 0xA5 beforehand,
 // so that a store outside the range, a missed element or a load past the
 // weight fails; the scales are a region of exactly the weight's blocks.
@@ -26,13 +26,27 @@ const (
 	ptxQuantScales = 0x7f2000000000
 )
 
-func quantPTXKernel(t *testing.T) *ptxKernel {
+// quantPTXKernels returns the two quantize kernels, parsed: quant.ptx
+// (conv) and quant_int.ptx.
+func quantPTXKernels(t *testing.T) []struct {
+	file string
+	conv bool
+	k    *ptxKernel
+} {
 	t.Helper()
-	k := parsePTX(t, "quant.ptx", quantPTX)
-	if k.name != "wc_quant" || len(k.params) != 9 || k.maxntid != quantThreads {
-		t.Fatalf("kernel %s(%v), .maxntid %d: want wc_quant of 9 parameters, .maxntid %d", k.name, k.params, k.maxntid, quantThreads)
+	ks := []struct {
+		file string
+		conv bool
+		k    *ptxKernel
+	}{{"quant.ptx", true, nil}, {"quant_int.ptx", false, nil}}
+	for i, src := range []string{quantPTX, quantIntPTX} {
+		k := parsePTX(t, ks[i].file, src)
+		if k.name != "wc_quant" || len(k.params) != 9 || k.maxntid != quantThreads {
+			t.Fatalf("%s: kernel %s(%v), .maxntid %d: want wc_quant of 9 parameters, .maxntid %d", ks[i].file, k.name, k.params, k.maxntid, quantThreads)
+		}
+		ks[i].k = k
 	}
-	return k
+	return ks
 }
 
 // runQuantPTX quantizes w range by range through the kernel and returns
@@ -112,37 +126,46 @@ func randomRanges(rng *rand.Rand, n int64, pieces int) [][2]int64 {
 // split blocks and rows at random elements, and compares every code and
 // scale with package quant.
 func TestQuantPTX(t *testing.T) {
-	k := quantPTXKernel(t)
-	for _, w := range quantCheckWeights() {
-		checkQuantPTX(t, k, w)
-	}
-	rng := rand.New(rand.NewPCG(23, 7))
-	for _, c := range []struct {
-		from       dtype.DType
-		rows, cols int
-	}{
-		{dtype.BF16, 384, 260}, // nine kinds, partial column blocks
-		{dtype.F16, 257, 300},  // partial row blocks
-		{dtype.F32, 2, 1920},   // fifteen blocks in a row: both tiny-scale kinds
-		{dtype.BF16, 3, 1},
-		{dtype.F32, 1, 129},
-	} {
-		w := quantCheckWeight{from: c.from, rows: c.rows, cols: c.cols, src: QuantTestWeight(rng, c.from, c.rows, c.cols)}
-		w.ranges = randomRanges(rng, int64(c.rows*c.cols), 4)
-		checkQuantPTX(t, k, w)
-		t.Logf("%s [%d, %d] in ranges %v: codes and scales as package quant's", c.from, c.rows, c.cols, w.ranges)
+	for _, kk := range quantPTXKernels(t) {
+		k := kk.k
+		for _, w := range quantCheckWeights() {
+			checkQuantPTX(t, k, w)
+		}
+		rng := rand.New(rand.NewPCG(23, 7))
+		for _, c := range []struct {
+			from       dtype.DType
+			rows, cols int
+		}{
+			{dtype.BF16, 384, 260}, // nine kinds, partial column blocks
+			{dtype.F16, 257, 300},  // partial row blocks
+			{dtype.F32, 2, 1920},   // fifteen blocks in a row: both tiny-scale kinds
+			{dtype.BF16, 3, 1},
+			{dtype.F32, 1, 129},
+		} {
+			w := quantCheckWeight{from: c.from, rows: c.rows, cols: c.cols, src: QuantTestWeight(rng, c.from, c.rows, c.cols)}
+			w.ranges = randomRanges(rng, int64(c.rows*c.cols), 4)
+			checkQuantPTX(t, k, w)
+			t.Logf("%s: %s [%d, %d] in ranges %v: codes and scales as package quant's", kk.file, c.from, c.rows, c.cols, w.ranges)
+		}
 	}
 }
 
 // TestQuantPTXVector checks the vector path (full blocks of BF16 and F16
 // with rows 16-byte aligned: 16-byte loads, 8-byte stores of codes where
 // a whole block lies in the range, byte stores where a range splits it)
-// against package quant on every kind of block, and that it is the path
-// taken: with the codes 8-byte misaligned relative to the range, no
-// vector store; with the weight misaligned, no vector load (the scalar
-// path), the same bytes each time.
+// of both kernels against package quant on every kind of block, and that
+// it is the path taken: with the codes 8-byte misaligned relative to the
+// range, no vector store; with the weight misaligned, no vector load (the
+// scalar path), the same bytes each time. In quant.ptx a full block whose
+// scale lies below 2^-90 goes on to the scalar path (its element loads):
+// the weight of 18 full blocks has one.
 func TestQuantPTXVector(t *testing.T) {
-	k := quantPTXKernel(t)
+	for _, kk := range quantPTXKernels(t) {
+		testQuantPTXVector(t, kk.file, kk.conv, kk.k)
+	}
+}
+
+func testQuantPTXVector(t *testing.T, file string, conv bool, k *ptxKernel) {
 	rng := rand.New(rand.NewPCG(23, 8))
 	for _, c := range []struct {
 		from       dtype.DType
@@ -158,6 +181,7 @@ func TestQuantPTXVector(t *testing.T) {
 		{dtype.BF16, 384, 384, 0, 3, true, false},
 		{dtype.F16, 384, 384, 2, 0, false, false},
 		{dtype.BF16, 256, 260, 0, 0, false, false}, // rows not 16-byte aligned
+		{dtype.BF16, 256, 1152, 0, 0, true, true},  // 18 full blocks: both tiny-scale kinds
 	} {
 		w := quantCheckWeight{from: c.from, rows: c.rows, cols: c.cols, src: QuantTestWeight(rng, c.from, c.rows, c.cols)}
 		n := int64(c.rows * c.cols)
@@ -178,26 +202,32 @@ func TestQuantPTXVector(t *testing.T) {
 		}
 		loads, stores := k.executed("ld.global.nc.v4.u32"), k.executed("st.global.v2.u32")
 		if (loads > 0) != c.loads || (stores > 0) != c.stores {
-			t.Fatalf("%s [%d, %d], weight at +%d, codes at +%d: %d vector loads, %d vector stores", c.from, c.rows, c.cols, c.srcOff, c.dstOff, loads, stores)
+			t.Fatalf("%s: %s [%d, %d], weight at +%d, codes at +%d: %d vector loads, %d vector stores", file, c.from, c.rows, c.cols, c.srcOff, c.dstOff, loads, stores)
 		}
-		t.Logf("%s [%d, %d], weight at +%d, codes at +%d, ranges %v: %d vector loads, %d vector stores, codes and scales as package quant's",
-			c.from, c.rows, c.cols, c.srcOff, c.dstOff, w.ranges, loads, stores)
+		scalar := k.executed("ld.global.u16")
+		if tiny := slices.ContainsFunc(wantScales, func(s uint32) bool { return s < 0x12800000 }); c.loads && c.rows%128 == 0 && c.cols%128 == 0 &&
+			(scalar > 0) != (conv && tiny) {
+			t.Fatalf("%s: %s [%d, %d] of full blocks (a scale below 2^-90: %v): %d scalar loads", file, c.from, c.rows, c.cols, tiny, scalar)
+		}
+		t.Logf("%s: %s [%d, %d], weight at +%d, codes at +%d, ranges %v: %d vector loads, %d vector stores, %d scalar loads, codes and scales as package quant's",
+			file, c.from, c.rows, c.cols, c.srcOff, c.dstOff, w.ranges, loads, stores, scalar)
 	}
 }
 
 // TestQuantPTXScalesOnly checks a launch with an empty range: every
 // block's scale, no code written (the codes region is not even mapped).
 func TestQuantPTXScalesOnly(t *testing.T) {
-	k := quantPTXKernel(t)
-	rng := rand.New(rand.NewPCG(5, 5))
-	w := quantCheckWeight{from: dtype.BF16, rows: 200, cols: 300, src: QuantTestWeight(rng, dtype.BF16, 200, 300), ranges: [][2]int64{{0, 0}}}
-	_, scales := runQuantPTX(t, k, w)
-	_, wantScales, err := w.want()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := compareQuant(w, nil, scales, nil, wantScales); err != nil {
-		t.Fatal(err)
+	for _, kk := range quantPTXKernels(t) {
+		rng := rand.New(rand.NewPCG(5, 5))
+		w := quantCheckWeight{from: dtype.BF16, rows: 256, cols: 384, src: QuantTestWeight(rng, dtype.BF16, 256, 384), ranges: [][2]int64{{0, 0}}}
+		_, scales := runQuantPTX(t, kk.k, w)
+		_, wantScales, err := w.want()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := compareQuant(w, nil, scales, nil, wantScales); err != nil {
+			t.Fatalf("%s: %v", kk.file, err)
+		}
 	}
 }
 

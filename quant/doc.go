@@ -32,7 +32,9 @@
 // block to NaN, but with NaN bits that differ from one device to another.)
 //
 // Encode and the block functions are the host implementation; the GPU
-// kernel of package gpu reproduces them bit for bit. Dequantize computes
+// kernel of package gpu reproduces them bit for bit. UpdateHFConfig gives
+// a model's config.json the quantization_config under which transformers
+// loads such a checkpoint. Dequantize computes
 // code × s in float32, as DeepSeek-V3's weight_dequant does, and rounds to
 // BF16 as package cast does.
 package quant

@@ -34,6 +34,7 @@ type safetensorsOptions struct {
 	noSync   bool
 	fileName string
 	fs       safetensors.FS
+	config   string // SafetensorsConfig
 }
 
 // SafetensorsWithoutSync skips the fsync of each file and of the directory.
@@ -68,7 +69,9 @@ func SafetensorsFileName(name string) SafetensorsOption {
 // by the reference implementation or package safetensors); after a
 // stages.Cast the headers carry the received dtypes. For any other source
 // it writes one file (model.safetensors, see SafetensorsFileName) holding
-// the tensors in the order received.
+// the tensors in the order received. With the model's config.json
+// (SafetensorsConfig), or one already in dir, it writes config.json too,
+// describing an FP8 round for transformers.
 //
 // The files are streamed to disk as chunks arrive; no tensor is held in
 // memory. A file's header depends on the dtype and shape of every tensor in
@@ -149,6 +152,9 @@ type stRound struct {
 	open bool
 	// finished: Commit has completed every file and the index.
 	finished bool
+	// config is the model's configuration staged with the round
+	// (safetensors_config.go), or "".
+	config string
 }
 
 // stShard is one file of a round.
@@ -536,6 +542,9 @@ func (s *Safetensors) finishRound(ctx context.Context, r *stRound) error {
 			return fmt.Errorf("safetensors sink: %w", err)
 		}
 	}
+	if err := s.stageConfig(r); err != nil {
+		return err
+	}
 	r.finished = true
 	return nil
 }
@@ -562,6 +571,9 @@ func (s *Safetensors) replace(r *stRound) error {
 	for _, sh := range r.shards {
 		names = append(names, sh.name)
 	}
+	if r.config != "" {
+		names = append(names, r.config)
+	}
 	if r.indexName != "" {
 		names = append(names, r.indexName) // renamed last
 	}
@@ -576,7 +588,7 @@ func (s *Safetensors) replace(r *stRound) error {
 	s.mixed = false
 	var errs []error
 	for _, old := range s.written {
-		if !slices.Contains(names, old) {
+		if !slices.Contains(names, old) && old != configName { // a config.json stays
 			if err := s.fs.Remove(filepath.Join(s.dir, old)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}

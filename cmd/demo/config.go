@@ -167,7 +167,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.Uint64Var(&c.seed, "seed", 1, "`SEED` of the synthetic model's bytes")
 	fs.DurationVar(&c.timeout, "timeout", weightcast.DefaultTimeout, "`DURATION` bounding every wait: joining, each bucket, each acknowledgement")
 	fs.StringVar(&c.modelPath, "model", "", "sync a safetensors checkpoint (`PATH`: a .safetensors file or a Hugging Face directory of shards) instead of the synthetic model")
-	fs.StringVar(&c.out, "out", "", "receivers write what they received as safetensors under `DIR`/rankN, mirroring the source's files")
+	fs.StringVar(&c.out, "out", "", "receivers write what they received as safetensors under `DIR`/rankN, mirroring the source's files (and its config.json, with transformers' FP8 quantization_config under --quantize fp8-block)")
 	fs.StringVar(&raw.castTo, "dtype", "keep", "rollout `DTYPE` of a --model checkpoint: keep, bf16 or f16 (floating tensors are cast on the sender, at pack time)")
 	fs.StringVar(&raw.quantize, "quantize", "none", "rollout quantization `SCHEME` on the sender: none, or fp8-block (2-D linear weights as F8_E4M3 with F32 _scale_inv per 128x128 block, quantized on the sender's CPU, or on its GPU for a model held there)")
 	fs.StringVar(&raw.quantInclude, "quantize-include", "", "with --quantize, also quantize tensors whose names match this Go `REGEXP`")

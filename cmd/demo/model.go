@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 	"github.com/weightcast/weightcast/wire"
@@ -122,6 +124,26 @@ func (m *castModel) SourceInfo() *wire.SourceInfo {
 // per rank, so local ranks do not write over each other.
 func (c *config) outDir(rank int) string {
 	return filepath.Join(c.out, "rank"+strconv.Itoa(rank))
+}
+
+// modelConfig is the --out sink's option for the checkpoint's config.json,
+// beside a --model directory's files or a --model file: the sink writes it
+// with each round, with transformers' FP8 quantization_config under
+// --quantize fp8-block. It is nil for the synthetic model and for a
+// checkpoint without one.
+func (c *config) modelConfig() sink.SafetensorsOption {
+	if c.modelPath == "" {
+		return nil
+	}
+	dir := c.modelPath
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		dir = filepath.Dir(dir)
+	}
+	p := filepath.Join(dir, "config.json")
+	if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	return sink.SafetensorsConfig(p)
 }
 
 // modelText names the model for people: "1.0 GiB synthetic model" or

@@ -477,7 +477,8 @@ func TestCheckpointRoundTrip(t *testing.T) {
 // receiver verifies the FP8 codes and scales against its own quantization
 // of the model, and writes a checkpoint whose picked weights are F8_E4M3
 // with F32 scales, which dequantize to within the FP8 rounding bound of
-// the synthetic model's last round.
+// the synthetic model's last round, and no config.json (the synthetic
+// model has none).
 func TestQuantizeRound(t *testing.T) {
 	out := t.TempDir()
 	args := append([]string{"--ranks", "3", "--rounds", "2", "--quantize", "fp8-block", "--out", out, "--json"}, small...)
@@ -551,6 +552,9 @@ func TestQuantizeRound(t *testing.T) {
 	}
 	if quantized == 0 {
 		t.Fatal("no weight was quantized")
+	}
+	if _, err := os.Stat(filepath.Join(out, "rank2", "config.json")); !os.IsNotExist(err) {
+		t.Fatalf("a config.json for the synthetic model, which has none (%v)", err)
 	}
 }
 

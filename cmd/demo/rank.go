@@ -296,7 +296,7 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		}
 		if c.out != "" {
 			// Written from host memory; device buckets are copied out first.
-			sinks = append(sinks, sink.WriteSafetensors(c.outDir(rank)))
+			sinks = append(sinks, sink.WriteSafetensors(c.outDir(rank), c.modelConfig()))
 		}
 		switch {
 		case len(sinks) == 1:
