@@ -587,3 +587,8 @@ func TestCancelMidFrame(t *testing.T) {
 		t.Skip("no try's cancellation came before the bucket had moved; nothing was checked")
 	}
 }
+
+// TestPairsConformance runs the point-to-point suite on tcp's pairs.
+func TestPairsConformance(t *testing.T) {
+	(&transporttest.PairsSuite{Name: Name, Open: OpenPairs, Memory: transporttest.HostMemory{}}).Run(t)
+}

@@ -1,0 +1,109 @@
+package route
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/weightcast/weightcast/layout"
+)
+
+// Received is one local tensor of a receiver: a region of a global tensor
+// and its bytes, row-major.
+type Received struct {
+	Tensor layout.Tensor
+	Slice  layout.Slice
+	Data   []byte
+}
+
+// Shards is a Dest in host memory that keeps the last committed version
+// whole: a round lands in memory of its own, Commit makes it the version
+// All and Get return, and a failed round leaves the committed one as it
+// was. It holds at most two copies of the receiver's shard (the committed
+// one, and the round's), reusing the memory of the one before. Its
+// methods may be called from any goroutine.
+type Shards struct {
+	mu        sync.Mutex
+	version   uint64
+	committed []Received
+	pending   []Received
+	spare     map[int64][][]byte // free memory by size
+}
+
+// Tensor returns memory for the round's local tensor.
+func (s *Shards) Tensor(t layout.Tensor, need layout.Slice) ([]byte, error) {
+	n := need.Elements() * int64(t.DType.Size())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b []byte
+	if free := s.spare[n]; len(free) > 0 {
+		b, s.spare[n] = free[len(free)-1], free[:len(free)-1]
+	} else {
+		b = make([]byte, n)
+	}
+	s.pending = append(s.pending, Received{Tensor: t, Slice: need.Clone(), Data: b})
+	return b, nil
+}
+
+// Commit makes the round's tensors the committed version.
+func (s *Shards) Commit(version uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free(s.committed)
+	s.committed, s.pending, s.version = s.pending, nil, version
+	return nil
+}
+
+// Abort drops the round's tensors; the committed version stays.
+func (s *Shards) Abort() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free(s.pending)
+	s.pending = nil
+}
+
+func (s *Shards) free(rs []Received) {
+	if s.spare == nil {
+		s.spare = map[int64][][]byte{}
+	}
+	for _, r := range rs {
+		s.spare[int64(len(r.Data))] = append(s.spare[int64(len(r.Data))], r.Data)
+	}
+}
+
+// Version returns the committed version, or 0 before the first.
+func (s *Shards) Version() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version
+}
+
+// All returns the committed version's tensors, sorted by name, valid until
+// the Commit after next.
+func (s *Shards) All() []Received {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Clone(s.committed)
+	slices.SortFunc(out, func(a, b Received) int {
+		if a.Tensor.Name < b.Tensor.Name {
+			return -1
+		}
+		if a.Tensor.Name > b.Tensor.Name {
+			return 1
+		}
+		return slices.Compare(a.Slice.Offset, b.Slice.Offset)
+	})
+	return out
+}
+
+// Get returns the committed local tensor of the named global tensor (the
+// first, where the receiver needs several slices of it).
+func (s *Shards) Get(name string) (Received, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.committed {
+		if r.Tensor.Name == name {
+			return r, true
+		}
+	}
+	return Received{}, false
+}
