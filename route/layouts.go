@@ -113,11 +113,11 @@ func checkShards(shards []Shard) error {
 // shards, or a receiver's need. Its canonical JSON is what the digest
 // covers.
 type declaration struct {
-	Shards []shardJSON  `json:"shards,omitempty"`
-	TP     int          `json:"tp,omitempty"`
-	TPRank int          `json:"tp_rank,omitempty"`
+	Shards []shardJSON   `json:"shards,omitempty"`
+	TP     int           `json:"tp,omitempty"`
+	TPRank int           `json:"tp_rank,omitempty"`
 	Model  *layout.Model `json:"model,omitempty"`
-	Whole  bool         `json:"whole,omitempty"`
+	Whole  bool          `json:"whole,omitempty"`
 }
 
 type shardJSON struct {

@@ -138,7 +138,7 @@ func (m *member) timeout() time.Duration {
 // Keys of the exchange: a rank's layout by digest, and the digest of the
 // layout it uses in its n-th round.
 func layoutKey(digest string) string { return "route.layout." + digest }
-func roundKey(n uint64) string      { return fmt.Sprintf("route.round.%d", n) }
+func roundKey(n uint64) string       { return fmt.Sprintf("route.round.%d", n) }
 
 // begin starts a round with this rank's layout decl: it publishes the
 // layout, learns everyone's (rank 0 gathers the digests and publishes
@@ -391,5 +391,5 @@ type item struct {
 	b    *Bucket
 }
 
-func (it *item) Release()         { it.pool.Put(it.buf) }
+func (it *item) Release()        { it.pool.Put(it.buf) }
 func (it *item) ByteSize() int64 { return int64(it.n) }

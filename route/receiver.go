@@ -2,8 +2,8 @@ package route
 
 import (
 	"context"
-	"strings"
 	"fmt"
+	"strings"
 
 	"github.com/weightcast/weightcast/layout"
 	"github.com/weightcast/weightcast/pipeline"
