@@ -47,9 +47,12 @@ func (s Shard) Bytes() int64 { return s.Slice().Elements() * int64(s.DType.Size(
 // explicit list of shards.
 type Need struct {
 	TP, TPRank int
-	// Model holds the head counts that merged q/k/v projections are
-	// split by; zero where the model has separate ones.
+	// Model holds the head counts that query and key/value projections
+	// are split by.
 	Model layout.Model
+	// Rules are tried before layout.DefaultRules, for names the default
+	// rules do not know or split otherwise.
+	Rules []layout.Rule
 	// Shards, when set, lists the slices needed; TP is then ignored.
 	Shards []Shard
 }
@@ -63,6 +66,9 @@ func (n Need) Validate() error {
 		return fmt.Errorf("tensor-parallel size %d: give 1 or more", n.TP)
 	case n.TPRank < 0 || n.TPRank >= max(n.TP, 1):
 		return fmt.Errorf("tensor-parallel rank %d outside [0, %d)", n.TPRank, max(n.TP, 1))
+	}
+	if _, err := layout.DefaultRules().With(n.Rules...); err != nil {
+		return err
 	}
 	return nil
 }
@@ -117,6 +123,7 @@ type declaration struct {
 	TP     int           `json:"tp,omitempty"`
 	TPRank int           `json:"tp_rank,omitempty"`
 	Model  *layout.Model `json:"model,omitempty"`
+	Rules  []string      `json:"rules,omitempty"`
 	Whole  bool          `json:"whole,omitempty"`
 }
 
@@ -162,6 +169,9 @@ func declareNeed(n Need) declaration {
 		return declareShards(n.Shards)
 	case n.TP > 1:
 		d := declaration{TP: n.TP, TPRank: n.TPRank}
+		for _, r := range n.Rules {
+			d.Rules = append(d.Rules, r.Pattern+"="+r.Kind.String())
+		}
 		if n.Model != (layout.Model{}) {
 			m := n.Model
 			d.Model = &m
@@ -197,6 +207,18 @@ func decodeDeclaration(b []byte, digest string) (declaration, error) {
 		return d, fmt.Errorf("a malformed layout: %w", err)
 	}
 	return d, nil
+}
+
+// rules returns d's rule set: its own rules before the default ones.
+func (d declaration) rules() (*layout.Rules, error) {
+	user := make([]layout.Rule, len(d.Rules))
+	for i, r := range d.Rules {
+		var err error
+		if user[i], err = layout.ParseRule(r); err != nil {
+			return nil, err
+		}
+	}
+	return layout.DefaultRules().With(user...)
 }
 
 // shards returns d's shards.
@@ -242,7 +264,6 @@ func layouts(decls []declaration, senders int) (snd, rcv *layout.Layout, err err
 		return nil, nil, fmt.Errorf("the senders' layout: %w", err)
 	}
 	rcv = &layout.Layout{TensorList: snd.TensorList, Ranks: make([][]layout.Piece, len(decls)-senders)}
-	rules := layout.DefaultRules()
 	for i, d := range decls[senders:] {
 		rank := senders + i
 		switch {
@@ -256,6 +277,10 @@ func layouts(decls []declaration, senders int) (snd, rcv *layout.Layout, err err
 				m = *d.Model
 			}
 			c := layout.Coord{TPRank: d.TPRank, TPSize: d.TP, EPSize: 1}
+			rules, err := d.rules()
+			if err != nil {
+				return nil, nil, fmt.Errorf("receiver rank %d: %w", rank, err)
+			}
 			for t, tensor := range snd.TensorList {
 				k, err := rules.Kind(tensor.Name)
 				if err != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/layout"
 	"github.com/weightcast/weightcast/mem"
-	"github.com/weightcast/weightcast/plan"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/transport/tcp"
 	"github.com/weightcast/weightcast/transport/transporttest"
@@ -59,17 +58,6 @@ func full(t layout.Tensor, version uint64) []byte {
 		b[i] = byte(x >> 24)
 	}
 	return b
-}
-
-// region copies slice s of tensor t out of its global bytes g.
-func region(t layout.Tensor, s layout.Slice, g []byte) []byte {
-	es := int64(t.DType.Size())
-	out := make([]byte, 0, s.Elements()*es)
-	m := plan.Move{Held: layout.Full(t.Shape), Need: s, Region: s}
-	for run := range m.Runs(int(es)) {
-		out = append(out, g[run.Src:run.Src+run.Len]...)
-	}
-	return out
 }
 
 // group is an open routed group in this process: tcp pairs and the zmq
@@ -144,7 +132,7 @@ func fsdp(ts []layout.Tensor, i, n int, version uint64) []Local {
 		if !ok {
 			continue
 		}
-		out = append(out, Local{Shard: Shard{Name: t.Name, DType: t.DType, Shape: t.Shape, Offset: s.Offset, Size: s.Size}, Data: region(t, s, full(t, version))})
+		out = append(out, Local{Shard: Shard{Name: t.Name, DType: t.DType, Shape: t.Shape, Offset: s.Offset, Size: s.Size}, Data: Region(t, s, full(t, version))})
 	}
 	return out
 }
@@ -221,7 +209,7 @@ func TestRoutedTP(t *testing.T) {
 							t.Fatalf("receiver %d lacks %s", i, tn.Name)
 						case !got.Slice.Equal(s):
 							t.Fatalf("receiver %d holds %s %v, its TP shard is %v", i, tn.Name, got.Slice, s)
-						case !bytes.Equal(got.Data, region(tn, s, full(tn, v))):
+						case !bytes.Equal(got.Data, Region(tn, s, full(tn, v))):
 							t.Fatalf("version %d receiver %d: %s %v differs from the reference slice", v, i, tn.Name, s)
 						}
 					}

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/weightcast/weightcast/layout"
+	"github.com/weightcast/weightcast/plan"
 )
 
 // Received is one local tensor of a receiver: a region of a global tensor
@@ -106,4 +107,16 @@ func (s *Shards) Get(name string) (Received, bool) {
 		}
 	}
 	return Received{}, false
+}
+
+// Region returns the bytes of slice s of tensor t, row-major, out of its
+// global bytes full (for checks and tests).
+func Region(t layout.Tensor, s layout.Slice, full []byte) []byte {
+	es := int64(t.DType.Size())
+	out := make([]byte, 0, s.Elements()*es)
+	m := plan.Move{Held: layout.Full(t.Shape), Need: s, Region: s}
+	for run := range m.Runs(int(es)) {
+		out = append(out, full[run.Src:run.Src+run.Len]...)
+	}
+	return out
 }
