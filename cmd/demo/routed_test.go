@@ -56,7 +56,6 @@ func shardBytes(t *testing.T, c *config, i, tp int) int64 {
 	return n
 }
 
-
 // TestRoutedProcesses runs S senders and 4 receivers as processes over
 // tcp, at TP 1, 2 and 4, and S = 1 for comparison: every receiver
 // verifies its shard against the model's slice every round and takes
