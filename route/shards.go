@@ -1,19 +1,23 @@
 package route
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 
 	"github.com/weightcast/weightcast/layout"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/plan"
 )
 
 // Received is one local tensor of a receiver: a region of a global tensor
-// and its bytes, row-major.
+// and its bytes, row-major (in Buffer, which Shards allocated).
 type Received struct {
 	Tensor layout.Tensor
 	Slice  layout.Slice
 	Data   []byte
+	Buffer mem.Buffer
 }
 
 // Shards is a Dest in host memory that keeps the last committed version
@@ -23,11 +27,15 @@ type Received struct {
 // one, and the round's), reusing the memory of the one before. Its
 // methods may be called from any goroutine.
 type Shards struct {
+	// Device allocates the tensors' memory (host memory: its buffers'
+	// Host bytes); nil means Go memory.
+	Device mem.Device
+
 	mu        sync.Mutex
 	version   uint64
 	committed []Received
 	pending   []Received
-	spare     map[int64][][]byte // free memory by size
+	spare     map[int64][]mem.Buffer // free memory by size
 }
 
 // Tensor returns memory for the round's local tensor.
@@ -35,14 +43,25 @@ func (s *Shards) Tensor(t layout.Tensor, need layout.Slice) ([]byte, error) {
 	n := need.Elements() * int64(t.DType.Size())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var b []byte
+	var b mem.Buffer
 	if free := s.spare[n]; len(free) > 0 {
 		b, s.spare[n] = free[len(free)-1], free[:len(free)-1]
 	} else {
-		b = make([]byte, n)
+		dev := s.Device
+		if dev == nil {
+			dev = mem.Host{}
+		}
+		var err error
+		if b, err = dev.Alloc(int(n)); err != nil {
+			return nil, err
+		}
+		if b.Host() == nil && n > 0 {
+			b.Free()
+			return nil, fmt.Errorf("route: Shards on %s, which is not host memory", dev.Name())
+		}
 	}
-	s.pending = append(s.pending, Received{Tensor: t, Slice: need.Clone(), Data: b})
-	return b, nil
+	s.pending = append(s.pending, Received{Tensor: t, Slice: need.Clone(), Data: b.Host()[:n], Buffer: b})
+	return b.Host()[:n], nil
 }
 
 // Commit makes the round's tensors the committed version.
@@ -64,11 +83,31 @@ func (s *Shards) Abort() {
 
 func (s *Shards) free(rs []Received) {
 	if s.spare == nil {
-		s.spare = map[int64][][]byte{}
+		s.spare = map[int64][]mem.Buffer{}
 	}
 	for _, r := range rs {
-		s.spare[int64(len(r.Data))] = append(s.spare[int64(len(r.Data))], r.Data)
+		s.spare[int64(len(r.Data))] = append(s.spare[int64(len(r.Data))], r.Buffer)
 	}
+}
+
+// Close frees every tensor's memory, the committed version's too. It is
+// idempotent; Shards is empty after it.
+func (s *Shards) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, rs := range [][]Received{s.committed, s.pending} {
+		for _, r := range rs {
+			errs = append(errs, r.Buffer.Free())
+		}
+	}
+	for _, bs := range s.spare {
+		for _, b := range bs {
+			errs = append(errs, b.Free())
+		}
+	}
+	s.committed, s.pending, s.spare = nil, nil, nil
+	return errors.Join(errs...)
 }
 
 // Version returns the committed version, or 0 before the first.
@@ -78,8 +117,9 @@ func (s *Shards) Version() uint64 {
 	return s.version
 }
 
-// All returns the committed version's tensors, sorted by name, valid until
-// the Commit after next.
+// All returns the committed version's tensors, sorted by name; their
+// memory is valid until the next round's first Tensor after the next
+// Commit (the round after next reuses it).
 func (s *Shards) All() []Received {
 	s.mu.Lock()
 	defer s.mu.Unlock()
