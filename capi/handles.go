@@ -287,7 +287,7 @@ type receiverHandle struct {
 	dev   *gpu.CUDADevice // the receiver's GPU, when its buckets are on one
 	roundRunner
 
-	mu   sync.Mutex
+	mu     sync.Mutex
 	held   *stages.Batch // handed out by next, not yet released
 	out    *cBatch       // the C memory describing held
 	shards *route.Shards // a routed receiver's rounds (routed.go), C memory
