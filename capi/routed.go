@@ -15,6 +15,7 @@ import (
 
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/route"
 	"github.com/weightcast/weightcast/stages"
 )
@@ -33,6 +34,9 @@ type shardJSON struct {
 	Size   []int64 `json:"size"`
 	Data   uint64  `json:"data,omitempty"` // wc_shards: the address of its bytes
 	Bytes  int64   `json:"nbytes,omitempty"`
+	// Device is the CUDA ordinal of device memory, or -1 (absent: 0 in
+	// wc_send_shards means cuda:0 only when given) for host memory.
+	Device *int `json:"device,omitempty"`
 }
 
 // maxShardsJSON bounds wc_send_shards' layout: 64 MiB.
@@ -41,7 +45,7 @@ const maxShardsJSON = 64 << 20
 // decodeShards reads wc_send_shards' arguments: the layout as JSON and
 // the address of each shard's host bytes, which stay the caller's until
 // the round ends.
-func decodeShards(layout string, data *C.uint64_t, n C.int64_t) ([]route.Local, error) {
+func decodeShards(layout string, data *C.uint64_t, n C.int64_t, dev *gpu.CUDADevice) ([]route.Local, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: wc_send_shards: %s", weightcast.ErrConfig, fmt.Sprintf(format, args...))
 	}
@@ -69,14 +73,32 @@ func decodeShards(layout string, data *C.uint64_t, n C.int64_t) ([]route.Local, 
 		if nb > 0 && addrs[i] == 0 {
 			return nil, bad("shard %s: no address for its %d bytes", s.Name, nb)
 		}
-		if nb > 0 {
+		switch {
+		case s.Device != nil && *s.Device >= 0:
+			if dev == nil || dev.Ordinal() != *s.Device {
+				return nil, bad("shard %s is on cuda:%d, but this rank's buckets are %s: hand the shards on the rank's GPU, or host tensors", s.Name, *s.Device, where(dev))
+			}
+			if l.Buffer, err = dev.View(addrs[i], int(nb)); err != nil {
+				return nil, bad("shard %s: %v", s.Name, err)
+			}
+		case dev != nil:
+			return nil, bad("shard %s is in host memory, but this rank's buckets are on %s: hand CUDA tensors of that GPU", s.Name, dev.Name())
+		case nb > 0:
 			l.Data = hostBytes(C.uint64_t(addrs[i]), C.uint64_t(nb))
-		} else {
+		default:
 			l.Data = []byte{}
 		}
 		out[i] = l
 	}
 	return out, nil
+}
+
+// where says where a rank's buckets live.
+func where(dev *gpu.CUDADevice) string {
+	if dev == nil {
+		return "in host memory"
+	}
+	return "on " + dev.Name()
 }
 
 // roundStats is a routed round's stats in the runner's terms.
@@ -91,7 +113,8 @@ func wc_send_shards(handle C.int64_t, version C.uint64_t, layout *C.char, data *
 		if err != nil {
 			return 0, err
 		}
-		shards, err := decodeShards(C.GoString(layout), data, n)
+		dev, _ := h.s.Device().(*gpu.CUDADevice)
+		shards, err := decodeShards(C.GoString(layout), data, n, dev)
 		if err != nil {
 			h.s.Abort(err) // the others fail with the cause
 			return 0, err
@@ -114,6 +137,9 @@ func wc_receive_shards(handle C.int64_t) C.int {
 		h.mu.Lock()
 		if h.shards == nil {
 			h.shards = &route.Shards{Device: cHost{}}
+			if h.dev != nil {
+				h.shards.Device = h.dev // the shards stay on the rank's GPU
+			}
 		}
 		dest := h.shards
 		h.mu.Unlock()
@@ -152,9 +178,15 @@ func (h *receiverHandle) shardsJSON() (string, error) {
 	out := []shardJSON{}
 	if sh != nil {
 		for _, r := range sh.All() {
-			s := shardJSON{Name: r.Tensor.Name, DType: r.Tensor.DType.String(), Shape: r.Tensor.Shape, Offset: r.Slice.Offset, Size: r.Slice.Size, Bytes: int64(len(r.Data))}
-			if len(r.Data) > 0 {
-				s.Data = uint64(r.Buffer.(*cBuffer).address())
+			nb := r.Slice.Elements() * int64(r.Tensor.DType.Size())
+			ord := -1
+			s := shardJSON{Name: r.Tensor.Name, DType: r.Tensor.DType.String(), Shape: r.Tensor.Shape, Offset: r.Slice.Offset, Size: r.Slice.Size, Bytes: nb, Device: &ord}
+			switch b := r.Buffer.(type) {
+			case *cBuffer:
+				s.Data = uint64(b.address())
+			default:
+				s.Data, _ = gpu.Address(b)
+				ord = h.dev.Ordinal()
 			}
 			out = append(out, s)
 		}

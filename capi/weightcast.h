@@ -180,8 +180,9 @@ int wc_send_shards(int64_t handle, uint64_t version, char *layout, uint64_t *dat
 int wc_receive_shards(int64_t handle);
 
 /* The shards the last committed routed round left, as a JSON array of
- * {"name", "dtype", "shape", "offset", "size", "data" (address of the bytes,
- * C memory, valid until the commit of the round after next), "nbytes"},
+ * {"name", "dtype", "shape", "offset", "size", "data" (address of the bytes:
+ * C memory, or device memory of the rank's GPU, valid until the commit of
+ * the round after next), "nbytes", "device" (-1: host; else the ordinal)},
  * copied into buf (NUL-terminated, truncated to cap). Returns the full
  * length, or an error code. */
 int64_t wc_shards(int64_t handle, char *buf, int64_t cap);

@@ -116,13 +116,14 @@ type member struct {
 	sched    *Schedule
 	next     map[int]uint64 // each pair's next bucket seq, by peer
 	pools    map[int]*stages.Pool
+	engines  map[string]engine // by pair stage
 
 	committed atomic.Uint64
 	broken    error
 }
 
 func newMember(cfg Config) *member {
-	return &member{cfg: cfg, seal: sealer{cfg.Checksum, cfg.Auth}, decls: map[string]declaration{}, next: map[int]uint64{}, pools: map[int]*stages.Pool{}}
+	return &member{cfg: cfg, seal: sealer{cfg.Checksum, cfg.Auth}, decls: map[string]declaration{}, next: map[int]uint64{}, pools: map[int]*stages.Pool{}, engines: map[string]engine{}}
 }
 
 // ErrBroken is stages.ErrBroken: a failed round leaves the rank broken.
@@ -367,13 +368,32 @@ func (m *member) pool(peer int) (*stages.Pool, error) {
 	return p, nil
 }
 
+// engine returns the engine of the pair stage called stage.
+func (m *member) engine(stage string) (engine, error) {
+	if e, ok := m.engines[stage]; ok {
+		return e, nil
+	}
+	e, err := newEngine(m.cfg.Device)
+	if err != nil {
+		return nil, err
+	}
+	m.engines[stage] = e
+	return e, nil
+}
+
 // Committed returns the last version committed on every receiver, or 0.
 func (m *member) Committed() uint64 { return m.committed.Load() }
 
-// Close frees the pairs' buffers (not Pairs, the Exchange or the bus,
-// which stay the caller's). It is idempotent.
+// Close frees the pairs' buffers and GPU state (not Pairs, the Exchange or
+// the bus, which stay the caller's). It is idempotent.
 func (m *member) Close() error {
 	var errs []error
+	for stage, e := range m.engines {
+		ctx, cancel := context.WithTimeout(context.Background(), m.timeout())
+		errs = append(errs, e.close(ctx))
+		cancel()
+		delete(m.engines, stage)
+	}
 	for peer, p := range m.pools {
 		errs = append(errs, p.Close())
 		delete(m.pools, peer)

@@ -6,16 +6,19 @@ import (
 	"strings"
 
 	"github.com/weightcast/weightcast/layout"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
 // Dest is where a receiver's rounds land: its local tensors.
 type Dest interface {
 	// Tensor returns the memory of the receiver's local tensor for the
-	// round beginning: region need of tensor t, row-major, need's
-	// elements times t's dtype size long. It is called once per local
-	// tensor per round, before any of its bytes land.
-	Tensor(t layout.Tensor, need layout.Slice) ([]byte, error)
+	// round beginning: region need of tensor t, row-major, at least
+	// need's elements times t's dtype size long, in host memory (a
+	// buffer's Host bytes) or, when the rank's buckets are on a GPU,
+	// device memory of that GPU. It is called once per local tensor per
+	// round, before any of its bytes land.
+	Tensor(t layout.Tensor, need layout.Slice) (mem.Buffer, error)
 	// Commit is told that version, whose bytes it holds, is committed on
 	// every receiver.
 	Commit(version uint64) error
@@ -77,15 +80,15 @@ func (r *Receiver) Schedule() *Schedule { return r.m.sched }
 // receive runs the rank's part: per sender, recv ──► load.
 func (r *Receiver) receive(ctx context.Context, sc *Schedule, version uint64, dest Dest) (*pipeline.Pipeline, error) {
 	m := r.m
-	local := make([][]byte, len(sc.Needs))
+	local := make([]mem.Buffer, len(sc.Needs))
 	for i, n := range sc.Needs {
 		t := sc.Plan.Tensors[n.Tensor]
 		b, err := dest.Tensor(t, n.Slice)
 		if err != nil {
 			return nil, fmt.Errorf("tensor %s %v: %w", t.Name, n.Slice, err)
 		}
-		if want := n.Slice.Elements() * int64(t.DType.Size()); int64(len(b)) != want {
-			return nil, fmt.Errorf("tensor %s %v: the destination holds %d bytes, the shard %d", t.Name, n.Slice, len(b), want)
+		if want := n.Slice.Elements() * int64(t.DType.Size()); int64(b.Len()) < want {
+			return nil, fmt.Errorf("tensor %s %v: the destination holds %d bytes, the shard %d", t.Name, n.Slice, b.Len(), want)
 		}
 		local[i] = b
 	}
@@ -96,6 +99,14 @@ func (r *Receiver) receive(ctx context.Context, sc *Schedule, version uint64, de
 			return nil, err
 		}
 		from, first := st.Sender, m.next[st.Sender]
+		checker, err := m.engine(fmt.Sprintf("recv ←%d", from))
+		if err != nil {
+			return nil, err
+		}
+		loader, err := m.engine(fmt.Sprintf("load ←%d", from))
+		if err != nil {
+			return nil, err
+		}
 		got := pipeline.Source(p, fmt.Sprintf("recv ←%d", from), 1, func(ctx context.Context, out *pipeline.Output[*item]) error {
 			for i := range st.Buckets {
 				b := &st.Buckets[i]
@@ -108,7 +119,7 @@ func (r *Receiver) receive(ctx context.Context, sc *Schedule, version uint64, de
 					it.Release()
 					return err
 				}
-				if err := m.seal.check(buf.Host(), it.n, version, from, m.cfg.Rank, it.seq); err != nil {
+				if err := checker.check(ctx, m.seal, buf, it.n, version, from, m.cfg.Rank, it.seq); err != nil {
 					it.Release()
 					return fmt.Errorf("%w (it carries %s)", err, segmentNames(sc, b))
 				}
@@ -121,12 +132,12 @@ func (r *Receiver) receive(ctx context.Context, sc *Schedule, version uint64, de
 		})
 		pipeline.Sink(p, fmt.Sprintf("load ←%d", from), got, func(ctx context.Context, in *pipeline.Input[*item]) error {
 			for it := range in.All() {
-				h := it.buf.Host()
-				for _, seg := range it.b.Segments {
-					copy(local[seg.Need][seg.Dst:seg.Dst+seg.Len], h[seg.Off:seg.Off+seg.Len])
+				err := loader.unpack(ctx, it.buf, it.b, local)
+				it.Release()
+				if err != nil {
+					return err
 				}
 				pipeline.CountBytes(ctx, int64(it.n))
-				it.Release()
 			}
 			return in.Err()
 		})

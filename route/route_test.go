@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/layout"
 	"github.com/weightcast/weightcast/mem"
@@ -70,17 +72,28 @@ type group struct {
 
 func openGroup(t *testing.T, ctx context.Context, senders, receivers, bucket int, needs []Need, mutate func(*Config)) *group {
 	t.Helper()
+	return openGroupOn(t, ctx, tcp.OpenPairs, mem.Host{}, nil, senders, receivers, bucket, needs, mutate)
+}
+
+// openGroupOn opens a group whose pairs open and whose buffers are on dev,
+// with the run's keys when keys is set.
+func openGroupOn(t *testing.T, ctx context.Context, open transport.PairsOpener, dev mem.Device, keys func(group string) *auth.Keys,
+	senders, receivers, bucket int, needs []Need, mutate func(*Config)) *group {
+	t.Helper()
 	world := senders + receivers
-	cfgs := transporttest.Configs(fmt.Sprintf("route-%s-%d", t.Name(), time.Now().UnixNano()), world, 20*time.Second)
+	cfgs := transporttest.Configs(fmt.Sprintf("route-%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().UnixNano()), world, 20*time.Second)
 	for r := range cfgs {
-		cfgs[r].Senders = senders
+		cfgs[r].Senders, cfgs[r].Device = senders, dev
+		if keys != nil {
+			cfgs[r].Auth = keys(cfgs[r].Group)
+		}
 	}
 	pub, subs := transporttest.OpenBus(t, ctx, transporttest.MetaOpeners{Publisher: zmqbus.OpenPublisher, Subscriber: zmqbus.OpenSubscriber}, cfgs)
 	g := &group{pairs: make([]transport.Pairs, world)}
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := range cfgs {
-		wg.Go(func() { g.pairs[r], errs[r] = tcp.OpenPairs(ctx, cfgs[r]) })
+		wg.Go(func() { g.pairs[r], errs[r] = open(ctx, cfgs[r]) })
 	}
 	wg.Wait()
 	for r, err := range errs {
@@ -95,7 +108,7 @@ func openGroup(t *testing.T, ctx context.Context, senders, receivers, bucket int
 	})
 	for r, c := range cfgs {
 		rc := Config{Group: c.Group, Rank: r, Senders: senders, WorldSize: world, Pairs: g.pairs[r], Exchange: c.Exchange,
-			Device: mem.Host{}, BucketSize: bucket, Checksum: true, Timeout: 20 * time.Second}
+			Device: dev, BucketSize: bucket, Checksum: true, Auth: c.Auth, Timeout: 20 * time.Second}
 		if r == 0 {
 			rc.Publisher = pub
 		} else {

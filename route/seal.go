@@ -49,22 +49,30 @@ func bind(version uint64, from, to int, n int, tag mac.Tag) []byte {
 }
 
 // compute returns the seal of payload, bucket seq of the pair from → to
-// in round version.
+// in round version, computed on the CPU.
 func (s sealer) compute(payload []byte, version uint64, from, to int, seq uint64) []byte {
 	switch {
 	case s.keys != nil:
 		key := mac.Key(s.keys.BucketKey())
-		t := s.keys.MessageMAC(seq, bind(version, from, to, len(payload), mac.SumParallel(&key, payload)))
-		return t[:]
+		return s.fromDigest(0, mac.SumParallel(&key, payload), version, from, to, len(payload), seq)
 	case s.checksum:
-		return binary.BigEndian.AppendUint64(nil, checksum.SumParallel(payload))
+		return s.fromDigest(checksum.SumParallel(payload), mac.Tag{}, version, from, to, len(payload), seq)
 	}
 	return nil
 }
 
-// seal writes payload's seal into buf right after it: buf[n:n+size()].
-func (s sealer) seal(buf []byte, n int, version uint64, from, to int, seq uint64) {
-	copy(buf[n:], s.compute(buf[:n], version, from, to, seq))
+// fromDigest returns the seal of a payload of n bytes whose checksum is
+// sum or, with keys, whose keyed BLAKE3 tag is tag (computed wherever the
+// payload lies).
+func (s sealer) fromDigest(sum uint64, tag mac.Tag, version uint64, from, to, n int, seq uint64) []byte {
+	switch {
+	case s.keys != nil:
+		t := s.keys.MessageMAC(seq, bind(version, from, to, n, tag))
+		return t[:]
+	case s.checksum:
+		return binary.BigEndian.AppendUint64(nil, sum)
+	}
+	return nil
 }
 
 // ErrCorrupt is wrapped by the error of a bucket whose bytes do not match
@@ -72,10 +80,9 @@ func (s sealer) seal(buf []byte, n int, version uint64, from, to int, seq uint64
 // holder of it.
 var ErrCorrupt = errors.New("bucket bytes do not match their seal")
 
-// check verifies the seal after buf[:n].
-func (s sealer) check(buf []byte, n int, version uint64, from, to int, seq uint64) error {
-	want := s.compute(buf[:n], version, from, to, seq)
-	got := buf[n : n+len(want)]
+// verify compares the seal a bucket's bytes give, want, with the one it
+// carries, got: bucket seq from rank from.
+func (s sealer) verify(want, got []byte, from int, seq uint64) error {
 	if s.keys != nil {
 		var a, b mac.Tag
 		copy(a[:], want)

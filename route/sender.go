@@ -4,14 +4,26 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
 
 // Local is one shard a sender holds, with its bytes: the local tensor,
-// contiguous, row-major, len(Data) == Shard.Bytes().
+// contiguous, row-major, Shard.Bytes() long, in host memory (Data) or in
+// Buffer (device memory of the rank's GPU when its buckets are on one:
+// a gpu.CUDADevice View of a tensor allocated elsewhere, say).
 type Local struct {
 	Shard
-	Data []byte
+	Data   []byte
+	Buffer mem.Buffer
+}
+
+// bytes returns the local tensor's memory as a buffer.
+func (l Local) buffer() mem.Buffer {
+	if l.Buffer != nil {
+		return l.Buffer
+	}
+	return hostBytes(l.Data)
 }
 
 // Sender is one sending rank of a routed group. A failed round leaves it
@@ -43,8 +55,8 @@ func (s *Sender) Sync(ctx context.Context, version uint64, shards []Local) (Stat
 	decl := make([]Shard, len(shards))
 	for i, l := range shards {
 		decl[i] = l.Shard
-		if int64(len(l.Data)) != l.Bytes() {
-			return Stats{}, fmt.Errorf("route: shard %s %v holds %d bytes where %v %v takes %d", l.Name, l.Slice(), len(l.Data), l.DType, l.Slice().Size, l.Bytes())
+		if n := l.buffer().Len(); int64(n) < l.Bytes() || l.Buffer == nil && int64(n) != l.Bytes() {
+			return Stats{}, fmt.Errorf("route: shard %s %v holds %d bytes where %v %v takes %d", l.Name, l.Slice(), n, l.DType, l.Slice().Size, l.Bytes())
 		}
 	}
 	if err := checkShards(decl); err != nil {
@@ -68,6 +80,10 @@ func (s *Sender) send(ctx context.Context, sc *Schedule, version uint64, shards 
 		if err != nil {
 			return nil, err
 		}
+		eng, err := m.engine(fmt.Sprintf("pack →%d", st.Receiver))
+		if err != nil {
+			return nil, err
+		}
 		to, first := st.Receiver, m.next[st.Receiver]
 		packed := pipeline.Source(p, fmt.Sprintf("pack →%d", to), 1, func(ctx context.Context, out *pipeline.Output[*item]) error {
 			for i := range st.Buckets {
@@ -76,13 +92,15 @@ func (s *Sender) send(ctx context.Context, sc *Schedule, version uint64, shards 
 				if err != nil {
 					return err
 				}
-				h := buf.Host()
-				for _, seg := range b.Segments {
-					copy(h[seg.Off:seg.Off+seg.Len], data[seg.Held][seg.Src:seg.Src+seg.Len])
+				it := &item{buf: buf, pool: pool, seq: first + uint64(i), n: int(b.Bytes), b: b}
+				if err := eng.pack(ctx, buf, b, data); err == nil {
+					err = eng.seal(ctx, m.seal, buf, it.n, version, m.cfg.Rank, to, it.seq)
 				}
-				seq := first + uint64(i)
-				m.seal.seal(h, int(b.Bytes), version, m.cfg.Rank, to, seq)
-				if err := out.Send(&item{buf: buf, pool: pool, seq: seq, n: int(b.Bytes), b: b}); err != nil {
+				if err != nil {
+					it.Release()
+					return err
+				}
+				if err := out.Send(it); err != nil {
 					return err
 				}
 			}
@@ -103,14 +121,14 @@ func (s *Sender) send(ctx context.Context, sc *Schedule, version uint64, shards 
 	return p, p.Run(ctx)
 }
 
-// heldData returns the bytes of each of the stream's held tensors.
-func heldData(sc *Schedule, st *Stream, shards []Local) ([][]byte, error) {
-	out := make([][]byte, len(st.Held))
+// heldData returns the memory of each of the stream's held tensors.
+func heldData(sc *Schedule, st *Stream, shards []Local) ([]mem.Buffer, error) {
+	out := make([]mem.Buffer, len(st.Held))
 	for i, h := range st.Held {
 		t := sc.Plan.Tensors[h.Tensor]
 		for _, l := range shards {
 			if l.Name == t.Name && l.Slice().Equal(h.Slice) {
-				out[i] = l.Data
+				out[i] = l.buffer()
 				break
 			}
 		}

@@ -2,7 +2,6 @@ package route
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 
@@ -12,7 +11,8 @@ import (
 )
 
 // Received is one local tensor of a receiver: a region of a global tensor
-// and its bytes, row-major (in Buffer, which Shards allocated).
+// and its bytes, row-major, in Buffer, which Shards allocated; Data is
+// them when Buffer is host memory, else nil.
 type Received struct {
 	Tensor layout.Tensor
 	Slice  layout.Slice
@@ -39,7 +39,7 @@ type Shards struct {
 }
 
 // Tensor returns memory for the round's local tensor.
-func (s *Shards) Tensor(t layout.Tensor, need layout.Slice) ([]byte, error) {
+func (s *Shards) Tensor(t layout.Tensor, need layout.Slice) (mem.Buffer, error) {
 	n := need.Elements() * int64(t.DType.Size())
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,16 +52,16 @@ func (s *Shards) Tensor(t layout.Tensor, need layout.Slice) ([]byte, error) {
 			dev = mem.Host{}
 		}
 		var err error
-		if b, err = dev.Alloc(int(n)); err != nil {
+		if b, err = dev.Alloc(max(int(n), 1)); err != nil {
 			return nil, err
 		}
-		if b.Host() == nil && n > 0 {
-			b.Free()
-			return nil, fmt.Errorf("route: Shards on %s, which is not host memory", dev.Name())
-		}
 	}
-	s.pending = append(s.pending, Received{Tensor: t, Slice: need.Clone(), Data: b.Host()[:n], Buffer: b})
-	return b.Host()[:n], nil
+	r := Received{Tensor: t, Slice: need.Clone(), Buffer: b}
+	if h := b.Host(); h != nil {
+		r.Data = h[:n]
+	}
+	s.pending = append(s.pending, r)
+	return b, nil
 }
 
 // Commit makes the round's tensors the committed version.
@@ -86,7 +86,8 @@ func (s *Shards) free(rs []Received) {
 		s.spare = map[int64][]mem.Buffer{}
 	}
 	for _, r := range rs {
-		s.spare[int64(len(r.Data))] = append(s.spare[int64(len(r.Data))], r.Buffer)
+		n := r.Slice.Elements() * int64(r.Tensor.DType.Size())
+		s.spare[n] = append(s.spare[n], r.Buffer)
 	}
 }
 

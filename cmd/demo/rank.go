@@ -165,9 +165,9 @@ func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipel
 	gpuMemory := func() { gauge.measure(res) }
 	switch {
 	case c.routed() && sender != nil:
-		err = sendRoutedRounds(ctx, c, sender, prog, res)
+		err = sendRoutedRounds(ctx, c, sender, cuda, prog, res)
 	case c.routed():
-		err = receiveRoutedRounds(ctx, c, receiver, res)
+		err = receiveRoutedRounds(ctx, c, receiver, cuda, res)
 	case o.Rank == 0:
 		err = sendRounds(ctx, c, sender, cuda, layout, prog, res, gpuMemory)
 	default:

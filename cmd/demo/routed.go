@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 
 	"github.com/weightcast/weightcast"
+	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/layout"
+	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/route"
 	"github.com/weightcast/weightcast/stages"
@@ -104,15 +106,34 @@ func (c *config) routedOptions(o *weightcast.Options) error {
 	return nil
 }
 
-// sendRoutedRounds sends every round's dim-0 shard of this sender.
-func sendRoutedRounds(ctx context.Context, c *config, sender *weightcast.Sender, prog *progress, res *rankResult) error {
+// sendRoutedRounds sends every round's dim-0 shard of this sender: from
+// host memory, or, when its buckets are on a GPU, from copies of the shard
+// on that GPU, as a trainer holds its weights there.
+func sendRoutedRounds(ctx context.Context, c *config, sender *weightcast.Sender, cuda *gpu.CUDADevice, prog *progress, res *rankResult) error {
 	defer func() { res.CommittedVersion = sender.Committed() }()
+	var onGPU *gpuShards
+	if cuda != nil {
+		var err error
+		if onGPU, err = newGPUShards(cuda); err != nil {
+			return err
+		}
+		defer onGPU.close()
+	}
 	for round := 1; round <= c.rounds; round++ {
 		m, err := c.model(round)
 		if err != nil {
 			return err
 		}
-		st, err := sender.SendDim0(ctx, m, uint64(round))
+		shards, err := route.Dim0(ctx, m, sender.Rank(), c.senders)
+		if err != nil {
+			return err
+		}
+		if onGPU != nil {
+			if shards, err = onGPU.upload(ctx, shards); err != nil {
+				return fmt.Errorf("round %d: writing the shards to %s: %w", round, cuda.Name(), err)
+			}
+		}
+		st, err := sender.SendShards(ctx, shards, uint64(round))
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
@@ -125,11 +146,22 @@ func sendRoutedRounds(ctx context.Context, c *config, sender *weightcast.Sender,
 	return nil
 }
 
-// receiveRoutedRounds receives every round's shard and, with --verify,
-// compares each local tensor with the slice of the round's model it is.
-func receiveRoutedRounds(ctx context.Context, c *config, receiver *weightcast.Receiver, res *rankResult) error {
+// receiveRoutedRounds receives every round's shard (into the receiver's
+// GPU when its buckets are there) and, with --verify, compares each local
+// tensor with the slice of the round's model it is.
+func receiveRoutedRounds(ctx context.Context, c *config, receiver *weightcast.Receiver, cuda *gpu.CUDADevice, res *rankResult) error {
 	defer func() { res.CommittedVersion = receiver.Committed() }()
 	dest := &route.Shards{}
+	var read *gpu.Stream
+	if cuda != nil {
+		dest.Device = cuda
+		var err error
+		if read, err = cuda.NewStream(); err != nil {
+			return err
+		}
+		defer read.Close()
+	}
+	defer dest.Close()
 	var want int64
 	for round := 1; round <= c.rounds; round++ {
 		m, err := c.model(round)
@@ -146,7 +178,7 @@ func receiveRoutedRounds(ctx context.Context, c *config, receiver *weightcast.Re
 		res.addRouted(st)
 		want += st.BytesReceived
 		if c.verify {
-			n, err := verifyShards(ctx, m, dest.All())
+			n, err := verifyShards(ctx, m, dest.All(), read)
 			if err != nil {
 				return fmt.Errorf("round %d: %w", round, err)
 			}
@@ -163,11 +195,23 @@ func receiveRoutedRounds(ctx context.Context, c *config, receiver *weightcast.Re
 	return nil
 }
 
-// verifyShards compares each received shard with its slice of m and
-// returns the bytes compared.
-func verifyShards(ctx context.Context, m stages.Lookuper, got []route.Received) (int64, error) {
+// verifyShards compares each received shard with its slice of m (read
+// back on read when it is on a GPU) and returns the bytes compared.
+func verifyShards(ctx context.Context, m stages.Lookuper, got []route.Received, read *gpu.Stream) (int64, error) {
 	var n int64
 	for _, r := range got {
+		data := r.Data
+		if data == nil {
+			data = make([]byte, r.Slice.Elements()*int64(r.Tensor.DType.Size()))
+			if len(data) > 0 {
+				if err := read.CopyDtoH(data, r.Buffer, 0); err != nil {
+					return n, err
+				}
+				if err := read.Sync(ctx); err != nil {
+					return n, err
+				}
+			}
+		}
 		t, ok := m.Lookup(r.Tensor.Name)
 		if !ok {
 			return n, fmt.Errorf("received tensor %s, which the model does not have", r.Tensor.Name)
@@ -180,10 +224,10 @@ func verifyShards(ctx context.Context, m stages.Lookuper, got []route.Received) 
 		if err := t.ReadAt(full, 0); err != nil {
 			return n, err
 		}
-		if !bytes.Equal(r.Data, route.Region(r.Tensor, r.Slice, full)) {
+		if !bytes.Equal(data, route.Region(r.Tensor, r.Slice, full)) {
 			return n, fmt.Errorf("tensor %s %v differs from its slice of the model", r.Tensor.Name, r.Slice)
 		}
-		n += int64(len(r.Data))
+		n += int64(len(data))
 	}
 	return n, nil
 }
@@ -195,4 +239,50 @@ func (res *rankResult) addRouted(st route.Stats) {
 	res.BytesSent += st.BytesSent
 	res.BytesReceived += st.BytesReceived
 	res.Plan, res.PlanBalance = st.Plan, st.Balance
+}
+
+// gpuShards keeps a sender's shards on its GPU across rounds: one
+// allocation per shard, written again every round.
+type gpuShards struct {
+	dev  *gpu.CUDADevice
+	s    *gpu.Stream
+	bufs map[string]mem.Buffer
+}
+
+func newGPUShards(d *gpu.CUDADevice) (*gpuShards, error) {
+	s, err := d.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	return &gpuShards{dev: d, s: s, bufs: map[string]mem.Buffer{}}, nil
+}
+
+// upload writes each shard's bytes to its device buffer and returns the
+// shards as device memory.
+func (g *gpuShards) upload(ctx context.Context, shards []route.Local) ([]route.Local, error) {
+	out := make([]route.Local, len(shards))
+	for i, l := range shards {
+		b, ok := g.bufs[l.Name]
+		if !ok || b.Len() < max(len(l.Data), 1) {
+			var err error
+			if b, err = g.dev.Alloc(max(len(l.Data), 1)); err != nil {
+				return nil, err
+			}
+			g.bufs[l.Name] = b
+		}
+		if len(l.Data) > 0 {
+			if err := g.s.CopyHtoD(b, 0, l.Data); err != nil {
+				return nil, err
+			}
+		}
+		out[i] = route.Local{Shard: l.Shard, Buffer: b}
+	}
+	return out, g.s.Sync(ctx)
+}
+
+func (g *gpuShards) close() {
+	for _, b := range g.bufs {
+		b.Free()
+	}
+	g.s.Close()
 }

@@ -28,9 +28,11 @@ def _dtensor_shard(t):
     return t.to_local(), tuple(t.shape), tuple(offsets)
 
 
-def _shards(items, torch, np, wire_of):
-    """The layout (a list of dicts) and the host tensors of a sender's
-    shards, kept referenced by the caller until the round ends."""
+def _shards(items, torch, np, wire_of, cuda):
+    """The layout (a list of dicts) and the tensors of a sender's shards,
+    kept referenced by the caller until the round ends: CUDA tensors stay
+    on their GPU when the rank's buckets are there (cuda, the ordinal, or
+    -1), other tensors are read from host memory."""
     from ._core import _NUMPY, _what
     if hasattr(items, "items") and callable(items.items):
         items = items.items()
@@ -49,9 +51,12 @@ def _shards(items, torch, np, wire_of):
                 t, shape, offsets = d
             else:
                 shape, offsets = tuple(t.shape), (0,) * len(t.shape)
+        device = -1
         if torch is not None and isinstance(t, torch.Tensor):
-            if t.is_cuda:
-                t = t.detach().cpu()  # routed rounds move host memory (tcp)
+            if t.is_cuda and cuda >= 0:
+                device = t.get_device()
+            elif t.is_cuda:
+                t = t.detach().cpu()  # this rank's buckets are in host memory (tcp)
             t = t.detach().contiguous()
             wire = wire_of.get(t.dtype) or str(t.dtype).replace("torch.", "")
             addr, size = t.data_ptr(), tuple(t.shape)
@@ -65,7 +70,10 @@ def _shards(items, torch, np, wire_of):
             raise ConfigError(f"shard {name!r}: a local tensor of shape {list(size)} with offsets {list(offsets)} "
                               f"in a global shape {list(shape)}: give one offset per dimension")
         keep.append(t)
-        layout.append({"name": name, "dtype": wire, "shape": list(shape), "offset": list(offsets), "size": list(size), "_addr": addr})
+        entry = {"name": name, "dtype": wire, "shape": list(shape), "offset": list(offsets), "size": list(size), "_addr": addr}
+        if device >= 0:
+            entry["device"] = device
+        layout.append(entry)
     return layout, keep
 
 
@@ -73,7 +81,9 @@ def send(sender, items, version, torch, np, wire_of):
     """One routed round on a sender: see Sender.send."""
     h = sender._handle()
     try:
-        layout, keep = _shards(items, torch, np, wire_of)
+        layout, keep = _shards(items, torch, np, wire_of, sender._cuda)
+        for d in sorted({s["device"] for s in layout if "device" in s}):
+            torch.cuda.current_stream(d).synchronize()  # the shards' writes are done before the library reads them
     except BaseException as e:
         sender._abort(f"rank {sender.rank}: building version {version} failed: {type(e).__name__}: {e}")
         raise
@@ -90,7 +100,7 @@ def receive(receiver, torch):
     """One routed round on a receiver: a list of (name, view, global shape,
     offsets) once the round is committed; the views lie in the library's
     memory until the commit of the round after next."""
-    from ._core import _NUMPY_OF, _as_torch
+    from ._core import _NUMPY_OF, _CudaBuffer, _as_torch, _torch_dtypes
     import numpy as np
     h = receiver._handle()
     L = _lib.lib()
@@ -101,8 +111,17 @@ def receive(receiver, torch):
     buf = ctypes.create_string_buffer(n + 1)
     _lib.check(L.wc_shards(h, buf, n + 1))
     out = []
+    tdt = {v: k for k, v in _torch_dtypes(torch).items()} if torch is not None else {}
     for s in json.loads(buf.value):
         shape, wire = tuple(s["size"]), s["dtype"]
+        if s.get("device", -1) >= 0:
+            dev = f"cuda:{s['device']}"
+            if not s.get("nbytes", 0):
+                t = torch.empty(shape, dtype=tdt[wire], device=dev)
+            else:
+                t = torch.as_tensor(_CudaBuffer(s["data"], s["nbytes"]), device=dev).view(tdt[wire]).view(shape)
+            out.append((s["name"], t, tuple(s["shape"]), tuple(s["offset"])))
+            continue
         npdt = np.dtype(_NUMPY_OF[wire])
         if s.get("nbytes", 0):
             arr = np.ctypeslib.as_array((ctypes.c_uint8 * s["nbytes"]).from_address(s["data"])).view(npdt).reshape(shape)
