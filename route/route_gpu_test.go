@@ -86,4 +86,3 @@ func TestRoutedGPU(t *testing.T) {
 		})
 	}
 }
-
