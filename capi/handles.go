@@ -440,6 +440,9 @@ func info(h int64) (string, error) {
 	switch v := v.(type) {
 	case *senderHandle:
 		m, dev, runner = v.s, v.s.Device().Name(), &v.roundRunner
+		if d, ok := v.s.Device().(*gpu.CUDADevice); ok {
+			ordinal = d.Ordinal()
+		}
 	case *receiverHandle:
 		m, dev, runner = v.r, v.r.Device().Name(), &v.roundRunner
 		if v.dev != nil {
@@ -452,7 +455,7 @@ func info(h int64) (string, error) {
 	if st := runner.last; st.Version != 0 && runner.done == nil {
 		lr := map[string]any{"version": st.Version, "bytes": st.Bytes, "buckets": st.Buckets, "tensors": st.Tensors, "seconds": st.Duration.Seconds()}
 		if rs := runner.routed; rs.ok {
-			lr["bytes_sent"], lr["bytes_received"], lr["plan"] = rs.sent, rs.received, rs.plan
+			lr["bytes_sent"], lr["bytes_received"], lr["plan"], lr["waited"] = rs.sent, rs.received, rs.plan, rs.waited
 		}
 		out["last_round"] = lr
 	}

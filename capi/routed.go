@@ -199,11 +199,12 @@ func (h *receiverHandle) shardsJSON() (string, error) {
 type routedStats struct {
 	sent, received int64
 	plan           string
+	waited         float64
 	ok             bool
 }
 
 func (r *roundRunner) setRouted(st route.Stats) {
 	r.mu.Lock()
-	r.routed = routedStats{sent: st.BytesSent, received: st.BytesReceived, plan: st.Plan, ok: st.Plan != ""}
+	r.routed = routedStats{sent: st.BytesSent, received: st.BytesReceived, plan: st.Plan, waited: st.Waited.Seconds(), ok: st.Plan != ""}
 	r.mu.Unlock()
 }

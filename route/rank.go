@@ -93,6 +93,11 @@ type Stats struct {
 	// Peers counts the ranks this rank exchanged buckets with.
 	Peers    int
 	Duration time.Duration
+	// Waited is the part of Duration this rank spent waiting for the
+	// others to begin the round (rank 0 for every rank's layout digest,
+	// the others for rank 0's start message): Duration less Waited is
+	// the round from the moment every rank was in it to its commit.
+	Waited time.Duration
 	// Plan is the plan's digest (hex); Replanned says the round made it
 	// (the first round, or a layout changed).
 	Plan      string
@@ -120,6 +125,7 @@ type member struct {
 
 	committed atomic.Uint64
 	broken    error
+	waited    time.Duration // the last round's wait for the others to begin
 }
 
 func newMember(cfg Config) *member {
@@ -162,7 +168,9 @@ func (m *member) begin(ctx context.Context, version uint64, decl declaration) (u
 	if err := ex.Put(xctx, roundKey(m.round), []byte(digest)); err != nil {
 		return 0, false, fmt.Errorf("publishing this rank's layout digest: %w", err)
 	}
+	began := time.Now()
 	start, err := m.start(xctx, ctx, version)
+	m.waited = time.Since(began)
 	if err != nil {
 		return 0, false, err
 	}
@@ -329,7 +337,7 @@ func (m *member) run(ctx context.Context, version uint64, decl declaration, part
 	if err == nil && commit != nil {
 		err = commit(v)
 	}
-	st.Duration = time.Since(began)
+	st.Duration, st.Waited = time.Since(began), m.waited
 	if err != nil {
 		err = blame.Merge(err, context.Cause(ctx))
 		err = m.cfg.Blame.Abort(fmt.Errorf("rank %d, round %d: %w", m.cfg.Rank, m.round, err), m.busEnd())

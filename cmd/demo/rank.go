@@ -85,6 +85,9 @@ type roundResult struct {
 	// (--senders): what the plan gave this rank.
 	BytesSent     int64 `json:"bytes_sent,omitempty"`
 	BytesReceived int64 `json:"bytes_received,omitempty"`
+	// Waited is the time a routed rank waited for the others to begin
+	// the round, which Seconds leaves out.
+	Waited float64 `json:"waited_seconds,omitempty"`
 }
 
 type stageResult struct {

@@ -139,7 +139,7 @@ func sendRoutedRounds(ctx context.Context, c *config, sender *weightcast.Sender,
 		}
 		res.addRouted(st)
 		if prog.report != nil && sender.Rank() == 0 {
-			prog.report(event{Type: "round", Rank: 0, Round: round, Bytes: st.BytesSent, Total: m.Size(), Elapsed: st.Duration.Seconds()})
+			prog.report(event{Type: "round", Rank: 0, Round: round, Bytes: st.BytesSent, Total: m.Size(), Elapsed: (st.Duration - st.Waited).Seconds()})
 		}
 	}
 	res.Verified = c.verify
@@ -234,7 +234,10 @@ func verifyShards(ctx context.Context, m stages.Lookuper, got []route.Received, 
 
 // addRouted records a routed round.
 func (res *rankResult) addRouted(st route.Stats) {
-	res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.BytesSent + st.BytesReceived,
+	// A round's seconds count from the moment every rank was in it (a
+	// sender that prepares its shards late is not the transfer's time):
+	// route.Stats.Waited is left out, and reported.
+	res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: (st.Duration - st.Waited).Seconds(), Waited: st.Waited.Seconds(), Bytes: st.BytesSent + st.BytesReceived,
 		Buckets: st.Buckets, Stages: stageResults(st.Stages), BytesSent: st.BytesSent, BytesReceived: st.BytesReceived})
 	res.BytesSent += st.BytesSent
 	res.BytesReceived += st.BytesReceived

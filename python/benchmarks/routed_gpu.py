@@ -9,7 +9,9 @@ tensor-parallel shard (TP 4), over ipc; every process on cuda:0.
          8192 rows named as Llama projections): the routed round against
          the broadcast of the whole model from one sender to 4 receivers
          (load_into), both with 1 GiB buckets and checksums on, median of
-         3 rounds after a warm-up; time per round and bytes per receiver.
+         3 rounds after a warm-up; time per round (the routed round from
+         the moment every rank is in it: last_round's seconds less
+         waited) and bytes per receiver.
 
 Prints one JSON line per mode.
 
@@ -115,9 +117,10 @@ def worker(mode, how):
                 if mode == "check" and v > 1:
                     mine = shards(torch, make(v)[1], rank)
                 torch.cuda.synchronize()
-                start = time.perf_counter()
                 st = s.send(mine, v)
-                times.append(time.perf_counter() - start)
+                # From the moment every rank was in the round to its
+                # commit: a sender that starts late is not the transfer.
+                times.append(st["seconds"] - st["waited"])
             emit(seconds=times, bytes_sent=st["bytes_sent"])
         return
     del full
