@@ -92,7 +92,7 @@ fuzz:
 # `cd .gpu/python && python3 benchmarks/e2e_transformers.py`.
 gpu-bins: python
 	mkdir -p .gpu
-	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o .gpu/ ./gpu ./nccl ./stages ./sink ./stages/stagestest ./transport/ipc ./transport/ncclx ./cmd/demo .
+	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o .gpu/ ./gpu ./nccl ./stages ./sink ./stages/stagestest ./transport/ipc ./transport/ncclx ./route ./cmd/demo .
 	CGO_ENABLED=1 $(GO) build -ldflags='-s -w' -o .gpu/demo ./cmd/demo
 	rm -rf .gpu/python && mkdir -p .gpu/python
 	cp -r python/weightcast python/benchmarks python/tests .gpu/python/

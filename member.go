@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,6 +56,7 @@ type member struct {
 	dev      mem.Device
 	closeDev func() error
 	endpoint transport.Endpoint
+	pairs    transport.Pairs // a routed group's, in place of endpoint
 	pub      transport.Publisher
 	sub      transport.Subscriber
 	pool     *stages.Pool
@@ -118,7 +120,11 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 		m.blame = newBlame(m.group)
 		peers := m.peers()
 		if m.desc.Name == "" {
-			if m.desc, m.reason, err = transport.Choose(peers); err != nil {
+			cands := transport.Candidates()
+			if o.Senders > 0 {
+				cands = slices.DeleteFunc(cands, func(d transport.Descriptor) bool { return d.OpenPairs == nil })
+			}
+			if m.desc, m.reason, err = transport.ChooseAmong(cands, peers); err != nil {
 				return nil, fmt.Errorf("%s: %w", m.who(), err)
 			}
 		}
@@ -129,8 +135,10 @@ func open(ctx context.Context, o Options, role string) (_ *member, err error) {
 			return nil, err
 		}
 	}
-	if m.pool, err = stages.NewPool(m.dev, stages.DefaultBuffers, int(o.BucketSize)); err != nil {
-		return nil, fmt.Errorf("%s: %w", m.who(), err)
+	if o.Senders == 0 { // a routed group's buffers are its pairs' (route)
+		if m.pool, err = stages.NewPool(m.dev, stages.DefaultBuffers, int(o.BucketSize)); err != nil {
+			return nil, fmt.Errorf("%s: %w", m.who(), err)
+		}
 	}
 	if m.group != nil {
 		// No rank starts a round before every rank is open: a transport's
@@ -332,7 +340,7 @@ func (m *member) config(ex transport.Exchange) transport.Config {
 	if testhook.Exchange != nil {
 		ex = testhook.Exchange(ex)
 	}
-	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout,
+	return transport.Config{Group: m.opts.Group, Rank: m.opts.Rank, WorldSize: m.opts.WorldSize, Senders: m.opts.Senders, Device: m.dev, Exchange: ex, Timeout: m.opts.Timeout,
 		Auth: m.keys, TLS: m.tls, Logger: m.opts.Logger}
 }
 
@@ -373,6 +381,11 @@ func (m *member) openLinks(ctx context.Context, cfg transport.Config) error {
 	}
 	if m.desc.Network {
 		cfg = netCfg
+	}
+	if m.opts.Senders > 0 {
+		m.pairs, err = transport.OpenPairs(ctx, m.desc.Name, cfg)
+		m.ownEndpoint = err == nil
+		return err
 	}
 	m.endpoint, err = transport.Open(ctx, m.desc.Name, cfg)
 	m.ownEndpoint = err == nil
@@ -423,6 +436,9 @@ func (m *member) release() error {
 	}
 	if m.ownEndpoint && m.endpoint != nil {
 		errs = append(errs, m.endpoint.Close())
+	}
+	if m.ownEndpoint && m.pairs != nil {
+		errs = append(errs, m.pairs.Close())
 	}
 	if m.closeDev != nil {
 		errs = append(errs, m.closeDev())
@@ -560,4 +576,9 @@ func (m *member) WorldSize() int { return m.opts.WorldSize }
 
 // MaxBuffers is the most bucket buffers this rank held at once (two at
 // most: the double buffering).
-func (m *member) MaxBuffers() int { return m.pool.MaxHeld() }
+func (m *member) MaxBuffers() int {
+	if m.pool == nil {
+		return 0 // a routed group's buffers are its pairs'
+	}
+	return m.pool.MaxHeld()
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/layout"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -72,6 +73,26 @@ type Options struct {
 	// pair of ranks — nccl with a GPU per rank, ipc when the ranks share
 	// one host's GPUs, tcp when some rank has no GPU.
 	Transport string `json:"transport,omitempty"`
+	// Senders, when above 0, makes the group a routed one (package
+	// route): ranks [0, Senders) send, each the shards of the model it
+	// holds (Sender.SendShards), and the other ranks receive only what
+	// they need (TP), on a plan made once per layout. 0 (the default) is
+	// one sender, rank 0, broadcasting whole tensors to every receiver.
+	// Every rank is given the same.
+	Senders int `json:"senders,omitempty"`
+	// TP and TPRank, on a receiver of a routed group, make it take its
+	// tensor-parallel shard: rank TPRank of TP, sliced as vLLM's loaders
+	// slice Llama, Qwen and DeepSeek-style names (layout.DefaultRules).
+	// TP 0 or 1 takes every tensor whole. Heads and KVHeads give the
+	// attention head counts that key/value projections are split by (when
+	// TP exceeds KVHeads they are replicated, as vLLM does).
+	TP      int `json:"tp,omitempty"`
+	TPRank  int `json:"tp_rank,omitempty"`
+	Heads   int `json:"heads,omitempty"`
+	KVHeads int `json:"kv_heads,omitempty"`
+	// TPRules, "PATTERN=KIND" each (layout.ParseRule), are tried before
+	// the default rules: for names they do not know or split otherwise.
+	TPRules []string `json:"tp_rules,omitempty"`
 	// BucketSize is the size of each of the two bucket buffers of every
 	// rank, the same on all. 0 means DefaultBucketSize. In JSON a number
 	// of bytes or a size such as "256MiB".
@@ -269,6 +290,23 @@ func (o *Options) Validate() error {
 	if _, known := transport.Lookup(o.Transport); o.Transport != "auto" && !known {
 		return fieldError("transport", fmt.Sprintf("%q", o.Transport), ": choose %s", transportChoices())
 	}
+	switch {
+	case o.Senders < 0:
+		return fieldError("senders", o.Senders, ": give 0 (one sender broadcasting) or the number of sending ranks")
+	case o.TP < 0:
+		return fieldError("tp", o.TP, ": give the rollout's tensor-parallel size, 1 or more")
+	case o.TPRank < 0 || o.TPRank >= max(o.TP, 1):
+		return fieldError("tp_rank", o.TPRank, " is outside [0, %d) for tensor-parallel size %d", max(o.TP, 1), max(o.TP, 1))
+	case o.TP > 1 && o.Senders == 0:
+		return fieldError("tp", o.TP, ": a tensor-parallel receiver needs a routed group: give senders (1 or more) on every rank")
+	case o.Heads < 0 || o.KVHeads < 0:
+		return fieldError("kv_heads", o.KVHeads, ": head counts must not be negative")
+	}
+	for _, r := range o.TPRules {
+		if _, err := layout.ParseRule(r); err != nil {
+			return fieldError("tp_rules", fmt.Sprintf("%q", r), ": %v", err)
+		}
+	}
 	if _, _, err := parseDevice(o.Device); err != nil {
 		return err
 	}
@@ -310,6 +348,15 @@ func (o *Options) check(role string) error {
 		return bad(fieldError("world_size", o.WorldSize, ": a group needs a sender and at least one receiver"))
 	case o.Rank < 0 || o.Rank >= o.WorldSize:
 		return bad(fieldError("rank", o.Rank, " is outside a world of %d ranks (0..%d)", o.WorldSize, o.WorldSize-1))
+	case o.Senders >= o.WorldSize:
+		return bad(fieldError("senders", o.Senders, ": a group of %d ranks needs at least one receiver besides its senders", o.WorldSize))
+	case o.Senders > 0 && role == "sender" && o.Rank >= o.Senders:
+		return bad(fieldError("rank", o.Rank, ": the senders are ranks 0..%d of a routed group of %d senders; this rank receives", o.Senders-1, o.Senders))
+	case o.Senders > 0 && role == "receiver" && o.Rank < o.Senders:
+		return bad(fieldError("rank", o.Rank, ": ranks 0..%d send in a routed group of %d senders; receivers are ranks %d..%d", o.Senders-1, o.Senders, o.Senders, o.WorldSize-1))
+	case o.Senders > 0 && o.Transport != "auto" && !routes(o.Transport):
+		return bad(fieldError("transport", fmt.Sprintf("%q", o.Transport), ": it broadcasts from one root only, and a routed group (senders) needs one that moves buckets between pairs of ranks: %s", routedChoices()))
+	case o.Senders > 0:
 	case role == "sender" && o.Rank != 0:
 		return bad(fieldError("rank", o.Rank, ": the sender is rank 0 (trainer ranks that do not send join nothing)"))
 	case role == "receiver" && o.Rank == 0:
@@ -330,6 +377,24 @@ func (o *Options) check(role string) error {
 		return bad(fieldError("run_id", nil, ": none given: give the same one to every rank of a launch and a new one to every launch (a job id, or TORCHELASTIC_RUN_ID under torchrun), or let rank 0 serve the rendezvous (MASTER_ADDR and MASTER_PORT, serve_rendezvous), which then needs none"))
 	}
 	return nil
+}
+
+// routes reports whether the transport called name has a point-to-point
+// mode (transport.Descriptor.OpenPairs).
+func routes(name string) bool {
+	d, ok := transport.Lookup(name)
+	return ok && d.OpenPairs != nil
+}
+
+// routedChoices lists the transports a routed group may use.
+func routedChoices() string {
+	var out []string
+	for _, n := range transport.Names() {
+		if routes(n) {
+			out = append(out, n)
+		}
+	}
+	return "auto or " + strings.Join(out, ", ")
 }
 
 // transportChoices lists what Options.Transport may be, for people:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/weightcast/weightcast/route"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -11,7 +12,8 @@ import (
 // round.
 type Receiver struct {
 	*member
-	r *stages.Receiver
+	r  *stages.Receiver
+	rr *route.Receiver // a routed group's, in place of r
 }
 
 // OpenReceiver makes this process rank o.Rank (1 or more) of the group o
@@ -23,6 +25,14 @@ func OpenReceiver(ctx context.Context, o Options) (*Receiver, error) {
 		return nil, err
 	}
 	r := &Receiver{member: m}
+	if o.Senders > 0 {
+		if r.rr, err = route.NewReceiver(m.routeConfig(), m.opts.need()); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
+		}
+		m.extra = append(m.extra, r.rr.Close)
+		return r, nil
+	}
 	r.r = stages.NewReceiver(stages.ReceiverConfig{Endpoint: m.endpoint, Subscriber: m.sub, Pool: m.pool, Auth: m.keys, Tracer: m.opts.Tracer, Rank: m.opts.Rank, Blame: m.blame})
 	m.extra = append(m.extra, r.r.Close) // its GPU state, before the pool
 	return r, nil
@@ -35,6 +45,9 @@ func OpenReceiver(ctx context.Context, o Options) (*Receiver, error) {
 // holds.
 func (r *Receiver) Receive(ctx context.Context, sink stages.Sink) (stages.RoundStats, error) {
 	var st stages.RoundStats
+	if r.rr != nil {
+		return st, r.errRouted("Receive")
+	}
 	err := r.round(ctx, func(ctx context.Context) error {
 		var err error
 		st, err = r.r.Sync(ctx, sink)
@@ -51,6 +64,9 @@ func (r *Receiver) Receive(ctx context.Context, sink stages.Sink) (stages.RoundS
 // fails when the sender starts another round instead, or the bus fails.
 // Optional: a receiver may also just close.
 func (r *Receiver) AwaitEnd(ctx context.Context) error {
+	if r.rr != nil {
+		return r.errRouted("AwaitEnd")
+	}
 	var err error
 	if rerr := r.round(ctx, func(ctx context.Context) error { err = r.r.AwaitEnd(ctx); return err }); rerr != nil {
 		return fmt.Errorf("%s: %w", r.who(), rerr)
@@ -60,8 +76,18 @@ func (r *Receiver) AwaitEnd(ctx context.Context) error {
 
 // Committed is the last version committed on every receiver that this
 // one loaded, or 0.
-func (r *Receiver) Committed() uint64 { return r.r.Committed() }
+func (r *Receiver) Committed() uint64 {
+	if r.rr != nil {
+		return r.rr.Committed()
+	}
+	return r.r.Committed()
+}
 
 // State says what the sink of the last round holds: intact, or partial
 // after a round that failed while loading in place.
-func (r *Receiver) State() stages.SinkState { return r.r.State() }
+func (r *Receiver) State() stages.SinkState {
+	if r.rr != nil {
+		return stages.StateIntact // a routed group's Dest says what it holds (route.Shards keeps the committed version whole)
+	}
+	return r.r.State()
+}

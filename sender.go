@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/route"
 	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
 )
@@ -12,7 +13,8 @@ import (
 // Sender is rank 0 of a group: it sends every round.
 type Sender struct {
 	*member
-	s *stages.Sender
+	s  *stages.Sender
+	rs *route.Sender // a routed group's, in place of s
 
 	// devs are the GPUs of tensors handed in by address (SendRefs),
 	// opened on first use; reads are their streams for host buckets.
@@ -32,6 +34,14 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 		return nil, err
 	}
 	s := &Sender{member: m, devs: map[int]*gpu.CUDADevice{}, reads: map[int]*gpu.Stream{}}
+	if o.Senders > 0 {
+		if s.rs, err = route.NewSender(m.routeConfig()); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, m.who(), err)
+		}
+		m.extra = append(m.extra, s.rs.Close)
+		return s, nil
+	}
 	s.s = stages.NewSender(stages.SenderConfig{
 		Endpoint: m.endpoint, Publisher: m.pub, Pool: m.pool, Checksum: !m.opts.NoChecksum, NoDirect: m.opts.NoDirect, Auth: m.keys,
 		Tracer: m.opts.Tracer, Rank: 0, Progress: m.opts.Progress, Blame: m.blame,
@@ -49,6 +59,9 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 // broken (stages.ErrBroken): open a new group.
 func (s *Sender) Send(ctx context.Context, src stages.Source, version uint64) (stages.RoundStats, error) {
 	var st stages.RoundStats
+	if s.rs != nil {
+		return st, s.errRouted("Send")
+	}
 	src = stages.Cast(src, s.opts.RolloutDType)
 	err := s.round(ctx, func(ctx context.Context) error {
 		q, err := stages.Quantize(src, s.opts.Quantize)
@@ -65,7 +78,12 @@ func (s *Sender) Send(ctx context.Context, src stages.Source, version uint64) (s
 }
 
 // Committed is the last version every receiver committed, or 0.
-func (s *Sender) Committed() uint64 { return s.s.Committed() }
+func (s *Sender) Committed() uint64 {
+	if s.rs != nil {
+		return s.rs.Committed()
+	}
+	return s.s.Committed()
+}
 
 func (s *Sender) closeDevices() error {
 	var first error

@@ -172,6 +172,19 @@ func (w *Watch) Lost(err error, bus any) error {
 	return hear(err, ws)
 }
 
+// Abort ends the metadata bus end bus (a Publisher or Subscriber) after
+// this rank's round failed with err, telling the other side why (when bus
+// is a transport.Aborter), and returns err with what the witnesses say
+// added (Lost), so that the other side is told the real reason, not a
+// neighbour's hang-up alone. w may be nil.
+func (w *Watch) Abort(err error, bus any) error {
+	err = w.Lost(err, bus)
+	if a, ok := bus.(transport.Aborter); ok {
+		a.Abort(err)
+	}
+	return err
+}
+
 // hear waits, WitnessWait at most, until one of ws has failed with a
 // word, and returns err with each word ws give then that it does not
 // already say.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/route"
 	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 )
@@ -163,6 +164,8 @@ type roundRunner struct {
 	err  error             // its result, once done is closed
 	into bool              // the running round was started by wc_receive_into
 	last stages.RoundStats // the last round's, once it ended (Version 0: none yet)
+	// routed is the last routed round's (routed.go).
+	routed routedStats
 }
 
 // start runs fn on a new goroutine, refusing while a round runs.
@@ -285,9 +288,10 @@ type receiverHandle struct {
 	dev   *gpu.CUDADevice // the receiver's GPU, when its buckets are on one
 	roundRunner
 
-	mu   sync.Mutex
-	held *sink.Batch // handed out by next, not yet released
-	out  *cBatch     // the C memory describing held
+	mu     sync.Mutex
+	held   *sink.Batch   // handed out by next, not yet released
+	out    *cBatch       // the C memory describing held
+	shards *route.Shards // a routed receiver's rounds (routed.go), C memory
 }
 
 func openReceiver(text string) (int64, error) {
@@ -393,6 +397,9 @@ func (h *receiverHandle) close() error {
 		h.out.free()
 	}
 	h.held, h.out = nil, nil
+	if h.shards != nil {
+		err = errors.Join(err, h.shards.Close())
+	}
 	h.mu.Unlock()
 	return errors.Join(err, h.views.Close())
 }
@@ -434,6 +441,9 @@ func info(h int64) (string, error) {
 	switch v := v.(type) {
 	case *senderHandle:
 		m, dev, runner = v.s, v.s.Device().Name(), &v.roundRunner
+		if d, ok := v.s.Device().(*gpu.CUDADevice); ok {
+			ordinal = d.Ordinal()
+		}
 	case *receiverHandle:
 		m, dev, runner = v.r, v.r.Device().Name(), &v.roundRunner
 		if v.dev != nil {
@@ -444,7 +454,11 @@ func info(h int64) (string, error) {
 	out := map[string]any{"role": kindName(v), "rank": m.Rank(), "world_size": m.WorldSize(), "transport": name, "reason": reason, "device": dev, "cuda": ordinal}
 	runner.mu.Lock()
 	if st := runner.last; st.Version != 0 && runner.done == nil {
-		out["last_round"] = map[string]any{"version": st.Version, "bytes": st.Bytes, "buckets": st.Buckets, "tensors": st.Tensors, "seconds": st.Duration.Seconds()}
+		lr := map[string]any{"version": st.Version, "bytes": st.Bytes, "buckets": st.Buckets, "tensors": st.Tensors, "seconds": st.Duration.Seconds()}
+		if rs := runner.routed; rs.ok {
+			lr["bytes_sent"], lr["bytes_received"], lr["plan"], lr["waited"] = rs.sent, rs.received, rs.plan, rs.waited
+		}
+		out["last_round"] = lr
 	}
 	runner.mu.Unlock()
 	b, err := json.Marshal(out)

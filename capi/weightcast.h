@@ -164,6 +164,29 @@ int wc_committed(int64_t handle, uint64_t *version);
 /* What a receiver's last round left: 0 intact, 1 partial (resync needed). */
 int wc_state(int64_t handle, int32_t *state);
 
+/* Routed groups ("senders" above 0 in the config): ranks below senders send
+ * their shards, the others receive only what they need ("tp", "tp_rank").
+ *
+ * Start sending one round of a routed group: n shards, described by layout,
+ * a JSON array of {"name", "dtype", "shape" (global), "offset", "size"} (the
+ * slice held), whose bytes lie in host memory at data[i] (row-major,
+ * contiguous; they stay the caller's and must stay unchanged until wc_wait
+ * reports the round's end). Every sender gives the same version. */
+int wc_send_shards(int64_t handle, uint64_t version, char *layout, uint64_t *data, int64_t n);
+
+/* Start receiving one round of a routed group into the handle's own memory
+ * (the last committed version stays whole while a round runs); wc_wait
+ * reports the end. */
+int wc_receive_shards(int64_t handle);
+
+/* The shards the last committed routed round left, as a JSON array of
+ * {"name", "dtype", "shape", "offset", "size", "data" (address of the bytes:
+ * C memory, or device memory of the rank's GPU, valid until the commit of
+ * the round after next), "nbytes", "device" (-1: host; else the ordinal)},
+ * copied into buf (NUL-terminated, truncated to cap). Returns the full
+ * length, or an error code. */
+int64_t wc_shards(int64_t handle, char *buf, int64_t cap);
+
 /* A JSON object describing the handle ("role", "rank", "world_size",
  * "transport", "reason", "device", "cuda", and, once a round has ended and no
  * other runs, "last_round": {"version", "bytes", "buckets", "tensors",

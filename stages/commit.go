@@ -107,15 +107,5 @@ func (s SinkState) String() string {
 }
 
 // abortBus ends the metadata bus (a Publisher or Subscriber) after this
-// rank's round failed with err, telling the other side why, and returns
-// err with what the witnesses say added: a round failed on a lost peer
-// first hears the bus and watch's witnesses (blame.Watch.Lost; watch may
-// be nil), so that the other side is told the real reason, not the
-// neighbour's hang-up alone.
-func abortBus(bus any, err error, watch *blame.Watch) error {
-	err = watch.Lost(err, bus)
-	if a, ok := bus.(transport.Aborter); ok {
-		a.Abort(err)
-	}
-	return err
-}
+// rank's round failed with err: blame.Watch.Abort, watch may be nil.
+func abortBus(bus any, err error, watch *blame.Watch) error { return watch.Abort(err, bus) }

@@ -25,6 +25,10 @@ type Descriptor struct {
 	Name string
 	// Open opens a rank's Endpoint.
 	Open Opener
+	// OpenPairs, when set, opens a rank's side of the transport's
+	// point-to-point mode (Pairs), which routed groups use; nil: the
+	// transport broadcasts only.
+	OpenPairs PairsOpener
 	// Preference orders the transports Choose tries: lower first. Zero
 	// means Choose never picks it; it is used only when named.
 	Preference int

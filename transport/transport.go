@@ -21,6 +21,10 @@ type Config struct {
 	Rank int
 	// WorldSize counts the root and every receiver.
 	WorldSize int
+	// Senders, in a routed group (Pairs), counts the ranks that send:
+	// ranks [0, Senders) send, the others receive. Zero means one. A
+	// broadcast group (Endpoint) has one root, rank 0, and ignores it.
+	Senders int
 	// Device is where this rank's bucket buffers live.
 	Device mem.Device
 	// Exchange shares endpoints between the ranks while the transport

@@ -26,6 +26,8 @@ import (
 // one apart from rank.
 type config struct {
 	ranks     int
+	senders   int // routed: ranks [0, senders) send (0: one sender broadcasting)
+	tp        int // routed: the receivers' tensor-parallel size
 	transport string
 	size      int64
 	tensors   int
@@ -121,7 +123,7 @@ var flagOf = map[string]string{
 	"group": "group", "rank": "rank", "world_size": "world-size", "rendezvous": "rendezvous",
 	"run_id": "run-id", "transport": "transport", "bucket": "bucket", "timeout": "timeout",
 	"checksum": "checksum", "direct": "direct", "dtype": "dtype", "quantize": "quantize",
-	"advertise": "advertise", "secret_file": "secret-file", "device": "devices",
+	"advertise": "advertise", "secret_file": "secret-file", "device": "devices", "senders": "senders", "tp": "tp",
 }
 
 // optionError says a library configuration error in the demo's words: a
@@ -154,6 +156,8 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.IntVar(&c.ranks, "ranks", 4, fmt.Sprintf("number of ranks: 1 sender and `N`-1 receivers, one process each (2 to %d)", maxLocalRanks))
 	fs.StringVar(&c.transport, "transport", "auto", "`NAME` of how bucket bytes move: auto, tcp, inproc (one process, goroutines), ipc or nccl")
 	fs.StringVar(&raw.size, "size", "1GiB", "total `SIZE` of the synthetic model (up to 1 PiB)")
+	fs.IntVar(&c.senders, "senders", 0, "route from `S` senders (ranks 0..S-1, each holding a dim-0 shard of the model, as FSDP) to the other ranks, on a plan; 0 broadcasts from rank 0")
+	fs.IntVar(&c.tp, "tp", 1, "receivers form replicas of `T` tensor-parallel ranks, each taking only its shard (routed; --senders 1 when not given)")
 	fs.IntVar(&c.tensors, "tensors", 291, "number of tensors `N` of the synthetic model (291 is Llama-7B's count)")
 	fs.StringVar(&raw.dtypes, "dtypes", "bf16", "comma-separated dtype `LIST` of the synthetic model, e.g. bf16,f32")
 	fs.StringVar(&raw.bucket, "bucket", defaultBucket, "bucket `SIZE`, 1 KiB to 1 TiB; every rank holds two buckets")
@@ -404,6 +408,9 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if c.ranks < 2 {
 		return nil, fmt.Errorf("--ranks %d: a sync needs a sender and at least one receiver (2 or more)", c.ranks)
 	}
+	if err := c.checkRouted(); err != nil {
+		return nil, err
+	}
 	if c.rank < 0 && c.ranks > maxLocalRanks {
 		where := "starts one process per rank on this machine"
 		if c.transport == "inproc" {
@@ -426,7 +433,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	c.opts = weightcast.Options{
 		Group: c.group, RunID: c.runID, Transport: c.transport,
 		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
-		Quantize: c.quantize, Advertise: c.advertise, SecretFile: c.secretFile, TLS: c.tlsFiles,
+		Quantize: c.quantize, Advertise: c.advertise, SecretFile: c.secretFile, TLS: c.tlsFiles, Senders: c.senders,
 	}
 	if err := c.opts.Validate(); err != nil {
 		return nil, optionError(err, map[string]string{"bucket": raw.bucket})
@@ -503,6 +510,9 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 	}
 	if c.modelPath != "" {
 		args = append(args, "--model", c.modelPath)
+	}
+	if c.senders > 0 {
+		args = append(args, "--senders", strconv.Itoa(c.senders), "--tp", strconv.Itoa(c.tp))
 	}
 	if c.out != "" {
 		args = append(args, "--out", c.out)

@@ -52,6 +52,13 @@ type rankResult struct {
 	// CommittedVersion is the last model version committed on every
 	// receiver, as this rank saw it (0: none).
 	CommittedVersion uint64 `json:"committed_version"`
+	// BytesSent and BytesReceived add up the rank's routed rounds
+	// (--senders); Plan is the plan's digest and PlanBalance its busiest
+	// sender's bytes over the mean.
+	BytesSent     int64   `json:"bytes_sent,omitempty"`
+	BytesReceived int64   `json:"bytes_received,omitempty"`
+	Plan          string  `json:"plan,omitempty"`
+	PlanBalance   float64 `json:"plan_balance,omitempty"`
 	// State says, on a receiver that failed, what its model holds:
 	// "intact" (the committed version) or "partial (resync needed)".
 	State string `json:"state,omitempty"`
@@ -75,6 +82,13 @@ type roundResult struct {
 	Direct  int           `json:"direct_buckets,omitempty"`
 	Tensors int           `json:"tensors"`
 	Stages  []stageResult `json:"stages"`
+	// BytesSent and BytesReceived are a routed round's payload bytes
+	// (--senders): what the plan gave this rank.
+	BytesSent     int64 `json:"bytes_sent,omitempty"`
+	BytesReceived int64 `json:"bytes_received,omitempty"`
+	// Waited is the time a routed rank waited for the others to begin
+	// the round, which Seconds leaves out.
+	Waited float64 `json:"waited_seconds,omitempty"`
 }
 
 type stageResult struct {
@@ -104,8 +118,11 @@ func stageResults(ms []pipeline.Metrics) []stageResult {
 func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipeline.Tracer, report func(event)) (res *rankResult, err error) {
 	host, _ := os.Hostname()
 	res = &rankResult{Rank: o.Rank, Role: "receiver", Host: host, PID: os.Getpid()}
-	if o.Rank == 0 {
+	if c.sends(o.Rank) {
 		res.Role = "sender"
+	}
+	if err := c.routedOptions(&o); err != nil {
+		return res, err
 	}
 	layout, err := c.model(0)
 	if err != nil {
@@ -122,7 +139,7 @@ func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipel
 	}
 	var sender *weightcast.Sender
 	var receiver *weightcast.Receiver
-	if o.Rank == 0 {
+	if c.sends(o.Rank) {
 		o.Progress = prog.bucket
 		o.Quantize = c.quantize
 		sender, err = weightcast.OpenSender(ctx, o)
@@ -150,9 +167,14 @@ func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipel
 		res.GPUBuffers = int64(stages.DefaultBuffers)*c.bucket + layout.Size() // buckets and the model copy
 	}
 	gpuMemory := func() { gauge.measure(res) }
-	if o.Rank == 0 {
+	switch {
+	case c.routed() && sender != nil:
+		err = sendRoutedRounds(ctx, c, sender, cuda, prog, res)
+	case c.routed():
+		err = receiveRoutedRounds(ctx, c, receiver, cuda, res)
+	case o.Rank == 0:
 		err = sendRounds(ctx, c, sender, cuda, layout, prog, res, gpuMemory)
-	} else {
+	default:
 		err = receiveRounds(ctx, c, receiver, cuda, res, gpuMemory)
 	}
 	// The run ends as docs/protocol.md says: once every receiver has

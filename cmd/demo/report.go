@@ -83,6 +83,14 @@ type summary struct {
 	Bytes           int64  `json:"bytes"`
 	Tensors         int    `json:"tensors"`
 	Bucket          int64  `json:"bucket"`
+	// Senders and TP describe a routed run (--senders, --tp); absent for
+	// a broadcast. BytesPerReceiver is then the most bytes a receiver
+	// took in a round (its shard), which GBps is counted from, and Plan
+	// the plan every rank made.
+	Senders          int          `json:"senders,omitempty"`
+	TP               int          `json:"tp,omitempty"`
+	BytesPerReceiver int64        `json:"bytes_per_receiver,omitempty"`
+	Plan             *planSummary `json:"plan,omitempty"`
 	// Rounds is the number of rounds asked for (--rounds).
 	Rounds int `json:"rounds"`
 	// Seconds has the duration of each round the sender finished
@@ -128,6 +136,13 @@ type summary struct {
 	only     int      // the one rank this process ran (--rank), or -1: every rank reported here
 }
 
+// planSummary is a routed run's plan as rank 0 reported it: its digest,
+// and its busiest sender's bytes over the mean.
+type planSummary struct {
+	Digest  string  `json:"digest"`
+	Balance float64 `json:"balance"`
+}
+
 // inprocMode is the summary's Mode of --transport inproc.
 const inprocMode = "goroutines of one process"
 
@@ -162,7 +177,7 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		if r.Error != "" && r.Stopped == "" {
 			failed = append(failed, fmt.Sprintf("rank %d: %s", r.Rank, r.Error))
 		}
-		if r.Error != "" || r.Unreported || (r.Rank > 0 && c.verify && !r.Verified) {
+		if r.Error != "" || r.Unreported || (!c.sends(r.Rank) && c.verify && !r.Verified) {
 			s.Verified = false
 		}
 		s.MaxBuffers = max(s.MaxBuffers, r.MaxBuffers)
@@ -182,14 +197,27 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 			}
 		}
 	}
-	if len(s.Seconds) > 0 {
+	perReceiver := s.Bytes
+	if c.routed() {
+		s.Senders, s.TP = c.senders, c.tp
+		for _, r := range results {
+			if r != nil && !c.sends(r.Rank) && len(r.Rounds) > 0 {
+				s.BytesPerReceiver = max(s.BytesPerReceiver, r.Rounds[len(r.Rounds)-1].BytesReceived)
+			}
+		}
+		if r := reported(results, 0); r != nil && r.Plan != "" {
+			s.Plan = &planSummary{Digest: r.Plan, Balance: r.PlanBalance}
+		}
+		perReceiver = s.BytesPerReceiver
+	}
+	if len(s.Seconds) > 0 && perReceiver > 0 {
 		sorted := slices.Clone(s.Seconds)
 		slices.Sort(sorted)
 		med := sorted[len(sorted)/2]
 		if len(sorted)%2 == 0 {
 			med = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
 		}
-		gbps := float64(s.Bytes) / med / 1e9
+		gbps := float64(perReceiver) / med / 1e9
 		s.GBps = &gbps
 	}
 	for _, f := range failed {
@@ -278,19 +306,28 @@ func (s *summary) receivers() []*rankResult {
 
 // writeTable prints the summary for a person.
 func (s *summary) writeTable(w io.Writer) {
-	fmt.Fprintf(w, "\nweightcast demo: %s (1 sender, %s) as %s, transport %s (%s)\n",
-		plural(s.Ranks, "rank"), plural(s.Ranks-1, "receiver"), s.Mode, s.Transport, s.TransportReason)
+	perReceiver := s.Bytes
+	if s.Senders > 0 {
+		fmt.Fprintf(w, "\nweightcast demo: %s (%s routed to %s at TP %d) as %s, transport %s (%s)\n",
+			plural(s.Ranks, "rank"), plural(s.Senders, "sender"), plural(s.Ranks-s.Senders, "receiver"), s.TP, s.Mode, s.Transport, s.TransportReason)
+		perReceiver = s.BytesPerReceiver
+	} else {
+		fmt.Fprintf(w, "\nweightcast demo: %s (1 sender, %s) as %s, transport %s (%s)\n",
+			plural(s.Ranks, "rank"), plural(s.Ranks-1, "receiver"), s.Mode, s.Transport, s.TransportReason)
+	}
 	fmt.Fprintf(w, "model: %s = %s; buckets of %s\n\n", s.Model, humanize.IBytes(uint64(s.Bytes)), humanize.IBytes(uint64(s.Bucket)))
 	if len(s.Seconds) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "round\tseconds\trate\t")
 		for i, sec := range s.Seconds {
-			fmt.Fprintf(tw, "%d\t%.3f\t%s/s\t\n", i+1, sec, humanize.Bytes(uint64(float64(s.Bytes)/max(sec, 1e-9))))
+			fmt.Fprintf(tw, "%d\t%.3f\t%s/s\t\n", i+1, sec, humanize.Bytes(uint64(float64(perReceiver)/max(sec, 1e-9))))
 		}
 		tw.Flush()
 		fmt.Fprintln(w)
 	}
 	switch {
+	case s.GBps != nil && s.Senders > 0:
+		fmt.Fprintf(w, "median rate:   %.2f GB/s per receiver (the largest shard, %s, %s finished)\n", *s.GBps, humanize.IBytes(uint64(perReceiver)), plural(len(s.Seconds), "round"))
 	case s.GBps != nil:
 		fmt.Fprintf(w, "median rate:   %.2f GB/s per receiver (%s, %s finished)\n", *s.GBps, plural(s.Ranks-1, "receiver"), plural(len(s.Seconds), "round"))
 	case s.only > 0:
@@ -299,6 +336,15 @@ func (s *summary) writeTable(w io.Writer) {
 		fmt.Fprintf(w, "median rate:   not measured: the sender did not report\n")
 	default:
 		fmt.Fprintf(w, "median rate:   none: no round finished\n")
+	}
+	if s.Plan != nil {
+		fmt.Fprintf(w, "plan:          %s, busiest sender %.2fx the mean\n", s.Plan.Digest[:16], s.Plan.Balance)
+		for _, r := range s.PerRank {
+			if r != nil && len(r.Rounds) > 0 {
+				last := r.Rounds[len(r.Rounds)-1]
+				fmt.Fprintf(w, "  rank %d %-8s sent %s, received %s in the last round\n", r.Rank, r.Role, humanize.IBytes(uint64(last.BytesSent)), humanize.IBytes(uint64(last.BytesReceived)))
+			}
+		}
 	}
 	finished := s.Stopped == "" && (len(s.failures) == 0 || len(s.failures) == 1 && s.failures[0] == s.TraceError)
 	s.writeVerified(w, finished)
@@ -371,7 +417,7 @@ func (s *summary) writeVerified(w io.Writer, finished bool) {
 				scope = r.VerifyScope
 			}
 		}
-		fmt.Fprintf(w, "verified:      yes, every byte on %s (%s)\n", plural(s.Ranks-1, "receiver"), scope)
+		fmt.Fprintf(w, "verified:      yes, every byte on %s (%s)\n", plural(s.Ranks-max(s.Senders, 1), "receiver"), scope)
 	case !s.verifyOn:
 		fmt.Fprintf(w, "verified:      not checked (--verify=false)\n")
 	case finished:

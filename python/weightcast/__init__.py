@@ -20,8 +20,8 @@ built with `make python`); it imports only the standard library, uses numpy
 for host arrays and torch only when it is imported by the caller.
 """
 
-from ._core import Receiver, Sender
+from ._core import Receiver, Sender, Shard
 from .errors import ChecksumError, ConfigError, Error, PeerGoneError, TimeoutError
 
-__all__ = ["Sender", "Receiver", "Error", "ConfigError", "TimeoutError", "PeerGoneError", "ChecksumError"]
+__all__ = ["Sender", "Receiver", "Shard", "Error", "ConfigError", "TimeoutError", "PeerGoneError", "ChecksumError"]
 __version__ = "0.1.0"

@@ -1,5 +1,6 @@
 """Sender and Receiver: the weightcast library (libweightcast.so) from Python."""
 
+import collections
 import ctypes
 import json
 import os
@@ -78,6 +79,11 @@ def _open(fn, cfg, who):
     if "err" in out:
         raise out["err"]
     return out["h"]
+
+
+class Shard(collections.namedtuple("Shard", "name tensor shape offsets")):
+    """One slice a receiver of a routed group holds: the tensor's name, its
+    local tensor, the global shape and the offsets of the slice in it."""
 
 
 class _Rank:
@@ -229,7 +235,8 @@ class Sender(_Rank):
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group=None,
                  transport=None, bucket=None, timeout=None, checksum=None, device=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 dtype=None, serve_rendezvous=False, advertise=None, quantize=None):
+                 dtype=None, serve_rendezvous=False, advertise=None, quantize=None, senders=None):
+        self._routed = bool(senders)
         if rank == -1:
             self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
             self._idle = True
@@ -238,7 +245,7 @@ class Sender(_Rank):
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
                          dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key),
                          dict(dtype=_dtype_name(dtype), serve_rendezvous=bool(serve_rendezvous) or None, advertise=advertise,
-                              quantize=quantize))
+                              quantize=quantize, senders=senders))
 
     def send(self, named_tensors, version):
         """Send one round: every (name, tensor) of named_tensors (an iterable:
@@ -260,6 +267,10 @@ class Sender(_Rank):
             for _ in named_tensors:
                 pass
             return None
+        if self._routed:
+            from . import _routed
+            torch = _torch()
+            return _routed.send(self, named_tensors, version, torch, _numpy(), _torch_dtypes(torch) if torch is not None else {})
         h = self._handle()
         try:
             recs, names, dims, keep = _describe(named_tensors)
@@ -374,12 +385,23 @@ class Receiver(_Rank):
 
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group=None,
                  transport=None, bucket=None, timeout=None, checksum=None, device=None,
-                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, advertise=None):
+                 secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, advertise=None,
+                 senders=None, tp=None, heads=None, kv_heads=None, tp_rules=None):
         _need_numpy(device)
         self._batch = _lib.Batch()
+        self._routed = bool(senders)
+        routed = {}
+        if tp is not None:
+            if not senders:
+                raise ConfigError("tp= takes a routed group: give senders= (the number of sending ranks) on every rank")
+            size, r = (tp, None) if isinstance(tp, int) else (tp[1], tp[0])
+            if r is None:
+                me = rank if rank is not None else int(os.environ.get("RANK", "-1"))
+                r = (me - senders) % size if me >= 0 else 0
+            routed = dict(tp=int(size), tp_rank=int(r), heads=heads, kv_heads=kv_heads, tp_rules=list(tp_rules) if tp_rules else None)
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
                          dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key),
-                         dict(advertise=advertise))
+                         dict(advertise=advertise, senders=senders, **routed))
 
     @property
     def state(self):
@@ -406,6 +428,10 @@ class Receiver(_Rank):
         ``version`` is the committed version.
         """
         torch = _torch()
+        if self._routed:
+            for sh in self.receive_shards():
+                yield sh.name, sh.tensor
+            return
         rnd = _Round(self)
         try:
             while True:
@@ -415,6 +441,19 @@ class Receiver(_Rank):
                 yield from views
         finally:
             rnd.close()
+
+    def receive_shards(self):
+        """Receive one round of a routed group (``senders=``): a list of
+        Shard(name, tensor, shape, offsets), this receiver's slice of each
+        tensor it needs (its ``tp`` shard: ``shape`` is the global shape,
+        ``offsets`` where the slice starts in it), once the round is
+        committed on every receiver. The tensors are views of the library's
+        memory, valid until the round after next commits; the last
+        committed version stays whole while a round runs."""
+        if not self._routed:
+            raise ConfigError("receive_shards is for routed groups (senders=); this group broadcasts whole tensors: use receive()")
+        from . import _routed
+        return [Shard(*s) for s in _routed.receive(self, _torch())]
 
     async def areceive(self):
         """receive() for asyncio: an async generator of the same (name,
@@ -449,6 +488,16 @@ class Receiver(_Rank):
         queued on the current stream; otherwise each received view is
         copied in Python (tensor.copy_, numpy.copyto)."""
         torch = _torch()
+        if self._routed:
+            # The round is committed before its shards are copied: a
+            # mapping that lacks one fails here, on this rank only.
+            tdt = _torch_dtypes(torch) if torch is not None else {}
+            for name, view, _, _ in self.receive_shards():
+                dst = mapping.get(name)
+                if dst is None:
+                    raise ConfigError(f"load_into: received shard {name!r}, which the mapping does not have")
+                _copy(name, dst, view, torch, tdt)
+            return
         if self._cuda >= 0 and torch is not None and _on_gpu(mapping, torch, self._cuda):
             self._receive_into(mapping)
             return

@@ -69,6 +69,9 @@ def lib():
                 "wc_state": ([i64, ctypes.POINTER(i32)], ctypes.c_int),
                 "wc_info": ([i64, cp, i64], i64),
                 "wc_close": ([i64], ctypes.c_int),
+                "wc_send_shards": ([i64, u64, cp, ctypes.POINTER(u64), i64], ctypes.c_int),
+                "wc_receive_shards": ([i64], ctypes.c_int),
+                "wc_shards": ([i64, cp, i64], i64),
                 "wc_last_error": ([cp, i64], i64),
                 "wc_last_error_field": ([cp, i64], i64),
             }

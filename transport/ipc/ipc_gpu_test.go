@@ -201,3 +201,9 @@ func TestIPCLend(t *testing.T) {
 	gputest.SkipWithoutCUDA(t, "a CUDA GPU")
 	checkLend(t, gputest.Device(t))
 }
+
+// TestPairsConformance runs the point-to-point suite on ipc's pairs, every
+// rank on cuda:0 as goroutines of this process.
+func TestPairsConformance(t *testing.T) {
+	(&transporttest.PairsSuite{Name: Name, Open: Descriptor.OpenPairs, Memory: gputest.CUDAMemory{}}).Run(t)
+}

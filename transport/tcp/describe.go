@@ -11,7 +11,7 @@ import (
 // OptAdvertise); "auto" takes it when no GPU transport can connect every
 // rank.
 var Descriptor = transport.Descriptor{
-	Name: Name, Open: Open, Preference: 30, Network: true,
+	Name: Name, Open: Open, OpenPairs: OpenPairs, Preference: 30, Network: true,
 	Reason: func(peers []transport.Peer) string {
 		for _, p := range peers {
 			if p.GPUs() == 0 {

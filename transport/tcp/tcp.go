@@ -103,6 +103,12 @@ type endpoint struct {
 	timeout time.Duration
 	chunk   int
 
+	// proto and extra are what the handshakes of this endpoint's
+	// connections say: the chain's protocol, or the point-to-point
+	// mode's (pairs.go) with the count of senders.
+	proto handshake.Protocol
+	extra []byte
+
 	up   net.Conn      // from rank-1; nil on the root
 	upR  *bufio.Reader // reads up
 	down net.Conn      // to rank+1; nil on the tail
@@ -158,7 +164,7 @@ func Open(ctx context.Context, cfg transport.Config) (transport.Endpoint, error)
 		return nil, fail(-1, err)
 	}
 	e := &endpoint{cfg: cfg, rank: cfg.Rank, world: cfg.WorldSize, timeout: cfg.WaitTimeout(), chunk: opts.chunk,
-		log: ratelog.New(cfg.Logger, 0)}
+		proto: proto, log: ratelog.New(cfg.Logger, 0)}
 
 	var ln *net.TCPListener
 	if e.rank > 0 {
@@ -291,7 +297,7 @@ func guard(ctx context.Context, c net.Conn, d time.Duration) (stop func(), err e
 // side is what this rank says of itself in a handshake on a connection
 // whose TLS channel binding is binding (nil on plain TCP).
 func (e *endpoint) side(binding []byte) handshake.Side {
-	return handshake.Side{Group: e.cfg.Group, Rank: e.rank, World: e.world, Keys: e.cfg.Auth, Binding: binding}
+	return handshake.Side{Group: e.cfg.Group, Rank: e.rank, World: e.world, Extra: e.extra, Keys: e.cfg.Auth, Binding: binding}
 }
 
 // wantRank accepts a hello from rank want only.
@@ -319,7 +325,7 @@ func (e *endpoint) secure(ctx context.Context, c net.Conn, server bool, host str
 	}
 	if err := tc.HandshakeContext(ctx); err != nil {
 		var plain tls.RecordHeaderError
-		if server && errors.As(err, &plain) && plain.Conn != nil && binary.BigEndian.Uint32(plain.RecordHeader[:4]) == magic {
+		if server && errors.As(err, &plain) && plain.Conn != nil && binary.BigEndian.Uint32(plain.RecordHeader[:4]) == e.proto.Magic {
 			e.refusePlain(plain.Conn)
 		}
 		return nil, nil, fmt.Errorf("TLS handshake: %w", err)
@@ -336,7 +342,7 @@ func (e *endpoint) secure(ctx context.Context, c net.Conn, server bool, host str
 // the refusal. The caller closes c.
 func (e *endpoint) refusePlain(c net.Conn) {
 	c.SetDeadline(time.Now().Add(time.Second))
-	if handshake.Refuse(c, proto, fmt.Sprintf("rank %d runs with TLS, and this connection does not: give every rank the same TLS settings", e.rank)) == nil {
+	if handshake.Refuse(c, e.proto, fmt.Sprintf("rank %d runs with TLS, and this connection does not: give every rank the same TLS settings", e.rank)) == nil {
 		io.Copy(io.Discard, io.LimitReader(c, handshake.MaxGroup+handshake.MaxExtra+256))
 	}
 }
@@ -360,7 +366,7 @@ func (e *endpoint) acceptPrev(ctx context.Context, ln *net.TCPListener) (net.Con
 		if err != nil {
 			return nil, err
 		}
-		if _, err := handshake.Accept(sc, proto, e.side(binding), e.wantRank(prev)); err != nil {
+		if _, err := handshake.Accept(sc, e.proto, e.side(binding), e.wantRank(prev)); err != nil {
 			return nil, err
 		}
 		return sc, nil
@@ -385,12 +391,17 @@ func (e *endpoint) acceptPrev(ctx context.Context, ln *net.TCPListener) (net.Con
 
 // dialNext looks up rank+1's address and connects to it.
 func (e *endpoint) dialNext(ctx context.Context) (net.Conn, error) {
-	next := e.rank + 1
+	return e.dialRank(ctx, e.rank+1, AddrKey, e.wantRank(e.rank+1))
+}
+
+// dialRank looks up the address rank next published under key and
+// connects to it, accepting its hello by check.
+func (e *endpoint) dialRank(ctx context.Context, next int, key string, check handshake.Check) (net.Conn, error) {
 	fail := func(err error) error {
 		return &transport.Error{Transport: Name, Group: e.cfg.Group, Rank: e.rank, Op: "open", Peer: next, Err: err}
 	}
 	gctx, cancel := context.WithTimeout(ctx, e.timeout)
-	addr, err := e.cfg.Exchange.Get(gctx, next, AddrKey)
+	addr, err := e.cfg.Exchange.Get(gctx, next, key)
 	cancel()
 	if err != nil {
 		if ctxErr(ctx) == nil && errors.Is(err, context.DeadlineExceeded) {
@@ -407,7 +418,7 @@ func (e *endpoint) dialNext(ctx context.Context) (net.Conn, error) {
 		if err != nil {
 			return nil, fail(err)
 		}
-		sc, err := e.introduce(ctx, c, next, string(addr))
+		sc, err := e.introduce(ctx, c, next, string(addr), check)
 		if err == nil {
 			return sc, nil
 		}
@@ -466,8 +477,9 @@ func (e *endpoint) dial(ctx, dctx context.Context, next int, addr string) (net.C
 }
 
 // introduce runs TLS (with the config's TLS) and the handshake on c, the
-// connection to rank next at addr, and returns the connection to use.
-func (e *endpoint) introduce(ctx context.Context, c net.Conn, next int, addr string) (net.Conn, error) {
+// connection to rank next at addr (whose hello check accepts), and returns
+// the connection to use.
+func (e *endpoint) introduce(ctx context.Context, c net.Conn, next int, addr string, check handshake.Check) (net.Conn, error) {
 	hctx, cancel := context.WithTimeout(ctx, min(e.timeout, maxHandshake))
 	defer cancel()
 	stop, err := guard(hctx, c, e.timeout)
@@ -489,7 +501,7 @@ func (e *endpoint) introduce(ctx context.Context, c net.Conn, next int, addr str
 		}
 		return nil, err
 	}
-	_, err = handshake.Dial(sc, proto, e.side(binding), e.wantRank(next))
+	_, err = handshake.Dial(sc, e.proto, e.side(binding), check)
 	switch {
 	case err == nil:
 		return sc, nil

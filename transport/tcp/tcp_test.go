@@ -587,3 +587,14 @@ func TestCancelMidFrame(t *testing.T) {
 		t.Skip("no try's cancellation came before the bucket had moved; nothing was checked")
 	}
 }
+
+// TestPairsConformance runs the point-to-point suite on tcp's pairs.
+func TestPairsConformance(t *testing.T) {
+	(&transporttest.PairsSuite{Name: Name, Open: OpenPairs, Memory: transporttest.HostMemory{}}).Run(t)
+}
+
+// TestPairsOfChain runs the point-to-point suite on pairs made of tcp's
+// two-rank chains (transport.PairsOf), the way ipc makes its pairs.
+func TestPairsOfChain(t *testing.T) {
+	(&transporttest.PairsSuite{Name: Name + "-of", Open: transport.PairsOf(Open), Memory: transporttest.HostMemory{}}).Run(t)
+}
