@@ -8,7 +8,8 @@ tensor-parallel shard (TP 4), over ipc; every process on cuda:0.
   rate   a synthetic 8 GiB bf16 model (64 tensors of 64 Mi elements, 8192 x
          8192 rows named as Llama projections): the routed round against
          the broadcast of the whole model from one sender to 4 receivers
-         (load_into), both with 1 GiB buckets and checksums on, median of
+         (load_into), with 256 MiB buckets per pair (a rank holds two per
+         peer) and 1 GiB for the broadcast, checksums on, median of
          3 rounds after a warm-up; time per round (the routed round from
          the moment every rank is in it: last_round's seconds less
          waited) and bytes per receiver.
@@ -28,7 +29,8 @@ from _launch import emit, launch
 
 SENDERS, RECEIVERS, TP = 4, 4, 4
 ROUNDS = 4  # the first is a warm-up
-BUCKET = 1 << 30
+BUCKET = 1 << 30  # the broadcast's
+ROUTED_BUCKET = 256 << 20  # each pair's two (a rank holds 2 x 4 of them)
 
 
 def llama(torch, version):
@@ -42,13 +44,18 @@ def llama(torch, version):
     return cfg, {n: (t.detach() + version * 0.001).to("cuda").contiguous() for n, t in m.state_dict().items()}
 
 
-def synthetic(torch, version):
+def synthetic(torch, version, keep=lambda name, t: t):
     """8 GiB of bf16 in 64 tensors of 8192 x 8192, as column- and
-    row-parallel projections, the same on every rank."""
+    row-parallel projections, the same on every rank; keep(name, tensor)
+    says what a rank keeps of each (its shard), made one tensor at a time
+    so that no rank holds the whole model but the broadcast's."""
     g = torch.Generator(device="cuda").manual_seed(version)
     names = ["q_proj", "o_proj", "gate_proj", "down_proj"]
-    return {f"model.layers.{i // 4}.{'self_attn' if i % 4 < 2 else 'mlp'}.{names[i % 4]}.weight":
-            torch.randn(8192, 8192, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16) for i in range(64)}
+    out = {}
+    for i in range(64):
+        name = f"model.layers.{i // 4}.{'self_attn' if i % 4 < 2 else 'mlp'}.{names[i % 4]}.weight"
+        out[name] = keep(name, torch.randn(8192, 8192, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16))
+    return out
 
 
 def shards(torch, full, rank):
@@ -105,13 +112,21 @@ def worker(mode, how):
                     r.load_into(dst)
                 emit(bytes_received=r.last_round["bytes"])
         return
-    cfg, full = make(1)
-    kv = cfg.num_key_value_heads if cfg else TP
-    heads = cfg.num_attention_heads if cfg else TP
+    if mode == "rate":
+        cfg, heads, kv = None, TP, TP
+        if rank < SENDERS:
+            def chunk(name, t):
+                return torch.chunk(t, SENDERS, dim=0)[rank].clone()
+            mine = [(n, t, (8192, 8192), (rank * (8192 // SENDERS), 0)) for n, t in synthetic(torch, 1, chunk).items()]
+        full = {}
+    else:
+        cfg, full = make(1)
+        kv, heads = cfg.num_key_value_heads, cfg.num_attention_heads
+        if rank < SENDERS:
+            mine = shards(torch, full, rank)
     if rank < SENDERS:
-        mine = shards(torch, full, rank)
         del full
-        with weightcast.Sender(device="cuda:0", bucket=BUCKET, transport="ipc", senders=SENDERS) as s:
+        with weightcast.Sender(device="cuda:0", bucket=ROUTED_BUCKET, transport="ipc", senders=SENDERS) as s:
             times = []
             for v in range(1, rounds + 1):
                 if mode == "check" and v > 1:
@@ -125,7 +140,7 @@ def worker(mode, how):
         return
     del full
     me = (rank - SENDERS) % TP
-    with weightcast.Receiver(device="cuda:0", bucket=BUCKET, transport="ipc", senders=SENDERS, tp=(me, TP),
+    with weightcast.Receiver(device="cuda:0", bucket=ROUTED_BUCKET, transport="ipc", senders=SENDERS, tp=(me, TP),
                              heads=heads, kv_heads=kv) as r:
         results = []
         for v in range(1, rounds + 1):
