@@ -1,11 +1,21 @@
-"""The Python side's cost per tensor (target: at most 2 µs beyond the Go
-path): 100,000 small torch CUDA tensors described for one round, timed in
-the one function that does it (weightcast._core._describe: everything
-send() does in Python before its single call into the library). Then the
-same tensors sent for real to one receiver over ipc, for the whole round's
-time. Prints one JSON line.
+"""The Python side's cost per tensor (target: under 1.5 µs, the median of
+five runs of this script), both ways, 100,000 small torch tensors:
 
-    python3 benchmarks/bench_overhead.py [count]
+  send     the one function that describes a round for the library
+           (weightcast._core._describe: everything send() does in Python
+           before its single call into the library), best of 5;
+  receive  the Python work of a receive() loop (`for name, t in
+           r.receive(): pass`) outside the library's calls: building each
+           bucket's (name, tensor) views once wc_next has returned it, best
+           of 5 rounds.
+
+Then the same tensors sent for real, for the whole round's time. With a
+GPU the tensors are torch CUDA tensors on cuda:0 (transport auto: ipc);
+without one, or with --cpu, torch CPU tensors over tcp with host buckets,
+whose views are built by the same code but on a host bucket. Prints one
+JSON line.
+
+    python3 benchmarks/bench_overhead.py [--cpu] [count]
 """
 
 import json
@@ -16,48 +26,84 @@ import time
 from _launch import emit, launch
 
 COUNT = 100_000
+ROUNDS = 5
 
 
-def worker(count):
+def worker(count, cpu):
     import torch
 
     import weightcast
     from weightcast import _core
 
     rank = int(os.environ["RANK"])
-    torch.cuda.set_device(0)
+    device = "cpu" if cpu else "cuda:0"
+    opts = dict(device=device, bucket="64MiB")
+    if cpu:
+        opts["transport"] = "tcp"
+    else:
+        torch.cuda.set_device(0)
     if rank == 0:
-        flat = torch.randn(count * 256, device="cuda:0")
+        flat = torch.randn(count * 256, device=device)
         named = [(f"layers.{i // 8}.p{i % 8}", flat[i * 256:(i + 1) * 256]) for i in range(count)]
         best = float("inf")
         for _ in range(5):
             start = time.perf_counter()
             _core._describe(named)
             best = min(best, time.perf_counter() - start)
-        with weightcast.Sender(device="cuda:0", bucket="64MiB") as s:
+        with weightcast.Sender(**opts) as s:
             rounds = []
-            for v in range(1, 4):
+            for v in range(1, ROUNDS + 1):
                 start = time.perf_counter()
                 s.send(named, v)
                 rounds.append(time.perf_counter() - start)
             print(json.dumps({"describe_us_per_tensor": best / count * 1e6, "round_seconds": rounds, "transport": s.transport}), flush=True)
     else:
-        with weightcast.Receiver(device="cuda:0", bucket="64MiB") as r:
-            for _ in range(3):
+        # Time the building of the views, wherever it happens: the
+        # function that turns a batch the library filled into (name,
+        # tensor) pairs, consumed whole (it may be lazy).
+        spent = [0.0]
+        orig = _core._views
+
+        def timed(*args):
+            start = time.perf_counter()
+            out = list(orig(*args))
+            spent[0] += time.perf_counter() - start
+            return out
+
+        _core._views = timed
+        per_round, loops = [], []
+        with weightcast.Receiver(**opts) as r:
+            for _ in range(ROUNDS):
+                spent[0], n = 0.0, 0
+                start = time.perf_counter()
                 for _name, _t in r.receive():
-                    pass
+                    n += 1
+                loops.append(time.perf_counter() - start)
+                per_round.append(spent[0] / max(n, 1) * 1e6)
+        print(json.dumps({"views_us_per_tensor": min(per_round), "views_us_rounds": per_round, "loop_seconds": loops, "tensors": n}), flush=True)
 
 
 def main():
-    count = int(sys.argv[1]) if len(sys.argv) > 1 else COUNT
-    res = launch(os.path.abspath(__file__), 2, [str(count)])[0][0]
-    us = res["describe_us_per_tensor"]
-    emit(bench="python_overhead", tensors=count, us_per_tensor=round(us, 3), target_us=2.0, ok=us <= 2.0,
-         round_seconds=[round(x, 4) for x in res["round_seconds"]], transport=res["transport"])
+    args = [a for a in sys.argv[1:] if a != "--cpu"]
+    count = int(args[0]) if args else COUNT
+    cpu = "--cpu" in sys.argv
+    if not cpu:
+        try:
+            import torch
+            cpu = not torch.cuda.is_available()
+        except ImportError:
+            raise SystemExit("bench_overhead.py needs torch") from None
+    out = launch(os.path.abspath(__file__), 2, [str(count)] + (["--cpu"] if cpu else []))
+    send, recv = out[0][0], out[1][0]
+    us, rus = send["describe_us_per_tensor"], recv["views_us_per_tensor"]
+    emit(bench="python_overhead", device="cpu" if cpu else "cuda:0", tensors=count,
+         us_per_tensor=round(us, 3), receive_us_per_tensor=round(rus, 3), target_us=1.5, ok=us < 1.5 and rus < 1.5,
+         round_seconds=[round(x, 4) for x in send["round_seconds"]],
+         receive_loop_seconds=[round(x, 4) for x in recv["loop_seconds"]], transport=send["transport"])
 
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        worker(int(sys.argv[sys.argv.index("--worker") + 1]))
+        worker(int(sys.argv[sys.argv.index("--worker") + 1]), "--cpu" in sys.argv)
     else:
         main()
