@@ -21,6 +21,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/quant"
+	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
 )
 
@@ -367,5 +368,96 @@ func TestConfigRoundTrip(t *testing.T) {
 	}
 	if detail := fieldDetail(errors.New("plain")); detail != "" {
 		t.Fatalf("field detail of a plain error: %s", detail)
+	}
+}
+
+// TestRoundThroughViews takes a round as wc_next_views describes it:
+// every tensor's bytes found in its region at its offset, the tensors of
+// the bucket in one region, a tensor split across buckets in a region of
+// its own, an empty tensor in none.
+func TestRoundThroughViews(t *testing.T) {
+	s, r, hs, hr := openPair(t, "capi-views")
+	want := map[string][]byte{}
+	var refs []weightcast.Ref
+	for i, n := range []int{0, 8, 1000, 4096, 9000, 12, 64} {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(i*37 + j)
+		}
+		name := fmt.Sprintf("v%d", i)
+		want[name] = b
+		refs = append(refs, weightcast.Ref{Name: name, DType: "U8", Shape: []int64{int64(n)}, Data: b})
+	}
+	if err := s.send(1, refs); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.receive(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]byte{}
+	regionsOf := map[string]int{} // name -> regions in its batch
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		code, out, err := r.nextAs(0, 100, func(b *sink.Batch) cMemory { return newCViews(b) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == wcDone {
+			break
+		}
+		if code != wcOK {
+			continue
+		}
+		v := out.(*cViews).v
+		vs := unsafe.Slice(v.views, int(v.n))
+		rs := unsafe.Slice(v.regions, max(int(v.nregions), 1))
+		names := unsafe.Slice((*byte)(unsafe.Pointer(v.names)), max(int(v.names_len), 1))
+		dims := unsafe.Slice(v.dims, max(int(v.ndims), 1))
+		if v.version != 1 {
+			t.Fatalf("version %d", v.version)
+		}
+		for i := range vs {
+			tv := &vs[i]
+			name := string(names[tv.name : tv.name+tv.name_len])
+			dt := string(bytes.TrimRight(unsafe.Slice((*byte)(unsafe.Pointer(&tv.dtype[0])), len(tv.dtype)), "\x00"))
+			if tv.ndim != 1 || int64(dims[tv.dims]) != int64(tv.nbytes) || dt != "U8" {
+				t.Fatalf("%s: ndim %d, dims[0] %d, nbytes %d, dtype %q", name, tv.ndim, dims[tv.dims], tv.nbytes, dt)
+			}
+			if tv.nbytes == 0 {
+				if tv.region != -1 {
+					t.Fatalf("%s: no bytes, in region %d", name, tv.region)
+				}
+				got[name] = nil
+				continue
+			}
+			if tv.region < 0 || tv.region >= v.nregions {
+				t.Fatalf("%s: region %d of %d", name, tv.region, v.nregions)
+			}
+			rg := rs[tv.region]
+			if rg.device != -1 || uint64(tv.offset)+uint64(tv.nbytes) > uint64(rg.len) {
+				t.Fatalf("%s: [%d, +%d) in region of %d bytes on device %d", name, tv.offset, tv.nbytes, rg.len, rg.device)
+			}
+			got[name] = bytes.Clone(hostBytes(rg.base+tv.offset, tv.nbytes))
+			regionsOf[name] = int(v.nregions)
+		}
+	}
+	for code := wcAgain; code == wcAgain; {
+		var err error
+		if code, err = s.wait(100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, w := range want {
+		if g, ok := got[name]; !ok || !bytes.Equal(g, w) {
+			t.Fatalf("%s differs (received: %v)", name, ok)
+		}
+	}
+	// 9000 bytes do not fit a 4096-byte bucket: assembled, in a region of
+	// its own beside its last bucket's.
+	if regionsOf["v4"] < 2 {
+		t.Fatalf("the split tensor's batch has %d regions", regionsOf["v4"])
+	}
+	if err := errors.Join(closeHandle(hr), closeHandle(hs)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -290,9 +290,12 @@ type receiverHandle struct {
 
 	mu     sync.Mutex
 	held   *sink.Batch   // handed out by next, not yet released
-	out    *cBatch       // the C memory describing held
+	out    cMemory       // the C memory describing held (a *cBatch or *cViews)
 	shards *route.Shards // a routed receiver's rounds (routed.go), C memory
 }
+
+// cMemory is a batch's description in C memory, freed with the batch.
+type cMemory interface{ free() }
 
 func openReceiver(text string) (int64, error) {
 	o, err := parseConfig(text, getenv)
@@ -335,8 +338,16 @@ func (h *receiverHandle) waitInto(ms int32) (int, error) {
 }
 
 // next releases the batch handed out before, after an event on stream,
-// and waits at most ms for the next one, which it describes in C memory.
+// and waits at most ms for the next one, which it describes in C memory
+// as a wc_batch.
 func (h *receiverHandle) next(stream uintptr, ms int32) (int, *cBatch, error) {
+	code, out, err := h.nextAs(stream, ms, func(b *sink.Batch) cMemory { return newCBatch(b) })
+	c, _ := out.(*cBatch)
+	return code, c, err
+}
+
+// nextAs is next with the description of the batch made by describe.
+func (h *receiverHandle) nextAs(stream uintptr, ms int32, describe func(*sink.Batch) cMemory) (int, cMemory, error) {
 	done := h.running()
 	if done == nil {
 		return 0, nil, fmt.Errorf("%w: no round is running: wc_next follows wc_receive", weightcast.ErrConfig)
@@ -351,7 +362,7 @@ func (h *receiverHandle) next(stream uintptr, ms int32) (int, *cBatch, error) {
 	defer timer.Stop()
 	select {
 	case b := <-h.views.Batches():
-		out := newCBatch(b)
+		out := describe(b)
 		h.mu.Lock()
 		h.held, h.out = b, out
 		h.mu.Unlock()

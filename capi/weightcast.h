@@ -149,6 +149,51 @@ int wc_receive(int64_t handle);
  * the round is committed, WC_AGAIN, or the round's error. */
 int wc_next(int64_t handle, uint64_t stream, int32_t timeout_ms, wc_batch *out);
 
+/* One tensor of a wc_views, 64 bytes of 8-byte fields, so that a caller can
+ * read a batch's views as one array of int64 (Python: one memoryview). */
+typedef struct wc_view {
+	int64_t region;  /* index into the regions of the memory its bytes lie in (-1: no bytes, host memory) */
+	uint64_t offset; /* of its first byte from the region's base */
+	uint64_t nbytes;
+	char dtype[8];   /* safetensors spelling, NUL-padded: "BF16", "F8_E4M3", ... */
+	int64_t ndim;
+	int64_t dims;     /* index into the dims array of the first of ndim dimensions */
+	int64_t name;     /* offset into the names array (UTF-8, not NUL-terminated) */
+	int64_t name_len; /* its length in bytes */
+} wc_view;
+
+/* One range of memory that views of a wc_views lie in: the bucket, a buffer
+ * a tensor split across buckets was assembled in, or (receivers on the
+ * sender's GPU) an allocation of the sender's, mapped here, read in place.
+ * A caller may view a region once and slice its tensors out of it; the
+ * regions of the buckets recur from batch to batch and round to round. */
+typedef struct wc_region {
+	uint64_t base;  /* address: host memory, or device memory when device >= 0 */
+	uint64_t len;   /* bytes */
+	int64_t device; /* -1: host memory; otherwise the CUDA device ordinal */
+	int64_t pad;
+} wc_region;
+
+/* One received bucket's whole tensors, filled by wc_next_views. */
+typedef struct wc_views {
+	wc_view *views;
+	int64_t n;
+	wc_region *regions;
+	int64_t nregions;
+	char *names;
+	int64_t names_len;
+	int64_t *dims;
+	int64_t ndims;
+	uint64_t version; /* the round's model version */
+	int64_t index;    /* batches of a round count from 0 */
+} wc_views;
+
+/* wc_next, describing the batch as views of regions (above) rather than
+ * as wc_tensor records: the same release, wait, codes and lifetimes (a
+ * wc_views and what it points to are valid until the next wc_next or
+ * wc_next_views, wc_abort or wc_close on the handle). */
+int wc_next_views(int64_t handle, uint64_t stream, int32_t timeout_ms, wc_views *out);
+
 /* End every wc_open_sender and wc_open_receiver in flight in this process
  * (from another thread: a signal handler's, say), with reason as the cause
  * the other ranks report; each returns WC_ERR_ABORTED. Returns how many. */
