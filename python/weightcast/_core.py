@@ -2,6 +2,7 @@
 
 import collections
 import ctypes
+import gc
 import json
 import os
 import sys
@@ -39,13 +40,41 @@ def _numpy():
     return sys.modules.get("numpy")
 
 
-def _torch_dtypes(torch):
-    out = {}
+# Element widths by wire dtype.
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8,
+             "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+_TABLES = {}  # by id of the torch module: the tables below, made once
+
+
+def _tables(torch):
+    """The dtype tables of a torch module, made at its first use: wire by
+    torch dtype; (wire as bytes, itemsize) by torch dtype for _describe;
+    and (torch dtype, itemsize) by the integer code of a wc_view's dtype
+    for _views (the dtype None where this torch lacks it: U16, U32, U64
+    before torch 2.3; FP8 without float8 dtypes comes as raw uint8)."""
+    t = _TABLES.get(id(torch))
+    if t is not None and t[0] is torch:
+        return t[1]
+    wires, describe, views = {}, {}, {}
     for name, wire in _TORCH_NAMES.items():
         dt = getattr(torch, name, None)
         if dt is not None:
-            out[dt] = wire
-    return out
+            wires[dt] = wire
+            describe[dt] = (wire.encode(), _ITEMSIZE[wire])
+    by_wire = {w: dt for dt, w in wires.items()}
+    for wire, size in _ITEMSIZE.items():
+        dt = by_wire.get(wire)
+        if dt is None and wire.startswith("F8_"):
+            dt = torch.uint8
+        views[_lib.dtype_code(wire)] = (dt, size)
+    tables = (wires, describe, views)
+    _TABLES[id(torch)] = (torch, tables)
+    return tables
+
+
+def _torch_dtypes(torch):
+    """Wire dtype by torch dtype."""
+    return _tables(torch)[0]
 
 
 def _open(fn, cfg, who):
@@ -336,10 +365,13 @@ def _describe(named_tensors):
     streams = {}
     torch = _torch()
     np = _numpy()
-    tdt = _torch_dtypes(torch) if torch is not None else {}
-    # By dtype object: numpy's dtype.name is slow (microseconds).
-    npdt = {np.dtype(k): v for k, v in _NUMPY.items()} if np is not None else {}
-    pack = _lib.TENSOR.pack
+    Tensor = torch.Tensor if torch is not None else ()
+    tdt = _tables(torch)[1] if torch is not None else {}
+    npdt = _numpy_wires(np) if np is not None else {}
+    ndarray = np.ndarray if np is not None else ()
+    pack, keep_one, add_dims = _lib.TENSOR.pack, keep.append, dims.extend
+    strided = _lib.STRIDED
+    d0 = n0 = 0  # where the next tensor's dims and name go
     if hasattr(named_tensors, "items") and callable(named_tensors.items):
         named_tensors = named_tensors.items()  # a state_dict or any mapping
     for item in named_tensors:
@@ -350,11 +382,12 @@ def _describe(named_tensors):
                               "state_dict().items() or a dict of name -> tensor") from None
         if not isinstance(name, str):
             raise ConfigError(f"send: a tensor's name must be a str, got {_what(name)}; pass (name, tensor) pairs")
-        keep.append(t)
+        keep_one(t)
         nb = name.encode()
-        if torch is not None and isinstance(t, torch.Tensor):
-            wire = tdt.get(t.dtype) or str(t.dtype).replace("torch.", "")
-            flags = 0 if t.is_contiguous() else _lib.STRIDED
+        if isinstance(t, Tensor):
+            w = tdt.get(t.dtype)
+            if w is None:  # refused by the library, naming the tensor
+                w = (str(t.dtype).replace("torch.", "").encode(), t.element_size())
             if t.is_cuda:
                 dev = t.get_device()
                 stream = streams.get(dev)
@@ -364,17 +397,32 @@ def _describe(named_tensors):
                 dev, stream = -1, 0
             shape = t.shape
             # Tensor.nbytes is missing on torch 1.13's Parameters.
-            recs += pack(t.data_ptr(), t.element_size() * t.numel(), stream, len(dims), len(shape), dev, len(names), len(nb), flags, wire.encode())
-        elif np is not None and isinstance(t, np.ndarray):
-            wire = npdt.get(t.dtype) or t.dtype.name
-            flags = 0 if t.flags.c_contiguous else _lib.STRIDED
+            recs += pack(t.data_ptr(), w[1] * t.numel(), stream, d0, len(shape), dev, n0, len(nb),
+                         0 if t.is_contiguous() else strided, w[0])
+        elif isinstance(t, ndarray):
+            wire = npdt.get(t.dtype) or t.dtype.name.encode()
             shape = t.shape
-            recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, len(dims), len(shape), -1, len(names), len(nb), flags, wire.encode())
+            recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, d0, len(shape), -1, n0, len(nb),
+                         0 if t.flags.c_contiguous else strided, wire)
         else:
             raise ConfigError(f"tensor {name!r} is a {type(t).__name__}; send torch tensors or numpy arrays")
         names += nb
-        dims.extend(shape)
+        add_dims(shape)
+        d0 += len(shape)
+        n0 += len(nb)
     return recs, names, dims, keep
+
+
+_NUMPY_WIRES = {}
+
+
+def _numpy_wires(np):
+    """Wire dtype (bytes) by numpy dtype object, made once: numpy's
+    dtype.name is slow (microseconds)."""
+    t = _NUMPY_WIRES.get(id(np))
+    if t is None or t[0] is not np:
+        t = _NUMPY_WIRES[id(np)] = (np, {np.dtype(k): v.encode() for k, v in _NUMPY.items()})
+    return t[1]
 
 
 class Receiver(_Rank):
@@ -388,7 +436,8 @@ class Receiver(_Rank):
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, advertise=None,
                  senders=None, tp=None, heads=None, kv_heads=None, tp_rules=None):
         _need_numpy(device)
-        self._batch = _lib.Batch()
+        self._batch = _lib.Views()
+        self._regions = {}  # views of the memory batches lie in (_views), kept across batches and rounds
         self._routed = bool(senders)
         routed = {}
         if tp is not None:
@@ -438,7 +487,7 @@ class Receiver(_Rank):
                 views = rnd.next(self._stream(torch))
                 if views is None:
                     return
-                yield from views
+                yield from zip(*views)
         finally:
             rnd.close()
 
@@ -469,7 +518,7 @@ class Receiver(_Rank):
                 views = await loop.run_in_executor(None, rnd.next, self._stream(torch))
                 if views is None:
                     return
-                for item in views:
+                for item in zip(*views):
                     yield item
         finally:
             await loop.run_in_executor(None, rnd.close)
@@ -527,7 +576,8 @@ class Receiver(_Rank):
 
 class _Round:
     """One receive() round of a Receiver: next(stream) waits for the next
-    bucket and returns its (name, tensor) views, or None once the round is
+    bucket and returns its views (a list of names and one of tensors, in
+    order), or None once the round is
     committed on every receiver; the previous bucket is reused only after
     the work queued on stream until this call. close() after the end does
     nothing; before it, it aborts the round on every rank and lets it end."""
@@ -542,11 +592,21 @@ class _Round:
     def next(self, stream):
         L, h, batch = _lib.lib(), self._h, self._r._batch
         self._stream = stream
-        rc = self._r._wait(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+        rc = self._r._wait(lambda ms: L.wc_next_views(h, stream, ms, ctypes.byref(batch)))
         if rc == _lib.DONE:
             self._finished = True
             return None
-        return list(_views(batch, _torch()))
+        # A bucket's views are tens of thousands of new objects at most
+        # and no cycles: the cyclic collector, left on, would run over
+        # them (and, as they pile up, over everything) hundreds of times
+        # per bucket, which costs more than making them.
+        on = gc.isenabled()
+        gc.disable()
+        try:
+            return _views(batch, _torch(), self._r._regions)
+        finally:
+            if on:
+                gc.enable()
 
     def close(self):
         if self._finished:
@@ -554,7 +614,7 @@ class _Round:
         self._finished = True
         L, h, batch, stream = _lib.lib(), self._h, self._r._batch, self._stream
         self._r._abort(f"rank {self._r.rank}: receive() was left before the round ended (the loop over it broke, raised, or was interrupted with Ctrl-C)")
-        self._r._drain(lambda ms: L.wc_next(h, stream, ms, ctypes.byref(batch)))
+        self._r._drain(lambda ms: L.wc_next_views(h, stream, ms, ctypes.byref(batch)))
 
 
 def _on_gpu(mapping, torch, ordinal):
@@ -619,41 +679,199 @@ class _CudaBuffer:
         self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "strides": None, "version": 2}
 
 
-def _views(batch, torch):
-    """The (name, tensor) views of one batch."""
+_MAX_REGIONS = 1024  # views of regions kept per Receiver; past it they are all dropped and made again
+
+
+def _words(addr, n):
+    """n int64s at addr, as a list."""
+    return memoryview(ctypes.string_at(addr, n * 8)).cast("q").tolist() if n > 0 else []
+
+
+def _views(batch, torch, regions):
+    """The views of one batch that wc_next_views filled: its names and its
+    tensors, two lists in the batch's order. Each region of memory the
+    batch lies in (the bucket, a buffer a split tensor was assembled in, an
+    allocation of the sender's read in place) is viewed once per dtype and
+    kept in regions, by its range, for later batches and rounds; the
+    tensors of one region and dtype are cut out of that view with one
+    split_with_sizes, so that the cost per tensor is one tensor made by
+    torch (and a view() to its shape when it is not 1-D). With torch
+    imported, host buckets give torch CPU tensors too."""
     n = batch.n
-    recs = ctypes.string_at(batch.tensors, n * _lib.TENSOR.size) if n else b""
-    names = ctypes.string_at(batch.names, batch.names_len) if batch.names_len else b""
-    dims = (ctypes.c_int64 * batch.ndims).from_address(batch.dims) if batch.ndims else ()
-    base, base_len, device = batch.base, batch.base_len, batch.device
-    if device >= 0:
-        if torch is None:
-            raise Error("this receiver's buckets are on a GPU: import torch to take its tensors as torch CUDA tensors")
-        whole = torch.as_tensor(_CudaBuffer(base, base_len), device=f"cuda:{device}") if base_len else None
-        tdt = {v: k for k, v in _torch_dtypes(torch).items()}
-        for (data, nbytes, _, d0, ndim, dev, no, nl, _, dt) in _lib.TENSOR.iter_unpack(recs):
-            name = names[no:no + nl].decode()
-            shape = tuple(dims[d0:d0 + ndim])
-            dtype = tdt[dt.rstrip(b"\0").decode()]
-            if nbytes == 0:
-                yield name, torch.empty(shape, dtype=dtype, device=f"cuda:{dev}")
-            elif whole is not None and base <= data and data + nbytes <= base + base_len:
-                yield name, whole[data - base:data - base + nbytes].view(dtype).view(shape)
+    if n <= 0:
+        return [], []
+    flat = _words(batch.views, n * _lib.VIEW_WORDS)
+    reg, off, nbytes, code, ndim, dim0, name0, namelen = (flat[k::_lib.VIEW_WORDS] for k in range(_lib.VIEW_WORDS))
+    rflat = _words(batch.regions, batch.nregions * _lib.REGION_WORDS)
+    dims = _words(batch.dims, batch.ndims)
+    raw = ctypes.string_at(batch.names, batch.names_len) if batch.names_len > 0 else b""
+    text = raw.decode()
+    if len(text) == len(raw):  # ASCII: byte offsets are character offsets
+        names = [text[a:a + k] for a, k in zip(name0, namelen)]
+    else:
+        names = [raw[a:a + k].decode() for a, k in zip(name0, namelen)]
+    if torch is None:
+        return _numpy_views(names, reg, off, nbytes, code, ndim, dim0, dims, rflat, regions)
+    table = _tables(torch)[2]
+    out = [None] * n
+    if len(set(reg)) == 1 and len(set(code)) == 1:
+        groups = {(reg[0], code[0]): range(n)}
+    else:
+        groups = {}
+        for i, key in enumerate(zip(reg, code)):
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [i]
             else:
-                own = torch.as_tensor(_CudaBuffer(data, nbytes), device=f"cuda:{dev}")
-                yield name, own.view(dtype).view(shape)
-        return
+                g.append(i)
+    for (r, c), idx in groups.items():
+        dt, size = table[c]
+        device = rflat[r * _lib.REGION_WORDS + 2] if r >= 0 else -1
+        if device >= 0 and dt is None:
+            raise Error(f"tensor {names[idx[0]]!r} is {_wire(c)}, which this torch ({torch.__version__}) has no dtype for; use torch 2.3 or later")
+        if dt is None:  # a host view of a dtype this torch lacks: numpy
+            for i in idx:
+                out[i] = _numpy_view(reg[i], off[i], nbytes[i], _wire(c), dims[dim0[i]:dim0[i] + ndim[i]], rflat, regions)
+            continue
+        if r < 0:  # no bytes, in host memory
+            for i in idx:
+                out[i] = torch.empty(dims[dim0[i]:dim0[i] + ndim[i]], dtype=dt)
+            continue
+        whole = _region(regions, torch, rflat, r, dt, size)
+        if type(idx) is range and _cut_whole(whole, size, off, nbytes, ndim, dim0, dims, out):
+            continue
+        # Cut the tensors out in one split_with_sizes: the sizes of the
+        # tensors, in order, with the gaps between them (alignment) and the
+        # rest of the region as parts of their own. A tensor out of order
+        # or overlapping another (tied weights read in place), or of no
+        # bytes, is made by itself.
+        sizes, picks, alone, at = [], [], [], 0
+        for i in idx:
+            o, k = off[i], nbytes[i]
+            if o < at or k == 0 or o % size or k % size:
+                alone.append(i)
+                continue
+            if o > at:
+                sizes.append((o - at) // size)
+            picks.append((i, len(sizes)))
+            sizes.append(k // size)
+            at = o + k
+        if picks:
+            rest = whole.shape[0] - at // size
+            if rest:
+                sizes.append(rest)
+            if (len(sizes) - len(picks)) * 10 <= len(picks) * 7:
+                parts = whole.split_with_sizes(sizes)
+                for i, j in picks:
+                    t = parts[j]
+                    if ndim[i] != 1:
+                        t = t.view(dims[dim0[i]:dim0[i] + ndim[i]])
+                    out[i] = t
+            else:  # mostly gaps: slice each tensor instead
+                alone.extend(i for i, _ in picks)
+        for i in alone:
+            shape = dims[dim0[i]:dim0[i] + ndim[i]]
+            if nbytes[i] == 0:
+                t = torch.empty(shape, dtype=dt, device=whole.device)
+            elif off[i] % size == 0:
+                t = whole[off[i] // size:(off[i] + nbytes[i]) // size].view(shape)
+            else:  # not aligned to its element in the region: a view of its own
+                base, _, device = _key(rflat, r)
+                t = _raw(torch, base + off[i], nbytes[i], device).view(dt).view(shape)
+            out[i] = t
+    return names, out
+
+
+def _cut_whole(whole, size, off, nbytes, ndim, dim0, dims, out):
+    """The tensors of a batch whose every view lies in one region with one
+    dtype (whole: the region's view) and back to back (a bucket whose
+    tensors' sizes are multiples of 64 bytes: wire.Align), cut out with
+    one split_with_sizes and no work per tensor in Python beyond a view()
+    to the shape of those that are not 1-D, into out. False, doing
+    nothing, when the views are not laid out so."""
+    n = len(off)
+    if off[1:] != [o + k for o, k in zip(off[:-1], nbytes[:-1])] or 0 in nbytes:
+        return False
+    if size > 1 and (off[0] % size or any(map(size.__rmod__, nbytes))):
+        return False
+    sizes = list(map(size.__rfloordiv__, nbytes)) if size > 1 else list(nbytes)
+    lead = off[0] // size
+    rest = whole.shape[0] - lead - sum(sizes)
+    if lead:
+        sizes.insert(0, lead)
+    if rest:
+        sizes.append(rest)
+    parts = whole.split_with_sizes(sizes)
+    first = 1 if lead else 0
+    if ndim.count(1) == n:
+        out[:] = parts[first:first + n]
+    else:
+        out[:] = [t if d == 1 else t.view(dims[a:a + d]) for t, d, a in zip(parts[first:first + n], ndim, dim0)]
+    return True
+
+
+def _wire(code):
+    """The wire dtype of a wc_view's dtype code."""
+    return code.to_bytes(8, "little", signed=True).rstrip(b"\0").decode()
+
+
+def _key(rflat, r):
+    w = r * _lib.REGION_WORDS
+    return rflat[w], rflat[w + 1], rflat[w + 2]
+
+
+def _region(regions, torch, rflat, r, dt, size):
+    """Region r of a batch viewed as a 1-D torch tensor of dt (its whole
+    elements), made once and kept in regions."""
+    key = _key(rflat, r)
+    views = regions.get(key)
+    if views is None:
+        if len(regions) >= _MAX_REGIONS:
+            regions.clear()
+        views = regions[key] = {None: _raw(torch, *key)}
+    t = views.get(dt)
+    if t is None:
+        u8 = views[None]
+        length = key[1]
+        t = views[dt] = (u8[:length - length % size] if length % size else u8).view(dt)
+    return t
+
+
+def _raw(torch, base, length, device):
+    """length bytes at base (host memory, or on CUDA device device >= 0) as
+    a torch uint8 tensor that does not own them."""
+    if device >= 0:
+        return torch.as_tensor(_CudaBuffer(base, length), device=torch.device("cuda", device))
+    return torch.frombuffer((ctypes.c_uint8 * length).from_address(base), dtype=torch.uint8)
+
+
+def _numpy_region(regions, rflat, r):
+    """Region r of a batch (host memory) as a numpy uint8 array, kept."""
     import numpy as np
-    whole = np.ctypeslib.as_array((ctypes.c_uint8 * base_len).from_address(base)) if base_len else None
-    for (data, nbytes, _, d0, ndim, dev, no, nl, _, dt) in _lib.TENSOR.iter_unpack(recs):
-        name = names[no:no + nl].decode()
-        shape = tuple(dims[d0:d0 + ndim])
-        wire = dt.rstrip(b"\0").decode()
-        npdt = np.dtype(_NUMPY_OF[wire])
-        if nbytes == 0:
-            arr = np.empty(shape, dtype=npdt)
-        elif whole is not None and base <= data and data + nbytes <= base + base_len:
-            arr = whole[data - base:data - base + nbytes].view(npdt).reshape(shape)
-        else:
-            arr = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(data)).view(npdt).reshape(shape)
-        yield name, (_as_torch(arr, wire, torch) if torch is not None else arr)
+    base, length, _ = key = _key(rflat, r)
+    k = key + ("numpy",)
+    a = regions.get(k)
+    if a is None:
+        if len(regions) >= _MAX_REGIONS:
+            regions.clear()
+        a = regions[k] = np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(base))
+    return a
+
+
+def _numpy_view(r, o, k, wire, shape, rflat, regions):
+    """One host view as a numpy array (BF16 as raw uint16, FP8 as uint8)."""
+    import numpy as np
+    npdt = np.dtype(_NUMPY_OF[wire])
+    if k == 0 or r < 0:
+        return np.empty(shape, dtype=npdt)
+    return _numpy_region(regions, rflat, r)[o:o + k].view(npdt).reshape(shape)
+
+
+def _numpy_views(names, reg, off, nbytes, code, ndim, dim0, dims, rflat, regions):
+    """_views without torch: numpy arrays of host buckets."""
+    for r in set(reg):
+        if r >= 0 and rflat[r * _lib.REGION_WORDS + 2] >= 0:
+            raise Error("this receiver's buckets are on a GPU: import torch to take its tensors as torch CUDA tensors")
+    wires = {c: _wire(c) for c in set(code)}
+    return names, [_numpy_view(reg[i], off[i], nbytes[i], wires[code[i]], dims[dim0[i]:dim0[i] + ndim[i]], rflat, regions)
+                   for i in range(len(names))]

@@ -35,6 +35,33 @@ class Batch(ctypes.Structure):
     ]
 
 
+# struct wc_view: region, offset, nbytes, dtype[8], ndim, dims, name,
+# name_len — eight 8-byte fields, read as int64 columns (the dtype as the
+# integer of its 8 NUL-padded bytes, little-endian); struct wc_region:
+# base, len, device, pad.
+VIEW_WORDS, REGION_WORDS = 8, 4
+
+
+class Views(ctypes.Structure):
+    _fields_ = [
+        ("views", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("regions", ctypes.c_void_p),
+        ("nregions", ctypes.c_int64),
+        ("names", ctypes.c_void_p),
+        ("names_len", ctypes.c_int64),
+        ("dims", ctypes.c_void_p),
+        ("ndims", ctypes.c_int64),
+        ("version", ctypes.c_uint64),
+        ("index", ctypes.c_int64),
+    ]
+
+
+def dtype_code(wire):
+    """The integer a wc_view's dtype field reads as for a wire dtype."""
+    return int.from_bytes(wire.encode().ljust(8, b"\0"), "little", signed=True)
+
+
 _lib = None
 _lock = threading.Lock()
 
@@ -63,6 +90,7 @@ def lib():
                 "wc_receive": ([i64], ctypes.c_int),
                 "wc_receive_into": ([i64, vp, i64, vp, i64, vp, i64], ctypes.c_int),
                 "wc_next": ([i64, u64, i32, ctypes.POINTER(Batch)], ctypes.c_int),
+                "wc_next_views": ([i64, u64, i32, ctypes.POINTER(Views)], ctypes.c_int),
                 "wc_abort": ([i64, cp], ctypes.c_int),
                 "wc_interrupt": ([cp], ctypes.c_int),
                 "wc_committed": ([i64, ctypes.POINTER(u64)], ctypes.c_int),
