@@ -28,6 +28,11 @@ import (
 // bucket that completes it; those buffers are kept for the next rounds and
 // freed by Close. A bucket that completes no tensor is not handed over.
 //
+// A direct bucket (read where it lies in the sender's memory: stages/direct.go)
+// is handed over where it lies, its checksum checked there first
+// (stages.InPlaceReader): its views are device ranges of the sender's
+// allocations mapped here, valid, like any view, until Release.
+//
 // Every wait is bounded by the receiver's context and by the timeout given
 // to NewViews: a consumer that does not take a batch, or holds one longer,
 // fails the round with an error naming the bucket.
@@ -98,6 +103,13 @@ func NewViews(host mem.Device, timeout time.Duration) *Views {
 	}
 	return &Views{host: host, timeout: timeout, batches: make(chan *Batch), parts: map[string]part{}}
 }
+
+// ReadsInPlace reports that Views takes direct buckets' views where they
+// lie in the sender's memory (stages.InPlaceReader): its consumer copies them
+// out itself.
+func (v *Views) ReadsInPlace() bool { return true }
+
+var _ stages.InPlaceReader = (*Views)(nil)
 
 // Batches returns the channel each bucket's batch is sent on. It is never
 // closed: a consumer selects on it and on the end of the receiver's round.

@@ -55,14 +55,21 @@ func Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.En
 // Receive adds the stage that Receive adds, with the Loader's mappings of
 // the sender's memory and GPU state, for the Loader's Load stage into sink:
 // where sink is one DeviceTarget, direct buckets are left where they lie,
-// for Load to copy into it from there.
+// for Load to copy into it from there; where it is one InPlaceReader, they
+// are left there too, their checksums summed there by this stage.
 func (ld *Loader) Receive(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, sink Sink) *pipeline.Stream[*Bucket] {
 	return receiveStage(p, in, ep, ld, sink)
 }
 
 func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transport.Endpoint, ld *Loader, sink Sink) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "receive", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
-		inPlace := ld != nil && fusedTarget(sink) != nil
+		use := directGather
+		switch {
+		case ld != nil && fusedTarget(sink) != nil:
+			use = directLeave
+		case ld != nil && readsInPlace(sink):
+			use = directSum
+		}
 		lender, lends := ep.(transport.Lender)
 		lends = lends && lender.Lends()
 		if ld == nil {
@@ -73,7 +80,7 @@ func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transpo
 			var err error
 			switch {
 			case b.Meta.Direct != nil:
-				err = ld.receiveDirect(ctx, b, inPlace)
+				err = ld.receiveDirect(ctx, b, use)
 			case lends && b.Meta.Length > 0:
 				err = borrow(ctx, b, lender)
 			default:

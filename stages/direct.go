@@ -341,3 +341,77 @@ func (c *gpuCopier) gatherDirect(ctx context.Context, b *Bucket, srcs []directVi
 	}
 	return nil
 }
+
+// InPlaceReader is a Sink that takes the device views of a direct bucket
+// where they lie in the sender's memory rather than gathered into this
+// rank's bucket first: one whose consumer copies every view out itself
+// (sink.Views, for receive() loops that copy into a rollout engine's
+// parameters), so that a gather would only add a copy of the model. When
+// the round's sink is one that says so, the receive stage leaves direct
+// buckets in place and sums them there, in a pass that only reads the
+// entries (gpu.Gather.CopySumLayout without destinations, as the sender
+// computed the sum), and unpack checks that sum before the sink sees any
+// view: a changed byte fails the round naming the bucket's tensors before
+// the consumer gets one. The sender's tensors stay unchanged until its
+// Sync returns (direct rounds' rule), which covers the consumer's reads.
+type InPlaceReader interface {
+	Sink
+	// ReadsInPlace reports whether the sink takes direct buckets' views
+	// in place.
+	ReadsInPlace() bool
+}
+
+// readsInPlace reports whether sink's one leaf is an InPlaceReader that
+// takes views in place.
+func readsInPlace(sink Sink) bool {
+	ls := leaves(sink)
+	if len(ls) != 1 {
+		return false
+	}
+	r, ok := ls[0].(InPlaceReader)
+	return ok && r.ReadsInPlace()
+}
+
+// directUse says what the receive stage does with a direct bucket.
+type directUse int
+
+const (
+	// directGather: gathered into this rank's buffer, its checksum
+	// computed in the same pass (gatherDirect).
+	directGather directUse = iota
+	// directLeave: left where it lies for load's copies into the
+	// round's one DeviceTarget, which compute its checksum.
+	directLeave
+	// directSum: left where it lies for an InPlaceReader, its checksum
+	// read there (sumInPlace).
+	directSum
+)
+
+// sumInPlace queues the checksum of direct bucket b as pack would fill it,
+// read from its entries where they lie (srcs) without copying them, when
+// b has one; b then carries it for unpack to check, which waits for it.
+func (c *gpuCopier) sumInPlace(ctx context.Context, b *Bucket, srcs []directView) error {
+	m := &b.Meta
+	if !m.HasChecksum {
+		return nil
+	}
+	var l gpu.Layout
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		if e.Size == 0 {
+			continue
+		}
+		from, ok := gpu.Address(srcs[i].buf)
+		if !ok {
+			return fmt.Errorf("bucket %d: tensor %q: the sender's memory is not mapped here", m.Seq, e.Name)
+		}
+		l.Add(e.Offset, from+uint64(srcs[i].off), e.Size, 0)
+	}
+	ps, err := c.gather.CopySumLayout(ctx, &l, m.Length, c.sums)
+	if err != nil {
+		return fmt.Errorf("bucket %d: the checksum of the sender's memory: %w", m.Seq, err)
+	}
+	b.sum = ps
+	b.whenReleased(ps.Close)
+	return nil
+}

@@ -26,8 +26,9 @@ import (
 //     to them (copyToTarget);
 //   - receive maps the sender's memory that direct buckets lie in (the
 //     mappings, direct.go) and, unless load copies from there itself,
-//     gathers them into this rank's buffer with another gpuCopier
-//     (receiveDirect).
+//     gathers them into this rank's buffer with another gpuCopier, or, for
+//     a sink that reads them in place (InPlaceReader), sums them there
+//     with it (receiveDirect, sumInPlace).
 //
 // Host buckets need none of it: each stage's host branch stays in the
 // stage's file, its device branch calls into this one. A Receiver owns one
@@ -214,11 +215,12 @@ func copierFor(c **gpuCopier, buf mem.Buffer) (*gpuCopier, error) {
 }
 
 // receiveDirect makes direct bucket b's entries reachable here: it maps
-// the sender's allocations they lie in and, when inPlace (the round's
-// sink is one DeviceTarget, which load copies into from there), leaves
-// them where they lie (b.srcs); otherwise it gathers them into b's own
-// buffer, its checksum computed in the same pass for unpack to check.
-func (ld *Loader) receiveDirect(ctx context.Context, b *Bucket, inPlace bool) error {
+// the sender's allocations they lie in and, as use says, leaves them where
+// they lie (b.srcs) for load's copies into the round's one DeviceTarget;
+// leaves them there with their checksum queued, read there, for unpack to
+// check (the round's sink is one InPlaceReader); or gathers them into b's
+// own buffer, the checksum computed in the same pass for unpack to check.
+func (ld *Loader) receiveDirect(ctx context.Context, b *Bucket, use directUse) error {
 	m := &b.Meta
 	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "direct": true})
 	defer span.End()
@@ -232,7 +234,7 @@ func (ld *Loader) receiveDirect(ctx context.Context, b *Bucket, inPlace bool) er
 	}
 	mp := ld.maps
 	var c *gpuCopier
-	if !inPlace {
+	if use != directLeave {
 		c, err = copierFor(&ld.gathering, b.Buf)
 	}
 	ld.mu.Unlock()
@@ -246,9 +248,13 @@ func (ld *Loader) receiveDirect(ctx context.Context, b *Bucket, inPlace bool) er
 	if err != nil {
 		return err
 	}
-	if inPlace {
+	switch use {
+	case directLeave:
 		b.srcs = srcs
 		return nil
+	case directSum:
+		b.srcs = srcs
+		return c.sumInPlace(ctx, b, srcs)
 	}
 	span.Args(map[string]any{"bytes": m.Length}) // the span timed the copies
 	return c.gatherDirect(ctx, b, srcs)

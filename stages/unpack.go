@@ -28,8 +28,11 @@ import (
 // round that fails after reaching an in-place sink. A direct bucket (read
 // where it lies in the sender's memory, see direct.go) is checked the same
 // ways: from the sum that receive's copies computed when it gathered the
-// bucket into this rank's buffer, or, left in place for load to copy into
-// a DeviceTarget, by load's copies.
+// bucket into this rank's buffer; left in place for load to copy into a
+// DeviceTarget, by load's copies; or, left in place for an InPlaceReader
+// (Views, whose consumer copies the views out itself), from a sum receive
+// computed there in a pass that only reads the entries, checked here
+// before the sink sees any of them.
 //
 // With a group secret every bucket's MAC is checked here too, before any
 // sink sees it, even where its checksum is left to load (mac.go). Such a
@@ -156,13 +159,10 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 	u := &Unpacked{Bucket: b, Views: make([]View, len(m.Entries))}
 	switch {
 	case !m.HasChecksum:
-	case b.srcs != nil:
-		// Left where it lies in the sender's memory for load to copy
-		// (receiveDirect): only load's copies read it.
-		u.sumAtLoad = true
 	case b.sum != nil:
 		// Gathered from the sender's memory by receive, which computed
-		// the checksum in the same pass.
+		// the checksum in the same pass, or left there for an
+		// InPlaceReader with the checksum read there by receive.
 		got, err := b.sum.Wait(ctx)
 		if err == nil {
 			err = verifySum(m, got)
@@ -170,6 +170,10 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 		if err != nil {
 			return nil, err
 		}
+	case b.srcs != nil:
+		// Left where it lies in the sender's memory for load to copy
+		// (receiveDirect): only load's copies read it.
+		u.sumAtLoad = true
 	case c.checkAtLoad(b):
 		u.sumAtLoad = true
 	default:
@@ -198,7 +202,7 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 		switch {
 		case data != nil:
 			u.Views[i] = View{Entry: e, Data: data[e.Offset : e.Offset+e.Size]}
-		case b.srcs != nil:
+		case b.srcs != nil && b.srcs[i].buf != nil:
 			u.Views[i] = View{Entry: e, Device: b.srcs[i].buf, Offset: b.srcs[i].off}
 		default:
 			u.Views[i] = View{Entry: e, Device: b.Buf, Offset: e.Offset}

@@ -470,8 +470,11 @@ class Receiver(_Rank):
         received bucket — torch CUDA tensors when the buckets are on a GPU;
         on a host numpy arrays, or torch CPU tensors when torch is imported
         (BF16 and FP8 come as raw uint16 / uint8 numpy arrays, or as their
-        torch dtypes). A view is valid until the generator moves past its
-        bucket; the bucket is reused only after the work queued on the
+        torch dtypes). On the sender's GPU (ipc) the views are of the
+        sender's tensors themselves, read in place, each bucket's checksum
+        checked there before its first view is handed out. A view is valid
+        until the generator moves past its bucket; the bucket (or the
+        sender's tensors) is reused only after the work queued on the
         current stream until then has finished. Leaving the generator
         before its end aborts the round on every rank. After the round,
         ``version`` is the committed version.
