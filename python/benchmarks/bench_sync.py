@@ -14,7 +14,14 @@ receivers copying into their own parameters:
 Each reports the median of 3 timed rounds after one warm-up round, in GB/s
 of model bytes per round. Prints one JSON line.
 
-    python3 benchmarks/bench_sync.py            # the demo binary: $WEIGHTCAST_DEMO, else ../demo
+With --receive, the weightcast run's receivers also take rounds through
+the receive() loop a rollout engine's load_weights runs (`for name, t in
+r.receive(): params[name].copy_(t)`), interleaved round by round with
+load_into in the same processes, and the line adds receive_gbps and
+receive_vs_load_into (target: at least 0.9). --no-peers leaves out the demo
+and the plain-PyTorch peer.
+
+    python3 benchmarks/bench_sync.py [--receive] [--no-peers]   # the demo binary: $WEIGHTCAST_DEMO, else ../demo
 """
 
 import json
@@ -40,7 +47,11 @@ def model(torch, seed, count=TENSORS):
             for i in range(count)}
 
 
-def weightcast_worker():
+def weightcast_worker(modes):
+    """One rank of the weightcast runs: ROUNDS rounds for each receiver
+    mode of modes, interleaved (round v takes mode modes[(v - 1) % len]),
+    so that the modes meet the same machine state; the sender prints each
+    round's time."""
     import torch
 
     import weightcast
@@ -48,10 +59,11 @@ def weightcast_worker():
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(0)
     params = model(torch, rank)
+    rounds = ROUNDS * len(modes)
     if rank == 0:
         with weightcast.Sender(device="cuda:0", bucket=BUCKET, transport="ipc") as s:
             times = []
-            for v in range(1, ROUNDS + 1):
+            for v in range(1, rounds + 1):
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 s.send(params.items(), v)
@@ -59,8 +71,14 @@ def weightcast_worker():
             print(json.dumps({"seconds": times}), flush=True)
     else:
         with weightcast.Receiver(device="cuda:0", bucket=BUCKET, transport="ipc") as r:
-            for _ in range(ROUNDS):
-                r.load_into(params)
+            for v in range(1, rounds + 1):
+                if modes[(v - 1) % len(modes)] == "receive":
+                    # The loop a rollout engine's load_weights runs.
+                    with torch.no_grad():
+                        for name, t in r.receive():
+                            params[name].copy_(t)
+                else:
+                    r.load_into(params)
             torch.cuda.synchronize()
             want = model(torch, 0, 2)
             ok = all(torch.equal(params[n], w) for n, w in want.items())
@@ -148,9 +166,19 @@ def rate(seconds):
 
 
 def main():
-    out = launch(os.path.abspath(__file__), 1 + RECEIVERS)
-    wc = rate(out[0][0]["seconds"])
+    modes = ["load_into", "receive"] if "--receive" in sys.argv else ["load_into"]
+    out = launch(os.path.abspath(__file__), 1 + RECEIVERS, [",".join(modes)])
+    seconds = out[0][0]["seconds"]
+    by_mode = {m: seconds[i::len(modes)] for i, m in enumerate(modes)}
+    wc = rate(by_mode["load_into"])
     checked = all(lines[0]["ok"] for lines in out[1:])
+    extra = {}
+    if "receive" in by_mode:
+        rc = rate(by_mode["receive"])
+        extra = dict(receive_gbps=round(rc, 1), receive_vs_load_into=round(rc / wc, 3), receive_target=0.9)
+    if "--no-peers" in sys.argv:
+        emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, weightcast_gbps=round(wc, 1), receivers_checked=checked, **extra)
+        return
 
     demo = os.environ.get("WEIGHTCAST_DEMO") or os.path.join(HERE, "..", "..", "demo")
     res = subprocess.run([demo, "--transport", "ipc", "--ranks", str(1 + RECEIVERS), "--size", str(TOTAL), "--tensors", str(TENSORS),
@@ -168,12 +196,12 @@ def main():
     emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, weightcast_gbps=round(wc, 1), receivers_checked=checked,
          demo_gbps=demo_gbps and round(demo_gbps, 1), vs_demo=demo_gbps and round(wc / demo_gbps, 3), demo_target=0.95,
          torch_peer_gbps=round(torch_gbps, 1), vs_torch_peer=round(wc / torch_gbps, 3),
-         demo_error=None if res.returncode == 0 else res.stderr[-1000:])
+         demo_error=None if res.returncode == 0 else res.stderr[-1000:], **extra)
 
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        weightcast_worker()
+        weightcast_worker(sys.argv[sys.argv.index("--worker") + 1].split(","))
     elif "--torch-peer" in sys.argv:
         print(json.dumps({"seconds": torch_peer()}), flush=True)
     else:
