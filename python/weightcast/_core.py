@@ -396,20 +396,22 @@ def _describe(named_tensors):
             else:
                 dev, stream = -1, 0
             shape = t.shape
+            nd, nl = len(shape), len(nb)
             # Tensor.nbytes is missing on torch 1.13's Parameters.
-            recs += pack(t.data_ptr(), w[1] * t.numel(), stream, d0, len(shape), dev, n0, len(nb),
+            recs += pack(t.data_ptr(), w[1] * t.numel(), stream, d0, nd, dev, n0, nl,
                          0 if t.is_contiguous() else strided, w[0])
         elif isinstance(t, ndarray):
             wire = npdt.get(t.dtype) or t.dtype.name.encode()
             shape = t.shape
-            recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, d0, len(shape), -1, n0, len(nb),
+            nd, nl = len(shape), len(nb)
+            recs += pack(t.ctypes.data if t.nbytes else 0, t.nbytes, 0, d0, nd, -1, n0, nl,
                          0 if t.flags.c_contiguous else strided, wire)
         else:
             raise ConfigError(f"tensor {name!r} is a {type(t).__name__}; send torch tensors or numpy arrays")
         names += nb
         add_dims(shape)
-        d0 += len(shape)
-        n0 += len(nb)
+        d0 += nd
+        n0 += nl
     return recs, names, dims, keep
 
 
