@@ -21,7 +21,11 @@
 // over a point-to-point transport (transport.Pairs); the receiver checks
 // the seal before it writes any run into its local tensors ([Dest]). Each
 // pair has its own two buffers on both ends, so packing the next bucket
-// overlaps moving this one, and no pair waits for another's buffers.
+// overlaps moving this one, and no pair waits for another's buffers; a
+// receiver on the sender's GPU borrows the sender's buffer instead of
+// copying the bucket into one of its own (transport.Borrower). Segments
+// start on 8-byte words of their bucket, so that the GPU checksums a
+// bucket in the copies that fill it.
 //
 // The commit is the broadcast's: every rank acknowledges the round's
 // start message only once its part is done (a sender's buckets all sent,

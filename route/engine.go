@@ -14,11 +14,10 @@ import (
 // receiver's local tensors. Each pair stage has its own (a device engine
 // holds a stream), used by one goroutine at a time.
 type engine interface {
-	// pack fills buf's payload with b's segments out of held.
-	pack(ctx context.Context, buf mem.Buffer, b *Bucket, held []mem.Buffer) error
-	// seal writes the payload's seal after it, once the payload is in
-	// place; the bucket may be sent when it returns.
-	seal(ctx context.Context, s sealer, buf mem.Buffer, n int, version uint64, from, to int, seq uint64) error
+	// pack fills buf's payload with b's segments out of held and writes
+	// its seal after it (bucket seq of the pair from → to in round
+	// version); the bucket may be sent when it returns.
+	pack(ctx context.Context, s sealer, buf mem.Buffer, b *Bucket, held []mem.Buffer, version uint64, from, to int, seq uint64) error
 	// check verifies the seal after buf's payload of n bytes.
 	check(ctx context.Context, s sealer, buf mem.Buffer, n int, version uint64, from, to int, seq uint64) error
 	// unpack copies b's segments out of buf into local; buf may be reused
@@ -42,16 +41,15 @@ func newEngine(dev mem.Device) (engine, error) {
 // hostEngine is the engine of host memory: Go copies and the CPU's sums.
 type hostEngine struct{}
 
-func (hostEngine) pack(_ context.Context, buf mem.Buffer, b *Bucket, held []mem.Buffer) error {
+func (hostEngine) pack(_ context.Context, s sealer, buf mem.Buffer, b *Bucket, held []mem.Buffer, version uint64, from, to int, seq uint64) error {
 	h := buf.Host()
+	end := int64(0)
 	for _, seg := range b.Segments {
+		clear(h[end:seg.Off]) // the gap before an 8-byte-aligned segment
 		copy(h[seg.Off:seg.Off+seg.Len], held[seg.Held].Host()[seg.Src:seg.Src+seg.Len])
+		end = seg.Off + seg.Len
 	}
-	return nil
-}
-
-func (hostEngine) seal(_ context.Context, s sealer, buf mem.Buffer, n int, version uint64, from, to int, seq uint64) error {
-	h := buf.Host()
+	n := int(b.Bytes)
 	copy(h[n:], s.compute(h[:n], version, from, to, seq))
 	return nil
 }

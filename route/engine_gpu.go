@@ -42,7 +42,7 @@ func (e *gpuEngine) addr(b mem.Buffer, what string) (uint64, error) {
 	return p, nil
 }
 
-func (e *gpuEngine) pack(ctx context.Context, buf mem.Buffer, b *Bucket, held []mem.Buffer) error {
+func (e *gpuEngine) pack(ctx context.Context, s sealer, buf mem.Buffer, b *Bucket, held []mem.Buffer, version uint64, from, to int, seq uint64) error {
 	dst, err := e.addr(buf, "a bucket")
 	if err != nil {
 		return err
@@ -55,7 +55,48 @@ func (e *gpuEngine) pack(ctx context.Context, buf mem.Buffer, b *Bucket, held []
 		}
 		e.batch.Add(dst+uint64(seg.Off), src+uint64(seg.Src), seg.Len)
 	}
-	return e.gather.Copy(ctx, &e.batch)
+	n := int(b.Bytes)
+	if s.keys == nil && s.checksum {
+		// The checksum as the copies write the bucket: no pass of its own.
+		if e.sums == nil {
+			if e.sums, err = e.s.NewChecksummer(); err != nil {
+				return err
+			}
+		}
+		p, err := e.gather.CopySum(ctx, &e.batch, gpu.SumOf{Buf: buf, N: int64(n), Side: gpu.SumDst, Sums: e.sums})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		sum, err := p.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		return e.writeSeal(ctx, buf, n, s.fromDigest(sum, mac.Tag{}, version, from, to, n, seq))
+	}
+	if err := e.gather.Copy(ctx, &e.batch); err != nil {
+		return err
+	}
+	var seal []byte
+	if s.size() > 0 {
+		sum, tag, err := e.digest(ctx, s, buf, n)
+		if err != nil {
+			return err
+		}
+		seal = s.fromDigest(sum, tag, version, from, to, n, seq)
+	}
+	return e.writeSeal(ctx, buf, n, seal)
+}
+
+// writeSeal writes seal after the payload and waits for the stream: the
+// bucket is whole before it is sent.
+func (e *gpuEngine) writeSeal(ctx context.Context, buf mem.Buffer, n int, seal []byte) error {
+	if len(seal) > 0 {
+		if err := e.s.CopyHtoD(buf, n, seal); err != nil {
+			return err
+		}
+	}
+	return e.s.Sync(ctx)
 }
 
 // digest computes what the seal covers of buf's payload on the GPU: the
@@ -89,19 +130,6 @@ func (e *gpuEngine) digest(ctx context.Context, s sealer, buf mem.Buffer, n int)
 	defer p.Close()
 	sum, err = p.Wait(ctx)
 	return sum, tag, err
-}
-
-func (e *gpuEngine) seal(ctx context.Context, s sealer, buf mem.Buffer, n int, version uint64, from, to int, seq uint64) error {
-	if s.size() > 0 {
-		sum, tag, err := e.digest(ctx, s, buf, n)
-		if err != nil {
-			return err
-		}
-		if err := e.s.CopyHtoD(buf, n, s.fromDigest(sum, tag, version, from, to, n, seq)); err != nil {
-			return err
-		}
-	}
-	return e.s.Sync(ctx) // the bucket is whole before it is sent
 }
 
 func (e *gpuEngine) check(ctx context.Context, s sealer, buf mem.Buffer, n int, version uint64, from, to int, seq uint64) error {

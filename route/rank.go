@@ -410,14 +410,22 @@ func (m *member) Close() error {
 }
 
 // item is one bucket between a pair's two stages; Release returns its
-// buffer.
+// buffer: to the pool, or, for a bucket borrowed from the sender, to the
+// sender (lent).
 type item struct {
 	buf  mem.Buffer
 	pool *stages.Pool
+	lent func(error) error
 	seq  uint64
 	n    int // payload bytes
 	b    *Bucket
 }
 
-func (it *item) Release()        { it.pool.Put(it.buf) }
+func (it *item) Release() {
+	if it.lent != nil {
+		it.lent(nil)
+		return
+	}
+	it.pool.Put(it.buf)
+}
 func (it *item) ByteSize() int64 { return int64(it.n) }

@@ -8,6 +8,8 @@ import (
 	"github.com/weightcast/weightcast/layout"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
+	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 )
 
 // Dest is where a receiver's rounds land: its local tensors.
@@ -94,11 +96,16 @@ func (r *Receiver) receive(ctx context.Context, sc *Schedule, version uint64, de
 	}
 	p := pipeline.New(fmt.Sprintf("route receive v%d", version), tracing(m.cfg)...)
 	for _, st := range sc.Streams {
-		pool, err := m.pool(st.Sender)
-		if err != nil {
-			return nil, err
-		}
 		from, first := st.Sender, m.next[st.Sender]
+		borrow, _ := m.cfg.Pairs.(transport.Borrower)
+		borrows := borrow != nil && borrow.Borrows(from) && m.cfg.Device.Kind() != mem.KindHost
+		var pool *stages.Pool // a pair that borrows the sender's buckets has no buffers of its own
+		if !borrows {
+			var err error
+			if pool, err = m.pool(from); err != nil {
+				return nil, err
+			}
+		}
 		checker, err := m.engine(fmt.Sprintf("recv ←%d", from))
 		if err != nil {
 			return nil, err
@@ -110,17 +117,32 @@ func (r *Receiver) receive(ctx context.Context, sc *Schedule, version uint64, de
 		got := pipeline.Source(p, fmt.Sprintf("recv ←%d", from), 1, func(ctx context.Context, out *pipeline.Output[*item]) error {
 			for i := range st.Buckets {
 				b := &st.Buckets[i]
-				buf, err := pool.Get(ctx)
-				if err != nil {
-					return err
+				it := &item{seq: first + uint64(i), n: int(b.Bytes), b: b}
+				if borrows {
+					// The bucket is read where it lies in the sender's
+					// buffer, which the sender reuses once it is released.
+					buf, lent, err := borrow.Borrow(ctx, from, it.seq, it.n+m.seal.size())
+					if err != nil {
+						return err
+					}
+					it.buf, it.lent = buf, lent
+				} else {
+					buf, err := pool.Get(ctx)
+					if err != nil {
+						return err
+					}
+					it.buf, it.pool = buf, pool
+					if err := m.cfg.Pairs.Recv(ctx, from, it.seq, buf, it.n+m.seal.size()); err != nil {
+						it.Release()
+						return err
+					}
 				}
-				it := &item{buf: buf, pool: pool, seq: first + uint64(i), n: int(b.Bytes), b: b}
-				if err := m.cfg.Pairs.Recv(ctx, from, it.seq, buf, it.n+m.seal.size()); err != nil {
-					it.Release()
-					return err
-				}
-				if err := checker.check(ctx, m.seal, buf, it.n, version, from, m.cfg.Rank, it.seq); err != nil {
-					it.Release()
+				if err := checker.check(ctx, m.seal, it.buf, it.n, version, from, m.cfg.Rank, it.seq); err != nil {
+					if it.lent != nil {
+						it.lent(err)
+					} else {
+						it.Release()
+					}
 					return fmt.Errorf("%w (it carries %s)", err, segmentNames(sc, b))
 				}
 				pipeline.CountBytes(ctx, int64(it.n))

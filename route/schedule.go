@@ -20,7 +20,7 @@ type Segment struct {
 }
 
 // Bucket is one bucket of a pair's stream: its segments and the bytes
-// they fill (before the seal).
+// they span (before the seal), the gaps between them included.
 type Bucket struct {
 	Segments []Segment
 	Bytes    int64
@@ -112,21 +112,27 @@ func NewSchedule(p *plan.Plan, rank, senders int, capacity int64) (*Schedule, er
 }
 
 // add appends run (a segment without its bucket offset) to the stream's
-// buckets, splitting it where a bucket fills.
+// buckets, splitting it where a bucket fills. Each segment starts on an
+// 8-byte word of its bucket (the GPU's fused copy and checksum needs it);
+// the bytes between segments are the bucket's, sent and sealed with it.
 func (st *Stream) add(run Segment, capacity int64) {
 	for run.Len > 0 {
-		if len(st.Buckets) == 0 || st.Buckets[len(st.Buckets)-1].Bytes == capacity {
+		if len(st.Buckets) == 0 || align8(st.Buckets[len(st.Buckets)-1].Bytes) >= capacity {
 			st.Buckets = append(st.Buckets, Bucket{})
 		}
 		b := &st.Buckets[len(st.Buckets)-1]
 		seg := run
-		seg.Len, seg.Off = min(run.Len, capacity-b.Bytes), b.Bytes
+		seg.Off = align8(b.Bytes)
+		seg.Len = min(run.Len, capacity-seg.Off)
 		b.Segments = append(b.Segments, seg)
-		b.Bytes += seg.Len
+		b.Bytes = seg.Off + seg.Len
 		st.Bytes += seg.Len
 		run.Src, run.Dst, run.Len = run.Src+seg.Len, run.Dst+seg.Len, run.Len-seg.Len
 	}
 }
+
+// align8 rounds n up to a multiple of 8.
+func align8(n int64) int64 { return (n + 7) &^ 7 }
 
 // sortStreams orders streams by peer rank.
 func sortStreams(ss []*Stream, sending bool) {

@@ -93,10 +93,7 @@ func (s *Sender) send(ctx context.Context, sc *Schedule, version uint64, shards 
 					return err
 				}
 				it := &item{buf: buf, pool: pool, seq: first + uint64(i), n: int(b.Bytes), b: b}
-				if err := eng.pack(ctx, buf, b, data); err == nil {
-					err = eng.seal(ctx, m.seal, buf, it.n, version, m.cfg.Rank, to, it.seq)
-				}
-				if err != nil {
+				if err := eng.pack(ctx, m.seal, buf, b, data, version, m.cfg.Rank, to, it.seq); err != nil {
 					it.Release()
 					return err
 				}

@@ -29,6 +29,21 @@ type Pairs interface {
 	Close() error
 }
 
+// Borrower is implemented by Pairs whose receivers can read a bucket where
+// it lies in the sender's memory instead of copying it into their own
+// (ipc, on the sender's GPU): one copy of the round fewer per receiver.
+type Borrower interface {
+	// Borrows reports whether Borrow serves the pair with sender from.
+	Borrows(from int) bool
+	// Borrow waits, as Recv does, for bucket seq of n bytes from sender
+	// from and returns memory this rank's GPU can read holding them, and
+	// release, which tells the sender that this rank reads it no more
+	// (release(nil), once every copy out of it has finished) or that the
+	// bucket failed (release(err)); only the first call counts. The
+	// sender's Send returns once the bucket is released.
+	Borrow(ctx context.Context, from int, seq uint64, n int) (buf mem.Buffer, release func(error) error, err error)
+}
+
 // PairsOpener opens a rank's side of a point-to-point transport.
 type PairsOpener func(ctx context.Context, cfg Config) (Pairs, error)
 

@@ -132,6 +132,27 @@ func (p *pairsOf) Recv(ctx context.Context, from int, seq uint64, buf mem.Buffer
 	return p.rename(ep.Broadcast(ctx, seq, buf, n), from)
 }
 
+// Borrows reports whether the pair with sender from lends its buckets
+// (its endpoint is a Lender that lends: ipc on the sender's GPU).
+func (p *pairsOf) Borrows(from int) bool {
+	l, ok := p.eps[from].(Lender)
+	return ok && !p.sending && l.Lends()
+}
+
+// Borrow is the pair's Lend on its receiver.
+func (p *pairsOf) Borrow(ctx context.Context, from int, seq uint64, n int) (mem.Buffer, func(error) error, error) {
+	ep, err := p.endpoint("borrow", from)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, ok := ep.(Lender)
+	if !ok || p.sending || !l.Lends() {
+		return nil, nil, fmt.Errorf("transport: the pair with rank %d does not lend its buckets (Borrows says so)", from)
+	}
+	buf, release, err := l.Lend(ctx, seq, n)
+	return buf, release, p.rename(err, from)
+}
+
 // rename restates a pair endpoint's *Error in the routed group's ranks:
 // this rank and peer, rather than the pair's ranks 0 and 1.
 func (p *pairsOf) rename(err error, peer int) error {

@@ -5,6 +5,9 @@ tensor-parallel shard (TP 4), over ipc; every process on cuda:0.
   check  a transformers Llama (random weights, bf16): after each of 3
          updates every rollout rank's shards equal the slices of the full
          weights that vLLM's TP slicing gives its rank (sizes checked too);
+         the trainer ranks hand their shards as (name, local, shape,
+         offsets), then, a second run, as DTensors sharded along dim 0
+         (torch.distributed.tensor on a gloo group, FSDP2's placement);
   rate   a synthetic 8 GiB bf16 model (64 tensors of 64 Mi elements, 8192 x
          8192 rows named as Llama projections): the routed round against
          the broadcast of the whole model from one sender to 4 receivers
@@ -68,6 +71,20 @@ def shards(torch, full, rank):
     return out
 
 
+def dtensors(torch, full, rank):
+    """(name, DTensor) items: each weight sharded along dim 0 over the
+    senders by torch.distributed.tensor (FSDP2's placement), on a gloo
+    group of the senders, local shards on the CPU (the library copies them
+    to the rank's GPU)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+    if not dist.is_initialized():
+        port = int(os.environ["MASTER_PORT"]) + 1
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=SENDERS)
+    mesh = DeviceMesh("cpu", list(range(SENDERS)))
+    return [(n, distribute_tensor(t.cpu(), mesh, [Shard(0)])) for n, t in full.items()]
+
+
 def expected(name, shape, r, kv_heads):
     """The slice vLLM's TP slicing gives TP rank r of TP of a Llama tensor."""
     whole = tuple(slice(0, d) for d in shape)
@@ -123,14 +140,14 @@ def worker(mode, how):
         cfg, full = make(1)
         kv, heads = cfg.num_key_value_heads, cfg.num_attention_heads
         if rank < SENDERS:
-            mine = shards(torch, full, rank)
+            mine = shards(torch, full, rank) if how != "dtensor" else dtensors(torch, full, rank)
     if rank < SENDERS:
         del full
         with weightcast.Sender(device="cuda:0", bucket=ROUTED_BUCKET, transport="ipc", senders=SENDERS) as s:
             times = []
             for v in range(1, rounds + 1):
                 if mode == "check" and v > 1:
-                    mine = shards(torch, make(v)[1], rank)
+                    mine = shards(torch, make(v)[1], rank) if how != "dtensor" else dtensors(torch, make(v)[1], rank)
                 torch.cuda.synchronize()
                 st = s.send(mine, v)
                 # From the moment every rank was in the round to its
@@ -177,6 +194,8 @@ def main():
         out["equal"] = all(rec["equal"] for r in rcv for rec in r)
         out["versions"] = [[rec["version"] for rec in r] for r in rcv]
         out["differ"] = [rec["differ"] for r in rcv for rec in r if rec["differ"]][:3]
+        dt = launch(me, SENDERS + RECEIVERS, [mode, "dtensor"])
+        out["dtensor_equal"] = all(rec["equal"] for lines in dt[SENDERS:] for rec in lines[-1]["rounds"])
     else:
         out["routed_median_s"] = statistics.median(out["routed_seconds"][1:])
         bc = launch(me, RECEIVERS + 1, [mode, "broadcast"])

@@ -53,7 +53,9 @@ def _shards(items, torch, np, wire_of, cuda):
                 shape, offsets = tuple(t.shape), (0,) * len(t.shape)
         device = -1
         if torch is not None and isinstance(t, torch.Tensor):
-            if t.is_cuda and cuda >= 0:
+            if cuda >= 0:
+                if not t.is_cuda:
+                    t = t.to(f"cuda:{cuda}")  # this rank's buckets are on its GPU (ipc, nccl)
                 device = t.get_device()
             elif t.is_cuda:
                 t = t.detach().cpu()  # this rank's buckets are in host memory (tcp)

@@ -13,9 +13,13 @@ const FactNCCL = "weightcast.nccl"
 
 // Descriptor is how nccl describes itself to the registry: buckets on a
 // GPU of each rank's own (NCCL refuses two ranks on one GPU), NCCL
-// loading on every rank, any number of hosts; "auto" tries it first.
+// loading on every rank, any number of hosts; "auto" tries it first. Its
+// point-to-point mode (routed groups) is a two-rank communicator per
+// sender–receiver pair (transport.PairsOf), its broadcast the pair's
+// send and receive: the sender and the receiver of a pair must be on
+// different GPUs, and a rank holds one communicator per peer.
 var Descriptor = transport.Descriptor{
-	Name: Name, Open: Open, Preference: 10,
+	Name: Name, Open: Open, OpenPairs: transport.PairsOf(Open), Preference: 10,
 	DeviceMemory: true, GPUPerRank: true,
 	Facts: func(p transport.Probe) map[string]string {
 		ok := "0"

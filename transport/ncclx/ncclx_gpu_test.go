@@ -172,3 +172,16 @@ func runChild(cfg childConfig) error {
 		return closeComm()
 	})
 }
+
+// TestPairsConformance runs the point-to-point suite on nccl's pairs, the
+// senders on cuda:0 and the receivers on cuda:1 (a pair's two ranks on
+// two GPUs), as goroutines of this process. It needs two GPUs.
+func TestPairsConformance(t *testing.T) {
+	(&transporttest.PairsSuite{Name: Name, Open: Descriptor.OpenPairs, Memory: gputest.CUDAMemory{}, MinDevices: 2,
+		Ordinal: func(rank, senders int) int {
+			if rank < senders {
+				return 0
+			}
+			return 1
+		}}).Run(t)
+}

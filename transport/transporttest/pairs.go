@@ -22,8 +22,12 @@ type PairsSuite struct {
 	Name   string
 	Open   transport.PairsOpener
 	Memory Memory
-	// Ordinal places rank r on a device of Memory (nil: all on 0).
-	Ordinal func(rank int) int
+	// Ordinal places rank r of a group whose ranks below senders send on
+	// a device of Memory (nil: all on 0).
+	Ordinal func(rank, senders int) int
+	// MinDevices is how many devices of Memory the suite needs (a
+	// transport whose pairs cannot share one); fewer skip it.
+	MinDevices int
 }
 
 // Run runs every case of the suite.
@@ -46,13 +50,15 @@ type pairRank struct {
 // buffers of size bytes.
 func (s *PairsSuite) open(t *testing.T, ctx context.Context, senders, world, size int, timeout time.Duration) []*pairRank {
 	t.Helper()
-	s.Memory.Devices(t)
+	if n := s.Memory.Devices(t); n < s.MinDevices {
+		t.Skipf("%s pairs need %d %s devices, %d found", s.Name, s.MinDevices, s.Memory.Name(), n)
+	}
 	cfgs := Configs(fmt.Sprintf("%s-pairs-%d", s.Name, time.Now().UnixNano()), world, timeout)
 	ranks := make([]*pairRank, world)
 	for r := range cfgs {
 		ord := 0
 		if s.Ordinal != nil {
-			ord = s.Ordinal(r)
+			ord = s.Ordinal(r, senders)
 		}
 		dev, err := s.Memory.Open(ord)
 		if err != nil {
