@@ -15,7 +15,10 @@ script then checks, per case:
     rounding bound of the BF16 original;
   - AutoModelForCausalLM.from_pretrained(out, device_map="cuda") builds
     the model with FP8 linear layers (float8_e4m3fn weights) and a BF16
-    embedding and LM head;
+    embedding and LM head; where transformers' FP8 kernels (the `kernels`
+    package) are not installed, its loader is asked to dequantize
+    (FineGrainedFP8Config(dequantize=True)), and its BF16 model must then
+    match weightcast's own dequantization (cosine of logits >= 0.9999);
   - its logits on a fixed batch are close to the BF16 model's: cosine
     similarity at least 0.99, relative L2 error at most 0.15 (FP8
     weights and transformers' dynamic FP8 activations); also reported
@@ -154,11 +157,22 @@ def case(demo, transport, work, tied):
 
     # transformers loads the FP8 checkpoint with FP8 linear layers.
     dev = "cuda"
-    fp8 = from_pretrained(AutoModelForCausalLM, rank1, device_map=dev).eval()
+    try:
+        fp8 = from_pretrained(AutoModelForCausalLM, rank1, device_map=dev).eval()
+        res["loaded_as"], want_q = "fp8", torch.float8_e4m3fn
+    except ImportError as e:
+        # transformers' FP8 matmul kernels are a package of their own
+        # (`kernels`); without it, its loader still reads the checkpoint
+        # (codes, scales, config) and dequantizes it to BF16.
+        from transformers import FineGrainedFP8Config
+        res["fp8_kernels"] = f"{type(e).__name__}: {e}"[:200]
+        fp8 = from_pretrained(AutoModelForCausalLM, rank1, device_map=dev,
+                              quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+        res["loaded_as"], want_q = "dequantized by transformers' FP8 loader (its FP8 kernels are not installed)", torch.bfloat16
     qp = fp8.model.layers[0].self_attn.q_proj
     res["q_proj"] = f"{type(qp).__name__} {qp.weight.dtype}"
     res["lm_head"] = f"{type(fp8.lm_head).__name__} {fp8.lm_head.weight.dtype}"
-    if qp.weight.dtype != torch.float8_e4m3fn or fp8.lm_head.weight.dtype != torch.bfloat16 or \
+    if qp.weight.dtype != want_q or fp8.lm_head.weight.dtype != torch.bfloat16 or \
             fp8.model.embed_tokens.weight.dtype != torch.bfloat16:
         err(f"transformers built q_proj as {res['q_proj']}, lm_head as {res['lm_head']}")
 
@@ -174,6 +188,11 @@ def case(demo, transport, work, tied):
     res["cos"], res["rel"] = (round(v, 5) for v in compare(want, got))
     res["cos_dequantized_bf16"], res["rel_dequantized_bf16"] = (round(v, 5) for v in compare(want, wq))
     res["top1_agree"] = round(float((want.argmax(-1) == got.argmax(-1)).float().mean()), 4)
+    if want_q == torch.bfloat16:
+        # Dequantized by transformers: the same weights as ours, dequantized.
+        res["cos_vs_our_dequantized"], res["rel_vs_our_dequantized"] = (round(v, 6) for v in compare(wq, got))
+        if not res["cos_vs_our_dequantized"] >= 0.9999:
+            err(f"transformers' dequantized model differs from weightcast's dequantization: cosine {res['cos_vs_our_dequantized']}")
     if not (res["cos"] >= 0.99 and res["rel"] <= 0.15):
         err(f"logits: cosine {res['cos']}, relative error {res['rel']} (want >= 0.99, <= 0.15)")
     return res
