@@ -20,6 +20,7 @@ import (
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 )
 
 // config is everything a demo run needs; every rank of a run gets the same
@@ -398,7 +399,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 		if c.rendezvous == "" {
 			return nil, fmt.Errorf("--rank needs --rendezvous etcd://HOST:PORT (or MASTER_ADDR and MASTER_PORT) so the ranks can meet")
 		}
-		if c.transport == "inproc" {
+		if inProcess(c.transport) {
 			return nil, fmt.Errorf("--transport inproc runs every rank in one process; it cannot be used with --rank")
 		}
 		if c.runID == "" && !c.served {
@@ -413,7 +414,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	}
 	if c.rank < 0 && c.ranks > maxLocalRanks {
 		where := "starts one process per rank on this machine"
-		if c.transport == "inproc" {
+		if inProcess(c.transport) {
 			where = "with --transport inproc runs every rank in this process"
 		}
 		return nil, fmt.Errorf("--ranks %d: a local launch %s, at most %d; for more, run ranks on several hosts (--rank, --world-size)", c.ranks, where, maxLocalRanks)
@@ -567,7 +568,7 @@ func (c *config) preflight(transportName string) error {
 			}
 		}
 	}
-	if transportName == "tcp" || transportName == "inproc" {
+	if d, _ := transport.Lookup(transportName); !d.DeviceMemory {
 		avail := memAvailable()
 		if avail <= 0 {
 			avail = memTotal()

@@ -9,19 +9,22 @@ import (
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 	_ "github.com/weightcast/weightcast/transport/ipc"   // registers "ipc"
 	_ "github.com/weightcast/weightcast/transport/ncclx" // registers "nccl"
 	"github.com/weightcast/weightcast/wire"
 )
 
 // rankDevice names the device a rank's buckets live on for a transport,
-// as weightcast.Options.Device: host memory ("cpu") for tcp and inproc, a
-// GPU for ipc and nccl: GPU devices[i mod len(devices)] (all visible GPUs
-// when --devices is empty), where i is the rank for ranks launched together
-// here and LOCAL_RANK for ranks started across hosts.
+// as weightcast.Options.Device: host memory ("cpu") for a transport whose
+// buckets are host memory (tcp, inproc), a GPU for one that keeps them on
+// a GPU (ipc, nccl: transport.Descriptor.DeviceMemory): GPU
+// devices[i mod len(devices)] (all visible GPUs when --devices is empty),
+// where i is the rank for ranks launched together here and LOCAL_RANK for
+// ranks started across hosts.
 func rankDevice(c *config, transportName string, rank int) (string, error) {
-	switch transportName {
-	case "tcp", "inproc":
+	d, _ := transport.Lookup(transportName)
+	if !d.DeviceMemory {
 		return "cpu", nil
 	}
 	devices, err := c.gpuList()
@@ -34,11 +37,11 @@ func rankDevice(c *config, transportName string, rank int) (string, error) {
 	if c.localRank >= 0 {
 		local = c.localRank
 	}
-	if transportName == "nccl" && c.child && len(devices) < c.ranks {
-		return "", fmt.Errorf("--transport nccl needs one GPU per rank: %d ranks but %d GPUs (%v); use --transport ipc, fewer --ranks or more --devices", c.ranks, len(devices), devices)
+	if d.GPUPerRank && c.child && len(devices) < c.ranks {
+		return "", fmt.Errorf("--transport %s needs one GPU per rank: %d ranks but %d GPUs (%v); use --transport ipc, fewer --ranks or more --devices", d.Name, c.ranks, len(devices), devices)
 	}
-	if transportName == "nccl" && local >= len(devices) {
-		return "", fmt.Errorf("--transport nccl needs one GPU per rank: this rank's local index is %d but only %d GPUs are visible (%v); set LOCAL_RANK or --devices", local, len(devices), devices)
+	if d.GPUPerRank && local >= len(devices) {
+		return "", fmt.Errorf("--transport %s needs one GPU per rank: this rank's local index is %d but only %d GPUs are visible (%v); set LOCAL_RANK or --devices", d.Name, local, len(devices), devices)
 	}
 	return fmt.Sprintf("cuda:%d", devices[local%len(devices)]), nil
 }
@@ -126,3 +129,10 @@ func (d *deviceModel) fill(ctx context.Context, m model) (err error) {
 }
 
 func (d *deviceModel) close() { d.buf.Free() }
+
+// inProcess reports whether the transport called name runs every rank as
+// a goroutine of one process (transport.Descriptor.InProcess: inproc).
+func inProcess(name string) bool {
+	d, _ := transport.Lookup(name)
+	return d.InProcess
+}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -16,7 +18,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/weightcast/weightcast/gpu"
-	"github.com/weightcast/weightcast/nccl"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/timeline"
 	"github.com/weightcast/weightcast/transport"
@@ -134,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		res.PeakRSS = peakRSS()
 		res.Error = errString(err)
 		results = []*rankResult{res}
-	case name == "inproc":
+	case inProcess(name):
 		mode = inprocMode
 		u.say("weightcast demo: %s in one process, transport inproc, %s, %s buckets, %s",
 			plural(c.ranks, "rank"), c.modelText(), sizeText(c.bucket), plural(c.rounds, "round"))
@@ -201,14 +202,18 @@ func failed(stdout, stderr io.Writer, asJSON bool, status int, err error) int {
 	return status
 }
 
-// chooseTransport resolves --transport auto and says why.
+// chooseTransport resolves --transport auto and says why, as the library
+// does (transport.Choose) but before any rank starts: from this host's
+// facts as every local rank would publish them (its GPUs, or those
+// --devices names, and what each registered transport adds), among the
+// transports that can route when the run is routed.
 func chooseTransport(c *config) (name, reason string, err error) {
-	registered := transport.Names()
 	if c.transport != "auto" {
-		if c.transport != "inproc" && !slices.Contains(registered, c.transport) {
-			return "", "", fmt.Errorf("--transport %s is not available in this build (available: inproc, %s)", c.transport, strings.Join(registered, ", "))
+		d, ok := transport.Lookup(c.transport)
+		if !ok {
+			return "", "", fmt.Errorf("--transport %s is not available in this build (available: %s)", c.transport, strings.Join(transport.Names(), ", "))
 		}
-		if c.transport == "ipc" || c.transport == "nccl" {
+		if d.DeviceMemory {
 			if _, err := c.gpuList(); err != nil {
 				return "", "", fmt.Errorf("--transport %s needs a GPU: %v; use --transport tcp on machines without one", c.transport, err)
 			}
@@ -216,29 +221,41 @@ func chooseTransport(c *config) (name, reason string, err error) {
 		return c.transport, "chosen with --transport", nil
 	}
 	n, err := gpu.DeviceCount()
+	why := "" // why this host offers no GPU
 	switch {
 	case errors.Is(err, gpu.ErrNoCgo):
-		return "tcp", "this binary was built without cgo, so it cannot use GPUs", nil
+		why, n = "this binary was built without cgo, so it cannot use GPUs", 0
 	case errors.Is(err, gpu.ErrNoDriver):
-		return "tcp", "no NVIDIA driver on this machine", nil
+		why, n = "no NVIDIA driver on this machine", 0
 	case err != nil:
-		return "tcp", fmt.Sprintf("no usable GPU: %v", err), nil
+		why, n = fmt.Sprintf("no usable GPU: %v", err), 0
 	case n == 0:
-		return "tcp", "no GPU visible", nil
-	}
-	if len(c.devices) > 0 {
+		why = "no GPU visible"
+	case len(c.devices) > 0:
 		n = len(c.devices)
 	}
-	if n >= 2 && n >= c.ranks && slices.Contains(registered, "nccl") {
-		if err := nccl.Load(nccl.Options{}); err != nil {
-			return "ipc", fmt.Sprintf("%d GPUs, but NCCL is not usable (%v)", n, err), nil
+	facts := map[string]string{transport.FactHost: transport.HostIdentity(), transport.FactGPUs: strconv.Itoa(n)}
+	for _, d := range transport.Descriptors() {
+		if d.Facts != nil {
+			maps.Copy(facts, d.Facts(transport.Probe{GPUs: n, Auto: true}))
 		}
-		return "nccl", fmt.Sprintf("%d GPUs, one per rank", n), nil
 	}
-	if slices.Contains(registered, "ipc") {
-		return "ipc", fmt.Sprintf("%d ranks share %d GPU(s) of this host", c.ranks, n), nil
+	peers := make([]transport.Peer, c.ranks)
+	for r := range peers {
+		peers[r] = transport.Peer{Rank: r, Facts: facts}
 	}
-	return "tcp", fmt.Sprintf("%d GPUs visible, but this build has no GPU transport", n), nil
+	cands := transport.Candidates()
+	if c.routed() {
+		cands = slices.DeleteFunc(cands, func(d transport.Descriptor) bool { return d.OpenPairs == nil })
+	}
+	d, reason, err := transport.ChooseAmong(cands, peers)
+	if err != nil {
+		return "", "", fmt.Errorf("--transport auto: %w", err)
+	}
+	if why != "" {
+		reason = why
+	}
+	return d.Name, reason, nil
 }
 
 // writeTrace writes the merged trace and, when asked, its timeline. traced

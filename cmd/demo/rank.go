@@ -13,6 +13,7 @@ import (
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
+	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
 )
 
@@ -212,7 +213,7 @@ type gpuGauge struct {
 func newGPUGauge(o weightcast.Options) *gpuGauge {
 	g := &gpuGauge{}
 	var ordinal int
-	if o.Transport != "nccl" || !strings.HasPrefix(o.Device, "cuda:") {
+	if d, _ := transport.Lookup(o.Transport); !d.GPUPerRank || !strings.HasPrefix(o.Device, "cuda:") {
 		return g
 	}
 	if _, err := fmt.Sscanf(o.Device, "cuda:%d", &ordinal); err != nil {

@@ -65,7 +65,7 @@ func (c *config) checkRouted() error {
 		return fmt.Errorf("--quantize with --senders: routed rounds send the weights as they are; leave one of them out")
 	case c.out != "":
 		return fmt.Errorf("--out with --senders: routed receivers keep their shards in memory; leave one of them out")
-	case c.transport == "inproc":
+	case inProcess(c.transport):
 		return fmt.Errorf("--transport inproc with --senders: a routed group needs a transport with point-to-point buckets (tcp)")
 	}
 	return nil
