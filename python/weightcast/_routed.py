@@ -24,6 +24,11 @@ def _dtensor_shard(t):
         return None
     if not isinstance(t, DTensor):
         return None
+    from torch.distributed.tensor import Replicate, Shard
+    for p in t.placements:
+        if type(p) not in (Shard, Replicate):
+            raise ConfigError(f"a DTensor placed as {p} holds no rectangular slice of its tensor; hand DTensors placed by Shard "
+                              "and Replicate, or (name, local, shape, offsets) items")
     _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
     return t.to_local(), tuple(t.shape), tuple(offsets)
 
