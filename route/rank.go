@@ -294,7 +294,7 @@ func (m *member) finish(ctx context.Context, version uint64) error {
 	return stages.AwaitCommit(ctx, m.cfg.Subscriber, seq+1, version, m.cfg.Auth)
 }
 
-// bus returns the rank's end of the metadata bus.
+// busEnd returns the rank's end of the metadata bus.
 func (m *member) busEnd() any {
 	if m.cfg.Rank == 0 {
 		return m.cfg.Publisher
