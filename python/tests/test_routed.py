@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import routed_worker  # noqa: E402
 from conftest import HERE, PYTHON_DIR, free_port  # noqa: E402
 
 
@@ -40,11 +41,13 @@ def run_group(senders, receivers, tp, versions, modes=None):
     return out
 
 
-@pytest.mark.parametrize("senders,tp", [(2, 1), (2, 2), (2, 4), (1, 4)])
+@pytest.mark.parametrize("senders,tp", [(2, 2), (2, 4), (1, 4)])
 def test_routed_tp(senders, tp):
     """Every receiver's shards equal the slices of the full weights vLLM's
     TP slicing gives its rank, after each of two updates; receive_shards and
-    load_into both; a TP-4 receiver takes about a quarter of the bytes."""
+    load_into both; a TP-4 receiver takes a quarter of the model's bytes but
+    for the replicated norms and the k/v heads two ranks share (TP 1 runs
+    in the Go tests: cmd/demo's TestRoutedProcesses)."""
     receivers = 4
     modes = ["receive", "load_into"] * 2
     out = run_group(senders, receivers, tp, [1, 2], modes)
@@ -59,14 +62,8 @@ def test_routed_tp(senders, tp):
     sent = [e["stats"]["bytes_sent"] for events in out[:senders] for e in events if e["event"] == "round" and e["version"] == 2]
     received = sum(e["bytes"] for events in out[senders:] for e in events if e["event"] == "round" and e["version"] == 2)
     assert sum(sent) == received
-
-
-def test_routed_quarter():
-    """TP 4 takes a quarter of TP 1's bytes but for the replicated norms and
-    the k/v heads shared by two ranks each."""
-    one = run_group(1, 1, 1, [1])[1][0]["bytes"]
-    four = run_group(1, 4, 4, [1])[1][0]["bytes"]
-    assert one / 4 < four < one / 3, (one, four)
+    model = sum(t.numel() * t.element_size() for t in routed_worker.model(1).values())
+    assert model / tp < whole < model / tp * 1.34, (model, whole)
 
 
 def test_routed_options():
