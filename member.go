@@ -578,7 +578,7 @@ func (m *member) WorldSize() int { return m.opts.WorldSize }
 // most: the double buffering).
 func (m *member) MaxBuffers() int {
 	if m.pool == nil {
-		return 0 // a routed group's buffers are its pairs'
+		return 0 // a routed group's buffers are its pairs' (Sender.MaxBuffers)
 	}
 	return m.pool.MaxHeld()
 }

@@ -102,3 +102,21 @@ func (r *Receiver) ReceiveShards(ctx context.Context, dest route.Dest) (route.St
 	}
 	return st, err
 }
+
+// MaxBuffers returns the most bucket buffers this rank held at once: its
+// pool's (at most two), or in a routed group every pair's together.
+func (s *Sender) MaxBuffers() int {
+	if s.rs != nil {
+		return s.rs.MaxBuffers()
+	}
+	return s.member.MaxBuffers()
+}
+
+// MaxBuffers returns the most bucket buffers this rank held at once: its
+// pool's (at most two), or in a routed group every pair's together.
+func (r *Receiver) MaxBuffers() int {
+	if r.rr != nil {
+		return r.rr.MaxBuffers()
+	}
+	return r.member.MaxBuffers()
+}

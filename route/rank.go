@@ -392,6 +392,16 @@ func (m *member) engine(stage string) (engine, error) {
 // Committed returns the last version committed on every receiver, or 0.
 func (m *member) Committed() uint64 { return m.committed.Load() }
 
+// maxHeld is the most bucket buffers the rank's pairs held at once,
+// every pair's together (each pair's pool peaking at two).
+func (m *member) maxHeld() int {
+	n := 0
+	for _, p := range m.pools {
+		n += p.MaxHeld()
+	}
+	return n
+}
+
 // Close frees the pairs' buffers and GPU state (not Pairs, the Exchange or
 // the bus, which stay the caller's). It is idempotent.
 func (m *member) Close() error {

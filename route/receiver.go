@@ -186,5 +186,10 @@ func segmentNames(sc *Schedule, b *Bucket) string {
 // Committed returns the last version committed on every receiver, or 0.
 func (r *Receiver) Committed() uint64 { return r.m.Committed() }
 
+// MaxBuffers returns the most bucket buffers the rank's pairs held at
+// once, all pairs together (two per pair at most; none for a pair that
+// borrows the sender's buckets).
+func (r *Receiver) MaxBuffers() int { return r.m.maxHeld() }
+
 // Close frees the rank's buffers; it is idempotent.
 func (r *Receiver) Close() error { return r.m.Close() }

@@ -147,5 +147,10 @@ func tracing(cfg Config) []pipeline.Option {
 // Committed returns the last version committed on every receiver, or 0.
 func (s *Sender) Committed() uint64 { return s.m.Committed() }
 
+// MaxBuffers returns the most bucket buffers the rank's pairs held at
+// once, all pairs together (two per pair at most; none for a pair that
+// borrows the sender's buckets).
+func (s *Sender) MaxBuffers() int { return s.m.maxHeld() }
+
 // Close frees the rank's buffers; it is idempotent.
 func (s *Sender) Close() error { return s.m.Close() }
