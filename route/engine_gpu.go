@@ -140,7 +140,9 @@ func (e *gpuEngine) check(ctx context.Context, s sealer, buf mem.Buffer, n int, 
 	if err != nil {
 		return err
 	}
-	e.tail = append(e.tail[:0], make([]byte, s.size())...)
+	if len(e.tail) != s.size() {
+		e.tail = make([]byte, s.size())
+	}
 	if err := e.s.CopyDtoH(e.tail, buf, n); err != nil {
 		return err
 	}

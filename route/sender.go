@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/weightcast/weightcast/layout"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
@@ -71,8 +72,12 @@ func (s *Sender) Sync(ctx context.Context, version uint64, shards []Local) (Stat
 func (s *Sender) send(ctx context.Context, sc *Schedule, version uint64, shards []Local) (*pipeline.Pipeline, error) {
 	m := s.m
 	p := pipeline.New(fmt.Sprintf("route send v%d", version), tracing(m.cfg)...)
+	byKey := make(map[string]mem.Buffer, len(shards)) // once per round, not per stream and tensor
+	for _, l := range shards {
+		byKey[shardKey(l.Name, l.Slice())] = l.buffer()
+	}
 	for _, st := range sc.Streams {
-		data, err := heldData(sc, st, shards)
+		data, err := heldData(sc, st, byKey)
 		if err != nil {
 			return nil, err
 		}
@@ -118,17 +123,16 @@ func (s *Sender) send(ctx context.Context, sc *Schedule, version uint64, shards 
 	return p, p.Run(ctx)
 }
 
-// heldData returns the memory of each of the stream's held tensors.
-func heldData(sc *Schedule, st *Stream, shards []Local) ([]mem.Buffer, error) {
+// shardKey names a shard by its tensor and slice.
+func shardKey(name string, s layout.Slice) string { return name + "\x00" + s.String() }
+
+// heldData returns the memory of each of the stream's held tensors, out
+// of byKey (the round's shards by shardKey).
+func heldData(sc *Schedule, st *Stream, byKey map[string]mem.Buffer) ([]mem.Buffer, error) {
 	out := make([]mem.Buffer, len(st.Held))
 	for i, h := range st.Held {
 		t := sc.Plan.Tensors[h.Tensor]
-		for _, l := range shards {
-			if l.Name == t.Name && l.Slice().Equal(h.Slice) {
-				out[i] = l.buffer()
-				break
-			}
-		}
+		out[i] = byKey[shardKey(t.Name, h.Slice)]
 		if out[i] == nil && h.Slice.Elements() > 0 {
 			return nil, fmt.Errorf("route: the plan reads shard %s %v of this rank, which it was not given", t.Name, h.Slice)
 		}
