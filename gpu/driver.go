@@ -47,6 +47,11 @@ type cuDeviceAttribute int32
 // attrMultiprocessorCount is CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
 const attrMultiprocessorCount cuDeviceAttribute = 16
 
+// attrMPSEnabled is CU_DEVICE_ATTRIBUTE_MPS_ENABLED (CUDA 12.3 and later
+// drivers): whether contexts made on the device are shared through the
+// Multi-Process Service.
+const attrMPSEnabled cuDeviceAttribute = 133
+
 // maxKernelArgs bounds the arguments cuLaunchKernel passes to a kernel
 // (WC_MAX_KERNEL_ARGS of cuda_shim.h).
 const maxKernelArgs = 16

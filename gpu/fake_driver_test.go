@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,9 @@ func TestFakeDriverChild(t *testing.T) {
 	}
 	if n, err := d.Multiprocessors(); err != nil || n != 4 {
 		t.Fatalf("Multiprocessors = %d, %v", n, err)
+	}
+	if got, want := d.MPS(), os.Getenv("FAKECUDA_MPS") == "1"; got != want {
+		t.Fatalf("MPS() = %v with FAKECUDA_MPS=%q", got, os.Getenv("FAKECUDA_MPS"))
 	}
 	if msg := gpu.CUDAResult(201).Error(); !strings.Contains(msg, "fake: no context current") {
 		t.Fatalf("CUDAResult(201).Error() = %q, lacks the driver's description", msg)
@@ -280,5 +284,22 @@ func TestFakeDriverChild(t *testing.T) {
 	}
 	if err := s.Memset(b, 0, 1, 0); !errors.Is(err, gpu.CUDAResult(700)) {
 		t.Fatalf("a memset after the fault: %v; want CUDA_ERROR_ILLEGAL_ADDRESS (700)", err)
+	}
+}
+
+// TestFakeDriverMPS checks that MPS reads the driver's
+// CU_DEVICE_ATTRIBUTE_MPS_ENABLED: the stand-in reports it as
+// FAKECUDA_MPS says (TestFakeDriverChild sees a driver that does not know
+// the attribute, which MPS takes for no MPS).
+func TestFakeDriverMPS(t *testing.T) {
+	t.Setenv("FAKECUDA_MPS", "1")
+	gputest.RunWithFakes(t, "TestFakeDriverMPSChild")
+}
+
+// TestFakeDriverMPSChild is the child side of TestFakeDriverMPS.
+func TestFakeDriverMPSChild(t *testing.T) {
+	gputest.InFakeChild(t)
+	if d := gputest.Open(t, 0); !d.MPS() {
+		t.Fatal("MPS() = false where the driver reports CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 1")
 	}
 }

@@ -23,6 +23,9 @@ type deviceKernels struct {
 	smOnce sync.Once
 	sms    int
 	smErr  error
+
+	mpsOnce sync.Once
+	mps     bool
 }
 
 // onceKernel is a kernel loaded at first use: the kernel, or why it is
@@ -184,6 +187,21 @@ func (d *CUDADevice) Multiprocessors() (int, error) {
 		k.sms = v
 	})
 	return k.sms, k.smErr
+}
+
+// MPS reports whether this process's context on the device is shared
+// through the CUDA Multi-Process Service (an operator started
+// nvidia-cuda-mps-control for the GPU): then kernels of the processes that
+// share the GPU run at the same time, where without it they take turns
+// (time slices) while copy-engine copies still overlap. A driver too old
+// to say (before CUDA 12.3) reports false. It is asked once per device.
+func (d *CUDADevice) MPS() bool {
+	k := &d.kernels
+	k.mpsOnce.Do(func() {
+		v, r := cuDeviceGetAttribute(attrMPSEnabled, d.dev)
+		k.mps = r == 0 && v == 1
+	})
+	return k.mps
 }
 
 // unloadKernels frees the spare descriptor memory and unloads the gather,

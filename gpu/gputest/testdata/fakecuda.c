@@ -131,10 +131,19 @@ CUresult cuDeviceGetName(char *name, int len, int dev) {
   return dev == 0 ? OK : INVALID_DEVICE;
 }
 CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
-  if (attr != 16 || dev != 0) // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+  if (dev != 0)
     return INVALID_VALUE;
-  *v = 4;
-  return OK;
+  switch (attr) {
+  case 16: // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    *v = 4;
+    return OK;
+  case 133: // CU_DEVICE_ATTRIBUTE_MPS_ENABLED: as FAKECUDA_MPS says
+    if (!getenv("FAKECUDA_MPS"))
+      return INVALID_VALUE; // a driver too old to know the attribute
+    *v = strcmp(getenv("FAKECUDA_MPS"), "1") == 0;
+    return OK;
+  }
+  return INVALID_VALUE;
 }
 CUresult cuDeviceGetUuid_v2(unsigned char *uuid, int dev) {
   memcpy(uuid, "fake-cuda-uuid-0", 16);
