@@ -44,11 +44,6 @@ func (in *Input[T]) Recv() (item T, ok bool) {
 	return item, ok
 }
 
-// Waiting reports whether an item is waiting in the stream, so that Recv
-// would return it without blocking. It cannot tell a closed stream (Recv
-// does) and is always false on a stream of capacity 0.
-func (in *Input[T]) Waiting() bool { return len(in.ch) > 0 }
-
 // All ranges over the items until the stream closes or the pipeline is
 // cancelled. After the loop, Err tells which.
 func (in *Input[T]) All() iter.Seq[T] {

@@ -382,36 +382,3 @@ func TestFailComesFirst(t *testing.T) {
 		}
 	}
 }
-
-// TestWaiting: Waiting says whether Recv would return an item at once,
-// without taking it.
-func TestWaiting(t *testing.T) {
-	var rel atomic.Int64
-	sent := make(chan struct{})
-	p := New("t")
-	src := Source(p, "gen", 1, func(ctx context.Context, out *Output[counted]) error {
-		if err := out.Send(counted{1, &rel}); err != nil {
-			return err
-		}
-		close(sent)
-		return nil
-	})
-	var before, after bool
-	Sink(p, "check", src, func(ctx context.Context, in *Input[counted]) error {
-		<-sent
-		before = in.Waiting()
-		c, ok := in.Recv()
-		if !ok || c.n != 1 {
-			return errors.New("the item did not come")
-		}
-		c.Release()
-		after = in.Waiting()
-		return nil
-	})
-	if err := p.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if !before || after {
-		t.Fatalf("Waiting() = %v with an item in the stream and %v once it was taken", before, after)
-	}
-}

@@ -182,40 +182,7 @@ func TestDirectRoundsOnFakesChild(t *testing.T) {
 // layout kernel.
 func TestGPUDirectRounds(t *testing.T) { checkDirectRounds(t) }
 
-// eachDirectCopies runs check once for each way of copying direct
-// buckets into a device model (DirectCopiesEnv).
-func eachDirectCopies(t *testing.T, check func(t *testing.T)) {
-	for _, mode := range []string{"engine", "kernel"} {
-		t.Run(DirectCopiesEnv+"="+mode, func(t *testing.T) {
-			t.Setenv(DirectCopiesEnv, mode)
-			check(t)
-		})
-	}
-}
-
 func checkDirectRounds(t *testing.T) {
-	eachDirectCopies(t, checkDirectRoundsOnce)
-	// A value DirectCopiesEnv does not know fails the round, saying what
-	// it takes.
-	t.Setenv(DirectCopiesEnv, "dma")
-	d := gputest.Device(t)
-	s := gputest.Stream(t, d)
-	src, _ := directSource(t, d, s, 94, false)
-	g := newGPUGroup(t, d, 2, 256<<10, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
-		if r == 0 {
-			return &directEP{Endpoint: e}
-		}
-		return e
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := roundCancel(ctx, g, src, 1, []Sink{newDevModel(t, d)})
-	if err == nil || !strings.Contains(err.Error(), DirectCopiesEnv+`="dma": want engine`) {
-		t.Fatalf("%s=dma: %v; want an error naming the variable and its values", DirectCopiesEnv, err)
-	}
-}
-
-func checkDirectRoundsOnce(t *testing.T) {
 	d := gputest.Device(t)
 	s := gputest.Stream(t, d)
 	for _, sum := range []bool{true, false} {
@@ -265,9 +232,7 @@ func (p *flipSumPublisher) Publish(ctx context.Context, seq uint64, msg []byte) 
 // model is left partial) and on one that gathers it into its own buffer
 // for a host model (found before the sink sees it: the model stays
 // intact).
-func checkDirectMismatch(t *testing.T) { eachDirectCopies(t, checkDirectMismatchOnce) }
-
-func checkDirectMismatchOnce(t *testing.T) {
+func checkDirectMismatch(t *testing.T) {
 	d := gputest.Device(t)
 	s := gputest.Stream(t, d)
 	src, _ := directSource(t, d, s, 93, false)

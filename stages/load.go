@@ -285,73 +285,15 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 			return err
 		}
 		defer func() { err = errors.Join(err, ld.keepLoad(ctx, l, err != nil)) }()
-		// queued is a bucket whose copies into a DeviceTarget run while
-		// the next bucket's are queued; it ends (finishCopy) once those
-		// are, or as soon as its copies are done when the next bucket is
-		// not here yet: it never waits on a bucket that its own buffer may
-		// be needed for.
-		var queued *targetCopy
-		end := func(u *Unpacked, err error) error {
+		for u := range in.All() {
+			err := l.deliver(ctx, u)
 			u.Bucket.delivered = err == nil
 			pipeline.Fail(ctx, err) // before a lent bucket's release tells the root
 			u.Release()
-			if err == nil {
-				pipeline.CountBytes(ctx, u.Bucket.Meta.Length)
+			if err != nil {
+				return err
 			}
-			return err
-		}
-		endQueued := func() error {
-			tc := queued
-			queued = nil
-			return end(tc.u, l.finishCopy(ctx, tc))
-		}
-		defer func() {
-			if queued != nil {
-				err = errors.Join(err, endQueued())
-			}
-		}()
-		for {
-			if queued != nil && !in.Waiting() {
-				if err := gpu.Poll(ctx, func() (bool, error) {
-					if in.Waiting() {
-						return true, nil
-					}
-					return queued.ready()
-				}); err != nil {
-					return err
-				}
-				if !in.Waiting() {
-					if err := endQueued(); err != nil {
-						return err
-					}
-				}
-			}
-			u, ok := in.Recv()
-			if !ok {
-				break
-			}
-			tc, err := l.deliver(ctx, u)
-			if queued != nil {
-				if qerr := endQueued(); qerr != nil {
-					if tc != nil {
-						queued = tc // waited for and released by the deferred end
-						return qerr
-					}
-					return errors.Join(qerr, end(u, err))
-				}
-			}
-			switch {
-			case err != nil || tc == nil:
-				if err := end(u, err); err != nil {
-					return err
-				}
-			case u.Bucket.Meta.IsLast:
-				if err := end(u, l.finishCopy(ctx, tc)); err != nil {
-					return err
-				}
-			default:
-				queued = tc
-			}
+			pipeline.CountBytes(ctx, u.Bucket.Meta.Length)
 		}
 		return in.Err()
 	})
@@ -363,7 +305,7 @@ type loadRound struct {
 	ld    *Loader
 	sinks []Sink
 	// target is sinks' one leaf when it is a DeviceTarget: the Loader
-	// copies device buckets into it (queueToTarget).
+	// copies device buckets into it (copyToTarget).
 	target DeviceTarget
 	// toHost copies device buckets for the sinks that take host bytes;
 	// nil until the first.
@@ -375,17 +317,15 @@ type loadRound struct {
 }
 
 // deliver hands u's views to the sinks, then commits the round after its
-// last bucket and acknowledges the bucket; or, for a device bucket that
-// load copies into the round's DeviceTarget, queues the copies and returns
-// them, for finishCopy to end the bucket.
-func (l *loadRound) deliver(ctx context.Context, u *Unpacked) (*targetCopy, error) {
+// last bucket and acknowledges the bucket.
+func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 	m := &u.Bucket.Meta
 	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length})
 	defer span.End()
 	l.version = m.Version
 	if m.Index == 0 {
 		if err := begin(ctx, l.sinks, m.Version, m.Source); err != nil {
-			return nil, fmt.Errorf("starting version %d: %w", m.Version, err)
+			return fmt.Errorf("starting version %d: %w", m.Version, err)
 		}
 	}
 	// The tensors reach the sinks from here on: a failure now leaves an
@@ -396,7 +336,10 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) (*targetCopy, erro
 		}
 	}
 	if l.target != nil && onDevice(u.Bucket.Buf) {
-		return l.queueToTarget(ctx, u)
+		if err := l.copyToTarget(ctx, u); err != nil {
+			return err
+		}
+		return l.finish(ctx, m, u.Bucket)
 	}
 	device := onDevice(u.Bucket.Buf)
 	var host []byte // a device bucket's bytes on the host, fetched for the first host sink
@@ -405,14 +348,14 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) (*targetCopy, erro
 		if device && isDev {
 			for _, v := range u.Views {
 				if err := ds.LoadDevice(ctx, v.Entry, v.Device, v.Offset); err != nil {
-					return nil, fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+					return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
 				}
 			}
 		} else {
 			if device && host == nil && m.Length > 0 {
 				var err error
 				if host, err = l.fetch(ctx, u.Bucket); err != nil {
-					return nil, err
+					return err
 				}
 			}
 			for _, v := range u.Views {
@@ -421,7 +364,7 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) (*targetCopy, erro
 					data = host[v.Entry.Offset : v.Entry.Offset+v.Entry.Size]
 				}
 				if err := s.Load(ctx, v.Entry, data); err != nil {
-					return nil, fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
+					return fmt.Errorf("loading tensor %q from bucket %d: %w", v.Entry.Name, m.Seq, err)
 				}
 			}
 		}
@@ -429,11 +372,11 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) (*targetCopy, erro
 			// Its copies out of the bucket (or of host bytes to the
 			// GPU): done before release.
 			if err := ds.Flush(ctx); err != nil {
-				return nil, fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
+				return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 			}
 		}
 	}
-	return nil, l.finish(ctx, m, u.Bucket)
+	return l.finish(ctx, m, u.Bucket)
 }
 
 // finish commits the round after its last bucket and acknowledges b.

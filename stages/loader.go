@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/weightcast/weightcast/checksum"
@@ -24,9 +23,7 @@ import (
 //     take host bytes (fetch, through a gpu.Readback), and into the round's
 //     one DeviceTarget with a gpuCopier of its own: the gather kernel, the
 //     bucket's checksum computed by the same copies where unpack left it
-//     to them, or for direct buckets the copy engine and the checksum of
-//     what it wrote (queueToTarget, DirectCopiesEnv), one bucket's copies
-//     running while the next is queued (finishCopy);
+//     to them (copyToTarget);
 //   - receive maps the sender's memory that direct buckets lie in (the
 //     mappings, direct.go) and, unless load copies from there itself,
 //     gathers them into this rank's buffer with another gpuCopier, or, for
@@ -273,9 +270,6 @@ type gpuCopier struct {
 	stream *gpu.Stream
 	gather *gpu.Gather
 	sums   *gpu.Checksummer // nil where the checksum kernel is unavailable
-	// engine is the stream of copy-engine copies (engineCopy), made at
-	// first use; the copier's stream waits for them.
-	engine *gpu.Stream
 }
 
 func newGPUCopier(dev *gpu.CUDADevice) (*gpuCopier, error) {
@@ -293,219 +287,90 @@ func newGPUCopier(dev *gpu.CUDADevice) (*gpuCopier, error) {
 	return d, nil
 }
 
-// sync waits, bounded by ctx, until everything queued on the streams has
+// sync waits, bounded by ctx, until everything queued on the stream has
 // run.
-func (d *gpuCopier) sync(ctx context.Context) error {
-	if d.engine != nil {
-		if err := d.engine.Sync(ctx); err != nil {
-			return err
-		}
-	}
-	return d.stream.Sync(ctx)
-}
-
-// engineCopy queues cb's copies on the copy engine, on a stream of their
-// own, and makes the copier's stream wait for them: what it queues next
-// (the checksum of what they wrote) runs once they have, while the copies
-// of the next bucket may start as soon as these end, during that
-// checksum. It empties cb.
-func (d *gpuCopier) engineCopy(ctx context.Context, cb *gpu.CopyBatch) error {
-	defer cb.Reset()
-	if d.engine == nil {
-		s, err := d.dev.NewStream()
-		if err != nil {
-			return err
-		}
-		d.engine = s
-	}
-	if cb.Len() == 0 {
-		return nil
-	}
-	if err := d.engine.CopyBatch(cb); err != nil {
-		return err
-	}
-	ev, err := d.engine.Record()
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.stream.WaitEvent(ev), ev.Close())
-}
+func (d *gpuCopier) sync(ctx context.Context) error { return d.stream.Sync(ctx) }
 
 // close frees the state once nothing queued on its stream runs, bounded
 // by ctx or, once ctx is done, by finalWait.
 func (d *gpuCopier) close(ctx context.Context) error {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	if err := d.sync(ctx); err != nil {
+	if err := d.stream.Sync(ctx); err != nil {
 		return fmt.Errorf("load: copies still running; leaving their state allocated: %w", err)
 	}
 	errs := []error{d.gather.Close(ctx)}
 	if d.sums != nil {
 		errs = append(errs, d.sums.Close(ctx))
 	}
-	if d.engine != nil {
-		errs = append(errs, d.engine.Close())
-	}
 	return errors.Join(append(errs, d.stream.Close())...)
 }
 
-// DirectCopiesEnv names the environment variable that says how a
-// receiver copies direct buckets (the sender's tensors, read where they lie
-// on a shared GPU) into its DeviceTarget:
-//
-//   - "engine": with the copy engine (cuMemcpyBatchAsync on a stream of its
-//     own), the bucket's checksum then read from the memory the copies
-//     wrote (the layout kernel over the destinations, a pass that only
-//     reads). Copy-engine copies of processes that share a GPU run at the
-//     same time, and the checksum covers the bytes this rank holds;
-//   - "kernel": with the layout kernel, which sums each word as it copies
-//     it: no pass of its own, but without MPS the kernels of processes
-//     that share a GPU take turns (time slices), so the receivers' copies
-//     and the sender's checksum run one after another;
-//   - unset, "" or "auto": the kernel where the GPU is shared through MPS
-//     (gpu.CUDADevice.MPS), the copy engine otherwise.
-//
-// Either way the receiver proves that the bytes it holds are the bytes the
-// sender summed, and a changed byte fails the round naming the bucket's
-// tensors. docs/benchmarks.md has the measurements behind the default.
-const DirectCopiesEnv = "WEIGHTCAST_DIRECT_COPIES"
-
-// engineCopies reports whether direct buckets are copied into a
-// DeviceTarget on dev with the copy engine (DirectCopiesEnv), or fails
-// for a value it does not know.
-func engineCopies(dev *gpu.CUDADevice) (bool, error) {
-	switch v := os.Getenv(DirectCopiesEnv); v {
-	case "engine":
-		return true, nil
-	case "kernel":
-		return false, nil
-	case "", "auto":
-		return !dev.MPS(), nil
-	default:
-		return false, fmt.Errorf("%s=%q: want engine (copy-engine copies, then the checksum of what they wrote), kernel (the layout kernel, summing as it copies) or auto", DirectCopiesEnv, v)
-	}
-}
-
-// targetCopy is a device bucket's copies into the round's DeviceTarget,
-// queued by queueToTarget: the checksum they compute (or are followed
-// by) when the bucket has one, and an event after them. finishCopy waits
-// for them and ends the bucket, which load may do after it has queued the
-// next bucket's copies, so that the two overlap.
-type targetCopy struct {
-	u    *Unpacked
-	ps   *gpu.PendingSum // nil when load does not check the bucket's checksum
-	done *gpu.Event      // recorded after the copies and the checksum
-}
-
-// ready reports whether the copies (and the checksum) have finished.
-func (tc *targetCopy) ready() (bool, error) { return tc.done.Query() }
-
-// queueToTarget queues the copies of device bucket u into the round's one
-// DeviceTarget with the Loader's copier of u's GPU, out of the bucket or,
-// for a direct bucket left in place, out of the sender's memory. Where
-// unpack left the checksum to load (u.sumAtLoad) the copies compute it
-// (gpu.Gather.CopySum, the bucket the side they read, or CopySumLayout of
-// the entries where they lie), or, for direct buckets copied by the copy
-// engine (engineCopies), the layout kernel reads it from the destinations
-// once the copies have run; finishCopy checks it (verifySum).
-func (l *loadRound) queueToTarget(ctx context.Context, u *Unpacked) (*targetCopy, error) {
+// copyToTarget copies device bucket u into the round's one DeviceTarget
+// with the Loader's copier of u's GPU (the gather kernel), out of the
+// bucket or, for a direct bucket left in place, out of the sender's
+// memory. Where unpack left the checksum to load (u.sumAtLoad) the copies
+// compute it (gpu.Gather.CopySum, the bucket the side they read, or
+// CopySumLayout of the entries where they lie) and copyToTarget checks it
+// (verifySum). It returns once the copies have finished and the sink is
+// flushed.
+func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 	b, t := u.Bucket, l.target
 	m := &b.Meta
 	c, err := l.ld.loadCopier(b.Buf)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	direct := b.srcs != nil
-	engine := false
-	if direct {
-		if engine, err = engineCopies(c.dev); err != nil {
-			return nil, err
-		}
-	}
 	var cb gpu.CopyBatch
 	var lay gpu.Layout
 	for _, v := range u.Views {
 		e := v.Entry
 		buf, off, err := t.Target(ctx, e)
 		if err != nil {
-			return nil, fmt.Errorf("loading tensor %q from bucket %d: %w", e.Name, m.Seq, err)
+			return fmt.Errorf("loading tensor %q from bucket %d: %w", e.Name, m.Seq, err)
 		}
 		if e.Size == 0 {
 			continue
 		}
 		if !sameGPU(buf, b.Buf) {
-			return nil, fmt.Errorf("loading tensor %q from bucket %d: the sink's memory is on %s, the buckets on %s; give the receiver a sink on its buckets' GPU", e.Name, m.Seq, buf.Device().Name(), b.Buf.Device().Name())
+			return fmt.Errorf("loading tensor %q from bucket %d: the sink's memory is on %s, the buckets on %s; give the receiver a sink on its buckets' GPU", e.Name, m.Seq, buf.Device().Name(), b.Buf.Device().Name())
 		}
 		to, _ := gpu.Address(buf)
 		from, ok := gpu.Address(v.Device)
 		if !ok {
-			return nil, fmt.Errorf("loading tensor %q from bucket %d: its source is not memory the GPU can address", e.Name, m.Seq)
+			return fmt.Errorf("loading tensor %q from bucket %d: its source is not memory the GPU can address", e.Name, m.Seq)
 		}
 		to, from = to+uint64(off), from+uint64(v.Offset)
 		cb.Add(to, from, e.Size)
-		if engine {
-			lay.Add(e.Offset, to, e.Size, 0) // summed where the copy wrote it
-		} else {
-			lay.Add(e.Offset, from, e.Size, to)
-		}
+		lay.Add(e.Offset, from, e.Size, to)
 	}
-	tc := &targetCopy{u: u}
+	var ps *gpu.PendingSum
 	switch {
-	case engine:
-		err = c.engineCopy(ctx, &cb)
-		if err == nil && u.sumAtLoad {
-			tc.ps, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
-		}
 	case u.sumAtLoad && direct:
-		tc.ps, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
+		ps, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
 	case u.sumAtLoad:
-		tc.ps, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
+		ps, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
 	default:
-		err = c.gather.Copy(ctx, &cb)
-	}
-	if err == nil {
-		tc.done, err = c.stream.Record()
-	}
-	if err != nil {
-		if tc.ps != nil {
-			tc.ps.Close()
+		if err = c.gather.Copy(ctx, &cb); err == nil {
+			err = c.sync(ctx)
 		}
-		return nil, fmt.Errorf("copying bucket %d into the model: %w", m.Seq, errors.Join(err, c.sync(ctx)))
 	}
-	return tc, nil
-}
-
-// finishCopy waits for tc's copies, flushes the sink and checks the
-// bucket's checksum when load computed it. It waits for the copies even
-// when it fails, so that the bucket can be released.
-func (l *loadRound) finishCopy(ctx context.Context, tc *targetCopy) error {
-	m := &tc.u.Bucket.Meta
-	wctx, cancel := bounded(ctx) // the copies end before the bucket is released
-	defer cancel()
-	err := tc.done.Wait(wctx)
 	var got uint64
-	if err == nil && tc.ps != nil {
-		got, err = tc.ps.Wait(wctx)
+	if err == nil && ps != nil {
+		got, err = ps.Wait(ctx) // the copies have finished when the sum is in
+		ps.Close()
 	}
-	if err == nil && ctx.Err() != nil {
-		err = context.Cause(ctx)
-	}
-	if tc.ps != nil {
-		tc.ps.Close()
-	}
-	err = errors.Join(err, tc.done.Close())
 	if err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
-	if err := l.target.Flush(ctx); err != nil {
+	if err := t.Flush(ctx); err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
-	if tc.ps != nil {
-		if err := verifySum(m, got); err != nil {
-			return err
-		}
+	if u.sumAtLoad {
+		return verifySum(m, got)
 	}
-	return l.finish(ctx, m, tc.u.Bucket)
+	return nil
 }
 
 // fetch copies device bucket b's filled bytes to the host.

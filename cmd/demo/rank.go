@@ -50,6 +50,9 @@ type rankResult struct {
 	// sharing a GPU report GPUBuffers, what they allocated themselves.
 	GPUMemory  int64 `json:"gpu_memory_bytes,omitempty"`
 	GPUBuffers int64 `json:"gpu_buffers_bytes,omitempty"`
+	// MPS says whether the rank's GPU context is shared through the CUDA
+	// Multi-Process Service (gpu.CUDADevice.MPS).
+	MPS bool `json:"mps,omitempty"`
 	// CommittedVersion is the last model version committed on every
 	// receiver, as this rank saw it (0: none).
 	CommittedVersion uint64 `json:"committed_version"`
@@ -165,6 +168,7 @@ func runRank(ctx context.Context, c *config, o weightcast.Options, tracer *pipel
 	}
 	cuda, onGPU := dev.(*gpu.CUDADevice)
 	if onGPU {
+		res.MPS = cuda.MPS()
 		res.GPUBuffers = int64(stages.DefaultBuffers)*c.bucket + layout.Size() // buckets and the model copy
 	}
 	gpuMemory := func() { gauge.measure(res) }
