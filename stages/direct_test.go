@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,7 +112,22 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src tensorList, exp hostLo
 	})
 	var logs bytes.Buffer
 	g.sender.packer.logger = slog.New(slog.NewTextHandler(&logs, nil))
-	st := runRounds(t, g, d, src, exp)
+	cs := &countedSource{src: src}
+	pub := &firstPublish{Publisher: g.sender.cfg.Publisher, src: cs}
+	g.sender.cfg.Publisher = pub
+	st := runRounds(t, g, d, cs, exp)
+	// Without MPS (the stand-in driver has none) the sender sums a run of
+	// direct buckets before it publishes the first: by then it has taken
+	// every tensor of an all-direct round. And direct buckets take no
+	// buffer of the sender's pool.
+	if st.Direct == st.Buckets {
+		if held := g.pools[0].MaxHeld(); held != 0 {
+			t.Errorf("a round of direct buckets held %d of the sender's buffers; want none", held)
+		}
+		if sum && !d.MPS() && pub.sawBefore != len(src) {
+			t.Errorf("the first bucket was published when %d of %d tensors had been taken; want every one: the round's checksums come first", pub.sawBefore, len(src))
+		}
+	}
 	var lines []string
 	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if l != "" {
@@ -121,10 +137,42 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src tensorList, exp hostLo
 	return st, ep.moved, lines
 }
 
+// countedSource is a Source that counts the tensors taken from it.
+type countedSource struct {
+	src   tensorList
+	taken atomic.Int64
+}
+
+func (c *countedSource) Tensors(ctx context.Context, emit func(*Tensor) error) error {
+	for _, t := range c.src {
+		c.taken.Add(1)
+		if err := emit(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// firstPublish notes how many of src's tensors had been taken in the last
+// round when its first message was published.
+type firstPublish struct {
+	transport.Publisher
+	src       *countedSource
+	sawBefore int
+}
+
+func (p *firstPublish) Publish(ctx context.Context, seq uint64, msg []byte) error {
+	if m, err := wire.DecodeMeta(msg); err == nil && m.Index == 0 && len(m.Entries) > 0 { // a bucket, not the commit
+		p.sawBefore = int(p.src.taken.Load())
+		p.src.taken.Store(0) // the next round counts anew
+	}
+	return p.Publisher.Publish(ctx, seq, msg)
+}
+
 // runRounds runs two rounds of src through g, whose two receivers load
 // into a device model and into a host model and a verifier, and checks that
 // both hold exp after each; it returns the root's stats of the last round.
-func runRounds(t *testing.T, g *group, d *gpu.CUDADevice, src tensorList, exp hostLookup) RoundStats {
+func runRounds(t *testing.T, g *group, d *gpu.CUDADevice, src Source, exp hostLookup) RoundStats {
 	t.Helper()
 	dm := newDevModel(t, d)
 	hm := newMemModel()

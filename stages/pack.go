@@ -347,6 +347,25 @@ type packing struct {
 	direct  bool
 	pieces  []directPiece
 	directs int // direct buckets sent on
+	// noBuf is what a direct bucket has for a buffer: no bytes, on the
+	// pool's GPU (noBytes).
+	noBuf mem.Buffer
+}
+
+// noBytes returns a buffer of no bytes on the GPU of the pool's buffers,
+// for a direct bucket: it holds none of the pool's buffers, and says on
+// which GPU its tensors must lie.
+func (r *packing) noBytes() (mem.Buffer, error) {
+	if r.noBuf == nil {
+		first := r.cfg.Pool.Buffers()[0]
+		addr, _ := gpu.Address(first)
+		buf, err := r.dev.stream.Device().View(addr, 0)
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		r.noBuf = buf
+	}
+	return r.noBuf, nil
 }
 
 func alignUp(n int64) int64 { return (n + wire.Align - 1) &^ (wire.Align - 1) }
@@ -355,26 +374,36 @@ func alignUp(n int64) int64 { return (n + wire.Align - 1) &^ (wire.Align - 1) }
 var _ [gpu.StagingAlign - wire.Align]struct{}
 var _ [wire.Align - gpu.StagingAlign]struct{}
 
-// take makes sure a bucket is being filled, waiting for a free buffer.
+// take makes sure a bucket is being filled, waiting for a free buffer;
+// a direct bucket takes none (its bytes stay in the sender's tensors)
+// until it turns into one pack fills (packDirect), so that the pack stage
+// of a direct round never waits for the receivers to free a buffer.
 func (r *packing) take() error {
 	if r.cur != nil {
 		return nil
 	}
-	buf, err := r.cfg.Pool.Get(r.ctx)
-	if err != nil {
-		return err
-	}
-	if buf.Host() == nil && r.dev == nil {
-		r.cfg.Pool.Put(buf)
-		return fmt.Errorf("pack: bucket buffers on %s are neither host nor CUDA device memory", buf.Device().Name())
-	}
-	r.cur = r.cfg.Pool.Bucket(buf, wire.BucketMeta{Seq: r.seq, Index: r.index, Version: r.cfg.Version})
-	if r.index == 0 {
-		r.cur.Meta.Source = r.cfg.Source
-	}
+	meta := wire.BucketMeta{Seq: r.seq, Index: r.index, Version: r.cfg.Version}
 	r.direct, r.pieces = r.cfg.Direct && r.dev != nil, r.pieces[:0]
 	if r.direct {
+		buf, err := r.noBytes()
+		if err != nil {
+			return err
+		}
+		r.cur = &Bucket{Meta: meta, Buf: buf}
 		r.cur.Meta.Direct = newDirectInfo()
+	} else {
+		buf, err := r.cfg.Pool.Get(r.ctx)
+		if err != nil {
+			return err
+		}
+		if buf.Host() == nil && r.dev == nil {
+			r.cfg.Pool.Put(buf)
+			return fmt.Errorf("pack: bucket buffers on %s are neither host nor CUDA device memory", buf.Device().Name())
+		}
+		r.cur = r.cfg.Pool.Bucket(buf, meta)
+	}
+	if r.index == 0 {
+		r.cur.Meta.Source = r.cfg.Source
 	}
 	r.fill = 0
 	name := fmt.Sprintf("bucket %d", r.seq)
@@ -474,7 +503,7 @@ func (r *packing) add(t *Tensor) error {
 				return err
 			}
 		}
-		if src == nil { // else read in place by the receivers
+		if src == nil && (n > 0 || !r.direct) { // else read in place by the receivers, or nothing to copy
 			if err := r.filler.copyIn(r.ctx, t, r.cur.Buf, off, n, chunk); err != nil {
 				return err
 			}
@@ -512,6 +541,12 @@ func (r *packing) placeDirect(t *Tensor, off, n, chunk int64) (*wire.EntrySource
 // fills: the entries placed so far are copied in, and lose their sources.
 func (r *packing) packDirect() error {
 	b := r.cur
+	buf, err := r.cfg.Pool.Get(r.ctx)
+	if err != nil {
+		return err
+	}
+	b.Buf, b.put = buf, r.cfg.Pool.Put
+	pipeline.Count(r.ctx, "buffers held", float64(r.cfg.Pool.Held()))
 	for _, p := range r.pieces {
 		if err := r.dev.copyDevice(r.ctx, b.Buf.DevicePtr()+uint64(p.at), p.addr, p.n, p.base, true); err != nil {
 			return err

@@ -15,13 +15,54 @@ import (
 // waits for them (and so for the bucket's copies). The metadata of a
 // bucket packed with PackConfig.Auth goes out signed (see mac.go).
 func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher) *pipeline.Stream[*Bucket] {
-	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
-		for b := range in.All() {
+	return publishStage(p, in, pub, false)
+}
+
+// publishStage adds Publish's stage. With sumsFirst, it holds each run of
+// direct buckets whose checksums are pending until the run ends (at the
+// round's last bucket or one that is not direct), and publishes them once
+// the GPU has summed them all: see Sender's sumsFirst.
+func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher, sumsFirst bool) *pipeline.Stream[*Bucket] {
+	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
+		var held []*Bucket // direct buckets waiting for the run's last checksum
+		defer func() {
+			for _, b := range held {
+				b.Release()
+			}
+		}()
+		send := func(b *Bucket) error {
 			if err := publish(ctx, b, pub); err != nil {
 				b.Release()
 				return err
 			}
-			if err := out.Send(b); err != nil {
+			return out.Send(b) // on failure Send releases b
+		}
+		for b := range in.All() {
+			if sumsFirst && b.Meta.Direct != nil && b.sum != nil && !b.Meta.IsLast {
+				held = append(held, b)
+				continue
+			}
+			if len(held) > 0 {
+				// The run's last sum: the GPU sums in order, so every
+				// held bucket's is in once it is.
+				last := held[len(held)-1]
+				if b.Meta.Direct != nil && b.sum != nil {
+					last = b
+				}
+				if _, err := last.sum.Wait(ctx); err != nil {
+					b.Release()
+					return fmt.Errorf("checksum of bucket %d (version %d): %w", last.Meta.Seq, last.Meta.Version, err)
+				}
+				for len(held) > 0 {
+					h := held[0]
+					held = held[1:]
+					if err := send(h); err != nil {
+						b.Release()
+						return err
+					}
+				}
+			}
+			if err := send(b); err != nil {
 				return err
 			}
 		}

@@ -174,8 +174,25 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 	if d, ok := src.(Describer); ok {
 		pc.Source = d.SourceInfo()
 	}
-	Broadcast(p, Publish(p, s.packer.Pack(p, tensors, pc), s.cfg.Publisher), s.cfg.Endpoint, s.cfg.Progress)
+	Broadcast(p, publishStage(p, s.packer.Pack(p, tensors, pc), s.cfg.Publisher, pc.Direct && s.sumsFirst()), s.cfg.Endpoint, s.cfg.Progress)
 	return p
+}
+
+// sumsFirst reports whether a direct round's checksums are all computed
+// before its first bucket is published: when the sender's GPU is not
+// shared through MPS (gpu.CUDADevice.MPS). The receivers' copies and the
+// sender's checksum are kernels of different processes, which without MPS
+// take turns on the GPU; interleaved bucket by bucket they ran five times
+// slower each than alone (docs/benchmarks.md), so the sender sums the
+// round first, alone, and the receivers then copy it without waiting for
+// it bucket by bucket. Under MPS they run at once, and each bucket is
+// published as soon as it is summed.
+func (s *Sender) sumsFirst() bool {
+	if !s.cfg.Checksum {
+		return false
+	}
+	dev, err := cudaDeviceOf(s.cfg.Pool.Buffers()[0])
+	return err == nil && !dev.MPS()
 }
 
 // readsDirect reports whether the receivers read device tensors in place
