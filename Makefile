@@ -27,10 +27,14 @@ fmt-check:
 
 # The Python tests run even when a Go package fails, and `test` still
 # fails then: the exit status is the Go tests' if they failed, else pytest's.
+# The PTX interpreter's long runs skip under the race detector (they start
+# no goroutine and run 15 times slower there) and run once without it.
 test: fmt-check vet nocgo
 	@status=0; \
 	echo "$(GO) test -race -timeout 10m $(PKGS)"; \
 	$(GO) test -race -timeout 10m $(PKGS) || status=$$?; \
+	echo "$(GO) test -run PTX ./gpu"; \
+	$(GO) test -count=1 -run PTX ./gpu || status=$$?; \
 	$(MAKE) pytest || { [ $$status -ne 0 ] || status=$$?; }; \
 	if [ $$status -ne 0 ]; then echo "make test: failed (go test, then pytest: see above)"; fi; \
 	exit $$status

@@ -139,6 +139,7 @@ func f32Inputs(n int, seed uint64) []byte {
 // smaller conversions at misaligned addresses (one element at a time) and
 // the identities (NaN payloads kept).
 func TestCastPTX(t *testing.T) {
+	skipUnderRace(t)
 	k := castPTXKernel(t)
 	every := all16()
 	random := f32Inputs(200_002, 21)

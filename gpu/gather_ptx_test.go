@@ -34,6 +34,7 @@ func TestGatherPTX(t *testing.T) {
 // of each ran, so that a benchmark measures only kernels that copy and
 // sum right.
 func TestGatherVariantsPTX(t *testing.T) {
+	skipUnderRace(t)
 	rng := rand.New(rand.NewPCG(3, 4))
 	long := [][3]int{{0, 0, 70000}, {70016, 70032, 49987}}
 	for _, v := range gatherVariants {

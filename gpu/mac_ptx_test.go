@@ -139,6 +139,7 @@ func TestMACPTX(t *testing.T) {
 // the chunk kernel on the first two, the last two and one random chunk
 // (the others' chaining values come from the host; see runMACPTX).
 func TestMACPTXTreeShapes(t *testing.T) {
+	skipUnderRace(t)
 	chunksK, parentsK := macPTXKernels(t)
 	rng := rand.New(rand.NewPCG(23, 24))
 	var counts []int

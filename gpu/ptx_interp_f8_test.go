@@ -233,6 +233,7 @@ func TestPTXInterpreterFMA(t *testing.T) {
 // magnitude is at most 448; and the F16 conversion against package cast
 // over all F16s.
 func TestPTXInterpreterE4M3(t *testing.T) {
+	skipUnderRace(t)
 	var values [127]float64
 	for c := range values {
 		values[c] = float64(math.Float32frombits(quant.DecodeE4M3(uint8(c))))

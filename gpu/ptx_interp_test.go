@@ -1848,3 +1848,15 @@ func TestPTXInterpreterCollectives(t *testing.T) {
 		}
 	}
 }
+
+// skipUnderRace skips one of the long runs of the PTX interpreter under
+// the race detector: the interpreter starts no goroutine, so the detector
+// has nothing to find there, and it runs about 15 times slower (TestQuantPTX:
+// 37 s against 2.5). `make test` runs these tests again without it
+// (go test -run PTX ./gpu).
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceDetector {
+		t.Skip("skipping under the race detector: the PTX interpreter starts no goroutine; make test runs it without (go test -run PTX ./gpu)")
+	}
+}

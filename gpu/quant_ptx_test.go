@@ -126,6 +126,7 @@ func randomRanges(rng *rand.Rand, n int64, pieces int) [][2]int64 {
 // split blocks and rows at random elements, and compares every code and
 // scale with package quant.
 func TestQuantPTX(t *testing.T) {
+	skipUnderRace(t)
 	for _, kk := range quantPTXKernels(t) {
 		k := kk.k
 		for _, w := range quantCheckWeights() {
@@ -160,6 +161,7 @@ func TestQuantPTX(t *testing.T) {
 // scale lies below 2^-90 goes on to the scalar path (its element loads):
 // the weight of 18 full blocks has one.
 func TestQuantPTXVector(t *testing.T) {
+	skipUnderRace(t)
 	for _, kk := range quantPTXKernels(t) {
 		testQuantPTXVector(t, kk.file, kk.conv, kk.k)
 	}
