@@ -47,6 +47,15 @@ import (
 // the same sum in the copies that read the tensors into its model, and
 // compares (verifySum). The sender's tensors must stay unchanged until
 // Sync returns: the receivers read them until their last acknowledgement.
+//
+// A direct bucket holds no buffer of the sender's pool (it has no bytes
+// there; pack takes one only if the bucket turns into one it fills), so
+// pack lays out a direct round without waiting for the receivers. Where
+// the GPU is not shared through MPS, the Sender's publish stage then holds
+// each run of direct buckets until the GPU has summed all of them
+// (Sender.sumsFirst): the sender's checksum kernels and the receivers'
+// copy kernels are of different processes and would otherwise take turns
+// with each other bucket by bucket.
 
 // directPiece is one entry of a direct bucket as the sender's pack
 // placed it: n bytes at addr (in the allocation at base), at byte at of
