@@ -23,7 +23,7 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 // round's last bucket or one that is not direct), and publishes them once
 // the GPU has summed them all: see Sender's sumsFirst.
 func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher, sumsFirst bool) *pipeline.Stream[*Bucket] {
-	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) (err error) {
+	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
 		var held []*Bucket // direct buckets waiting for the run's last checksum
 		defer func() {
 			for _, b := range held {
