@@ -86,6 +86,7 @@ func TestDialEtcdUnreachable(t *testing.T) {
 // every NoticeEvery that it still waits, and how long is left, through
 // WithLogger, then times out.
 func TestDialEtcdNotices(t *testing.T) {
+	t.Parallel()
 	silent, err := net.Listen("tcp", "127.0.0.1:0") // never accepts
 	if err != nil {
 		t.Fatal(err)

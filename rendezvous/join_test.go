@@ -87,11 +87,13 @@ func asError(t *testing.T, err error) *rendezvous.Error {
 }
 
 func TestJoin8Embedded(t *testing.T) {
+	t.Parallel()
 	e := startEmbedded(t)
 	testJoin8(t, etcdOpener(t, e, 5*time.Second))
 }
 
 func TestJoin8Mem(t *testing.T) {
+	t.Parallel()
 	m := rendezvoustest.NewMem()
 	testJoin8(t, func() rendezvous.Store { return m.NewStore() })
 }
@@ -514,6 +516,7 @@ func TestPeerGoneAfterLeaseExpiry(t *testing.T) {
 }
 
 func TestGroupWaitsTimeOut(t *testing.T) {
+	t.Parallel()
 	e := startEmbedded(t)
 	res := joinRanks(t, etcdOpener(t, e, 5*time.Second), world("waits", "r", 2, time.Second))
 	for r, x := range res {
@@ -572,6 +575,7 @@ func TestJoinInvalidOptions(t *testing.T) {
 }
 
 func TestJoinUniqueIDHook(t *testing.T) {
+	t.Parallel()
 	m := rendezvoustest.NewMem()
 	specs := world("hook", "r", 2, 10*time.Second)
 	var want [128]byte

@@ -54,9 +54,11 @@ func TestChainSecured(t *testing.T) {
 // or one none: the dialer fails at once with "authentication failed", the
 // receiver refuses it and its wait ends saying so too.
 func TestDifferentSecrets(t *testing.T) {
+	t.Parallel() // each case waits out a 2 s handshake timeout
 	a, b := authtest.Secret(t), authtest.Secret(t)
 	for name, s := range map[string][2]*auth.Secret{"different": {a, b}, "root none": {nil, a}, "receiver none": {a, nil}} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cfgs := transporttest.Configs(t.Name(), 2, 2*time.Second)
@@ -161,6 +163,7 @@ func TestStrangerRefused(t *testing.T) {
 // certificates come from different authorities: the dialer fails naming
 // TLS, and no plain byte reaches a TLS rank as a bucket.
 func TestTLSMismatch(t *testing.T) {
+	t.Parallel() // each case waits out a 2 s handshake timeout
 	ca, other := authtest.NewCA(t), authtest.NewCA(t)
 	for name, tl := range map[string][2]*auth.TLS{
 		"root plain":      {nil, ca.TLS(t)},
@@ -168,6 +171,7 @@ func TestTLSMismatch(t *testing.T) {
 		"two authorities": {ca.TLS(t), other.TLS(t)},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cfgs := transporttest.Configs(t.Name(), 2, 2*time.Second)

@@ -176,6 +176,7 @@ func openPair(t *testing.T, ctx context.Context, cfgs []transport.Config) []erro
 // receiver, which cannot trust a peer that failed its handshake, refuses
 // the connection and keeps waiting, and its timeout names what it refused.
 func TestHandshakeRejects(t *testing.T) {
+	t.Parallel() // each case waits out a 2 s handshake timeout
 	cases := []struct {
 		name string
 		edit func([]transport.Config)
@@ -186,6 +187,7 @@ func TestHandshakeRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cfgs := transporttest.Configs(t.Name(), 2, 10*time.Second)
