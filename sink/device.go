@@ -5,8 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -247,12 +247,7 @@ func (m *DeviceModel) Get(name string) (*DeviceTensor, bool) {
 func (m *DeviceModel) Names() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]string, 0, len(m.tensors))
-	for n := range m.tensors {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(m.tensors))
 }
 
 // Version is the last committed model version.
@@ -336,12 +331,7 @@ func (m *DeviceModel) Verify(ctx context.Context, want stages.Lookuper) (VerifyS
 		}
 	}()
 	exp := make([]byte, verifyChunk)
-	names := make([]string, 0, len(m.tensors))
-	for n := range m.tensors {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(m.tensors)) {
 		t := m.tensors[name]
 		w, ok := want.Lookup(name)
 		if !ok {
@@ -383,8 +373,8 @@ func (m *DeviceModel) Verify(ctx context.Context, want stages.Lookuper) (VerifyS
 		}
 		st.Tensors++
 	}
-	if l, ok := want.(interface{ List() []*stages.Tensor }); ok && len(l.List()) != len(names) {
-		return st, fmt.Errorf("the model holds %d tensors, the source has %d", len(names), len(l.List()))
+	if l, ok := want.(interface{ List() []*stages.Tensor }); ok && len(l.List()) != len(m.tensors) {
+		return st, fmt.Errorf("the model holds %d tensors, the source has %d", len(m.tensors), len(l.List()))
 	}
 	return st, nil
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
+
 	"sync"
 
 	"github.com/weightcast/weightcast/dtype"
@@ -212,12 +212,7 @@ func (h *HostModel) Snapshot() (uint64, map[string]*HostTensor) {
 func (h *HostModel) Names() []string {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	out := make([]string, 0, len(h.tensors))
-	for n := range h.tensors {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(h.tensors))
 }
 
 // Version is the model version Get serves: without a shadow the last
