@@ -18,6 +18,7 @@ type deviceKernels struct {
 	gather, checksum, cast, gatherSum, gatherLayout, quant onceKernel
 	mac                                                    onceMAC
 	gatherSpare, castSpare, sumSpare, layoutSpare          descSpares
+	macLayoutSpare                                         descSpares
 	quantInt                                               error // why quant is quant_int.ptx (nil: quant.ptx)
 
 	smOnce sync.Once
@@ -213,7 +214,7 @@ func (d *CUDADevice) unloadKernels() error {
 		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"),
 		k.sumSpare.free(), k.gatherSum.unload(d, "fused gather and checksum"),
 		k.layoutSpare.free(), k.gatherLayout.unload(d, "gather and layout checksum"),
-		k.quant.unload(d, "quantize"), k.mac.unload(d))
+		k.quant.unload(d, "quantize"), k.macLayoutSpare.free(), k.mac.unload(d))
 }
 
 // launch queues kernel k on s over a grid of blocks×threads with the

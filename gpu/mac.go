@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/binary"
@@ -60,7 +61,7 @@ var ErrMACerClosed = errors.New("gpu: MACer closed")
 // macKernels are the two kernels of the keyed BLAKE3 MAC, loaded into a
 // device's context together.
 type macKernels struct {
-	chunks, parents *loadedKernel
+	chunks, parents, layout *loadedKernel
 }
 
 // onceMAC loads the MAC kernels of a device at first use.
@@ -91,13 +92,18 @@ func (d *CUDADevice) loadMAC() (*macKernels, error) {
 		chunks.unload(d)
 		return nil, err
 	}
-	k := &macKernels{chunks: chunks, parents: parents}
+	layout, err := d.loadPTX("mac_layout.ptx", macLayoutPTX, "wc_mac_layout", ErrNoMACKernel)
+	if err != nil {
+		chunks.unload(d)
+		parents.unload(d)
+		return nil, err
+	}
+	k := &macKernels{chunks: chunks, parents: parents, layout: layout}
 	if err := d.checkMAC(k); err != nil {
 		// As selfTested: a wait that gave up may leave a launch running.
 		var werr *WaitError
 		if !errors.As(err, &werr) {
-			chunks.unload(d)
-			parents.unload(d)
+			k.unload(d)
 		}
 		return nil, fmt.Errorf("%w on %s: self-test failed: %w", ErrNoMACKernel, d.Name(), err)
 	}
@@ -111,7 +117,12 @@ func (o *onceMAC) unload(d *CUDADevice) error {
 		return nil
 	}
 	o.k = nil
-	return errors.Join(k.chunks.unload(d), k.parents.unload(d))
+	return k.unload(d)
+}
+
+// unload unloads the three MAC kernels from d's context.
+func (k *macKernels) unload(d *CUDADevice) error {
+	return errors.Join(k.chunks.unload(d), k.parents.unload(d), k.layout.unload(d))
 }
 
 // macCheck lists the self-test's MACs: (offset, length) in a buffer of
@@ -126,10 +137,20 @@ var macCheck = []struct{ off, n int }{
 	{0, 3*1024 + 7}, {0, 16*1024 + 1}, {3, 5000}, {8, 65 * 1024}, {0, 1<<20 + 13}, {1, 1<<20 + 7},
 }
 
-// checkMAC runs the kernels on macCheck, all MACs outstanding at once,
-// and compares each with mac.Sum.
+// macCheckLayout is the self-test's layout (Gather.CopyMACLayout): pieces
+// of the buffer of macCheck (off, n) placed at at, copied to dst in a
+// second buffer of macCheckDstSize bytes unless dst is -1: aligned and
+// unaligned sources and destinations, zero chunks between pieces.
+var macCheckLayout = []struct{ at, off, n, dst int }{
+	{0, 0, 3000, 0}, {4096, 16, 1024, -1}, {5120, 3, 70000, 4096}, {80 << 10, 1000, 100, 80 << 10}, {82 << 10, 64, 64, -1},
+}
+
+const macCheckDstSize = 96 << 10
+
+// checkMAC runs the kernels on macCheck and macCheckLayout, all MACs
+// outstanding at once, and compares each with mac.Sum.
 func (d *CUDADevice) checkMAC(k *macKernels) error {
-	return selfTest(d, macCheckWait, []int{macCheckSize},
+	return selfTest(d, macCheckWait, []int{macCheckSize, macCheckDstSize},
 		func(s *Stream) *MACer { return newMACer(s, k) },
 		runMACCheck)
 }
@@ -138,9 +159,10 @@ func (d *CUDADevice) checkMAC(k *macKernels) error {
 var macCheckKey = mac.Key([]byte("whats the Elvish word for friend"))
 
 // runMACCheck queues macCheck's MACs of bufs[0], which it fills with a
-// pattern, on m, and compares each with mac.Sum.
+// pattern, and the MAC of macCheckLayout with its copies into bufs[1], on
+// m, and compares each with mac.Sum and the copies with their sources.
 func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) error {
-	d, buf := s.d, bufs[0]
+	d, buf, dst := s.d, bufs[0], bufs[1]
 	pat := make([]byte, macCheckSize)
 	for i := range pat {
 		pat[i] = byte(i*167 + i>>10 + 5)
@@ -158,6 +180,28 @@ func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) er
 			return err
 		}
 	}
+	var l Layout
+	flat := make([]byte, macCheckLayout[len(macCheckLayout)-1].at+macCheckLayout[len(macCheckLayout)-1].n+500)
+	wantDst := make([]byte, macCheckDstSize)
+	for _, c := range macCheckLayout {
+		var to uint64
+		if c.dst >= 0 {
+			to = dst.DevicePtr() + uint64(c.dst)
+			copy(wantDst[c.dst:], pat[c.off:c.off+c.n])
+		}
+		l.Add(int64(c.at), buf.DevicePtr()+uint64(c.off), int64(c.n), to)
+		copy(flat[c.at:], pat[c.off:c.off+c.n])
+	}
+	if err := s.Memset(dst, 0, macCheckDstSize, 0); err != nil {
+		return err
+	}
+	g := s.NewGather()
+	defer g.Close(ctx)
+	lay, err := g.CopyMACLayout(ctx, &l, int64(len(flat)), m, &macCheckKey)
+	if err != nil {
+		return err
+	}
+	defer lay.Close()
 	for i, c := range macCheck {
 		got, err := macs[i].Wait(ctx)
 		if err != nil {
@@ -167,6 +211,23 @@ func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) er
 		if want := mac.Sum(&macCheckKey, pat[c.off:c.off+c.n]); got != want {
 			return fmt.Errorf("the MAC of %d bytes at offset %d is %s, want %s", c.n, c.off, got, want)
 		}
+	}
+	got, err := lay.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if want := mac.Sum(&macCheckKey, flat); got != want {
+		return fmt.Errorf("the MAC of a %d-byte layout of %d pieces is %s, want %s", len(flat), len(macCheckLayout), got, want)
+	}
+	copied := make([]byte, macCheckDstSize)
+	if err := s.CopyDtoH(copied, dst, 0); err != nil {
+		return err
+	}
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	if !bytes.Equal(copied, wantDst) {
+		return fmt.Errorf("the layout MAC's copies did not write their pieces' bytes")
 	}
 	return nil
 }
@@ -196,6 +257,7 @@ type MACer struct {
 
 	scratch mem.Buffer      // the chaining values; nil until needed
 	old     []retiredBuffer // outgrown scratch, freed once the stream has passed its last use
+	pieces  descRing        // the layout kernel's pieces (Gather.CopyMACLayout)
 }
 
 // retiredBuffer is device memory freed once an event has completed.
@@ -206,7 +268,7 @@ type retiredBuffer struct {
 
 // newMACer returns a MACer of s with the loaded kernels k.
 func newMACer(s *Stream, k *macKernels) *MACer {
-	return &MACer{s: s, k: k, levels: macParentLevels,
+	return &MACer{s: s, k: k, levels: macParentLevels, pieces: macLayoutPieces.ring(),
 		slots: resultSlots{s: s, name: "MAC", words: mac.Size / 8, closedErr: ErrMACerClosed}}
 }
 
@@ -382,6 +444,9 @@ func (p *PendingMAC) Close() {
 // again retries. Close is idempotent.
 func (m *MACer) Close(ctx context.Context) error {
 	if err := m.slots.close(ctx, "MACer"); err != nil {
+		return err
+	}
+	if err := m.pieces.close(ctx, m.s); err != nil {
 		return err
 	}
 	// Every launch wrote a slot: with the slots' events complete, no

@@ -348,3 +348,222 @@ func genMACParents() string {
 	p.line("}")
 	return p.b.String()
 }
+
+const macLayoutC = `
+mac_layout.ptx: the layout chunk kernel of MACer (QueueLayout), loaded
+at run time with cuModuleLoadDataEx (the driver compiles it for the GPU it
+runs on). As mac_chunks.ptx, one thread per 1 KiB chunk of BLAKE3's tree,
+keyed mode, but of a layout (gpu.Layout) rather than a buffer: pieces of
+device memory placed in an n-byte virtual input whose every other byte is
+zero, each piece starting on a chunk (a multiple of 1024), so that a chunk
+holds bytes of at most one piece. A piece's bytes are copied to its
+destination on the way, unless that is 0. It is this CUDA C, with
+compress() BLAKE3's compression function unrolled:
+
+  // pieces: count (at, src, dst, len) quadruples sorted by at, those that
+  // start in chunks [c0, c1) (the launch's), none of whose chunks holds
+  // bytes of a piece of another launch. Thread g compresses chunk
+  // c = c0 + g as wc_mac_chunks does, the chunk's bytes of its piece read
+  // at the piece's source and written to its destination; no byte outside
+  // a piece is read or written.
+  extern "C" __global__ void wc_mac_layout(const ulonglong4 *pieces, unsigned long long count,
+      unsigned long long c0, unsigned long long c1, unsigned long long n,
+      unsigned long long key01, unsigned long long key23, unsigned long long key45,
+      unsigned long long key67, uint4 *cvs, uint4 *out) {
+    unsigned long long c = c0 + (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long chunks = max(1ull, (n + 1023) / 1024);
+    if (c >= c1) return;
+    unsigned long long lo = 0, hi = count;        // the pieces at or before the chunk
+    while (lo < hi) {
+      unsigned long long mid = (lo + hi) / 2;
+      if (pieces[mid].x <= 1024 * c) lo = mid + 1; else hi = mid;
+    }
+    const unsigned char *src = 0; unsigned char *dst = 0;
+    unsigned long long valid = 0;                 // the chunk's bytes of a piece
+    if (lo > 0 && 1024 * c - pieces[lo - 1].x < pieces[lo - 1].w) {
+      ulonglong4 q = pieces[lo - 1]; unsigned long long off = 1024 * c - q.x;
+      src = q.y + off; dst = q.z ? q.z + off : 0; valid = min(q.w - off, 1024ull);
+    }
+    unsigned int key[8] = {lo(key01), hi(key01), ..., lo(key67), hi(key67)}, cv[8];
+    for (int i = 0; i < 8; i++) cv[i] = key[i];
+    unsigned long long rem = min(n - 1024 * c, 1024ull);   // the chunk's bytes
+    unsigned long long blocks = max(1ull, (rem + 63) / 64);
+    for (unsigned long long b = 0; b < blocks; b++, src += 64, dst += dst ? 64 : 0,
+         rem -= 64, valid = max(valid, 64ull) - 64) {
+      unsigned int flags = 16 | (b == 0 ? 1 : 0);            // KEYED_HASH, CHUNK_START
+      if (b + 1 == blocks) flags |= 2 | (chunks == 1 ? 8 : 0); // CHUNK_END, ROOT
+      unsigned int m[16];
+      if (valid >= 64 && ((unsigned long long)src & 15) == 0 && ((unsigned long long)dst & 15) == 0) {
+        load m from src with four 16-byte loads;
+        if (dst) store m to dst with four 16-byte stores;
+      } else {
+        m = the bytes src[0 .. min(valid, 64)), little-endian words, zero-padded;
+        if (dst) copy those bytes to dst one at a time;
+      }
+      compress(cv, m, (unsigned int)c, (unsigned int)(c >> 32), min(rem, 64ull), flags);
+    }
+    uint4 *to = chunks == 1 ? out : cvs + 2 * c;
+    to[0] = {cv[0], cv[1], cv[2], cv[3]}; to[1] = {cv[4], cv[5], cv[6], cv[7]};
+  }
+`
+
+// genMACLayout writes mac_layout.ptx. Its registers past the compression's
+// (%m, %v, %k, %c): %rd1 g, then c; %rd3 pieces; %rd4 count; %rd5 c0 and
+// then chunks; %rd6 c1; %rd7 n; %rd8 1024c; %rd9 blocks; %rd11 b; %rd12
+// src; %rd13 rem; %rd19 dst; %rd30 valid; %rd21..%rd29 scratch.
+func genMACLayout() string {
+	const e = "wc_mac_layout"
+	var p ptxText
+	p.header("mac_ptx_gen_test.go", macLayoutC)
+	p.params(e, "u64 pieces", "u64 count", "u64 c0", "u64 c1", "u64 n", "u64 key01", "u64 key23", "u64 key45", "u64 key67", "u64 cvs", "u64 out")
+	p.line("{")
+	p.line("\t.reg .pred\t%%p<8>;")
+	p.line("\t.reg .b32\t%%k<8>;")
+	p.line("\t.reg .b32\t%%c<8>;")
+	p.line("\t.reg .b32\t%%m<16>;")
+	p.line("\t.reg .b32\t%%v<16>;")
+	p.line("\t.reg .b32\t%%r<12>;")
+	p.line("\t.reg .b64\t%%rd<32>;")
+	p.line("")
+	p.globalThread()
+	p.comment("%rd1 = c = c0 + g; past the launch's last chunk, return")
+	p.op("ld.param.u64", "%%rd5, [%s_c0]", e)
+	p.op("ld.param.u64", "%%rd6, [%s_c1]", e)
+	p.op("add.u64", "%%rd1, %%rd1, %%rd5")
+	p.op("setp.ge.u64", "%%p1, %%rd1, %%rd6")
+	p.op("@%p1 bra", "DONE")
+	p.comment("%rd3 = pieces, %rd4 = count, %rd7 = n, %rd5 = chunks, %rd8 = 1024c")
+	p.op("ld.param.u64", "%%rd3, [%s_pieces]", e)
+	p.op("cvta.to.global.u64", "%%rd3, %%rd3")
+	p.op("ld.param.u64", "%%rd4, [%s_count]", e)
+	p.op("ld.param.u64", "%%rd7, [%s_n]", e)
+	p.op("add.u64", "%%rd5, %%rd7, 1023")
+	p.op("shr.u64", "%%rd5, %%rd5, 10")
+	p.op("max.u64", "%%rd5, %%rd5, 1")
+	p.op("shl.b64", "%%rd8, %%rd1, 10")
+	p.comment("binary search: %rd21 = lo, the number of pieces at or before 1024c; %rd22 = hi")
+	p.op("mov.u64", "%%rd21, 0")
+	p.op("mov.u64", "%%rd22, %%rd4")
+	p.label("SEARCH", "while lo < hi: %rd23 = mid, %rd25 = pieces[mid].at")
+	p.op("setp.ge.u64", "%%p1, %%rd21, %%rd22")
+	p.op("@%p1 bra", "FOUND")
+	p.op("add.u64", "%%rd23, %%rd21, %%rd22")
+	p.op("shr.u64", "%%rd23, %%rd23, 1")
+	p.op("shl.b64", "%%rd24, %%rd23, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.u64", "%%rd25, [%%rd24]")
+	p.op("setp.le.u64", "%%p1, %%rd25, %%rd8")
+	p.op("@%p1 add.u64", "%%rd21, %%rd23, 1")
+	p.op("@!%p1 mov.u64", "%%rd22, %%rd23")
+	p.op("bra.uni", "SEARCH")
+	p.label("FOUND", "%rd12 = src, %rd19 = dst, %rd30 = valid: the chunk's bytes of piece lo - 1, if any")
+	p.op("mov.u64", "%%rd12, 0")
+	p.op("mov.u64", "%%rd19, 0")
+	p.op("mov.u64", "%%rd30, 0")
+	p.op("setp.eq.u64", "%%p1, %%rd21, 0")
+	p.op("@%p1 bra", "PLACED")
+	p.op("sub.u64", "%%rd24, %%rd21, 1")
+	p.op("shl.b64", "%%rd24, %%rd24, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.v2.u64", "{%%rd25, %%rd26}, [%%rd24]")
+	p.op("ld.global.v2.u64", "{%%rd27, %%rd28}, [%%rd24+16]")
+	p.comment("%rd29 = off = 1024c - at; the chunk is past the piece when off >= len")
+	p.op("sub.u64", "%%rd29, %%rd8, %%rd25")
+	p.op("setp.ge.u64", "%%p1, %%rd29, %%rd28")
+	p.op("@%p1 bra", "PLACED")
+	p.op("add.s64", "%%rd12, %%rd26, %%rd29")
+	p.op("setp.ne.u64", "%%p1, %%rd27, 0")
+	p.op("@%p1 add.s64", "%%rd19, %%rd27, %%rd29")
+	p.op("sub.u64", "%%rd30, %%rd28, %%rd29")
+	p.op("min.u64", "%%rd30, %%rd30, 1024")
+	p.label("PLACED", "%p6 = the chunk's bytes are copied")
+	p.op("setp.ne.u64", "%%p6, %%rd19, 0")
+	p.loadKey(e)
+	p.comment("%c0..%c7 = the chaining value, starting as the key")
+	for i := range 8 {
+		p.op("mov.b32", "%%c%d, %%k%d", i, i)
+	}
+	p.comment("%rd13 = rem, %rd9 = blocks, %rd11 = b")
+	p.op("sub.u64", "%%rd13, %%rd7, %%rd8")
+	p.op("min.u64", "%%rd13, %%rd13, 1024")
+	p.op("add.u64", "%%rd9, %%rd13, 63")
+	p.op("shr.u64", "%%rd9, %%rd9, 6")
+	p.op("max.u64", "%%rd9, %%rd9, 1")
+	p.op("mov.u64", "%%rd11, 0")
+	p.comment("%p2 = the input is one chunk (its end is the root); %r4, %r5 = the counter c")
+	p.op("setp.eq.u64", "%%p2, %%rd5, 1")
+	p.op("cvt.u32.u64", "%%r4, %%rd1")
+	p.op("shr.u64", "%%rd10, %%rd1, 32")
+	p.op("cvt.u32.u64", "%%r5, %%rd10")
+	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
+	p.label("BLOCK", "%r6 = flags, %r8 = the block's length")
+	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
+	p.op("selp.b32", "%%r6, %d, %d, %%p3", flagKeyed|flagChunkStart, flagKeyed)
+	p.op("add.u64", "%%rd14, %%rd11, 1")
+	p.op("setp.eq.u64", "%%p4, %%rd14, %%rd9")
+	p.op("@%p4 or.b32", "%%r6, %%r6, %d", flagChunkEnd)
+	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
+	p.op("min.u64", "%%rd15, %%rd13, 64")
+	p.op("cvt.u32.u64", "%%r8, %%rd15")
+	p.comment("64 bytes of the piece, src and dst 16-byte aligned: four 16-byte loads (and stores)")
+	p.op("setp.lt.u64", "%%p5, %%rd30, 64")
+	p.op("@%p5 bra", "PARTIAL")
+	p.op("or.b64", "%%rd16, %%rd12, %%rd19")
+	p.op("and.b64", "%%rd16, %%rd16, 15")
+	p.op("setp.ne.u64", "%%p5, %%rd16, 0")
+	p.op("@%p5 bra", "PARTIAL")
+	for i := range 4 {
+		p.op("ld.global.v4.u32", "{%%m%d, %%m%d, %%m%d, %%m%d}, [%%rd12+%d]", 4*i, 4*i+1, 4*i+2, 4*i+3, 16*i)
+	}
+	p.op("@!%p6 bra", "LOADED")
+	for i := range 4 {
+		p.op("st.global.v4.u32", "[%%rd19+%d], {%%m%d, %%m%d, %%m%d, %%m%d}", 16*i, 4*i, 4*i+1, 4*i+2, 4*i+3)
+	}
+	p.op("bra.uni", "LOADED")
+	p.label("PARTIAL", "the block's bytes of the piece (below valid), one at a time, zero-padded")
+	for i := range 16 {
+		p.op("mov.b32", "%%m%d, 0", i)
+	}
+	for j := range 64 {
+		p.op("setp.le.u64", "%%p5, %%rd30, %d", j)
+		p.op("@%p5 bra", "LOADED")
+		p.op("ld.global.u8", "%%r9, [%%rd12+%d]", j)
+		p.op("@%p6 st.global.u8", "[%%rd19+%d], %%r9", j)
+		if j%4 != 0 {
+			p.op("shl.b32", "%%r9, %%r9, %d", 8*(j%4))
+		}
+		p.op("or.b32", "%%m%d, %%m%d, %%r9", j/4, j/4)
+	}
+	p.label("LOADED", "compress the block into the chaining value")
+	p.state("%c", "%r4", "%r5", "%r8", "%r6")
+	p.compress()
+	for i := range 8 {
+		p.op("mov.b32", "%%c%d, %%v%d", i, i)
+	}
+	p.comment("next block: valid = max(valid, 64) - 64")
+	p.op("add.u64", "%%rd11, %%rd11, 1")
+	p.op("add.s64", "%%rd12, %%rd12, 64")
+	p.op("@%p6 add.s64", "%%rd19, %%rd19, 64")
+	p.op("sub.u64", "%%rd13, %%rd13, 64")
+	p.op("max.u64", "%%rd30, %%rd30, 64")
+	p.op("sub.u64", "%%rd30, %%rd30, 64")
+	p.op("setp.lt.u64", "%%p3, %%rd11, %%rd9")
+	p.op("@%p3 bra", "BLOCK")
+	p.comment("%rd17 = where the chaining value goes: out for the root, else cvs + 32c")
+	p.op("@%p2 bra", "ROOT")
+	p.op("ld.param.u64", "%%rd17, [%s_cvs]", e)
+	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
+	p.op("shl.b64", "%%rd18, %%rd1, 5")
+	p.op("add.s64", "%%rd17, %%rd17, %%rd18")
+	p.op("bra.uni", "STORE")
+	p.label("ROOT", "")
+	p.op("ld.param.u64", "%%rd17, [%s_out]", e)
+	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
+	p.label("STORE", "")
+	p.op("st.global.v4.u32", "[%%rd17], {%%c0, %%c1, %%c2, %%c3}")
+	p.op("st.global.v4.u32", "[%%rd17+16], {%%c4, %%c5, %%c6, %%c7}")
+	p.label("DONE", "")
+	p.line("\tret;")
+	p.line("}")
+	return p.b.String()
+}
