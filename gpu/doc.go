@@ -124,10 +124,20 @@
 // whose 32 bytes are copied to pinned memory; PendingMAC.Wait returns the
 // value of mac.Sum. Where the kernels cannot be loaded or fail their
 // self-test (or WEIGHTCAST_GPU_MAC=off), NewMACer fails with an error
-// matching ErrNoMACKernel. A fused copy and MAC is not offered: BLAKE3
-// reads each chunk in order, one thread per KiB, where copies are fastest
-// with a block's threads side by side, and the MAC kernel's cost is its
-// compressions more than its reads.
+// matching ErrNoMACKernel.
+//
+// Gather.CopyMACLayout computes the same MAC of a Layout whose pieces start
+// on 1 KiB chunks (MACLayoutAlign), copying the pieces that have a
+// destination on the way: the MAC of a bucket as pack would fill it, from
+// the tensors where they lie. Where pieces are copied, mac_layout.ptx's
+// blocks move their 128 chunks together, a 64-byte row of each at a time,
+// four threads a chunk (whole sectors written), and hand each row to its
+// compressing thread through shared memory: one thread writing its own
+// chunk 64 bytes at a time, 1 KiB from its neighbours', ran at two thirds
+// of this speed. Where they are only read, mac_layout_read.ptx's threads
+// work alone, as mac_chunks.ptx's. The parent kernel then joins the chunks.
+// Without the kernels (a nil MACer) the pieces are copied and read back to
+// the host and the MAC computed there.
 //
 // # Cast kernel
 //

@@ -61,7 +61,7 @@ var ErrMACerClosed = errors.New("gpu: MACer closed")
 // macKernels are the two kernels of the keyed BLAKE3 MAC, loaded into a
 // device's context together.
 type macKernels struct {
-	chunks, parents, layout *loadedKernel
+	chunks, parents, layout, layoutRead *loadedKernel
 }
 
 // onceMAC loads the MAC kernels of a device at first use.
@@ -98,7 +98,14 @@ func (d *CUDADevice) loadMAC() (*macKernels, error) {
 		parents.unload(d)
 		return nil, err
 	}
-	k := &macKernels{chunks: chunks, parents: parents, layout: layout}
+	layoutRead, err := d.loadPTX("mac_layout_read.ptx", macLayoutReadPTX, "wc_mac_layout_read", ErrNoMACKernel)
+	if err != nil {
+		chunks.unload(d)
+		parents.unload(d)
+		layout.unload(d)
+		return nil, err
+	}
+	k := &macKernels{chunks: chunks, parents: parents, layout: layout, layoutRead: layoutRead}
 	if err := d.checkMAC(k); err != nil {
 		// As selfTested: a wait that gave up may leave a launch running.
 		var werr *WaitError
@@ -120,9 +127,9 @@ func (o *onceMAC) unload(d *CUDADevice) error {
 	return k.unload(d)
 }
 
-// unload unloads the three MAC kernels from d's context.
+// unload unloads the MAC kernels from d's context.
 func (k *macKernels) unload(d *CUDADevice) error {
-	return errors.Join(k.chunks.unload(d), k.parents.unload(d), k.layout.unload(d))
+	return errors.Join(k.chunks.unload(d), k.parents.unload(d), k.layout.unload(d), k.layoutRead.unload(d))
 }
 
 // macCheck lists the self-test's MACs: (offset, length) in a buffer of
@@ -159,8 +166,9 @@ func (d *CUDADevice) checkMAC(k *macKernels) error {
 var macCheckKey = mac.Key([]byte("whats the Elvish word for friend"))
 
 // runMACCheck queues macCheck's MACs of bufs[0], which it fills with a
-// pattern, and the MAC of macCheckLayout with its copies into bufs[1], on
-// m, and compares each with mac.Sum and the copies with their sources.
+// pattern, and the MACs of macCheckLayout, with its copies into bufs[1]
+// and only read, on m, and compares each with mac.Sum and the copies with
+// their sources.
 func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) error {
 	d, buf, dst := s.d, bufs[0], bufs[1]
 	pat := make([]byte, macCheckSize)
@@ -180,7 +188,7 @@ func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) er
 			return err
 		}
 	}
-	var l Layout
+	var l, read Layout // with copies, and the same pieces only read
 	flat := make([]byte, macCheckLayout[len(macCheckLayout)-1].at+macCheckLayout[len(macCheckLayout)-1].n+500)
 	wantDst := make([]byte, macCheckDstSize)
 	for _, c := range macCheckLayout {
@@ -190,6 +198,7 @@ func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) er
 			copy(wantDst[c.dst:], pat[c.off:c.off+c.n])
 		}
 		l.Add(int64(c.at), buf.DevicePtr()+uint64(c.off), int64(c.n), to)
+		read.Add(int64(c.at), buf.DevicePtr()+uint64(c.off), int64(c.n), 0)
 		copy(flat[c.at:], pat[c.off:c.off+c.n])
 	}
 	if err := s.Memset(dst, 0, macCheckDstSize, 0); err != nil {
@@ -202,6 +211,11 @@ func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) er
 		return err
 	}
 	defer lay.Close()
+	layRead, err := g.CopyMACLayout(ctx, &read, int64(len(flat)), m, &macCheckKey)
+	if err != nil {
+		return err
+	}
+	defer layRead.Close()
 	for i, c := range macCheck {
 		got, err := macs[i].Wait(ctx)
 		if err != nil {
@@ -212,12 +226,14 @@ func runMACCheck(ctx context.Context, s *Stream, m *MACer, bufs []mem.Buffer) er
 			return fmt.Errorf("the MAC of %d bytes at offset %d is %s, want %s", c.n, c.off, got, want)
 		}
 	}
-	got, err := lay.Wait(ctx)
-	if err != nil {
-		return err
-	}
-	if want := mac.Sum(&macCheckKey, flat); got != want {
-		return fmt.Errorf("the MAC of a %d-byte layout of %d pieces is %s, want %s", len(flat), len(macCheckLayout), got, want)
+	for _, p := range []*PendingMAC{lay, layRead} {
+		got, err := p.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		if want := mac.Sum(&macCheckKey, flat); got != want {
+			return fmt.Errorf("the MAC of a %d-byte layout of %d pieces is %s, want %s", len(flat), len(macCheckLayout), got, want)
+		}
 	}
 	copied := make([]byte, macCheckDstSize)
 	if err := s.CopyDtoH(copied, dst, 0); err != nil {

@@ -59,7 +59,8 @@ func randomMACDeviceLayout(rng *rand.Rand, hostSrc []byte, src, dst mem.Buffer, 
 // CopyMACLayout with macs (nil: on the host), several outstanding at
 // once: layouts of 1 to 40 pieces of up to 256 KiB, one of 10,000 pieces
 // of up to 300 bytes (several launches, the descriptor ring wrapping) and
-// one of two 24 MiB pieces; it compares each MAC with mac.Sum of the
+// one of two 24 MiB pieces, and the last six again with no copies; it
+// compares each MAC with mac.Sum of the
 // layout as a buffer and the destination with what the copies should have
 // written.
 func testMACLayouts(t *testing.T, d *CUDADevice, s *Stream, g *Gather, macs *MACer) {
@@ -80,6 +81,13 @@ func testMACLayouts(t *testing.T, d *CUDADevice, s *Stream, g *Gather, macs *MAC
 	}
 	layouts = append(layouts, randomMACDeviceLayout(rng, hostSrc, src, dst, wantDst, &dstAt, 10000, 300))
 	layouts = append(layouts, randomMACDeviceLayout(rng, hostSrc, src, dst, wantDst, &dstAt, 2, 24<<20))
+	for _, c := range layouts[8:] { // the same pieces only read (mac_layout_read.ptx)
+		r := &macDeviceLayout{n: c.n, flat: c.flat}
+		for i := range c.l.sizes {
+			r.l.Add(int64(c.l.at[i]), c.l.srcs[i], int64(c.l.sizes[i]), 0)
+		}
+		layouts = append(layouts, r)
+	}
 	var key mac.Key
 	for i := range key {
 		key[i] = byte(rng.Uint32())

@@ -155,51 +155,82 @@ func runMACLayoutPTX(t *testing.T, layoutK, parentsK *ptxKernel, key *mac.Key, c
 	return mac.Tag(out), dsts
 }
 
-// TestMACLayoutPTX compares the layout kernel's MAC of random layouts
-// (randomMACLayout) with mac.Sum of the same layout as a buffer, under
-// random keys, launches of 1, 2 and 4096 pieces and blocks of 1 to 64
-// threads, and checks that every piece with a destination was copied
-// there whole.
-func TestMACLayoutPTX(t *testing.T) {
-	layoutK := parsePTX(t, "mac_layout.ptx", macLayoutPTX)
-	if layoutK.name != "wc_mac_layout" || len(layoutK.params) != 11 {
-		t.Fatalf("kernel %s(%v): want wc_mac_layout(pieces, count, c0, c1, n, key01, key23, key45, key67, cvs, out)", layoutK.name, layoutK.params)
-	}
-	_, parentsK := macPTXKernels(t)
-	rng := rand.New(rand.NewPCG(31, 32))
-	slots := []int{1, 2, macLayoutSlotPieces}
-	threads := []int{1, 32, 7, 64}
-	for i := range 36 {
-		c := randomMACLayout(rng, i)
-		key, _ := randomMACCase(rng, 0)
-		want := mac.Sum(key, c.flat())
-		got, dsts := runMACLayoutPTX(t, layoutK, parentsK, key, c, slots[i%len(slots)], threads[i%len(threads)])
-		if got != want {
-			t.Fatalf("%v, %d pieces per launch: kernels give %s, mac.Sum %s", c, slots[i%len(slots)], got, want)
+// macLayoutKernel is one of the layout kernels, parsed, with the block
+// sizes its tests launch it with: mac_layout.ptx's blocks move their
+// chunks together and are of macThreads threads; mac_layout_read.ptx's
+// threads work alone.
+type macLayoutKernel struct {
+	k       *ptxKernel
+	threads []int
+}
+
+func macLayoutKernels(t *testing.T) []macLayoutKernel {
+	t.Helper()
+	var ks []macLayoutKernel
+	for _, f := range []struct {
+		file, text, entry string
+		threads           []int
+	}{
+		{"mac_layout.ptx", macLayoutPTX, "wc_mac_layout", []int{macThreads}},
+		{"mac_layout_read.ptx", macLayoutReadPTX, "wc_mac_layout_read", []int{1, 32, 7, 64}},
+	} {
+		k := parsePTX(t, f.file, f.text)
+		if k.name != f.entry || len(k.params) != 11 {
+			t.Fatalf("kernel %s(%v): want %s(pieces, count, c0, c1, n, key01, key23, key45, key67, cvs, out)", k.name, k.params, f.entry)
 		}
-		for j, d := range dsts {
-			if d != nil && !bytes.Equal(d, c.data[j]) {
-				t.Fatalf("%v: piece %d's destination does not hold its bytes", c, j)
+		ks = append(ks, macLayoutKernel{k, f.threads})
+	}
+	return ks
+}
+
+// TestMACLayoutPTX compares each layout kernel's MAC of random layouts
+// (randomMACLayout) with mac.Sum of the same layout as a buffer, under
+// random keys and launches of 1, 2 and 4096 pieces, and checks that every
+// piece with a destination was copied there whole.
+func TestMACLayoutPTX(t *testing.T) {
+	_, parentsK := macPTXKernels(t)
+	slots := []int{1, 2, macLayoutSlotPieces}
+	for _, lk := range macLayoutKernels(t) {
+		rng := rand.New(rand.NewPCG(31, 32))
+		for i := range 36 {
+			c := randomMACLayout(rng, i)
+			key, _ := randomMACCase(rng, 0)
+			want := mac.Sum(key, c.flat())
+			got, dsts := runMACLayoutPTX(t, lk.k, parentsK, key, c, slots[i%len(slots)], lk.threads[i%len(lk.threads)])
+			if got != want {
+				t.Fatalf("%s: %v, %d pieces per launch: kernels give %s, mac.Sum %s", lk.k.name, c, slots[i%len(slots)], got, want)
+			}
+			for j, d := range dsts {
+				if d != nil && !bytes.Equal(d, c.data[j]) {
+					t.Fatalf("%s: %v: piece %d's destination does not hold its bytes", lk.k.name, c, j)
+				}
 			}
 		}
 	}
 }
 
-// TestMACLayoutOneChunk checks the root of a layout of one chunk or less,
-// which the layout kernel writes itself (no parent launch), and of a
-// layout whose one piece lies past zero chunks.
+// TestMACLayoutOneChunk checks, with each layout kernel, the root of a
+// layout of one chunk or less, which the kernel writes itself (no parent
+// launch), of a layout whose one piece lies past zero chunks, and of one
+// of three blocks of threads' chunks.
 func TestMACLayoutOneChunk(t *testing.T) {
-	layoutK := parsePTX(t, "mac_layout.ptx", macLayoutPTX)
 	_, parentsK := macPTXKernels(t)
-	key, _ := randomMACCase(rand.New(rand.NewPCG(33, 34)), 0)
-	for _, c := range []*macLayoutCase{
+	rng := rand.New(rand.NewPCG(33, 34))
+	key, _ := randomMACCase(rng, 0)
+	cases := []*macLayoutCase{
 		{n: 1, at: []uint64{0}, data: [][]byte{{7}}, srcOff: []uint64{0}, dstOff: []uint64{0}, copied: []bool{true}},
 		{n: 1024, at: []uint64{0}, data: [][]byte{bytes.Repeat([]byte{3}, 1000)}, srcOff: []uint64{5}, dstOff: []uint64{0}, copied: []bool{false}},
 		{n: 5000, at: []uint64{4096}, data: [][]byte{bytes.Repeat([]byte{9}, 900)}, srcOff: []uint64{0}, dstOff: []uint64{8}, copied: []bool{true}},
-	} {
-		want := mac.Sum(key, c.flat())
-		if got, _ := runMACLayoutPTX(t, layoutK, parentsK, key, c, macLayoutSlotPieces, 32); got != want {
-			t.Errorf("%v: kernels give %s, mac.Sum %s", c, got, want)
+		// Three blocks of chunks: pieces across a block's end.
+		{n: 300 << 10, at: []uint64{0, 127 << 10, 200 << 10}, data: [][]byte{randomBytes(rng, 100<<10+5), randomBytes(rng, 3<<10), randomBytes(rng, 100<<10)},
+			srcOff: []uint64{0, 0, 0}, dstOff: []uint64{0, 8, 0}, copied: []bool{true, true, false}},
+	}
+	for _, lk := range macLayoutKernels(t) {
+		for _, c := range cases {
+			want := mac.Sum(key, c.flat())
+			if got, _ := runMACLayoutPTX(t, lk.k, parentsK, key, c, macLayoutSlotPieces, macThreads); got != want {
+				t.Errorf("%s: %v: kernels give %s, mac.Sum %s", lk.k.name, c, got, want)
+			}
 		}
 	}
 }

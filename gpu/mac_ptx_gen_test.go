@@ -350,15 +350,337 @@ func genMACParents() string {
 }
 
 const macLayoutC = `
-mac_layout.ptx: the layout chunk kernel of MACer (QueueLayout), loaded
-at run time with cuModuleLoadDataEx (the driver compiles it for the GPU it
-runs on). As mac_chunks.ptx, one thread per 1 KiB chunk of BLAKE3's tree,
-keyed mode, but of a layout (gpu.Layout) rather than a buffer: pieces of
-device memory placed in an n-byte virtual input whose every other byte is
-zero, each piece starting on a chunk (a multiple of 1024), so that a chunk
-holds bytes of at most one piece. A piece's bytes are copied to its
-destination on the way, unless that is 0. It is this CUDA C, with
-compress() BLAKE3's compression function unrolled:
+mac_layout.ptx: the layout chunk kernel of MACer (Gather.CopyMACLayout),
+loaded at run time with cuModuleLoadDataEx (the driver compiles it for the
+GPU it runs on). As mac_chunks.ptx, one thread per 1 KiB chunk of BLAKE3's
+tree, keyed mode, but of a layout (gpu.Layout) rather than a buffer: pieces
+of device memory placed in an n-byte virtual input whose every other byte
+is zero, each piece starting on a chunk (a multiple of 1024), so that a
+chunk holds bytes of at most one piece. A piece's bytes are copied to its
+destination on the way, unless that is 0.
+
+A thread alone would read and write its chunk 64 bytes at a time, 1 KiB
+away from its neighbours': writes of a warp that hit 32 half-filled
+sectors, which ran at half the speed of the MAC alone. So the 128 threads
+of a block move their chunks together, one 64-byte row of each chunk at a
+time: each row of the block's chunks is loaded and written by four
+threads per chunk (whole 64-byte runs, whole sectors) into the
+destinations and into shared memory, where each thread then reads its
+chunk's row to compress it. A row of a chunk whose source or destination
+is not 16-byte aligned, or that holds the piece's last bytes but not 64 of
+them, its thread reads (and writes) a byte at a time. It is this CUDA C,
+with compress() BLAKE3's compression function unrolled:
+
+  // pieces: count (at, src, dst, len) quadruples sorted by at, those that
+  // start in chunks [c0, c1) (the launch's), none of whose chunks holds
+  // bytes of a piece of another launch. Blocks of 128 threads; thread g
+  // compresses chunk c = c0 + g as wc_mac_chunks does, the chunk's bytes
+  // of its piece read at the piece's source and written to its
+  // destination; no byte outside a piece is read or written.
+  extern "C" __global__ void __launch_bounds__(128) wc_mac_layout(const ulonglong4 *pieces,
+      unsigned long long count, unsigned long long c0, unsigned long long c1, unsigned long long n,
+      unsigned long long key01, unsigned long long key23, unsigned long long key45,
+      unsigned long long key67, uint4 *cvs, uint4 *out) {
+    __shared__ unsigned long long S[128], D[128], V[128];  // each chunk's src, dst, vector bytes
+    __shared__ uint4 row[128][5];                          // a row of each chunk, padded
+    unsigned t = threadIdx.x;
+    unsigned long long c = c0 + (unsigned long long)blockIdx.x * 128 + t;
+    unsigned long long chunks = max(1ull, (n + 1023) / 1024);
+    const unsigned char *src = 0; unsigned char *dst = 0;
+    unsigned long long valid = 0, rem = 0, blocks = 0;  // the chunk's bytes of a piece, of the input
+    if (c < c1) {
+      unsigned long long lo = 0, hi = count;      // the pieces at or before the chunk
+      while (lo < hi) {
+        unsigned long long mid = (lo + hi) / 2;
+        if (pieces[mid].x <= 1024 * c) lo = mid + 1; else hi = mid;
+      }
+      if (lo > 0 && 1024 * c - pieces[lo - 1].x < pieces[lo - 1].w) {
+        ulonglong4 q = pieces[lo - 1]; unsigned long long off = 1024 * c - q.x;
+        src = q.y + off; dst = q.z ? q.z + off : 0; valid = min(q.w - off, 1024ull);
+      }
+      rem = min(n - 1024 * c, 1024ull);
+      blocks = max(1ull, (rem + 63) / 64);
+    }
+    bool vec = (((unsigned long long)src | (unsigned long long)dst) & 15) == 0;
+    S[t] = src; D[t] = dst; V[t] = vec ? valid : 0;
+    __syncthreads();
+    unsigned int key[8] = {lo(key01), hi(key01), ..., lo(key67), hi(key67)}, cv[8];
+    for (int i = 0; i < 8; i++) cv[i] = key[i];
+    for (unsigned b = 0; b < 16; b++) {
+      for (int k = 0; k < 4; k++) {                // row b of every chunk: 4 threads per chunk
+        unsigned ch = 32 * k + t / 4, off = 64 * b + 16 * (t % 4);
+        if (V[ch] >= off + 16) {
+          uint4 x = *(const uint4 *)(S[ch] + off);
+          row[ch][t % 4] = x;
+          if (D[ch]) *(uint4 *)(D[ch] + off) = x;
+        }
+      }
+      __syncthreads();
+      if (b < blocks) {
+        unsigned int flags = 16 | (b == 0 ? 1 : 0);            // KEYED_HASH, CHUNK_START
+        if (b + 1 == blocks) flags |= 2 | (chunks == 1 ? 8 : 0); // CHUNK_END, ROOT
+        unsigned int m[16];
+        if (vec && valid >= 64)
+          m = row[t][0..3];
+        else {
+          m = the bytes src[0 .. min(valid, 64)), little-endian words, zero-padded;
+          if (dst) copy those bytes to dst one at a time;
+        }
+        compress(cv, m, (unsigned int)c, (unsigned int)(c >> 32), min(rem, 64ull), flags);
+        src += 64; dst += dst ? 64 : 0; rem -= 64; valid = max(valid, 64ull) - 64;
+      }
+      __syncthreads();
+    }
+    if (c >= c1) return;
+    uint4 *to = chunks == 1 ? out : cvs + 2 * c;
+    to[0] = {cv[0], cv[1], cv[2], cv[3]}; to[1] = {cv[4], cv[5], cv[6], cv[7]};
+  }
+`
+
+// macLayoutRowPad is the bytes of shared memory a chunk's row takes: 64,
+// padded to 80 so that the threads reading their rows spread over the
+// banks.
+const macLayoutRowPad = 80
+
+// genMACLayout writes mac_layout.ptx. Its registers past the compression's
+// (%m, %v, %k, %c): %rd1 g, then c; %rd3 pieces; %rd4 count; %rd5 c0 and
+// then chunks; %rd6 c1; %rd7 n; %rd8 1024c; %rd9 blocks; %rd11 b; %rd12
+// src; %rd13 rem; %rd19 dst; %rd30 valid; %rd21..%rd29, %rd31 scratch; %r11
+// t; %r12..%r19 shared addresses and scratch; %p8 the thread has a chunk;
+// %p9 its bytes go by vectors.
+func genMACLayout() string {
+	const e = "wc_mac_layout"
+	sh := func(name string) string { return e + "_" + name }
+	var p ptxText
+	p.header("mac_ptx_gen_test.go", macLayoutC)
+	p.params(e, "u64 pieces", "u64 count", "u64 c0", "u64 c1", "u64 n", "u64 key01", "u64 key23", "u64 key45", "u64 key67", "u64 cvs", "u64 out")
+	p.line(".maxntid %d, 1, 1", macThreads)
+	p.line("{")
+	p.line("\t.reg .pred\t%%p<12>;")
+	p.line("\t.reg .b32\t%%k<8>;")
+	p.line("\t.reg .b32\t%%c<8>;")
+	p.line("\t.reg .b32\t%%m<16>;")
+	p.line("\t.reg .b32\t%%v<16>;")
+	p.line("\t.reg .b32\t%%r<24>;")
+	p.line("\t.reg .b64\t%%rd<32>;")
+	for _, a := range []string{"src", "dst", "valid"} {
+		p.line("\t.shared .align 8 .b8 %s[%d];", sh(a), 8*macThreads)
+	}
+	p.line("\t.shared .align 16 .b8 %s[%d];", sh("row"), macLayoutRowPad*macThreads)
+	p.line("")
+	p.globalThread()
+	p.op("mov.u32", "%%r11, %%r3")
+	p.comment("%rd1 = c = c0 + g; %p8 = c < c1, the thread has a chunk")
+	p.op("ld.param.u64", "%%rd5, [%s_c0]", e)
+	p.op("ld.param.u64", "%%rd6, [%s_c1]", e)
+	p.op("add.u64", "%%rd1, %%rd1, %%rd5")
+	p.op("setp.lt.u64", "%%p8, %%rd1, %%rd6")
+	p.comment("%rd3 = pieces, %rd4 = count, %rd7 = n, %rd5 = chunks, %rd8 = 1024c")
+	p.op("ld.param.u64", "%%rd3, [%s_pieces]", e)
+	p.op("cvta.to.global.u64", "%%rd3, %%rd3")
+	p.op("ld.param.u64", "%%rd4, [%s_count]", e)
+	p.op("ld.param.u64", "%%rd7, [%s_n]", e)
+	p.op("add.u64", "%%rd5, %%rd7, 1023")
+	p.op("shr.u64", "%%rd5, %%rd5, 10")
+	p.op("max.u64", "%%rd5, %%rd5, 1")
+	p.op("shl.b64", "%%rd8, %%rd1, 10")
+	p.comment("%rd12 = src, %rd19 = dst, %rd30 = valid, %rd13 = rem, %rd9 = blocks: none without a chunk")
+	p.op("mov.u64", "%%rd12, 0")
+	p.op("mov.u64", "%%rd19, 0")
+	p.op("mov.u64", "%%rd30, 0")
+	p.op("mov.u64", "%%rd13, 0")
+	p.op("mov.u64", "%%rd9, 0")
+	p.op("@!%p8 bra", "SHARE")
+	p.comment("binary search: %rd21 = lo, the number of pieces at or before 1024c; %rd22 = hi")
+	p.op("mov.u64", "%%rd21, 0")
+	p.op("mov.u64", "%%rd22, %%rd4")
+	p.label("SEARCH", "while lo < hi: %rd23 = mid, %rd25 = pieces[mid].at")
+	p.op("setp.ge.u64", "%%p1, %%rd21, %%rd22")
+	p.op("@%p1 bra", "FOUND")
+	p.op("add.u64", "%%rd23, %%rd21, %%rd22")
+	p.op("shr.u64", "%%rd23, %%rd23, 1")
+	p.op("shl.b64", "%%rd24, %%rd23, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.u64", "%%rd25, [%%rd24]")
+	p.op("setp.le.u64", "%%p1, %%rd25, %%rd8")
+	p.op("@%p1 add.u64", "%%rd21, %%rd23, 1")
+	p.op("@!%p1 mov.u64", "%%rd22, %%rd23")
+	p.op("bra.uni", "SEARCH")
+	p.label("FOUND", "the chunk's bytes of piece lo - 1, if any")
+	p.op("setp.eq.u64", "%%p1, %%rd21, 0")
+	p.op("@%p1 bra", "PLACED")
+	p.op("sub.u64", "%%rd24, %%rd21, 1")
+	p.op("shl.b64", "%%rd24, %%rd24, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.v2.u64", "{%%rd25, %%rd26}, [%%rd24]")
+	p.op("ld.global.v2.u64", "{%%rd27, %%rd28}, [%%rd24+16]")
+	p.comment("%rd29 = off = 1024c - at; the chunk is past the piece when off >= len")
+	p.op("sub.u64", "%%rd29, %%rd8, %%rd25")
+	p.op("setp.ge.u64", "%%p1, %%rd29, %%rd28")
+	p.op("@%p1 bra", "PLACED")
+	p.op("add.s64", "%%rd12, %%rd26, %%rd29")
+	p.op("setp.ne.u64", "%%p1, %%rd27, 0")
+	p.op("@%p1 add.s64", "%%rd19, %%rd27, %%rd29")
+	p.op("sub.u64", "%%rd30, %%rd28, %%rd29")
+	p.op("min.u64", "%%rd30, %%rd30, 1024")
+	p.label("PLACED", "rem, blocks")
+	p.op("sub.u64", "%%rd13, %%rd7, %%rd8")
+	p.op("min.u64", "%%rd13, %%rd13, 1024")
+	p.op("add.u64", "%%rd9, %%rd13, 63")
+	p.op("shr.u64", "%%rd9, %%rd9, 6")
+	p.op("max.u64", "%%rd9, %%rd9, 1")
+	p.label("SHARE", "%p9 = src and dst 16-byte aligned; S[t], D[t], V[t] = src, dst, valid or 0")
+	p.op("or.b64", "%%rd21, %%rd12, %%rd19")
+	p.op("and.b64", "%%rd21, %%rd21, 15")
+	p.op("setp.eq.u64", "%%p9, %%rd21, 0")
+	p.op("selp.b64", "%%rd21, %%rd30, 0, %%p9")
+	p.op("shl.b32", "%%r12, %%r11, 3")
+	p.op("mov.u32", "%%r13, %s", sh("src"))
+	p.op("add.u32", "%%r13, %%r13, %%r12")
+	p.op("st.shared.u64", "[%%r13], %%rd12")
+	p.op("mov.u32", "%%r13, %s", sh("dst"))
+	p.op("add.u32", "%%r13, %%r13, %%r12")
+	p.op("st.shared.u64", "[%%r13], %%rd19")
+	p.op("mov.u32", "%%r13, %s", sh("valid"))
+	p.op("add.u32", "%%r13, %%r13, %%r12")
+	p.op("st.shared.u64", "[%%r13], %%rd21")
+	p.op("bar.sync", "0")
+	p.comment("%p6 = the chunk's bytes are copied; %r14 = t %% 4; %r15 = t / 4 * 8; %r16 = row + 80t")
+	p.op("setp.ne.u64", "%%p6, %%rd19, 0")
+	p.op("and.b32", "%%r14, %%r11, 3")
+	p.op("shr.u32", "%%r15, %%r11, 2")
+	p.op("shl.b32", "%%r15, %%r15, 3")
+	p.op("mov.u32", "%%r16, %s", sh("row"))
+	p.op("mul.lo.u32", "%%r17, %%r11, %d", macLayoutRowPad)
+	p.op("add.u32", "%%r16, %%r16, %%r17")
+	p.loadKey(e)
+	p.comment("%c0..%c7 = the chaining value, starting as the key")
+	for i := range 8 {
+		p.op("mov.b32", "%%c%d, %%k%d", i, i)
+	}
+	p.comment("%p2 = the input is one chunk (its end is the root); %r4, %r5 = the counter c; %rd11 = b")
+	p.op("setp.eq.u64", "%%p2, %%rd5, 1")
+	p.op("cvt.u32.u64", "%%r4, %%rd1")
+	p.op("shr.u64", "%%rd10, %%rd1, 32")
+	p.op("cvt.u32.u64", "%%r5, %%rd10")
+	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
+	p.op("mov.u64", "%%rd11, 0")
+	p.label("ROW", "row b of every chunk of the block, four threads a chunk: %rd31 = off = 64b + 16(t % 4)")
+	p.op("shl.b64", "%%rd31, %%rd11, 6")
+	p.op("mul.wide.u32", "%%rd21, %%r14, 16")
+	p.op("add.u64", "%%rd31, %%rd31, %%rd21")
+	p.op("add.u64", "%%rd22, %%rd31, 16")
+	for k := range 4 {
+		skip := fmt.Sprintf("MOVED%d", k)
+		p.comment(fmt.Sprintf("chunk ch = %d + t / 4: %%r17 = 8ch; its V, S, D; its row's slot at %%r19", 32*k))
+		p.op("add.u32", "%%r17, %%r15, %d", 8*32*k)
+		p.op("mov.u32", "%%r18, %s", sh("valid"))
+		p.op("add.u32", "%%r18, %%r18, %%r17")
+		p.op("ld.shared.u64", "%%rd23, [%%r18]")
+		p.op("setp.lt.u64", "%%p1, %%rd23, %%rd22")
+		p.op("@%p1 bra", "%s", skip)
+		p.op("mov.u32", "%%r18, %s", sh("src"))
+		p.op("add.u32", "%%r18, %%r18, %%r17")
+		p.op("ld.shared.u64", "%%rd24, [%%r18]")
+		p.op("mov.u32", "%%r18, %s", sh("dst"))
+		p.op("add.u32", "%%r18, %%r18, %%r17")
+		p.op("ld.shared.u64", "%%rd25, [%%r18]")
+		p.op("add.s64", "%%rd24, %%rd24, %%rd31")
+		p.op("ld.global.v4.u32", "{%%m0, %%m1, %%m2, %%m3}, [%%rd24]")
+		p.comment("row[ch][t % 4]: row + 80ch + 16(t % 4), 80ch = 10 * 8ch")
+		p.op("mul.lo.u32", "%%r19, %%r17, %d", macLayoutRowPad/8)
+		p.op("shl.b32", "%%r18, %%r14, 4")
+		p.op("add.u32", "%%r19, %%r19, %%r18")
+		p.op("mov.u32", "%%r18, %s", sh("row"))
+		p.op("add.u32", "%%r19, %%r19, %%r18")
+		p.op("st.shared.v4.u32", "[%%r19], {%%m0, %%m1, %%m2, %%m3}")
+		p.op("setp.eq.u64", "%%p1, %%rd25, 0")
+		p.op("@%p1 bra", "%s", skip)
+		p.op("add.s64", "%%rd25, %%rd25, %%rd31")
+		p.op("st.global.v4.u32", "[%%rd25], {%%m0, %%m1, %%m2, %%m3}")
+		p.label(skip, "")
+	}
+	p.op("bar.sync", "0")
+	p.comment("this thread's chunk, if it has row b: %r6 = flags, %r8 = the block's length")
+	p.op("setp.ge.u64", "%%p3, %%rd11, %%rd9")
+	p.op("@%p3 bra", "ROWDONE")
+	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
+	p.op("selp.b32", "%%r6, %d, %d, %%p3", flagKeyed|flagChunkStart, flagKeyed)
+	p.op("add.u64", "%%rd14, %%rd11, 1")
+	p.op("setp.eq.u64", "%%p4, %%rd14, %%rd9")
+	p.op("@%p4 or.b32", "%%r6, %%r6, %d", flagChunkEnd)
+	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
+	p.op("min.u64", "%%rd15, %%rd13, 64")
+	p.op("cvt.u32.u64", "%%r8, %%rd15")
+	p.comment("a whole row moved by vectors: from shared memory")
+	p.op("@!%p9 bra", "PARTIAL")
+	p.op("setp.lt.u64", "%%p5, %%rd30, 64")
+	p.op("@%p5 bra", "PARTIAL")
+	for i := range 4 {
+		p.op("ld.shared.v4.u32", "{%%m%d, %%m%d, %%m%d, %%m%d}, [%%r16+%d]", 4*i, 4*i+1, 4*i+2, 4*i+3, 16*i)
+	}
+	p.op("bra.uni", "LOADED")
+	p.label("PARTIAL", "the block's bytes of the piece (below valid), one at a time, zero-padded")
+	for i := range 16 {
+		p.op("mov.b32", "%%m%d, 0", i)
+	}
+	for j := range 64 {
+		p.op("setp.le.u64", "%%p5, %%rd30, %d", j)
+		p.op("@%p5 bra", "LOADED")
+		p.op("ld.global.u8", "%%r9, [%%rd12+%d]", j)
+		p.op("@%p6 st.global.u8", "[%%rd19+%d], %%r9", j)
+		if j%4 != 0 {
+			p.op("shl.b32", "%%r9, %%r9, %d", 8*(j%4))
+		}
+		p.op("or.b32", "%%m%d, %%m%d, %%r9", j/4, j/4)
+	}
+	p.label("LOADED", "compress the block into the chaining value")
+	p.state("%c", "%r4", "%r5", "%r8", "%r6")
+	p.compress()
+	for i := range 8 {
+		p.op("mov.b32", "%%c%d, %%v%d", i, i)
+	}
+	p.comment("next block: valid = max(valid, 64) - 64")
+	p.op("add.s64", "%%rd12, %%rd12, 64")
+	p.op("@%p6 add.s64", "%%rd19, %%rd19, 64")
+	p.op("sub.u64", "%%rd13, %%rd13, 64")
+	p.op("max.u64", "%%rd30, %%rd30, 64")
+	p.op("sub.u64", "%%rd30, %%rd30, 64")
+	p.label("ROWDONE", "every thread, before the next row overwrites the rows in shared memory")
+	p.op("bar.sync", "0")
+	p.op("add.u64", "%%rd11, %%rd11, 1")
+	p.op("setp.lt.u64", "%%p3, %%rd11, 16")
+	p.op("@%p3 bra", "ROW")
+	p.comment("%rd17 = where the chaining value goes: out for the root, else cvs + 32c")
+	p.op("@!%p8 bra", "DONE")
+	p.op("@%p2 bra", "ROOT")
+	p.op("ld.param.u64", "%%rd17, [%s_cvs]", e)
+	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
+	p.op("shl.b64", "%%rd18, %%rd1, 5")
+	p.op("add.s64", "%%rd17, %%rd17, %%rd18")
+	p.op("bra.uni", "STORE")
+	p.label("ROOT", "")
+	p.op("ld.param.u64", "%%rd17, [%s_out]", e)
+	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
+	p.label("STORE", "")
+	p.op("st.global.v4.u32", "[%%rd17], {%%c0, %%c1, %%c2, %%c3}")
+	p.op("st.global.v4.u32", "[%%rd17+16], {%%c4, %%c5, %%c6, %%c7}")
+	p.label("DONE", "")
+	p.line("\tret;")
+	p.line("}")
+	return p.b.String()
+}
+
+const macLayoutReadC = `
+mac_layout_read.ptx: the layout chunk kernel of MACer (Gather.CopyMACLayout)
+for layouts whose pieces are only read, loaded at run time with
+cuModuleLoadDataEx (the driver compiles it for the GPU it runs on). The
+layout as mac_layout.ptx takes it, one thread per 1 KiB chunk, each on its
+own: with no copies to write, its threads need not move their rows
+together, and it runs without mac_layout.ptx's barriers. (It can copy as
+well, a thread's chunk 64 bytes at a time, at half the speed of
+mac_layout.ptx.) It is this CUDA C, with compress() BLAKE3's compression
+function unrolled:
 
   // pieces: count (at, src, dst, len) quadruples sorted by at, those that
   // start in chunks [c0, c1) (the launch's), none of whose chunks holds
@@ -366,7 +688,7 @@ compress() BLAKE3's compression function unrolled:
   // c = c0 + g as wc_mac_chunks does, the chunk's bytes of its piece read
   // at the piece's source and written to its destination; no byte outside
   // a piece is read or written.
-  extern "C" __global__ void wc_mac_layout(const ulonglong4 *pieces, unsigned long long count,
+  extern "C" __global__ void wc_mac_layout_read(const ulonglong4 *pieces, unsigned long long count,
       unsigned long long c0, unsigned long long c1, unsigned long long n,
       unsigned long long key01, unsigned long long key23, unsigned long long key45,
       unsigned long long key67, uint4 *cvs, uint4 *out) {
@@ -407,14 +729,14 @@ compress() BLAKE3's compression function unrolled:
   }
 `
 
-// genMACLayout writes mac_layout.ptx. Its registers past the compression's
+// genMACLayoutRead writes mac_layout_read.ptx. Its registers past the compression's
 // (%m, %v, %k, %c): %rd1 g, then c; %rd3 pieces; %rd4 count; %rd5 c0 and
 // then chunks; %rd6 c1; %rd7 n; %rd8 1024c; %rd9 blocks; %rd11 b; %rd12
 // src; %rd13 rem; %rd19 dst; %rd30 valid; %rd21..%rd29 scratch.
-func genMACLayout() string {
-	const e = "wc_mac_layout"
+func genMACLayoutRead() string {
+	const e = "wc_mac_layout_read"
 	var p ptxText
-	p.header("mac_ptx_gen_test.go", macLayoutC)
+	p.header("mac_ptx_gen_test.go", macLayoutReadC)
 	p.params(e, "u64 pieces", "u64 count", "u64 c0", "u64 c1", "u64 n", "u64 key01", "u64 key23", "u64 key45", "u64 key67", "u64 cvs", "u64 out")
 	p.line("{")
 	p.line("\t.reg .pred\t%%p<8>;")

@@ -9,7 +9,7 @@ import (
 )
 
 // This file holds the generator of the kernels whose PTX is generated
-// rather than written by hand (mac_chunks.ptx, mac_parents.ptx, mac_layout.ptx,
+// rather than written by hand (mac_chunks.ptx, mac_parents.ptx, mac_layout.ptx, mac_layout_read.ptx,
 // gather.ptx, gather_sum.ptx, quant.ptx and quant_int.ptx: unrolled code
 // reads better as the Go that writes it, the two gather kernels share
 // their copy loops, and the quantize kernels share their scalar path and
@@ -25,6 +25,7 @@ func TestPTXGenerated(t *testing.T) {
 		{"mac_chunks.ptx", macChunksPTX, genMACChunks()},
 		{"mac_parents.ptx", macParentsPTX, genMACParents()},
 		{"mac_layout.ptx", macLayoutPTX, genMACLayout()},
+		{"mac_layout_read.ptx", macLayoutReadPTX, genMACLayoutRead()},
 		{"gather.ptx", gatherPTX, gatherDefault.ptx()},
 		{"gather_sum.ptx", gatherSumPTX, gatherSumDefault.ptx()},
 		{"quant.ptx", quantPTX, genQuant()},

@@ -313,8 +313,9 @@ func directLayout(u *Unpacked, l *gpu.Layout, dst func(i int) (uint64, error)) e
 
 // gatherDirect copies direct bucket b's entries from where they lie (srcs)
 // into b's own buffer, as pack would have filled it, with the bucket's
-// checksum computed in the same pass when it has one, and waits for the
-// copies; b then carries the checksum for unpack to check.
+// checksum, or in a signed round its MAC, computed in the same pass when
+// it has one, and waits for the copies; b then carries the checksum or
+// the MAC for unpack to check.
 func (c *gpuCopier) gatherDirect(ctx context.Context, b *Bucket, srcs []directView) error {
 	m := &b.Meta
 	dst, _ := gpu.Address(b.Buf)
@@ -333,7 +334,20 @@ func (c *gpuCopier) gatherDirect(ctx context.Context, b *Bucket, srcs []directVi
 		l.Add(e.Offset, from, e.Size, dst+uint64(e.Offset))
 		cb.Add(dst+uint64(e.Offset), from, e.Size)
 	}
-	if !m.HasChecksum {
+	switch {
+	case b.auth != nil && m.HasMAC:
+		macs, err := c.macs.get(c.stream)
+		if err == nil {
+			err = queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth)
+		}
+		if err == nil {
+			_, err = b.mac.wait(ctx) // the copies have landed when the MAC is in
+		}
+		if err != nil {
+			return fmt.Errorf("bucket %d: copying from the sender's memory with its MAC: %w", m.Seq, err)
+		}
+		return nil
+	case !m.HasChecksum:
 		if err := c.gather.Copy(ctx, &cb); err != nil {
 			return fmt.Errorf("bucket %d: copying from the sender's memory: %w", m.Seq, err)
 		}
@@ -397,11 +411,13 @@ const (
 )
 
 // sumInPlace queues the checksum of direct bucket b as pack would fill it,
-// read from its entries where they lie (srcs) without copying them, when
-// b has one; b then carries it for unpack to check, which waits for it.
+// or in a signed round its MAC, read from its entries where they lie
+// (srcs) without copying them, when b has one; b then carries it for
+// unpack to check, which waits for it.
 func (c *gpuCopier) sumInPlace(ctx context.Context, b *Bucket, srcs []directView) error {
 	m := &b.Meta
-	if !m.HasChecksum {
+	signed := b.auth != nil && m.HasMAC
+	if !m.HasChecksum && !signed {
 		return nil
 	}
 	var l gpu.Layout
@@ -415,6 +431,16 @@ func (c *gpuCopier) sumInPlace(ctx context.Context, b *Bucket, srcs []directView
 			return fmt.Errorf("bucket %d: tensor %q: the sender's memory is not mapped here", m.Seq, e.Name)
 		}
 		l.Add(e.Offset, from+uint64(srcs[i].off), e.Size, 0)
+	}
+	if signed {
+		macs, err := c.macs.get(c.stream)
+		if err == nil {
+			err = queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth)
+		}
+		if err != nil {
+			return fmt.Errorf("bucket %d: %w", m.Seq, err)
+		}
+		return nil
 	}
 	ps, err := c.gather.CopySumLayout(ctx, &l, m.Length, c.sums)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 )
@@ -270,6 +271,7 @@ type gpuCopier struct {
 	stream *gpu.Stream
 	gather *gpu.Gather
 	sums   *gpu.Checksummer // nil where the checksum kernel is unavailable
+	macs   streamMACer      // direct buckets' MACs, with a group secret
 }
 
 func newGPUCopier(dev *gpu.CUDADevice) (*gpuCopier, error) {
@@ -299,7 +301,7 @@ func (d *gpuCopier) close(ctx context.Context) error {
 	if err := d.stream.Sync(ctx); err != nil {
 		return fmt.Errorf("load: copies still running; leaving their state allocated: %w", err)
 	}
-	errs := []error{d.gather.Close(ctx)}
+	errs := []error{d.gather.Close(ctx), d.macs.close(ctx)}
 	if d.sums != nil {
 		errs = append(errs, d.sums.Close(ctx))
 	}
@@ -312,7 +314,9 @@ func (d *gpuCopier) close(ctx context.Context) error {
 // memory. Where unpack left the checksum to load (u.sumAtLoad) the copies
 // compute it (gpu.Gather.CopySum, the bucket the side they read, or
 // CopySumLayout of the entries where they lie) and copyToTarget checks it
-// (verifySum). It returns once the copies have finished and the sink is
+// (verifySum); where it left a direct bucket's MAC to load (u.macAtLoad),
+// they compute that (gpu.Gather.CopyMACLayout) and copyToTarget checks it
+// (verifyMAC). It returns once the copies have finished and the sink is
 // flushed.
 func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 	b, t := u.Bucket, l.target
@@ -346,7 +350,13 @@ func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 		lay.Add(e.Offset, from, e.Size, to)
 	}
 	var ps *gpu.PendingSum
+	var pm *gpu.PendingMAC
 	switch {
+	case u.macAtLoad:
+		var macs *gpu.MACer
+		if macs, err = c.macs.get(c.stream); err == nil {
+			pm, err = c.gather.CopyMACLayout(ctx, &lay, m.Length, macs, bucketKey(b.auth))
+		}
 	case u.sumAtLoad && direct:
 		ps, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
 	case u.sumAtLoad:
@@ -357,9 +367,14 @@ func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 		}
 	}
 	var got uint64
+	var tag mac.Tag
 	if err == nil && ps != nil {
 		got, err = ps.Wait(ctx) // the copies have finished when the sum is in
 		ps.Close()
+	}
+	if err == nil && pm != nil {
+		tag, err = pm.Wait(ctx) // the copies have finished when the MAC is in
+		pm.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
@@ -367,8 +382,11 @@ func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 	if err := t.Flush(ctx); err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
-	if u.sumAtLoad {
+	switch {
+	case u.sumAtLoad:
 		return verifySum(m, got)
+	case u.macAtLoad:
+		return verifyMAC(m, tag)
 	}
 	return nil
 }

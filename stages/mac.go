@@ -8,6 +8,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mac"
+	"github.com/weightcast/weightcast/wire"
 )
 
 // The bucket MAC and the signed metadata.
@@ -41,9 +42,20 @@ import (
 //     root (transport.Lender). A mismatch fails the round there, so the
 //     version is committed nowhere and the last committed one stays.
 //
-// A direct bucket (direct.go) has no bytes of its own to compute a MAC of,
-// so a Sender with keys packs every bucket, and both ends refuse a direct
-// bucket in a signed round.
+// A direct bucket (direct.go) has no bytes of its own: its MAC is that of
+// the bucket as pack would fill it with zeros between the entries, which
+// start on MAC chunks (1 KiB) there, computed where the entries lie
+// (gpu.Gather.CopyMACLayout, queueLayoutMAC). It takes the place of the
+// checksum, which it proves more than (a direct bucket with a MAC carries
+// no checksum):
+//
+//   - pack computes it from the sender's tensors, on the copy stream
+//     (deviceFill.macDirect), where the checksum would have been summed;
+//   - each receiver computes it in the pass that reads the entries: the
+//     copies that gather them into its buffer (gatherDirect), the pass
+//     over them for an InPlaceReader (sumInPlace), or load's copies into
+//     the round's one DeviceTarget (copyToTarget, as that sink's checksum
+//     is); unpack, or load for a DeviceTarget, compares (verifyMAC).
 
 // bucketKey is the run's bucket-MAC key.
 func bucketKey(keys *auth.Keys) *mac.Key {
@@ -103,24 +115,28 @@ func awaitMAC(ctx context.Context, b *Bucket) error {
 }
 
 // checkMAC compares, when b's round is signed (b.auth), the MAC of b's
-// filled bytes with the one the root sent: data's for a host bucket (data
-// is nil for a device bucket), else one computed on b's GPU.
+// filled bytes with the one the root sent: the one receive computed for a
+// direct bucket (b.mac), data's for a host bucket (data is nil for a
+// device bucket), else one computed on b's GPU.
 func (c *bucketCheck) checkMAC(ctx context.Context, b *Bucket, data []byte) error {
 	if b.auth == nil {
 		return nil
 	}
 	m := &b.Meta
-	switch {
-	case m.Direct != nil:
-		return fmt.Errorf("bucket %d (version %d) is direct (read where it lies in the sender's memory), which carries no MAC: %w: this rank has a group secret, under which the root packs every bucket", m.Seq, m.Version, auth.ErrFailed)
-	case !m.HasMAC:
+	if !m.HasMAC {
 		return fmt.Errorf("bucket %d (version %d) carries no MAC: %w: this rank has a group secret, the root sent the bucket without one", m.Seq, m.Version, auth.ErrFailed)
 	}
 	key := bucketKey(b.auth)
 	var got mac.Tag
-	if data != nil {
+	var err error
+	switch {
+	case b.mac != nil:
+		if got, err = b.mac.wait(ctx); err != nil {
+			return fmt.Errorf("the MAC of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
+	case data != nil:
 		got = mac.SumParallel(key, data)
-	} else {
+	default:
 		dev, err := c.device(b)
 		if err != nil {
 			return err
@@ -134,11 +150,71 @@ func (c *bucketCheck) checkMAC(ctx context.Context, b *Bucket, data []byte) erro
 			return fmt.Errorf("the MAC of bucket %d (version %d): %w", m.Seq, m.Version, err)
 		}
 	}
+	return verifyMAC(m, got)
+}
+
+// verifyMAC reports a bucket whose bytes' MAC, got, is not the one the
+// root sent: the one place where a mismatch is found and told, for MACs
+// computed by unpack, receive and load's copies.
+func verifyMAC(m *wire.BucketMeta, got mac.Tag) error {
 	if got.Equal(m.MAC) {
 		return nil
 	}
 	return fmt.Errorf("bucket %d (version %d, %d bytes) failed its MAC: %w: its bytes are not the ones the root sent, so they were changed on the way (the checksum does not catch a change made on purpose); tensors in it: %s",
 		m.Seq, m.Version, m.Length, auth.ErrFailed, entryNames(m.Entries, 8))
+}
+
+// queueLayoutMAC queues, on g's stream, the MAC under keys of direct
+// bucket b: the layout l of its entries, read where they lie and copied
+// where l says (gpu.Gather.CopyMACLayout with macs, a MACer of g's stream,
+// or on the host where macs is nil). b then carries it (b.mac), and
+// releasing b gives it back.
+func queueLayoutMAC(ctx context.Context, g *gpu.Gather, macs *gpu.MACer, b *Bucket, l *gpu.Layout, keys *auth.Keys) error {
+	p, err := g.CopyMACLayout(ctx, l, b.Meta.Length, macs, bucketKey(keys))
+	if err != nil {
+		return fmt.Errorf("the MAC of direct bucket %d (version %d): %w", b.Meta.Seq, b.Meta.Version, err)
+	}
+	b.mac = &pendingMAC{p: p}
+	b.whenReleased(b.mac.close)
+	return nil
+}
+
+// streamMACer is the MACer of one stream for layout MACs, made at first
+// use; where the MAC kernels are unavailable it stays nil (why says why)
+// and the MACs are computed on the host. Its zero value is ready to use.
+type streamMACer struct {
+	m    *gpu.MACer
+	why  error
+	made bool
+}
+
+// get returns the MACer of s, or nil where the kernels are unavailable.
+func (sm *streamMACer) get(s *gpu.Stream) (*gpu.MACer, error) {
+	if !sm.made {
+		m, err := s.NewMACer()
+		switch {
+		case err == nil:
+			sm.m = m
+		case errors.Is(err, gpu.ErrNoMACKernel):
+			sm.why = err
+		default:
+			return nil, err
+		}
+		sm.made = true
+	}
+	return sm.m, nil
+}
+
+// close frees the MACer's memory once no launch uses it, bounded by ctx;
+// where that wait fails it keeps the MACer, for a later close to retry.
+func (sm *streamMACer) close(ctx context.Context) error {
+	if sm.m != nil {
+		if err := sm.m.Close(ctx); err != nil {
+			return err
+		}
+	}
+	*sm = streamMACer{}
+	return nil
 }
 
 // pendingMAC is the MAC of a device bucket: pending on the GPU, or

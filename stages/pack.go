@@ -368,7 +368,17 @@ func (r *packing) noBytes() (mem.Buffer, error) {
 	return r.noBuf, nil
 }
 
-func alignUp(n int64) int64 { return (n + wire.Align - 1) &^ (wire.Align - 1) }
+// alignUp rounds n up to where the current bucket's next entry starts:
+// a multiple of wire.Align or, in a direct bucket with a MAC, of a MAC
+// chunk, so that the receivers can compute the MAC of the entries where
+// they lie (gpu.Gather.CopyMACLayout).
+func (r *packing) alignUp(n int64) int64 {
+	a := int64(wire.Align)
+	if r.direct && r.cfg.Auth != nil {
+		a = gpu.MACLayoutAlign
+	}
+	return (n + a - 1) &^ (a - 1)
+}
 
 // The staging ring mirrors the bucket layout's alignment.
 var _ [gpu.StagingAlign - wire.Align]struct{}
@@ -473,7 +483,7 @@ func (r *packing) add(t *Tensor) error {
 	// A tensor that fits in one bucket is never split: if it does not fit
 	// in what is left of this one, start the next.
 	bsize := int64(r.cfg.Pool.BufferSize())
-	if r.cur != nil && len(r.cur.Meta.Entries) > 0 && size <= bsize && alignUp(r.fill)+size > bsize {
+	if r.cur != nil && len(r.cur.Meta.Entries) > 0 && size <= bsize && r.alignUp(r.fill)+size > bsize {
 		if err := r.emit(false); err != nil {
 			return err
 		}
@@ -482,7 +492,7 @@ func (r *packing) add(t *Tensor) error {
 		if err := r.take(); err != nil {
 			return err
 		}
-		off := alignUp(r.fill)
+		off := r.alignUp(r.fill)
 		if size == 0 {
 			off = r.fill // no bytes: never pushes past the filled length
 		}

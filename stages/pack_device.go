@@ -62,6 +62,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
@@ -160,8 +161,10 @@ type deviceFill struct {
 	sumsWhy  error
 	readback *gpu.Readback
 
-	// macs computes bucket MACs on a stream of its own (mac.go).
-	macs deviceMAC
+	// macs computes bucket MACs on a stream of its own (mac.go);
+	// layoutMACs those of direct buckets, on the copy stream.
+	macs       deviceMAC
+	layoutMACs streamMACer
 
 	// lanes are the extra streams of plan.lanes, with a queue each;
 	// laneUsed marks those with copies into the current bucket, next is
@@ -423,12 +426,40 @@ func (f *deviceFill) sumDirect(ctx context.Context, b *Bucket, pieces []directPi
 	return nil
 }
 
+// macDirect ends direct bucket b, of a signed round, whose entries
+// pieces places in the sender's memory: it queues the MAC under keys of
+// the bucket as pack would fill it with zeros between the entries, read
+// from the tensors themselves (Gather.CopyMACLayout without copies), on
+// the copy stream, in place of its checksum (see mac.go); b then carries
+// it for Publish, or macDirect waits for it itself when wait is set.
+func (f *deviceFill) macDirect(ctx context.Context, b *Bucket, pieces []directPiece, keys *auth.Keys, wait bool) error {
+	macs, err := f.layoutMACs.get(f.stream)
+	if err != nil {
+		return fmt.Errorf("pack: %w", err)
+	}
+	var l gpu.Layout
+	for _, p := range pieces {
+		l.Add(p.at, p.addr, p.n, 0)
+	}
+	if err := queueLayoutMAC(ctx, f.gather, macs, b, &l, keys); err != nil {
+		return fmt.Errorf("pack: %w", err)
+	}
+	b.auth, b.Meta.HasMAC = keys, true
+	if wait {
+		return awaitMAC(ctx, b)
+	}
+	return nil
+}
+
 // seal finishes device bucket b: records its ready event (the copies
 // into it are queued already) and queues its checksum and MAC as s says,
-// or, for a direct bucket, sums the pieces the receivers read in place.
+// or, for a direct bucket, sums or MACs the pieces the receivers read in
+// place.
 func (f *deviceFill) seal(ctx context.Context, b *Bucket, s sealing) error {
 	var err error
 	switch {
+	case s.direct && s.auth != nil:
+		err = f.macDirect(ctx, b, s.pieces, s.auth, s.wait)
 	case s.direct:
 		err = f.sumDirect(ctx, b, s.pieces, s.checksum, s.wait)
 	case f.fuse:
@@ -443,8 +474,10 @@ func (f *deviceFill) seal(ctx context.Context, b *Bucket, s sealing) error {
 	if err != nil {
 		return err
 	}
-	if err := f.queueMAC(ctx, b, s.auth, s.wait); err != nil {
-		return err
+	if !s.direct {
+		if err := f.queueMAC(ctx, b, s.auth, s.wait); err != nil {
+			return err
+		}
 	}
 	return f.markEnd(b)
 }
@@ -664,7 +697,7 @@ func (f *deviceFill) close(ctx context.Context) error {
 	if f.sums != nil {
 		errs = append(errs, f.sums.Close(wctx))
 	}
-	errs = append(errs, f.macs.close(wctx))
+	errs = append(errs, f.macs.close(wctx), f.layoutMACs.close(wctx))
 	if f.caster != nil {
 		errs = append(errs, f.caster.Close(wctx))
 	}

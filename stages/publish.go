@@ -19,7 +19,7 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 }
 
 // publishStage adds Publish's stage. With sumsFirst, it holds each run of
-// direct buckets whose checksums are pending until the run ends (at the
+// direct buckets whose checksums or MACs are pending until the run ends (at the
 // round's last bucket or one that is not direct), and publishes them once
 // the GPU has summed them all: see Sender's sumsFirst.
 func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher, sumsFirst bool) *pipeline.Stream[*Bucket] {
@@ -38,20 +38,21 @@ func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transp
 			return out.Send(b) // on failure Send releases b
 		}
 		for b := range in.All() {
-			if sumsFirst && b.Meta.Direct != nil && b.sum != nil && !b.Meta.IsLast {
+			pending := b.Meta.Direct != nil && (b.sum != nil || b.mac != nil)
+			if sumsFirst && pending && !b.Meta.IsLast {
 				held = append(held, b)
 				continue
 			}
 			if len(held) > 0 {
-				// The run's last sum: the GPU sums in order, so every
-				// held bucket's is in once it is.
+				// The run's last sum or MAC: the GPU computes them in
+				// order, so every held bucket's is in once it is.
 				last := held[len(held)-1]
-				if b.Meta.Direct != nil && b.sum != nil {
+				if pending {
 					last = b
 				}
-				if _, err := last.sum.Wait(ctx); err != nil {
+				if err := awaitGPU(ctx, last); err != nil {
 					b.Release()
-					return fmt.Errorf("checksum of bucket %d (version %d): %w", last.Meta.Seq, last.Meta.Version, err)
+					return err
 				}
 				for len(held) > 0 {
 					h := held[0]
@@ -70,12 +71,9 @@ func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transp
 	})
 }
 
-// publish completes b's checksum and MAC, if pending, and publishes its
-// metadata.
-func publish(ctx context.Context, b *Bucket, pub transport.Publisher) error {
+// awaitGPU completes b's checksum and MAC, if pending on the GPU.
+func awaitGPU(ctx context.Context, b *Bucket) error {
 	m := &b.Meta
-	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version})
-	defer span.End()
 	if b.sum != nil {
 		v, err := b.sum.Wait(ctx)
 		if err != nil {
@@ -83,7 +81,16 @@ func publish(ctx context.Context, b *Bucket, pub transport.Publisher) error {
 		}
 		m.Checksum = v
 	}
-	if err := awaitMAC(ctx, b); err != nil {
+	return awaitMAC(ctx, b)
+}
+
+// publish completes b's checksum and MAC, if pending, and publishes its
+// metadata.
+func publish(ctx context.Context, b *Bucket, pub transport.Publisher) error {
+	m := &b.Meta
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version})
+	defer span.End()
+	if err := awaitGPU(ctx, b); err != nil {
 		return err
 	}
 	msg, err := wire.EncodeMeta(m)

@@ -178,8 +178,9 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 	return p
 }
 
-// sumsFirst reports whether a direct round's checksums are all computed
-// before its first bucket is published: when the sender's GPU is not
+// sumsFirst reports whether a direct round's checksums (or, with a group
+// secret, its MACs) are all computed before its first bucket is
+// published: when the sender's GPU is not
 // shared through MPS (gpu.CUDADevice.MPS). The receivers' copies and the
 // sender's checksum are kernels of different processes, which without MPS
 // take turns on the GPU; interleaved bucket by bucket they ran five times
@@ -188,7 +189,7 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 // it bucket by bucket. Under MPS they run at once, and each bucket is
 // published as soon as it is summed.
 func (s *Sender) sumsFirst() bool {
-	if !s.cfg.Checksum {
+	if !s.cfg.Checksum && s.cfg.Auth == nil {
 		return false
 	}
 	dev, err := cudaDeviceOf(s.cfg.Pool.Buffers()[0])
@@ -197,12 +198,11 @@ func (s *Sender) sumsFirst() bool {
 
 // readsDirect reports whether the receivers read device tensors in place
 // in the sender's memory (direct buckets): every one of them, by the
-// endpoint's word, into device buckets, and the group has no secret (a
-// direct bucket has no bytes of its own to carry a MAC of: with a secret
-// every bucket is packed).
+// endpoint's word, into device buckets. With a group secret each direct
+// bucket carries the MAC of its entries where they lie (see mac.go).
 func (s *Sender) readsDirect() bool {
 	d, ok := s.cfg.Endpoint.(transport.DirectReader)
-	return ok && !s.cfg.NoDirect && s.cfg.Auth == nil && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
+	return ok && !s.cfg.NoDirect && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
 }
 
 // gpuLaneTID is the trace thread id of the "pack (GPU)" lane, past the

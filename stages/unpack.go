@@ -60,8 +60,9 @@ type Unpacked struct {
 	Bucket *Bucket
 	Views  []View
 	// sumAtLoad: the bucket's checksum is left to load's copies (see
-	// checkAtLoad); unpack checked everything else.
-	sumAtLoad bool
+	// checkAtLoad); macAtLoad: a direct bucket's MAC is (see mac.go);
+	// unpack checked everything else.
+	sumAtLoad, macAtLoad bool
 }
 
 // Release gives the bucket's buffer back.
@@ -183,8 +184,15 @@ func (c *bucketCheck) unpack(ctx context.Context, b *Bucket) (*Unpacked, error) 
 		// The span covers reading every byte: a rate is a rate.
 		span.Args(map[string]any{"bytes": m.Length})
 	}
-	if err := c.checkMAC(ctx, b, data); err != nil {
-		return nil, err
+	switch {
+	case b.auth != nil && m.HasMAC && b.srcs != nil && b.mac == nil:
+		// Left where it lies in the sender's memory for load to copy
+		// (receiveDirect): load's copies compute its MAC.
+		u.macAtLoad = true
+	default:
+		if err := c.checkMAC(ctx, b, data); err != nil {
+			return nil, err
+		}
 	}
 	for i := range m.Entries {
 		e := &m.Entries[i]

@@ -165,7 +165,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.IntVar(&c.rounds, "rounds", 3, "sync rounds `N` (model versions) to send")
 	fs.BoolVar(&c.verify, "verify", true, "check every received byte against the source")
 	fs.BoolVar(&c.checksum, "checksum", true, "checksum each bucket where its bytes are (on the GPU for device buckets) and check it on every receiver; false saves the last percent of speed")
-	fs.BoolVar(&c.direct, "direct", true, "let receivers on the sender's GPU copy its device tensors straight out of its memory (ipc) instead of taking buckets (never with --secret-file); false packs every bucket, to compare")
+	fs.BoolVar(&c.direct, "direct", true, "let receivers on the sender's GPU copy its device tensors straight out of its memory (ipc) instead of taking buckets (with --secret-file, each bucket's MAC computed where they lie); false packs every bucket, to compare")
 	fs.BoolVar(&c.json, "json", false, "print one JSON summary on stdout instead of the table (also when the run fails)")
 	fs.StringVar(&c.trace, "trace", "", "write a Chrome trace (open in Perfetto or chrome://tracing) to `FILE`")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline's timeline as an SVG Gantt chart to `FILE`")
