@@ -86,7 +86,8 @@ func (p *forgeOnPublish) Publish(ctx context.Context, seq uint64, msg []byte) er
 // the byte transport, each carrying its MAC and no checksum, received
 // into a device model (load's copies compute the MAC), a host model
 // (gathered with the MAC) and a sink reading in place (the MAC read
-// there), every byte as sent. Then a tensor changed in the root's memory
+// there), every byte as sent; and rounds that mix in tensors a direct
+// bucket cannot take, whose buckets are packed. Then a tensor changed in the root's memory
 // after its MAC was computed, its checksum kept, fails the round on each
 // kind of receiver, naming the tensor, before a sink reading in place
 // gets a view and with a host model intact.
@@ -107,6 +108,14 @@ func checkDirectMAC(t *testing.T) {
 	}
 	if n := pub.direct.Load(); n != 2*int64(st.Buckets) || pub.macs.Load() != n || pub.checksums.Load() != 0 {
 		t.Fatalf("of %d direct buckets published, %d carried a MAC and %d a checksum; want a MAC each, no checksum", n, pub.macs.Load(), pub.checksums.Load())
+	}
+
+	// Tensors a direct bucket cannot take mixed in: their buckets are
+	// packed, with the MAC of their bytes, beside direct ones.
+	msrc, mexp := directSource(t, d, s, 99, true)
+	g, ep = signedDirectGroup(t, d, 3, keys)
+	if st := runRounds(t, g, d, msrc, mexp); st.Direct == 0 || st.Direct == st.Buckets || ep.moved != 2*(st.Buckets-st.Direct) {
+		t.Fatalf("mixed, with a secret: %d of %d buckets direct, %d broadcast in two rounds; want some of each, the others broadcast", st.Direct, st.Buckets, ep.moved)
 	}
 
 	addrs := map[string]uint64{}
