@@ -366,7 +366,10 @@ of a block move their chunks together, one 64-byte row of each chunk at a
 time: each row of the block's chunks is loaded and written by four
 threads per chunk (whole 64-byte runs, whole sectors) into the
 destinations and into shared memory, where each thread then reads its
-chunk's row to compress it. A row of a chunk whose source or destination
+chunk's row to compress it. Two row buffers take turns: a thread loads its
+share of the next row before it compresses its chunk's row and stores it
+after, so that the loads' latency hides behind the compression and a block
+waits at one barrier a row. A row of a chunk whose source or destination
 is not 16-byte aligned, or that holds the piece's last bytes but not 64 of
 them, its thread reads (and writes) a byte at a time. It is this CUDA C,
 with compress() BLAKE3's compression function unrolled:
@@ -382,7 +385,7 @@ with compress() BLAKE3's compression function unrolled:
       unsigned long long key01, unsigned long long key23, unsigned long long key45,
       unsigned long long key67, uint4 *cvs, uint4 *out) {
     __shared__ unsigned long long S[128], D[128], V[128];  // each chunk's src, dst, vector bytes
-    __shared__ uint4 row[128][5];                          // a row of each chunk, padded
+    __shared__ uint4 row[2][128][5];                       // a row of each chunk, padded; two
     unsigned t = threadIdx.x;
     unsigned long long c = c0 + (unsigned long long)blockIdx.x * 128 + t;
     unsigned long long chunks = max(1ull, (n + 1023) / 1024);
@@ -406,22 +409,21 @@ with compress() BLAKE3's compression function unrolled:
     __syncthreads();
     unsigned int key[8] = {lo(key01), hi(key01), ..., lo(key67), hi(key67)}, cv[8];
     for (int i = 0; i < 8; i++) cv[i] = key[i];
+    uint4 x[4];  // this thread's 16 bytes of a row of chunks 32k + t / 4, k < 4
+    #define LOAD(b) for (int k = 0; k < 4; k++) { unsigned ch = 32 * k + t / 4, off = 64 * (b) + 16 * (t % 4); \
+        if (V[ch] >= off + 16) x[k] = *(const uint4 *)(S[ch] + off); }
+    #define STORE(b) for (int k = 0; k < 4; k++) { unsigned ch = 32 * k + t / 4, off = 64 * (b) + 16 * (t % 4); \
+        if (V[ch] >= off + 16) { row[(b) % 2][ch][t % 4] = x[k]; if (D[ch]) *(uint4 *)(D[ch] + off) = x[k]; } }
+    LOAD(0); STORE(0);
+    __syncthreads();
     for (unsigned b = 0; b < 16; b++) {
-      for (int k = 0; k < 4; k++) {                // row b of every chunk: 4 threads per chunk
-        unsigned ch = 32 * k + t / 4, off = 64 * b + 16 * (t % 4);
-        if (V[ch] >= off + 16) {
-          uint4 x = *(const uint4 *)(S[ch] + off);
-          row[ch][t % 4] = x;
-          if (D[ch]) *(uint4 *)(D[ch] + off) = x;
-        }
-      }
-      __syncthreads();
+      if (b + 1 < 16) LOAD(b + 1);
       if (b < blocks) {
         unsigned int flags = 16 | (b == 0 ? 1 : 0);            // KEYED_HASH, CHUNK_START
         if (b + 1 == blocks) flags |= 2 | (chunks == 1 ? 8 : 0); // CHUNK_END, ROOT
         unsigned int m[16];
         if (vec && valid >= 64)
-          m = row[t][0..3];
+          m = row[b % 2][t][0..3];
         else {
           m = the bytes src[0 .. min(valid, 64)), little-endian words, zero-padded;
           if (dst) copy those bytes to dst one at a time;
@@ -429,6 +431,7 @@ with compress() BLAKE3's compression function unrolled:
         compress(cv, m, (unsigned int)c, (unsigned int)(c >> 32), min(rem, 64ull), flags);
         src += 64; dst += dst ? 64 : 0; rem -= 64; valid = max(valid, 64ull) - 64;
       }
+      if (b + 1 < 16) STORE(b + 1);
       __syncthreads();
     }
     if (c >= c1) return;
@@ -456,17 +459,18 @@ func genMACLayout() string {
 	p.params(e, "u64 pieces", "u64 count", "u64 c0", "u64 c1", "u64 n", "u64 key01", "u64 key23", "u64 key45", "u64 key67", "u64 cvs", "u64 out")
 	p.line(".maxntid %d, 1, 1", macThreads)
 	p.line("{")
-	p.line("\t.reg .pred\t%%p<12>;")
+	p.line("\t.reg .pred\t%%p<16>;")
 	p.line("\t.reg .b32\t%%k<8>;")
 	p.line("\t.reg .b32\t%%c<8>;")
 	p.line("\t.reg .b32\t%%m<16>;")
 	p.line("\t.reg .b32\t%%v<16>;")
+	p.line("\t.reg .b32\t%%x<16>;")
 	p.line("\t.reg .b32\t%%r<24>;")
-	p.line("\t.reg .b64\t%%rd<32>;")
+	p.line("\t.reg .b64\t%%rd<56>;")
 	for _, a := range []string{"src", "dst", "valid"} {
 		p.line("\t.shared .align 8 .b8 %s[%d];", sh(a), 8*macThreads)
 	}
-	p.line("\t.shared .align 16 .b8 %s[%d];", sh("row"), macLayoutRowPad*macThreads)
+	p.line("\t.shared .align 16 .b8 %s[%d];", sh("row"), 2*macLayoutRowPad*macThreads)
 	p.line("")
 	p.globalThread()
 	p.op("mov.u32", "%%r11, %%r3")
@@ -545,14 +549,62 @@ func genMACLayout() string {
 	p.op("add.u32", "%%r13, %%r13, %%r12")
 	p.op("st.shared.u64", "[%%r13], %%rd21")
 	p.op("bar.sync", "0")
-	p.comment("%p6 = the chunk's bytes are copied; %r14 = t %% 4; %r15 = t / 4 * 8; %r16 = row + 80t")
+	p.comment("%p6 = the chunk's bytes are copied; %r14 = t %% 4; %r15 = 8(t / 4); %rd52 = 16(t %% 4)")
 	p.op("setp.ne.u64", "%%p6, %%rd19, 0")
 	p.op("and.b32", "%%r14, %%r11, 3")
 	p.op("shr.u32", "%%r15, %%r11, 2")
 	p.op("shl.b32", "%%r15, %%r15, 3")
-	p.op("mov.u32", "%%r16, %s", sh("row"))
+	p.op("mul.wide.u32", "%%rd52, %%r14, 16")
+	p.comment("the four chunks ch = 32k + t / 4 whose rows this thread moves: S, D, V in %rd40+k, %rd44+k, %rd48+k")
+	for k := range 4 {
+		p.op("add.u32", "%%r17, %%r15, %d", 8*32*k)
+		for j, a := range []string{"src", "dst", "valid"} {
+			p.op("mov.u32", "%%r18, %s", sh(a))
+			p.op("add.u32", "%%r18, %%r18, %%r17")
+			p.op("ld.shared.u64", "%%rd%d, [%%r18]", 40+4*j+k)
+		}
+	}
+	p.comment("%r20 = row[t / 4][t % 4] of the first row buffer (chunk ch's slot: %r20 + 2560k); %r16 = row[t] of it")
+	p.op("mul.lo.u32", "%%r20, %%r15, %d", macLayoutRowPad/8)
+	p.op("shl.b32", "%%r18, %%r14, 4")
+	p.op("add.u32", "%%r20, %%r20, %%r18")
+	p.op("mov.u32", "%%r18, %s", sh("row"))
+	p.op("add.u32", "%%r20, %%r20, %%r18")
 	p.op("mul.lo.u32", "%%r17, %%r11, %d", macLayoutRowPad)
-	p.op("add.u32", "%%r16, %%r16, %%r17")
+	p.op("add.u32", "%%r16, %%r18, %%r17")
+	// loadRow loads, into %x, this thread's 16 bytes of row %rd(b) of its
+	// four chunks, those that have them by vectors (%p10+k); storeRow
+	// writes them to the row buffer of that row and to the chunks'
+	// destinations. Between the two the thread compresses the row before,
+	// so that the loads' latency hides behind the compression.
+	loadRow := func(b int) {
+		p.comment(fmt.Sprintf("load row %%rd%d: %%rd31 = off = 64b + 16(t %% 4); %%p10+k = V >= off + 16", b))
+		p.op("shl.b64", "%%rd31, %%rd%d, 6", b)
+		p.op("add.u64", "%%rd31, %%rd31, %%rd52")
+		p.op("add.u64", "%%rd22, %%rd31, 16")
+		for k := range 4 {
+			p.op("setp.ge.u64", "%%p%d, %%rd%d, %%rd22", 10+k, 48+k)
+			p.op("add.s64", "%%rd24, %%rd%d, %%rd31", 40+k)
+			p.op(fmt.Sprintf("@%%p%d ld.global.v4.u32", 10+k), "{%%x%d, %%x%d, %%x%d, %%x%d}, [%%rd24]", 4*k, 4*k+1, 4*k+2, 4*k+3)
+		}
+	}
+	storeRow := func(b int, tag string) {
+		p.comment(fmt.Sprintf("store row %%rd%d: into row buffer (b %% 2), %%r21 = %%r20 + 10240(b %% 2), and to the destinations", b))
+		p.op("cvt.u32.u64", "%%r21, %%rd%d", b)
+		p.op("and.b32", "%%r21, %%r21, 1")
+		p.op("mul.lo.u32", "%%r21, %%r21, %d", macLayoutRowPad*macThreads)
+		p.op("add.u32", "%%r21, %%r21, %%r20")
+		for k := range 4 {
+			skip := fmt.Sprintf("%s%d", tag, k)
+			p.op(fmt.Sprintf("@!%%p%d bra", 10+k), "%s", skip)
+			p.op("st.shared.v4.u32", "[%%r21+%d], {%%x%d, %%x%d, %%x%d, %%x%d}", 2560*k, 4*k, 4*k+1, 4*k+2, 4*k+3)
+			p.op("setp.eq.u64", "%%p1, %%rd%d, 0", 44+k)
+			p.op("@%p1 bra", "%s", skip)
+			p.op("add.s64", "%%rd25, %%rd%d, %%rd31", 44+k)
+			p.op("st.global.v4.u32", "[%%rd25], {%%x%d, %%x%d, %%x%d, %%x%d}", 4*k, 4*k+1, 4*k+2, 4*k+3)
+			p.label(skip, "")
+		}
+	}
 	p.loadKey(e)
 	p.comment("%c0..%c7 = the chaining value, starting as the key")
 	for i := range 8 {
@@ -565,42 +617,16 @@ func genMACLayout() string {
 	p.op("cvt.u32.u64", "%%r5, %%rd10")
 	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
 	p.op("mov.u64", "%%rd11, 0")
-	p.label("ROW", "row b of every chunk of the block, four threads a chunk: %rd31 = off = 64b + 16(t % 4)")
-	p.op("shl.b64", "%%rd31, %%rd11, 6")
-	p.op("mul.wide.u32", "%%rd21, %%r14, 16")
-	p.op("add.u64", "%%rd31, %%rd31, %%rd21")
-	p.op("add.u64", "%%rd22, %%rd31, 16")
-	for k := range 4 {
-		skip := fmt.Sprintf("MOVED%d", k)
-		p.comment(fmt.Sprintf("chunk ch = %d + t / 4: %%r17 = 8ch; its V, S, D; its row's slot at %%r19", 32*k))
-		p.op("add.u32", "%%r17, %%r15, %d", 8*32*k)
-		p.op("mov.u32", "%%r18, %s", sh("valid"))
-		p.op("add.u32", "%%r18, %%r18, %%r17")
-		p.op("ld.shared.u64", "%%rd23, [%%r18]")
-		p.op("setp.lt.u64", "%%p1, %%rd23, %%rd22")
-		p.op("@%p1 bra", "%s", skip)
-		p.op("mov.u32", "%%r18, %s", sh("src"))
-		p.op("add.u32", "%%r18, %%r18, %%r17")
-		p.op("ld.shared.u64", "%%rd24, [%%r18]")
-		p.op("mov.u32", "%%r18, %s", sh("dst"))
-		p.op("add.u32", "%%r18, %%r18, %%r17")
-		p.op("ld.shared.u64", "%%rd25, [%%r18]")
-		p.op("add.s64", "%%rd24, %%rd24, %%rd31")
-		p.op("ld.global.v4.u32", "{%%m0, %%m1, %%m2, %%m3}, [%%rd24]")
-		p.comment("row[ch][t % 4]: row + 80ch + 16(t % 4), 80ch = 10 * 8ch")
-		p.op("mul.lo.u32", "%%r19, %%r17, %d", macLayoutRowPad/8)
-		p.op("shl.b32", "%%r18, %%r14, 4")
-		p.op("add.u32", "%%r19, %%r19, %%r18")
-		p.op("mov.u32", "%%r18, %s", sh("row"))
-		p.op("add.u32", "%%r19, %%r19, %%r18")
-		p.op("st.shared.v4.u32", "[%%r19], {%%m0, %%m1, %%m2, %%m3}")
-		p.op("setp.eq.u64", "%%p1, %%rd25, 0")
-		p.op("@%p1 bra", "%s", skip)
-		p.op("add.s64", "%%rd25, %%rd25, %%rd31")
-		p.op("st.global.v4.u32", "[%%rd25], {%%m0, %%m1, %%m2, %%m3}")
-		p.label(skip, "")
-	}
+	p.comment("row 0 of every chunk of the block, four threads a chunk")
+	loadRow(11)
+	storeRow(11, "FIRST")
 	p.op("bar.sync", "0")
+	p.label("ROW", "row b: load row b + 1 (%rd53), compress row b, store row b + 1 (%p15: there is one)")
+	p.op("add.u64", "%%rd53, %%rd11, 1")
+	p.op("setp.lt.u64", "%%p15, %%rd53, 16")
+	p.op("@!%p15 bra", "LOADED1")
+	loadRow(53)
+	p.label("LOADED1", "")
 	p.comment("this thread's chunk, if it has row b: %r6 = flags, %r8 = the block's length")
 	p.op("setp.ge.u64", "%%p3, %%rd11, %%rd9")
 	p.op("@%p3 bra", "ROWDONE")
@@ -612,12 +638,16 @@ func genMACLayout() string {
 	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
 	p.op("min.u64", "%%rd15, %%rd13, 64")
 	p.op("cvt.u32.u64", "%%r8, %%rd15")
-	p.comment("a whole row moved by vectors: from shared memory")
+	p.comment("a whole row moved by vectors: from row buffer (b % 2), at %r22 = %r16 + 10240(b % 2)")
 	p.op("@!%p9 bra", "PARTIAL")
 	p.op("setp.lt.u64", "%%p5, %%rd30, 64")
 	p.op("@%p5 bra", "PARTIAL")
+	p.op("cvt.u32.u64", "%%r22, %%rd11")
+	p.op("and.b32", "%%r22, %%r22, 1")
+	p.op("mul.lo.u32", "%%r22, %%r22, %d", macLayoutRowPad*macThreads)
+	p.op("add.u32", "%%r22, %%r22, %%r16")
 	for i := range 4 {
-		p.op("ld.shared.v4.u32", "{%%m%d, %%m%d, %%m%d, %%m%d}, [%%r16+%d]", 4*i, 4*i+1, 4*i+2, 4*i+3, 16*i)
+		p.op("ld.shared.v4.u32", "{%%m%d, %%m%d, %%m%d, %%m%d}, [%%r22+%d]", 4*i, 4*i+1, 4*i+2, 4*i+3, 16*i)
 	}
 	p.op("bra.uni", "LOADED")
 	p.label("PARTIAL", "the block's bytes of the piece (below valid), one at a time, zero-padded")
@@ -646,7 +676,10 @@ func genMACLayout() string {
 	p.op("sub.u64", "%%rd13, %%rd13, 64")
 	p.op("max.u64", "%%rd30, %%rd30, 64")
 	p.op("sub.u64", "%%rd30, %%rd30, 64")
-	p.label("ROWDONE", "every thread, before the next row overwrites the rows in shared memory")
+	p.label("ROWDONE", "")
+	p.op("@!%p15 bra", "STORED")
+	storeRow(53, "NEXT")
+	p.label("STORED", "every thread, before the next row overwrites a row buffer")
 	p.op("bar.sync", "0")
 	p.op("add.u64", "%%rd11, %%rd11, 1")
 	p.op("setp.lt.u64", "%%p3, %%rd11, 16")
