@@ -109,8 +109,12 @@ type summary struct {
 	// its summary says false).
 	Verified bool `json:"verified"`
 	// Checksum says buckets carried a checksum (--checksum); every
-	// receiver checked those of the versions up to CommittedVersion.
+	// receiver checked those of the versions up to CommittedVersion. With
+	// a group secret a direct bucket carries its MAC in place of one.
 	Checksum bool `json:"checksum"`
+	// MAC says every bucket carried a MAC under the group secret
+	// (--secret-file), which every receiver checked as it did checksums.
+	MAC bool `json:"mac"`
 	// Committed is the last model version committed on every receiver:
 	// the sender's figure, or, when it did not report, the lowest a
 	// receiver reported; null when no rank reported. Each rank's own is
@@ -151,7 +155,7 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		Transport: transportName, TransportReason: reason, Ranks: c.ranks, Mode: mode,
 		Model:  fmt.Sprintf("synthetic %s, %d tensors, %s, seed %d", humanize.IBytes(uint64(c.size)), c.tensors, dtypeList(c), c.seed),
 		Bucket: c.bucket, Rounds: c.rounds, PerRank: results,
-		Verified: c.verify, verifyOn: c.verify, Checksum: c.checksum, Seconds: []float64{},
+		Verified: c.verify, verifyOn: c.verify, Checksum: c.checksum, MAC: c.secret != nil, Seconds: []float64{},
 		Scope: "every rank", only: -1,
 	}
 	if c.rank >= 0 {
@@ -445,18 +449,47 @@ func (s *summary) writeVerified(w io.Writer, finished bool) {
 	}
 }
 
-// writeChecksums says which buckets every receiver checked.
+// writeChecksums says which buckets every receiver checked: their
+// checksums and, with a group secret, their MACs, which stand in for the
+// checksums of direct buckets.
 func (s *summary) writeChecksums(w io.Writer, finished bool) {
+	if s.MAC {
+		s.writeChecked(w, "MACs:         ", "bucket", finished)
+	}
 	switch {
 	case !s.Checksum:
 		fmt.Fprintf(w, "checksums:     off (--checksum=false)\n")
-	case finished:
-		fmt.Fprintf(w, "checksums:     every bucket, checked by every receiver\n")
-	case s.Committed == nil || *s.Committed == 0:
-		fmt.Fprintf(w, "checksums:     on; no version was committed, so no round's buckets are known to have been checked on every receiver\n")
+	case s.MAC && s.directBuckets() > 0:
+		s.writeChecked(w, "checksums:    ", "packed bucket (a direct bucket's MAC stood in for its checksum)", finished)
 	default:
-		fmt.Fprintf(w, "checksums:     every bucket of the %s committed, checked by every receiver; not the unfinished round\n", plural(int(*s.Committed), "version"))
+		s.writeChecked(w, "checksums:    ", "bucket", finished)
 	}
+}
+
+// writeChecked writes the line, under label, that says which buckets
+// (what: "bucket", …) every receiver checked.
+func (s *summary) writeChecked(w io.Writer, label, what string, finished bool) {
+	switch {
+	case finished:
+		fmt.Fprintf(w, "%s every %s, checked by every receiver\n", label, what)
+	case s.Committed == nil || *s.Committed == 0:
+		fmt.Fprintf(w, "%s on; no version was committed, so no round's buckets are known to have been checked on every receiver\n", label)
+	default:
+		fmt.Fprintf(w, "%s every %s of the %s committed, checked by every receiver; not the unfinished round\n", label, what, plural(int(*s.Committed), "version"))
+	}
+}
+
+// directBuckets counts the direct buckets of the sender's rounds.
+func (s *summary) directBuckets() int {
+	r := reported(s.PerRank, 0)
+	if r == nil {
+		return 0
+	}
+	n := 0
+	for _, rd := range r.Rounds {
+		n += rd.Direct
+	}
+	return n
 }
 
 // writeCommitted prints the committed version: one line when every rank

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -124,6 +126,41 @@ func TestSummaryStopped(t *testing.T) {
 	}
 	if !strings.Contains(out, "checksums:     every bucket of the 2 versions committed") {
 		t.Errorf("checksums line:\n%s", out)
+	}
+}
+
+// TestSummarySecret: with a group secret the table says every bucket's MAC
+// was checked, and, when the receivers read buckets in place, that only
+// the packed buckets carried checksums (a direct bucket's MAC stands in).
+func TestSummarySecret(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := testConfig(t, "--ranks", "2", "--rounds", "2", "--secret-file", secret)
+	for _, tc := range []struct {
+		direct    int
+		checksums string
+	}{
+		{0, "checksums:     every bucket, checked by every receiver"},
+		{3, "checksums:     every packed bucket (a direct bucket's MAC stood in for its checksum), checked by every receiver"},
+	} {
+		rs := rounds(2)
+		rs[1].Direct = tc.direct
+		s := summarize(c, "ipc", "test", "local processes", []*rankResult{
+			{Rank: 0, Rounds: rs, CommittedVersion: 2},
+			{Rank: 1, Rounds: rounds(2), CommittedVersion: 2, VerifyScope: "every round"},
+		})
+		var b strings.Builder
+		s.writeTable(&b)
+		out := b.String()
+		if !s.MAC || !strings.Contains(out, "MACs:          every bucket, checked by every receiver") || !strings.Contains(out, tc.checksums) {
+			t.Errorf("%d direct buckets: mac %v, table:\n%s", tc.direct, s.MAC, out)
+		}
+	}
+	if s := summarize(testConfig(t), "ipc", "test", "local processes", nil); s.MAC {
+		t.Error("a run without a secret claims MACs")
 	}
 }
 
