@@ -79,6 +79,17 @@ func (l *Layout) Add(at int64, src uint64, n int64, dst uint64) {
 	l.at = append(l.at, uint64(at))
 }
 
+// copies returns the copies of l's pieces that have a destination.
+func (l *Layout) copies() *CopyBatch {
+	var cb CopyBatch
+	for i := range l.sizes {
+		if l.dsts[i] != 0 {
+			cb.Add(l.dsts[i], l.srcs[i], int64(l.sizes[i]))
+		}
+	}
+	return &cb
+}
+
 // Len is the number of pieces placed.
 func (l *Layout) Len() int { return len(l.sizes) }
 
@@ -256,13 +267,7 @@ func (g *Gather) CopySumLayout(ctx context.Context, l *Layout, n int64, sums *Ch
 // position, and the layout summed there.
 func (g *Gather) copySumLayoutOnHost(ctx context.Context, sp *layoutSplitter, sums *Checksummer) (*PendingSum, error) {
 	l := sp.l
-	var cb CopyBatch
-	for i := range l.sizes {
-		if l.dsts[i] != 0 {
-			cb.Add(l.dsts[i], l.srcs[i], int64(l.sizes[i]))
-		}
-	}
-	if err := g.Copy(ctx, &cb); err != nil {
+	if err := g.Copy(ctx, l.copies()); err != nil {
 		return nil, err
 	}
 	var dg checksum.Digest

@@ -138,13 +138,7 @@ func (m *MACer) queueLayout(ctx context.Context, sp *macLayoutSplitter, key *mac
 // destination where it has one), and the layout's MAC computed there.
 func (g *Gather) copyMACLayoutOnHost(ctx context.Context, sp *macLayoutSplitter, key *mac.Key) (*PendingMAC, error) {
 	l := sp.l
-	var cb CopyBatch
-	for i := range l.sizes {
-		if l.dsts[i] != 0 {
-			cb.Add(l.dsts[i], l.srcs[i], int64(l.sizes[i]))
-		}
-	}
-	if err := g.Copy(ctx, &cb); err != nil {
+	if err := g.Copy(ctx, l.copies()); err != nil {
 		return nil, err
 	}
 	data := make([]byte, sp.n)

@@ -108,6 +108,120 @@ func (p *ptxText) macRegisters() {
 	p.line("")
 }
 
+// The blocks of code the MAC chunk kernels share. Their registers: %rd11
+// b, the block; %rd9 blocks; %rd13 rem; %rd12 src; %rd19 dst; %p6 the
+// bytes are copied; %r4, %r5 the chunk counter; %r6 flags; %r7 the root
+// flag; %r8 the block's length; %rd1 the chunk; %p2 the input is one
+// chunk. The layout kernels' search: %rd3 pieces, %rd4 count, %rd8 1024c,
+// %rd21 lo, %rd30 valid.
+
+// blockFlags sets %r6, block b's flags, and %r8, its length.
+func (p *ptxText) blockFlags() {
+	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
+	p.op("selp.b32", "%%r6, %d, %d, %%p3", flagKeyed|flagChunkStart, flagKeyed)
+	p.op("add.u64", "%%rd14, %%rd11, 1")
+	p.op("setp.eq.u64", "%%p4, %%rd14, %%rd9")
+	p.op("@%p4 or.b32", "%%r6, %%r6, %d", flagChunkEnd)
+	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
+	p.op("min.u64", "%%rd15, %%rd13, 64")
+	p.op("cvt.u32.u64", "%%r8, %%rd15")
+}
+
+// partialBlock loads the message %m0..%m15 from the block's bytes at src
+// below bound (a register of the bytes left), one at a time, zero-padded,
+// copying each to dst under %p6 when copy is set; it ends at LOADED.
+func (p *ptxText) partialBlock(bound string, copy bool) {
+	for i := range 16 {
+		p.op("mov.b32", "%%m%d, 0", i)
+	}
+	for j := range 64 {
+		p.op("setp.le.u64", "%%p5, %s, %d", bound, j)
+		p.op("@%p5 bra", "LOADED")
+		p.op("ld.global.u8", "%%r9, [%%rd12+%d]", j)
+		if copy {
+			p.op("@%p6 st.global.u8", "[%%rd19+%d], %%r9", j)
+		}
+		if j%4 != 0 {
+			p.op("shl.b32", "%%r9, %%r9, %d", 8*(j%4))
+		}
+		p.op("or.b32", "%%m%d, %%m%d, %%r9", j/4, j/4)
+	}
+}
+
+// compressBlock is LOADED: the block compressed into the chaining value
+// %c0..%c7.
+func (p *ptxText) compressBlock() {
+	p.label("LOADED", "compress the block into the chaining value")
+	p.state("%c", "%r4", "%r5", "%r8", "%r6")
+	p.compress()
+	for i := range 8 {
+		p.op("mov.b32", "%%c%d, %%v%d", i, i)
+	}
+}
+
+// storeCV writes the chaining value to out for the root (%p2), else to
+// cvs + 32·%rd1 (chunk, its name in the comment), and ends the kernel.
+func (p *ptxText) storeCV(e, chunk string) {
+	p.comment("%rd17 = where the chaining value goes: out for the root, else cvs + 32" + chunk)
+	p.op("@%p2 bra", "ROOT")
+	p.op("ld.param.u64", "%%rd17, [%s_cvs]", e)
+	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
+	p.op("shl.b64", "%%rd18, %%rd1, 5")
+	p.op("add.s64", "%%rd17, %%rd17, %%rd18")
+	p.op("bra.uni", "STORE")
+	p.label("ROOT", "")
+	p.op("ld.param.u64", "%%rd17, [%s_out]", e)
+	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
+	p.label("STORE", "")
+	p.op("st.global.v4.u32", "[%%rd17], {%%c0, %%c1, %%c2, %%c3}")
+	p.op("st.global.v4.u32", "[%%rd17+16], {%%c4, %%c5, %%c6, %%c7}")
+	p.label("DONE", "")
+	p.line("\tret;")
+	p.line("}")
+}
+
+// searchPiece binary-searches the launch's pieces for the last one at or
+// before the chunk: %rd21 = lo, how many start at or before 1024c; it ends
+// at FOUND.
+func (p *ptxText) searchPiece() {
+	p.op("mov.u64", "%%rd21, 0")
+	p.op("mov.u64", "%%rd22, %%rd4")
+	p.label("SEARCH", "while lo < hi: %rd23 = mid, %rd25 = pieces[mid].at")
+	p.op("setp.ge.u64", "%%p1, %%rd21, %%rd22")
+	p.op("@%p1 bra", "FOUND")
+	p.op("add.u64", "%%rd23, %%rd21, %%rd22")
+	p.op("shr.u64", "%%rd23, %%rd23, 1")
+	p.op("shl.b64", "%%rd24, %%rd23, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.u64", "%%rd25, [%%rd24]")
+	p.op("setp.le.u64", "%%p1, %%rd25, %%rd8")
+	p.op("@%p1 add.u64", "%%rd21, %%rd23, 1")
+	p.op("@!%p1 mov.u64", "%%rd22, %%rd23")
+	p.op("bra.uni", "SEARCH")
+}
+
+// placeChunk sets src (%rd12), dst (%rd19, where the piece has one) and
+// valid (%rd30) to the chunk's bytes of piece lo - 1, if it has any; it
+// ends at PLACED.
+func (p *ptxText) placeChunk() {
+	p.op("setp.eq.u64", "%%p1, %%rd21, 0")
+	p.op("@%p1 bra", "PLACED")
+	p.op("sub.u64", "%%rd24, %%rd21, 1")
+	p.op("shl.b64", "%%rd24, %%rd24, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.v2.u64", "{%%rd25, %%rd26}, [%%rd24]")
+	p.op("ld.global.v2.u64", "{%%rd27, %%rd28}, [%%rd24+16]")
+	p.comment("%rd29 = off = 1024c - at; the chunk is past the piece when off >= len")
+	p.op("sub.u64", "%%rd29, %%rd8, %%rd25")
+	p.op("setp.ge.u64", "%%p1, %%rd29, %%rd28")
+	p.op("@%p1 bra", "PLACED")
+	p.op("add.s64", "%%rd12, %%rd26, %%rd29")
+	p.op("setp.ne.u64", "%%p1, %%rd27, 0")
+	p.op("@%p1 add.s64", "%%rd19, %%rd27, %%rd29")
+	p.op("sub.u64", "%%rd30, %%rd28, %%rd29")
+	p.op("min.u64", "%%rd30, %%rd30, 1024")
+}
+
 const macChunksC = `
 mac_chunks.ptx: the chunk kernel of MACer, loaded at run time with
 cuModuleLoadDataEx (the driver compiles it for the GPU it runs on). One
@@ -182,14 +296,7 @@ func genMACChunks() string {
 	p.op("cvt.u32.u64", "%%r5, %%rd10")
 	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
 	p.label("BLOCK", "%r6 = flags, %r8 = the block's length")
-	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
-	p.op("selp.b32", "%%r6, %d, %d, %%p3", flagKeyed|flagChunkStart, flagKeyed)
-	p.op("add.u64", "%%rd14, %%rd11, 1")
-	p.op("setp.eq.u64", "%%p4, %%rd14, %%rd9")
-	p.op("@%p4 or.b32", "%%r6, %%r6, %d", flagChunkEnd)
-	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
-	p.op("min.u64", "%%rd15, %%rd13, 64")
-	p.op("cvt.u32.u64", "%%r8, %%rd15")
+	p.blockFlags()
 	p.comment("a whole block at a 16-byte aligned address: four 16-byte loads")
 	p.op("setp.lt.u64", "%%p5, %%rd13, 64")
 	p.op("@%p5 bra", "PARTIAL")
@@ -201,46 +308,15 @@ func genMACChunks() string {
 	}
 	p.op("bra.uni", "LOADED")
 	p.label("PARTIAL", "the block's bytes below rem, one at a time, zero-padded")
-	for i := range 16 {
-		p.op("mov.b32", "%%m%d, 0", i)
-	}
-	for j := range 64 {
-		p.op("setp.le.u64", "%%p5, %%rd13, %d", j)
-		p.op("@%p5 bra", "LOADED")
-		p.op("ld.global.u8", "%%r9, [%%rd12+%d]", j)
-		if j%4 != 0 {
-			p.op("shl.b32", "%%r9, %%r9, %d", 8*(j%4))
-		}
-		p.op("or.b32", "%%m%d, %%m%d, %%r9", j/4, j/4)
-	}
-	p.label("LOADED", "compress the block into the chaining value")
-	p.state("%c", "%r4", "%r5", "%r8", "%r6")
-	p.compress()
-	for i := range 8 {
-		p.op("mov.b32", "%%c%d, %%v%d", i, i)
-	}
+	p.partialBlock("%rd13", false)
+	p.compressBlock()
 	p.comment("next block")
 	p.op("add.u64", "%%rd11, %%rd11, 1")
 	p.op("add.s64", "%%rd12, %%rd12, 64")
 	p.op("sub.u64", "%%rd13, %%rd13, 64")
 	p.op("setp.lt.u64", "%%p3, %%rd11, %%rd9")
 	p.op("@%p3 bra", "BLOCK")
-	p.comment("%rd17 = where the chaining value goes: out for the root, else cvs + 32g")
-	p.op("@%p2 bra", "ROOT")
-	p.op("ld.param.u64", "%%rd17, [%s_cvs]", e)
-	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
-	p.op("shl.b64", "%%rd18, %%rd1, 5")
-	p.op("add.s64", "%%rd17, %%rd17, %%rd18")
-	p.op("bra.uni", "STORE")
-	p.label("ROOT", "")
-	p.op("ld.param.u64", "%%rd17, [%s_out]", e)
-	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
-	p.label("STORE", "")
-	p.op("st.global.v4.u32", "[%%rd17], {%%c0, %%c1, %%c2, %%c3}")
-	p.op("st.global.v4.u32", "[%%rd17+16], {%%c4, %%c5, %%c6, %%c7}")
-	p.label("DONE", "")
-	p.line("\tret;")
-	p.line("}")
+	p.storeCV(e, "g")
 	return p.b.String()
 }
 
@@ -496,37 +572,9 @@ func genMACLayout() string {
 	p.op("mov.u64", "%%rd9, 0")
 	p.op("@!%p8 bra", "SHARE")
 	p.comment("binary search: %rd21 = lo, the number of pieces at or before 1024c; %rd22 = hi")
-	p.op("mov.u64", "%%rd21, 0")
-	p.op("mov.u64", "%%rd22, %%rd4")
-	p.label("SEARCH", "while lo < hi: %rd23 = mid, %rd25 = pieces[mid].at")
-	p.op("setp.ge.u64", "%%p1, %%rd21, %%rd22")
-	p.op("@%p1 bra", "FOUND")
-	p.op("add.u64", "%%rd23, %%rd21, %%rd22")
-	p.op("shr.u64", "%%rd23, %%rd23, 1")
-	p.op("shl.b64", "%%rd24, %%rd23, 5")
-	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
-	p.op("ld.global.u64", "%%rd25, [%%rd24]")
-	p.op("setp.le.u64", "%%p1, %%rd25, %%rd8")
-	p.op("@%p1 add.u64", "%%rd21, %%rd23, 1")
-	p.op("@!%p1 mov.u64", "%%rd22, %%rd23")
-	p.op("bra.uni", "SEARCH")
+	p.searchPiece()
 	p.label("FOUND", "the chunk's bytes of piece lo - 1, if any")
-	p.op("setp.eq.u64", "%%p1, %%rd21, 0")
-	p.op("@%p1 bra", "PLACED")
-	p.op("sub.u64", "%%rd24, %%rd21, 1")
-	p.op("shl.b64", "%%rd24, %%rd24, 5")
-	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
-	p.op("ld.global.v2.u64", "{%%rd25, %%rd26}, [%%rd24]")
-	p.op("ld.global.v2.u64", "{%%rd27, %%rd28}, [%%rd24+16]")
-	p.comment("%rd29 = off = 1024c - at; the chunk is past the piece when off >= len")
-	p.op("sub.u64", "%%rd29, %%rd8, %%rd25")
-	p.op("setp.ge.u64", "%%p1, %%rd29, %%rd28")
-	p.op("@%p1 bra", "PLACED")
-	p.op("add.s64", "%%rd12, %%rd26, %%rd29")
-	p.op("setp.ne.u64", "%%p1, %%rd27, 0")
-	p.op("@%p1 add.s64", "%%rd19, %%rd27, %%rd29")
-	p.op("sub.u64", "%%rd30, %%rd28, %%rd29")
-	p.op("min.u64", "%%rd30, %%rd30, 1024")
+	p.placeChunk()
 	p.label("PLACED", "rem, blocks")
 	p.op("sub.u64", "%%rd13, %%rd7, %%rd8")
 	p.op("min.u64", "%%rd13, %%rd13, 1024")
@@ -630,14 +678,7 @@ func genMACLayout() string {
 	p.comment("this thread's chunk, if it has row b: %r6 = flags, %r8 = the block's length")
 	p.op("setp.ge.u64", "%%p3, %%rd11, %%rd9")
 	p.op("@%p3 bra", "ROWDONE")
-	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
-	p.op("selp.b32", "%%r6, %d, %d, %%p3", flagKeyed|flagChunkStart, flagKeyed)
-	p.op("add.u64", "%%rd14, %%rd11, 1")
-	p.op("setp.eq.u64", "%%p4, %%rd14, %%rd9")
-	p.op("@%p4 or.b32", "%%r6, %%r6, %d", flagChunkEnd)
-	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
-	p.op("min.u64", "%%rd15, %%rd13, 64")
-	p.op("cvt.u32.u64", "%%r8, %%rd15")
+	p.blockFlags()
 	p.comment("a whole row moved by vectors: from row buffer (b % 2), at %r22 = %r16 + 10240(b % 2)")
 	p.op("@!%p9 bra", "PARTIAL")
 	p.op("setp.lt.u64", "%%p5, %%rd30, 64")
@@ -651,25 +692,8 @@ func genMACLayout() string {
 	}
 	p.op("bra.uni", "LOADED")
 	p.label("PARTIAL", "the block's bytes of the piece (below valid), one at a time, zero-padded")
-	for i := range 16 {
-		p.op("mov.b32", "%%m%d, 0", i)
-	}
-	for j := range 64 {
-		p.op("setp.le.u64", "%%p5, %%rd30, %d", j)
-		p.op("@%p5 bra", "LOADED")
-		p.op("ld.global.u8", "%%r9, [%%rd12+%d]", j)
-		p.op("@%p6 st.global.u8", "[%%rd19+%d], %%r9", j)
-		if j%4 != 0 {
-			p.op("shl.b32", "%%r9, %%r9, %d", 8*(j%4))
-		}
-		p.op("or.b32", "%%m%d, %%m%d, %%r9", j/4, j/4)
-	}
-	p.label("LOADED", "compress the block into the chaining value")
-	p.state("%c", "%r4", "%r5", "%r8", "%r6")
-	p.compress()
-	for i := range 8 {
-		p.op("mov.b32", "%%c%d, %%v%d", i, i)
-	}
+	p.partialBlock("%rd30", true)
+	p.compressBlock()
 	p.comment("next block: valid = max(valid, 64) - 64")
 	p.op("add.s64", "%%rd12, %%rd12, 64")
 	p.op("@%p6 add.s64", "%%rd19, %%rd19, 64")
@@ -684,23 +708,8 @@ func genMACLayout() string {
 	p.op("add.u64", "%%rd11, %%rd11, 1")
 	p.op("setp.lt.u64", "%%p3, %%rd11, 16")
 	p.op("@%p3 bra", "ROW")
-	p.comment("%rd17 = where the chaining value goes: out for the root, else cvs + 32c")
 	p.op("@!%p8 bra", "DONE")
-	p.op("@%p2 bra", "ROOT")
-	p.op("ld.param.u64", "%%rd17, [%s_cvs]", e)
-	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
-	p.op("shl.b64", "%%rd18, %%rd1, 5")
-	p.op("add.s64", "%%rd17, %%rd17, %%rd18")
-	p.op("bra.uni", "STORE")
-	p.label("ROOT", "")
-	p.op("ld.param.u64", "%%rd17, [%s_out]", e)
-	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
-	p.label("STORE", "")
-	p.op("st.global.v4.u32", "[%%rd17], {%%c0, %%c1, %%c2, %%c3}")
-	p.op("st.global.v4.u32", "[%%rd17+16], {%%c4, %%c5, %%c6, %%c7}")
-	p.label("DONE", "")
-	p.line("\tret;")
-	p.line("}")
+	p.storeCV(e, "c")
 	return p.b.String()
 }
 
@@ -797,40 +806,12 @@ func genMACLayoutRead() string {
 	p.op("max.u64", "%%rd5, %%rd5, 1")
 	p.op("shl.b64", "%%rd8, %%rd1, 10")
 	p.comment("binary search: %rd21 = lo, the number of pieces at or before 1024c; %rd22 = hi")
-	p.op("mov.u64", "%%rd21, 0")
-	p.op("mov.u64", "%%rd22, %%rd4")
-	p.label("SEARCH", "while lo < hi: %rd23 = mid, %rd25 = pieces[mid].at")
-	p.op("setp.ge.u64", "%%p1, %%rd21, %%rd22")
-	p.op("@%p1 bra", "FOUND")
-	p.op("add.u64", "%%rd23, %%rd21, %%rd22")
-	p.op("shr.u64", "%%rd23, %%rd23, 1")
-	p.op("shl.b64", "%%rd24, %%rd23, 5")
-	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
-	p.op("ld.global.u64", "%%rd25, [%%rd24]")
-	p.op("setp.le.u64", "%%p1, %%rd25, %%rd8")
-	p.op("@%p1 add.u64", "%%rd21, %%rd23, 1")
-	p.op("@!%p1 mov.u64", "%%rd22, %%rd23")
-	p.op("bra.uni", "SEARCH")
+	p.searchPiece()
 	p.label("FOUND", "%rd12 = src, %rd19 = dst, %rd30 = valid: the chunk's bytes of piece lo - 1, if any")
 	p.op("mov.u64", "%%rd12, 0")
 	p.op("mov.u64", "%%rd19, 0")
 	p.op("mov.u64", "%%rd30, 0")
-	p.op("setp.eq.u64", "%%p1, %%rd21, 0")
-	p.op("@%p1 bra", "PLACED")
-	p.op("sub.u64", "%%rd24, %%rd21, 1")
-	p.op("shl.b64", "%%rd24, %%rd24, 5")
-	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
-	p.op("ld.global.v2.u64", "{%%rd25, %%rd26}, [%%rd24]")
-	p.op("ld.global.v2.u64", "{%%rd27, %%rd28}, [%%rd24+16]")
-	p.comment("%rd29 = off = 1024c - at; the chunk is past the piece when off >= len")
-	p.op("sub.u64", "%%rd29, %%rd8, %%rd25")
-	p.op("setp.ge.u64", "%%p1, %%rd29, %%rd28")
-	p.op("@%p1 bra", "PLACED")
-	p.op("add.s64", "%%rd12, %%rd26, %%rd29")
-	p.op("setp.ne.u64", "%%p1, %%rd27, 0")
-	p.op("@%p1 add.s64", "%%rd19, %%rd27, %%rd29")
-	p.op("sub.u64", "%%rd30, %%rd28, %%rd29")
-	p.op("min.u64", "%%rd30, %%rd30, 1024")
+	p.placeChunk()
 	p.label("PLACED", "%p6 = the chunk's bytes are copied")
 	p.op("setp.ne.u64", "%%p6, %%rd19, 0")
 	p.loadKey(e)
@@ -852,14 +833,7 @@ func genMACLayoutRead() string {
 	p.op("cvt.u32.u64", "%%r5, %%rd10")
 	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
 	p.label("BLOCK", "%r6 = flags, %r8 = the block's length")
-	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
-	p.op("selp.b32", "%%r6, %d, %d, %%p3", flagKeyed|flagChunkStart, flagKeyed)
-	p.op("add.u64", "%%rd14, %%rd11, 1")
-	p.op("setp.eq.u64", "%%p4, %%rd14, %%rd9")
-	p.op("@%p4 or.b32", "%%r6, %%r6, %d", flagChunkEnd)
-	p.op("@%p4 or.b32", "%%r6, %%r6, %%r7")
-	p.op("min.u64", "%%rd15, %%rd13, 64")
-	p.op("cvt.u32.u64", "%%r8, %%rd15")
+	p.blockFlags()
 	p.comment("64 bytes of the piece, src and dst 16-byte aligned: four 16-byte loads (and stores)")
 	p.op("setp.lt.u64", "%%p5, %%rd30, 64")
 	p.op("@%p5 bra", "PARTIAL")
@@ -876,25 +850,8 @@ func genMACLayoutRead() string {
 	}
 	p.op("bra.uni", "LOADED")
 	p.label("PARTIAL", "the block's bytes of the piece (below valid), one at a time, zero-padded")
-	for i := range 16 {
-		p.op("mov.b32", "%%m%d, 0", i)
-	}
-	for j := range 64 {
-		p.op("setp.le.u64", "%%p5, %%rd30, %d", j)
-		p.op("@%p5 bra", "LOADED")
-		p.op("ld.global.u8", "%%r9, [%%rd12+%d]", j)
-		p.op("@%p6 st.global.u8", "[%%rd19+%d], %%r9", j)
-		if j%4 != 0 {
-			p.op("shl.b32", "%%r9, %%r9, %d", 8*(j%4))
-		}
-		p.op("or.b32", "%%m%d, %%m%d, %%r9", j/4, j/4)
-	}
-	p.label("LOADED", "compress the block into the chaining value")
-	p.state("%c", "%r4", "%r5", "%r8", "%r6")
-	p.compress()
-	for i := range 8 {
-		p.op("mov.b32", "%%c%d, %%v%d", i, i)
-	}
+	p.partialBlock("%rd30", true)
+	p.compressBlock()
 	p.comment("next block: valid = max(valid, 64) - 64")
 	p.op("add.u64", "%%rd11, %%rd11, 1")
 	p.op("add.s64", "%%rd12, %%rd12, 64")
@@ -904,21 +861,6 @@ func genMACLayoutRead() string {
 	p.op("sub.u64", "%%rd30, %%rd30, 64")
 	p.op("setp.lt.u64", "%%p3, %%rd11, %%rd9")
 	p.op("@%p3 bra", "BLOCK")
-	p.comment("%rd17 = where the chaining value goes: out for the root, else cvs + 32c")
-	p.op("@%p2 bra", "ROOT")
-	p.op("ld.param.u64", "%%rd17, [%s_cvs]", e)
-	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
-	p.op("shl.b64", "%%rd18, %%rd1, 5")
-	p.op("add.s64", "%%rd17, %%rd17, %%rd18")
-	p.op("bra.uni", "STORE")
-	p.label("ROOT", "")
-	p.op("ld.param.u64", "%%rd17, [%s_out]", e)
-	p.op("cvta.to.global.u64", "%%rd17, %%rd17")
-	p.label("STORE", "")
-	p.op("st.global.v4.u32", "[%%rd17], {%%c0, %%c1, %%c2, %%c3}")
-	p.op("st.global.v4.u32", "[%%rd17+16], {%%c4, %%c5, %%c6, %%c7}")
-	p.label("DONE", "")
-	p.line("\tret;")
-	p.line("}")
+	p.storeCV(e, "c")
 	return p.b.String()
 }
