@@ -19,9 +19,9 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 }
 
 // publishStage adds Publish's stage. With sumsFirst, it holds each run of
-// direct buckets whose checksums or MACs are pending until the run ends (at the
-// round's last bucket or one that is not direct), and publishes them once
-// the GPU has summed them all: see Sender's sumsFirst.
+// direct buckets whose checksums or MACs are pending until the run ends
+// (at the round's last bucket or one that is not direct), and publishes
+// them once the GPU has computed them all: see Sender's sumsFirst.
 func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher, sumsFirst bool) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
 		var held []*Bucket // direct buckets waiting for the run's last checksum
