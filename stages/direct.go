@@ -45,8 +45,11 @@ import (
 // without destinations): one read of the model per round, whatever the
 // number of receivers, in place of the pack's copy. Each receiver computes
 // the same sum in the copies that read the tensors into its model, and
-// compares (verifySum). The sender's tensors must stay unchanged until
-// Sync returns: the receivers read them until their last acknowledgement.
+// compares (verifySum). With a group secret the bucket's MAC, computed
+// the same ways over its entries (placed on 1 KiB chunks), takes the
+// checksum's place (mac.go). The sender's tensors must stay unchanged
+// until Sync returns: the receivers read them until their last
+// acknowledgement.
 //
 // A direct bucket holds no buffer of the sender's pool (it has no bytes
 // there; pack takes one only if the bucket turns into one it fills), so
