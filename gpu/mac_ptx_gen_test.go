@@ -115,6 +115,37 @@ func (p *ptxText) macRegisters() {
 // chunk. The layout kernels' search: %rd3 pieces, %rd4 count, %rd8 1024c,
 // %rd21 lo, %rd30 valid.
 
+// keyCV loads the key into %k0..%k7 and starts the chaining value
+// %c0..%c7 as the key.
+func (p *ptxText) keyCV(e string) {
+	p.loadKey(e)
+	p.comment("%c0..%c7 = the chaining value, starting as the key")
+	for i := range 8 {
+		p.op("mov.b32", "%%c%d, %%k%d", i, i)
+	}
+}
+
+// chunkBlocks caps rem (%rd13) at a chunk and sets blocks (%rd9), at
+// least one.
+func (p *ptxText) chunkBlocks() {
+	p.op("min.u64", "%%rd13, %%rd13, 1024")
+	p.op("add.u64", "%%rd9, %%rd13, 63")
+	p.op("shr.u64", "%%rd9, %%rd9, 6")
+	p.op("max.u64", "%%rd9, %%rd9, 1")
+}
+
+// chunkCounter sets %p2 (the input is one chunk, %rd5 chunks), %r4 and
+// %r5 (the counter: the chunk %rd1, named chunk in the comment) and %r7
+// (the root flag of the last block).
+func (p *ptxText) chunkCounter(chunk string) {
+	p.comment("%p2 = the input is one chunk (its end is the root); %r4, %r5 = the counter " + chunk)
+	p.op("setp.eq.u64", "%%p2, %%rd5, 1")
+	p.op("cvt.u32.u64", "%%r4, %%rd1")
+	p.op("shr.u64", "%%rd10, %%rd1, 32")
+	p.op("cvt.u32.u64", "%%r5, %%rd10")
+	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
+}
+
 // blockFlags sets %r6, block b's flags, and %r8, its length.
 func (p *ptxText) blockFlags() {
 	p.op("setp.eq.u64", "%%p3, %%rd11, 0")
@@ -275,26 +306,14 @@ func genMACChunks() string {
 	p.op("setp.ge.u64", "%%p1, %%rd1, %%rd5")
 	p.op("@%p1 bra", "DONE")
 	p.op("cvta.to.global.u64", "%%rd3, %%rd3")
-	p.loadKey(e)
-	p.comment("%c0..%c7 = the chaining value, starting as the key")
-	for i := range 8 {
-		p.op("mov.b32", "%%c%d, %%k%d", i, i)
-	}
+	p.keyCV(e)
 	p.comment("%rd7 = 1024g, %rd12 = p, %rd13 = rem, %rd9 = blocks, %rd11 = b")
 	p.op("shl.b64", "%%rd7, %%rd1, 10")
 	p.op("add.s64", "%%rd12, %%rd3, %%rd7")
 	p.op("sub.u64", "%%rd13, %%rd4, %%rd7")
-	p.op("min.u64", "%%rd13, %%rd13, 1024")
-	p.op("add.u64", "%%rd9, %%rd13, 63")
-	p.op("shr.u64", "%%rd9, %%rd9, 6")
-	p.op("max.u64", "%%rd9, %%rd9, 1")
+	p.chunkBlocks()
 	p.op("mov.u64", "%%rd11, 0")
-	p.comment("%p2 = the input is one chunk (its end is the root); %r4, %r5 = the counter g")
-	p.op("setp.eq.u64", "%%p2, %%rd5, 1")
-	p.op("cvt.u32.u64", "%%r4, %%rd1")
-	p.op("shr.u64", "%%rd10, %%rd1, 32")
-	p.op("cvt.u32.u64", "%%r5, %%rd10")
-	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
+	p.chunkCounter("g")
 	p.label("BLOCK", "%r6 = flags, %r8 = the block's length")
 	p.blockFlags()
 	p.comment("a whole block at a 16-byte aligned address: four 16-byte loads")
@@ -577,10 +596,7 @@ func genMACLayout() string {
 	p.placeChunk()
 	p.label("PLACED", "rem, blocks")
 	p.op("sub.u64", "%%rd13, %%rd7, %%rd8")
-	p.op("min.u64", "%%rd13, %%rd13, 1024")
-	p.op("add.u64", "%%rd9, %%rd13, 63")
-	p.op("shr.u64", "%%rd9, %%rd9, 6")
-	p.op("max.u64", "%%rd9, %%rd9, 1")
+	p.chunkBlocks()
 	p.label("SHARE", "%p9 = src and dst 16-byte aligned; S[t], D[t], V[t] = src, dst, valid or 0")
 	p.op("or.b64", "%%rd21, %%rd12, %%rd19")
 	p.op("and.b64", "%%rd21, %%rd21, 15")
@@ -653,17 +669,8 @@ func genMACLayout() string {
 			p.label(skip, "")
 		}
 	}
-	p.loadKey(e)
-	p.comment("%c0..%c7 = the chaining value, starting as the key")
-	for i := range 8 {
-		p.op("mov.b32", "%%c%d, %%k%d", i, i)
-	}
-	p.comment("%p2 = the input is one chunk (its end is the root); %r4, %r5 = the counter c; %rd11 = b")
-	p.op("setp.eq.u64", "%%p2, %%rd5, 1")
-	p.op("cvt.u32.u64", "%%r4, %%rd1")
-	p.op("shr.u64", "%%rd10, %%rd1, 32")
-	p.op("cvt.u32.u64", "%%r5, %%rd10")
-	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
+	p.keyCV(e)
+	p.chunkCounter("c; %rd11 = b")
 	p.op("mov.u64", "%%rd11, 0")
 	p.comment("row 0 of every chunk of the block, four threads a chunk")
 	loadRow(11)
@@ -814,24 +821,12 @@ func genMACLayoutRead() string {
 	p.placeChunk()
 	p.label("PLACED", "%p6 = the chunk's bytes are copied")
 	p.op("setp.ne.u64", "%%p6, %%rd19, 0")
-	p.loadKey(e)
-	p.comment("%c0..%c7 = the chaining value, starting as the key")
-	for i := range 8 {
-		p.op("mov.b32", "%%c%d, %%k%d", i, i)
-	}
+	p.keyCV(e)
 	p.comment("%rd13 = rem, %rd9 = blocks, %rd11 = b")
 	p.op("sub.u64", "%%rd13, %%rd7, %%rd8")
-	p.op("min.u64", "%%rd13, %%rd13, 1024")
-	p.op("add.u64", "%%rd9, %%rd13, 63")
-	p.op("shr.u64", "%%rd9, %%rd9, 6")
-	p.op("max.u64", "%%rd9, %%rd9, 1")
+	p.chunkBlocks()
 	p.op("mov.u64", "%%rd11, 0")
-	p.comment("%p2 = the input is one chunk (its end is the root); %r4, %r5 = the counter c")
-	p.op("setp.eq.u64", "%%p2, %%rd5, 1")
-	p.op("cvt.u32.u64", "%%r4, %%rd1")
-	p.op("shr.u64", "%%rd10, %%rd1, 32")
-	p.op("cvt.u32.u64", "%%r5, %%rd10")
-	p.op("selp.b32", "%%r7, %d, 0, %%p2", flagRoot)
+	p.chunkCounter("c")
 	p.label("BLOCK", "%r6 = flags, %r8 = the block's length")
 	p.blockFlags()
 	p.comment("64 bytes of the piece, src and dst 16-byte aligned: four 16-byte loads (and stores)")

@@ -340,14 +340,14 @@ func (c *gpuCopier) gatherDirect(ctx context.Context, b *Bucket, srcs []directVi
 	switch {
 	case b.auth != nil && m.HasMAC:
 		macs, err := c.macs.get(c.stream)
-		if err == nil {
-			err = queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth)
-		}
-		if err == nil {
-			_, err = b.mac.wait(ctx) // the copies have landed when the MAC is in
-		}
 		if err != nil {
-			return fmt.Errorf("bucket %d: copying from the sender's memory with its MAC: %w", m.Seq, err)
+			return fmt.Errorf("bucket %d: %w", m.Seq, err)
+		}
+		if err := queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth); err != nil {
+			return err
+		}
+		if _, err := b.mac.wait(ctx); err != nil { // the copies have landed when the MAC is in
+			return fmt.Errorf("the MAC of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
 		}
 		return nil
 	case !m.HasChecksum:
@@ -437,13 +437,10 @@ func (c *gpuCopier) sumInPlace(ctx context.Context, b *Bucket, srcs []directView
 	}
 	if signed {
 		macs, err := c.macs.get(c.stream)
-		if err == nil {
-			err = queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth)
-		}
 		if err != nil {
 			return fmt.Errorf("bucket %d: %w", m.Seq, err)
 		}
-		return nil
+		return queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth)
 	}
 	ps, err := c.gather.CopySumLayout(ctx, &l, m.Length, c.sums)
 	if err != nil {

@@ -62,10 +62,10 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 	checkPath := func(where string, m *deviceMAC) {
 		t.Helper()
 		switch {
-		case kernel && m.macer == nil:
-			t.Fatalf("%s: no MAC kernel (%v)", where, m.why)
-		case !kernel && !errors.Is(m.why, gpu.ErrNoMACKernel):
-			t.Fatalf("%s: the MACs were not computed on the host (kernel %v, %v)", where, m.macer != nil, m.why)
+		case kernel && m.macs.m == nil:
+			t.Fatalf("%s: no MAC kernel (%v)", where, m.macs.why)
+		case !kernel && !errors.Is(m.macs.why, gpu.ErrNoMACKernel):
+			t.Fatalf("%s: the MACs were not computed on the host (kernel %v, %v)", where, m.macs.m != nil, m.macs.why)
 		}
 	}
 

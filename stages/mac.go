@@ -245,8 +245,7 @@ func (p *pendingMAC) close() {
 type deviceMAC struct {
 	dev      *gpu.CUDADevice
 	stream   *gpu.Stream   // nil until the first MAC
-	macer    *gpu.MACer    // nil until the first MAC, and where the kernel is unavailable
-	why      error         // why the kernel is unavailable
+	macs     streamMACer   // the stream's MACer, or why the kernel is unavailable
 	readback *gpu.Readback // nil until needed
 }
 
@@ -264,25 +263,21 @@ func (d *deviceMAC) queue(ctx context.Context, dev *gpu.CUDADevice, b *Bucket, k
 		}
 		d.dev, d.stream = dev, s
 	}
-	if d.macer == nil && d.why == nil {
-		d.macer, d.why = d.stream.NewMACer()
-		if d.why != nil && !errors.Is(d.why, gpu.ErrNoMACKernel) {
-			err := d.why
-			d.macer, d.why = nil, nil
-			return nil, err
-		}
+	macer, err := d.macs.get(d.stream)
+	if err != nil {
+		return nil, err
 	}
-	if d.macer == nil {
+	if macer == nil {
 		if d.readback == nil {
 			d.readback = d.dev.NewReadback()
 		}
 		host, err := d.readback.Read(ctx, b.Buf, int(n)) // after b's fence
 		if err != nil {
-			return nil, fmt.Errorf("on the host (%v): %w", d.why, err)
+			return nil, fmt.Errorf("on the host (%v): %w", d.macs.why, err)
 		}
 		return &pendingMAC{tag: mac.SumParallel(key, host)}, nil
 	}
-	p, err := d.macer.Queue(b.Buf, n, key) // after b's fence
+	p, err := macer.Queue(b.Buf, n, key) // after b's fence
 	if err != nil {
 		return nil, err
 	}
@@ -306,10 +301,7 @@ func (d *deviceMAC) close(ctx context.Context) error {
 	if err := d.stream.Sync(ctx); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("a bucket MAC still running; leaving its memory allocated: %w", err))...)
 	}
-	if d.macer != nil {
-		errs = append(errs, d.macer.Close(ctx))
-	}
-	errs = append(errs, d.stream.Close())
-	d.stream, d.macer, d.why = nil, nil, nil
+	errs = append(errs, d.macs.close(ctx), d.stream.Close())
+	d.stream = nil
 	return errors.Join(errs...)
 }

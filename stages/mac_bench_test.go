@@ -84,8 +84,8 @@ func BenchmarkGPUPackMAC(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if secret && pk.dev.macs.macer == nil {
-				b.Fatalf("the MACs were computed on the host: %v", pk.dev.macs.why)
+			if secret && pk.dev.macs.macs.m == nil {
+				b.Fatalf("the MACs were computed on the host: %v", pk.dev.macs.macs.why)
 			}
 		})
 	}
