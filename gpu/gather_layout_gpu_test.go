@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -222,5 +223,74 @@ func BenchmarkGatherLayout64x16MiB(b *testing.B) {
 				return err
 			})
 		})
+	}
+}
+
+// BenchmarkGatherLayoutBuckets is one receiver's loads of direct buckets
+// of 256 MiB and 1 GiB (16 MiB tensors), each waited for before the next
+// as the load stage does: the copies with the layout checksum, the copies
+// alone, and the copies with the checksum's other work on the stream (its
+// slots cleared before, read back after) but not its sums. Run in several
+// processes at once it shows what sharing the GPU without MPS does to
+// each.
+func BenchmarkGatherLayoutBuckets(b *testing.B) {
+	d := testDevice(b)
+	const each = 16 << 20
+	ctx := context.Background()
+	for _, count := range []int{16, 64} {
+		srcs, dsts := make([]mem.Buffer, count), make([]mem.Buffer, count)
+		for i := range srcs {
+			srcs[i], dsts[i] = alloc(b, d, each), alloc(b, d, each)
+		}
+		clear := alloc(b, d, checksumSlotBytes)
+		for _, c := range []string{"copy+sum", "copy", "copy+slots", "copy+clear", "copy+readback"} {
+			b.Run(fmt.Sprintf("bucket=%dMiB/%s", count*each>>20, c), func(b *testing.B) {
+				var g *Gather
+				var cs *Checksummer
+				var l Layout
+				benchCopy(b, d, int64(each*count), func(s *Stream) error {
+					if g == nil {
+						g, cs = testGatherLayout(b, s)
+					}
+					var cb CopyBatch
+					for i := range srcs {
+						l.Add(int64(i*each), srcs[i].DevicePtr(), each, dsts[i].DevicePtr())
+						cb.Add(dsts[i].DevicePtr(), srcs[i].DevicePtr(), each)
+					}
+					var p *PendingSum
+					var err error
+					switch c {
+					case "copy":
+						l.Reset()
+						return g.Copy(ctx, &cb)
+					case "copy+slots":
+						l.Reset()
+						p, err = cs.queue(int64(each*count), func(uint64) error { return g.Copy(ctx, &cb) })
+					case "copy+clear": // the slots' clearing only
+						l.Reset()
+						if r := cuMemsetD8Async(s.d.ctx, clear.DevicePtr(), 0, checksumSlotBytes, s.s); r != 0 {
+							return s.d.err("cuMemsetD8Async", "", r)
+						}
+						return g.Copy(ctx, &cb)
+					case "copy+readback": // the slots' read-back only
+						l.Reset()
+						sl, err := cs.slots.queue(func(*resultSlot) error { return g.Copy(ctx, &cb) })
+						if err != nil {
+							return err
+						}
+						defer cs.slots.release(sl, true)
+						return cs.slots.wait(ctx, sl, "read-back")
+					default:
+						p, err = g.CopySumLayout(ctx, &l, int64(each*count), cs)
+					}
+					if err != nil {
+						return err
+					}
+					defer p.Close()
+					_, err = p.Wait(ctx)
+					return err
+				})
+			})
+		}
 	}
 }
