@@ -229,8 +229,10 @@ func BenchmarkGatherLayout64x16MiB(b *testing.B) {
 // BenchmarkGatherLayoutBuckets is one receiver's loads of direct buckets
 // of 256 MiB and 1 GiB (16 MiB tensors), each waited for before the next
 // as the load stage does: the copies with the layout checksum, the copies
-// alone, and the copies with the checksum's other work on the stream (its
-// slots cleared before, read back after) but not its sums. Run in several
+// alone, the copies with the checksum's other work on the stream as
+// Checksummer.queue does it (its slots cleared with cuMemsetD8Async
+// before, read back after) but not its sums, and with each of the two
+// alone (copy+clear, copy+readback). Run in several
 // processes at once it shows what sharing the GPU without MPS does to
 // each.
 func BenchmarkGatherLayoutBuckets(b *testing.B) {
@@ -266,7 +268,7 @@ func BenchmarkGatherLayoutBuckets(b *testing.B) {
 					case "copy+slots":
 						l.Reset()
 						p, err = cs.queue(int64(each*count), func(uint64) error { return g.Copy(ctx, &cb) })
-					case "copy+clear": // the slots' clearing only
+					case "copy+clear": // a memset of the slots only
 						l.Reset()
 						if r := cuMemsetD8Async(s.d.ctx, clear.DevicePtr(), 0, checksumSlotBytes, s.s); r != 0 {
 							return s.d.err("cuMemsetD8Async", "", r)
