@@ -232,9 +232,8 @@ func BenchmarkGatherLayout64x16MiB(b *testing.B) {
 // alone, the copies with the checksum's other work on the stream as
 // Checksummer.queue does it (its slots cleared with cuMemsetD8Async
 // before, read back after) but not its sums, and with each of the two
-// alone (copy+clear, copy+readback). Run in several
-// processes at once it shows what sharing the GPU without MPS does to
-// each.
+// alone (copy+clear, copy+readback). Run in several processes at once it
+// shows what sharing the GPU without MPS does to each.
 func BenchmarkGatherLayoutBuckets(b *testing.B) {
 	d := testDevice(b)
 	const each = 16 << 20
@@ -244,7 +243,7 @@ func BenchmarkGatherLayoutBuckets(b *testing.B) {
 		for i := range srcs {
 			srcs[i], dsts[i] = alloc(b, d, each), alloc(b, d, each)
 		}
-		clear := alloc(b, d, checksumSlotBytes)
+		cleared := alloc(b, d, checksumSlotBytes) // copy+clear's
 		for _, c := range []string{"copy+sum", "copy", "copy+slots", "copy+clear", "copy+readback"} {
 			b.Run(fmt.Sprintf("bucket=%dMiB/%s", count*each>>20, c), func(b *testing.B) {
 				var g *Gather
@@ -270,7 +269,7 @@ func BenchmarkGatherLayoutBuckets(b *testing.B) {
 						p, err = cs.queue(int64(each*count), func(uint64) error { return g.Copy(ctx, &cb) })
 					case "copy+clear": // a memset of the slots only
 						l.Reset()
-						if r := cuMemsetD8Async(s.d.ctx, clear.DevicePtr(), 0, checksumSlotBytes, s.s); r != 0 {
+						if r := cuMemsetD8Async(s.d.ctx, cleared.DevicePtr(), 0, checksumSlotBytes, s.s); r != 0 {
 							return s.d.err("cuMemsetD8Async", "", r)
 						}
 						return g.Copy(ctx, &cb)
