@@ -20,10 +20,17 @@ var checksumPTX string
 
 const (
 	// checksumSlots is the number of partial sums a launch adds into:
-	// thread g adds its sum into slot g % 256, so the threads of a warp
-	// add into distinct addresses.
+	// thread g adds its sum into partial g % 256, so the threads of a warp
+	// add into distinct addresses. A slot holds the partials at its start,
+	// then the launches' ticket (checksumTicket, a uint32), then the 256
+	// words of the result (checksumResult) that the host reads back and
+	// adds: the launch's last block to finish moves the partials there and
+	// clears them and the ticket (sum_finish in checksum.ptx), so a slot
+	// needs no clearing between sums.
 	checksumSlots     = 256
 	checksumSlotBytes = checksumSlots * 8
+	checksumTicket    = checksumSlotBytes
+	checksumResult    = checksumTicket + 16
 	// checksumThreads is the kernel's block size.
 	checksumThreads = 256
 	// checksumBytesPerThread: a launch uses one more block for every
@@ -142,12 +149,13 @@ func checksumBlocks(n int64, most int) int {
 // adds a launch of the checksum kernel to the stream and returns a
 // PendingSum, whose Wait returns the checksum once the launch is done. The
 // kernel reads the memory once, at close to the device's memory bandwidth,
-// and sends 2 KiB of partial sums to the host.
+// and sends 2 KiB of sums to the host.
 //
-// Each PendingSum holds a slot: 2 KiB of device memory for the kernel's
-// partial sums, 2 KiB of pinned host memory they are copied into, and an
-// event. Slots are pooled and reused; the pool grows while many sums are
-// outstanding. A slot goes back to the pool only when its launch and copy
+// Each PendingSum holds a slot: 4 KiB of device memory for the kernel's
+// partial sums and its result (the kernel leaves the partials cleared for
+// the slot's next sum, so no memset precedes a launch), pinned host memory
+// the 2 KiB of result are copied into, and an event. Slots are pooled and
+// reused; the pool grows while many sums are outstanding. A slot goes back to the pool only when its launch and copy
 // are known finished, so memory a kernel may still write is never reused.
 //
 // A Checksummer is for one goroutine at a time (Queue and Close). Its
@@ -163,7 +171,7 @@ type Checksummer struct {
 
 // newChecksummer returns a Checksummer of s with the loaded kernel k.
 func newChecksummer(s *Stream, k *loadedKernel) *Checksummer {
-	return &Checksummer{s: s, k: k, slots: resultSlots{s: s, name: "checksum", words: checksumSlots, closedErr: ErrChecksummerClosed}}
+	return &Checksummer{s: s, k: k, slots: resultSlots{s: s, name: "checksum", words: checksumSlots, scratch: checksumResult / 8, closedErr: ErrChecksummerClosed}}
 }
 
 // NewChecksummer returns a Checksummer that queues sums on s. The first
@@ -195,8 +203,8 @@ type PendingSum struct {
 
 // Queue queues a checksum of the first n bytes of buf on the stream, after
 // everything queued on it before (and, if buf carries a fence, after the
-// fence: see WithFence): zeroing a slot's partial sums, the kernel, and a
-// copy of the partial sums to pinned memory, then an event. It never
+// fence: see WithFence): the kernel, which leaves its sum in a slot, and
+// a copy of the slot to pinned memory, then an event. It never
 // blocks. buf must be device memory of the stream's device (an
 // allocation, a View, an IPC mapping) and n at most buf.Len(). The bytes
 // must stay unchanged until the PendingSum's Wait has returned.
@@ -217,10 +225,11 @@ func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.queue(n, func(slots uint64) error {
+	return c.queue(n, func(sl *sumSlot) error {
 		blocks := checksumBlocks(n, blocks)
-		// wc_checksum(buf, n, slots) on a grid of blocks × checksumThreads.
-		if r := cuLaunchKernel(c.s.d.ctx, c.k.fn, uint32(blocks), checksumThreads, c.s.s, p, uint64(n), slots); r != 0 {
+		slots, first := sl.next()
+		// wc_checksum(buf, n, slots, first) on a grid of blocks × checksumThreads.
+		if r := cuLaunchKernel(c.s.d.ctx, c.k.fn, uint32(blocks), checksumThreads, c.s.s, p, uint64(n), slots, first); r != 0 {
 			return c.s.d.err("cuLaunchKernel", fmt.Sprintf("checksum kernel over %d bytes, %d blocks", n, blocks), r)
 		}
 		return nil
@@ -251,21 +260,44 @@ func (c *Checksummer) gridCap() (int, error) {
 	return c.blocks, nil
 }
 
-// queue queues the sum of n bytes into a slot on the stream: zeroing the
-// slot's partial sums, then kernels, which add the bytes' word
-// contributions into the partial sums at the device address slots, then
-// the copy to pinned memory and the event.
-func (c *Checksummer) queue(n int64, kernels func(slots uint64) error) (*PendingSum, error) {
-	sl, err := c.slots.queue(func(sl *resultSlot) error {
-		if r := cuMemsetD8Async(c.s.d.ctx, sl.dev, 0, checksumSlotBytes, c.s.s); r != 0 {
-			return c.s.d.err("cuMemsetD8Async", "checksum slots", r)
+// queue queues the sum of n bytes into a slot on the stream: kernels,
+// whose launches add the bytes' word contributions into the slot (each
+// launch's parameters from sumSlot.next), then the copy of the slot's
+// result to pinned memory and the event. The result of kernels that
+// launched nothing is zero.
+func (c *Checksummer) queue(n int64, kernels func(sl *sumSlot) error) (*PendingSum, error) {
+	sl, err := c.slots.queue(func(rs *resultSlot) error {
+		sl := sumSlot{dev: rs.dev}
+		if err := kernels(&sl); err != nil || sl.launched {
+			return err
 		}
-		return kernels(sl.dev)
+		if r := cuMemsetD8Async(c.s.d.ctx, rs.dev+checksumResult, 0, checksumSlotBytes, c.s.s); r != 0 {
+			return c.s.d.err("cuMemsetD8Async", "the result of a sum of no launch", r)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &PendingSum{c: c, slot: sl, n: n}, nil
+}
+
+// sumSlot is the slot that the launches of one sum add into.
+type sumSlot struct {
+	dev      uint64
+	launched bool
+}
+
+// next returns the parameters slots and first of the sum's next launch:
+// the slot's device address, and 1 for the first launch (which sets the
+// result rather than adding to it), else 0.
+func (s *sumSlot) next() (slots, first uint64) {
+	first = 1
+	if s.launched {
+		first = 0
+	}
+	s.launched = true
+	return s.dev, first
 }
 
 // Wait waits until the sum's launch has finished, at most until ctx ends

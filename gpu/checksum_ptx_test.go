@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -12,8 +13,8 @@ import (
 // PTX interpreter of ptx_interp_test.go. The checksummed buffer is mapped
 // read-only and exactly n bytes long, so a load of any byte at or past n,
 // or a store into the buffer, fails the test (on a GPU such a load reads
-// whatever follows, or faults past the allocation). The 256 slots are a
-// region of exactly 2 KiB.
+// whatever follows, or faults past the allocation). A slot (its partials,
+// ticket and result: checksum.go) is a region of exactly its size.
 
 const (
 	ptxBufBase   = 0x7f0000000000
@@ -21,29 +22,108 @@ const (
 )
 
 // runChecksumPTX checksums buf, mapped at ptxBufBase+off, with a grid of
-// blocks×threads, and returns checksum.Finish of the slots' sum.
+// blocks×threads into a new slot, and returns checksum.Finish of its
+// result.
 func runChecksumPTX(t *testing.T, k *ptxKernel, buf []byte, off uint64, blocks, threads int) uint64 {
 	t.Helper()
-	slots := make([]byte, checksumSlots*8)
+	slot := newPTXSumSlot()
+	runChecksumPTXInto(t, k, slot, buf, off, blocks, threads, nil, true)
+	return checksum.Finish(slot.result(t), int64(len(buf)))
+}
+
+// runChecksumPTXInto launches the kernel over buf, mapped at
+// ptxBufBase+off, on a grid of blocks×threads whose blocks run in the
+// order given (0, 1, ... when order is nil), adding into slot, which it
+// maps at ptxSlotsBase, with the parameter first.
+func runChecksumPTXInto(t *testing.T, k *ptxKernel, slot ptxSumSlot, buf []byte, off uint64, blocks, threads int, order []int, first bool) {
+	t.Helper()
 	mem := &ptxMemory{}
 	mem.addRegion(ptxBufBase+off, buf, true, "checksummed buffer")
-	mem.add(ptxSlotsBase, slots)
-	if err := k.run(mem, blocks, threads, ptxBufBase+off, uint64(len(buf)), ptxSlotsBase); err != nil {
+	mem.add(ptxSlotsBase, slot)
+	if err := k.runBlocks(mem, blocks, threads, order, ptxBufBase+off, uint64(len(buf)), ptxSlotsBase, ptxFirst(first)); err != nil {
 		t.Fatalf("%d bytes at offset %d, %d×%d threads: %v", len(buf), off, blocks, threads, err)
 	}
-	var sum uint64
-	for i := range checksumSlots {
-		sum += binary.LittleEndian.Uint64(slots[8*i:])
-	}
-	return checksum.Finish(sum, int64(len(buf)))
 }
 
 func checksumPTXKernel(t *testing.T) *ptxKernel {
 	k := parsePTX(t, "checksum.ptx", checksumPTX)
-	if k.name != "wc_checksum" || len(k.params) != 3 || k.paramSize[0] != 8 || k.paramSize[1] != 8 || k.paramSize[2] != 8 {
-		t.Fatalf("kernel %s(%v): want wc_checksum(u64 buf, u64 n, u64 slots)", k.name, k.params)
+	if k.name != "wc_checksum" || len(k.params) != 4 || k.paramSize[0] != 8 || k.paramSize[1] != 8 || k.paramSize[2] != 8 || k.paramSize[3] != 4 {
+		t.Fatalf("kernel %s(%v): want wc_checksum(u64 buf, u64 n, u64 slots, u32 first)", k.name, k.params)
 	}
 	return k
+}
+
+// ptxSumSlot is the slot of a checksum kernel in the interpreter's memory:
+// the partials, the ticket and the result words (checksum.go).
+type ptxSumSlot []byte
+
+// newPTXSumSlot returns a zeroed slot, as a Checksummer's start.
+func newPTXSumSlot() ptxSumSlot { return make(ptxSumSlot, checksumResult+checksumSlotBytes) }
+
+// result returns the sum of the slot's result words, once it has checked
+// that the launch left the partials and the ticket zeroed: the slot ready
+// for the next launch without a memset.
+func (s ptxSumSlot) result(t testing.TB) uint64 {
+	t.Helper()
+	sum, err := s.sum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
+// sum is result with an error for t.Fatal.
+func (s ptxSumSlot) sum() (uint64, error) {
+	for i, b := range s[:checksumResult] {
+		if b != 0 {
+			return 0, fmt.Errorf("byte %d of the slot (partials, ticket) is %#x after the launch: the last block did not clear it", i, b)
+		}
+	}
+	var sum uint64
+	for i := range checksumSlots {
+		sum += binary.LittleEndian.Uint64(s[checksumResult+8*i:])
+	}
+	return sum, nil
+}
+
+// ptxFirst is the kernels' parameter first.
+func ptxFirst(first bool) uint64 {
+	if first {
+		return 1
+	}
+	return 0
+}
+
+// TestChecksumPTXSlotReuse runs sums one after another into one slot, with
+// the blocks in random orders (any of them may finish last): a launch with
+// first set gives its own sum whatever the slot held, one without adds to
+// the result before it, and each leaves the partials and ticket cleared.
+func TestChecksumPTXSlotReuse(t *testing.T) {
+	k := checksumPTXKernel(t)
+	rng := rand.New(rand.NewPCG(15, 16))
+	slot := newPTXSumSlot()
+	var acc uint64 // the sum of the launches' word contributions since the last first
+	for i := range 40 {
+		buf := make([]byte, rng.IntN(20000))
+		for j := range buf {
+			buf[j] = byte(rng.Uint32())
+		}
+		blocks, threads := 1+rng.IntN(9), 32*(1+rng.IntN(8))
+		first := i == 0 || rng.IntN(3) == 0
+		runChecksumPTXInto(t, k, slot, buf, 0, blocks, threads, rng.Perm(blocks), first)
+		one := newPTXSumSlot()
+		runChecksumPTXInto(t, k, one, buf, 0, blocks, threads, nil, true)
+		if first {
+			acc = 0
+		}
+		acc += one.result(t)
+		if got := slot.result(t); got != acc {
+			t.Fatalf("launch %d (first %v, %d×%d threads): the slot's result is %#x, want %#x", i, first, blocks, threads, got, acc)
+		}
+		if one.result(t) == 0 && len(buf) > 0 {
+			t.Fatalf("launch %d: a sum of %d bytes is 0", i, len(buf))
+		}
+	}
 }
 
 // TestChecksumPTX compares the kernel's sums with checksum.Sum over random
@@ -131,18 +211,14 @@ func TestChecksumPTXReadsOnlyN(t *testing.T) {
 			region[i] = byte(rng.Uint32())
 		}
 		want := checksum.Sum(region[:n])
-		slots := make([]byte, checksumSlots*8)
+		slot := newPTXSumSlot()
 		mem := &ptxMemory{}
 		mem.addRegion(ptxBufBase, region, true, "buffer and what follows")
-		mem.add(ptxSlotsBase, slots)
-		if err := k.run(mem, 1, 32, ptxBufBase, uint64(n), ptxSlotsBase); err != nil {
+		mem.add(ptxSlotsBase, slot)
+		if err := k.run(mem, 1, 32, ptxBufBase, uint64(n), ptxSlotsBase, 1); err != nil {
 			t.Fatal(err)
 		}
-		var sum uint64
-		for i := range checksumSlots {
-			sum += binary.LittleEndian.Uint64(slots[8*i:])
-		}
-		if got := checksum.Finish(sum, int64(n)); got != want {
+		if got := checksum.Finish(slot.result(t), int64(n)); got != want {
 			t.Fatalf("n=%d with garbage after it: %#x, want %#x", n, got, want)
 		}
 	}

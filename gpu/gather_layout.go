@@ -251,10 +251,11 @@ func (g *Gather) CopySumLayout(ctx context.Context, l *Layout, n int64, sums *Ch
 		return nil, err
 	}
 	noteGatherPath(GatherKernel, nil)
-	return sums.queue(n, func(slots uint64) error {
+	return sums.queue(n, func(sl *sumSlot) error {
 		return g.layRing.queueWith(ctx, g.s, sp, func(dev uint64, count int) error {
 			blocks := min(count, max(1, sms*gatherLayoutBlocksPerSM))
-			if err := g.s.launch(g.layK, blocks, gatherThreads, dev, uint64(count), slots); err != nil {
+			slots, first := sl.next()
+			if err := g.s.launch(g.layK, blocks, gatherThreads, dev, uint64(count), slots, first); err != nil {
 				return fmt.Errorf("gather and layout checksum kernel over %d ranges: %w", count, err)
 			}
 			return nil

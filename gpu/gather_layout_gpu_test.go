@@ -229,11 +229,11 @@ func BenchmarkGatherLayout64x16MiB(b *testing.B) {
 // BenchmarkGatherLayoutBuckets is one receiver's loads of direct buckets
 // of 256 MiB and 1 GiB (16 MiB tensors), each waited for before the next
 // as the load stage does: the copies with the layout checksum, the copies
-// alone, the copies with the checksum's other work on the stream as
-// Checksummer.queue does it (its slots cleared with cuMemsetD8Async
-// before, read back after) but not its sums, and with each of the two
-// alone (copy+clear, copy+readback). Run in several processes at once it
-// shows what sharing the GPU without MPS does to each.
+// alone, the copies with a slot cleared with cuMemsetD8Async before and
+// read back after (what Checksummer.queue did before its kernels cleared
+// their own slots, and still does for a sum of no launch), and with each
+// of the two alone (copy+clear, copy+readback). Run in several processes
+// at once it shows what sharing the GPU without MPS does to each.
 func BenchmarkGatherLayoutBuckets(b *testing.B) {
 	d := testDevice(b)
 	const each = 16 << 20
@@ -266,7 +266,7 @@ func BenchmarkGatherLayoutBuckets(b *testing.B) {
 						return g.Copy(ctx, &cb)
 					case "copy+slots":
 						l.Reset()
-						p, err = cs.queue(int64(each*count), func(uint64) error { return g.Copy(ctx, &cb) })
+						p, err = cs.queue(int64(each*count), func(*sumSlot) error { return g.Copy(ctx, &cb) })
 					case "copy+clear": // a memset of the slots only
 						l.Reset()
 						if r := cuMemsetD8Async(s.d.ctx, cleared.DevicePtr(), 0, checksumSlotBytes, s.s); r != 0 {

@@ -26,8 +26,8 @@ const (
 func gatherLayoutPTXKernel(t *testing.T) *ptxKernel {
 	t.Helper()
 	k := parsePTX(t, "gather_layout.ptx", gatherLayoutPTX)
-	if k.name != "wc_gather_layout" || len(k.params) != 3 || k.paramSize[1] != 4 {
-		t.Fatalf("kernel %s(%v): want wc_gather_layout(u64 ranges, u32 count, u64 slots)", k.name, k.params)
+	if k.name != "wc_gather_layout" || len(k.params) != 4 || k.paramSize[1] != 4 || k.paramSize[3] != 4 {
+		t.Fatalf("kernel %s(%v): want wc_gather_layout(u64 ranges, u32 count, u64 slots, u32 first)", k.name, k.params)
 	}
 	return k
 }
@@ -141,7 +141,8 @@ func runGatherLayoutPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, c layoutCase
 	}
 	words := make([]uint64, slotRanges*gatherLayoutWords)
 	desc := make([]byte, len(words)*8)
-	slots := make([]byte, checksumSlots*8)
+	slot := newPTXSumSlot()
+	copy(slot[checksumResult:], "a result of an earlier sum, which the first launch replaces")
 	launches := 0
 	for !sp.done() {
 		n := sp.fill(words)
@@ -152,8 +153,9 @@ func runGatherLayoutPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, c layoutCase
 		mem.addRegion(ptxLaySrcBase, from, true, "sources")
 		mem.addRegion(ptxLayDstBase, to, false, "destinations")
 		mem.addRegion(ptxLayDescBase, desc[:n*gatherLayoutWords*8], true, "ranges")
-		mem.add(ptxLaySlotsBase, slots)
-		if err := k.run(mem, min(n, blocks), threads, ptxLayDescBase, uint64(n), ptxLaySlotsBase); err != nil {
+		mem.add(ptxLaySlotsBase, slot)
+		grid := min(n, blocks)
+		if err := k.runBlocks(mem, grid, threads, rng.Perm(grid), ptxLayDescBase, uint64(n), ptxLaySlotsBase, ptxFirst(launches == 0)); err != nil {
 			t.Fatalf("launch %d: %v", launches, err)
 		}
 		launches++
@@ -161,11 +163,10 @@ func runGatherLayoutPTX(t *testing.T, k *ptxKernel, rng *rand.Rand, c layoutCase
 	if i := diffAt(to, wantTo); i >= 0 {
 		t.Fatalf("%d pieces: byte %d of the destinations is %#x, want %#x", len(c.pieces), i, to[i], wantTo[i])
 	}
-	var sum uint64
-	for i := range checksumSlots {
-		sum += binary.LittleEndian.Uint64(slots[8*i:])
+	if launches == 0 {
+		clear(slot[checksumResult:]) // as Checksummer.queue does for a sum of no launch
 	}
-	if got, want := checksum.Finish(sum, int64(c.n)), checksum.Sum(layout); got != want {
+	if got, want := checksum.Finish(slot.result(t), int64(c.n)), checksum.Sum(layout); got != want {
 		t.Fatalf("%d pieces, %d bytes, %d launches: the layout sum is %#x, checksum.Sum %#x", len(c.pieces), c.n, launches, got, want)
 	}
 }

@@ -101,14 +101,15 @@ with checksum.Finish. It is this CUDA C, with U = %[1]d:
   // (dst; src when side is set), a multiple of 8 bytes from base: the
   // first len of them are the bytes copied (read from src), the others
   // (padding that no range copies, or a range that only sums, len == 0)
-  // are read at the side address. The block adds its sum into
-  // slots[blockIdx.x %% 256] (the host adds the 256 slots, zeroed before
-  // the launch).
+  // are read at the side address. The block adds its sum into the
+  // partial slots[blockIdx.x %% 256]; sum_finish moves the partials into
+  // the slot's result, whose 256 words the host adds.
   extern "C" __global__ void __launch_bounds__(256%[2]s)
   wc_gather_sum(const wc_sum_range *ranges, unsigned int count,
-      unsigned long long base, unsigned int side, unsigned long long *slots) {
+      unsigned long long base, unsigned int side, unsigned long long *slots,
+      unsigned int first) {
     __shared__ unsigned long long warps[8];
-    if (blockIdx.x >= count) return;
+    if (blockIdx.x >= count) goto done;
     const wc_sum_range r = ranges[blockIdx.x];
     const unsigned char *src = (const unsigned char *)r.src;
     unsigned char *dst = (unsigned char *)r.dst;
@@ -160,6 +161,8 @@ with checksum.Finish. It is this CUDA C, with U = %[1]d:
       for (int w = 0; w < (nt + 31) / 32; w++) s += warps[w];
       atomicAdd(&slots[blockIdx.x %% 256], s);  // red.global.add.u64
     }
+  done:
+    sum_finish(slots, first);
   }
 `
 
@@ -218,9 +221,13 @@ func (o gatherGen) ptx() string {
 		storeNote = fmt.Sprintf("  // st.global%s", o.store)
 	}
 	var p ptxText
-	p.header("gather_ptx_gen_test.go", fmt.Sprintf(doc, o.unroll, bounds, loadNote, storeNote))
+	doc = fmt.Sprintf(doc, o.unroll, bounds, loadNote, storeNote)
 	if o.sum {
-		p.params(e, "u64 ranges", "u32 count", "u64 base", "u32 side", "u64 slots")
+		doc += sumFinishC
+	}
+	p.header("gather_ptx_gen_test.go", doc)
+	if o.sum {
+		p.params(e, "u64 ranges", "u32 count", "u64 base", "u32 side", "u64 slots", "u32 first")
 	} else {
 		p.params(e, "u64 ranges", "u32 count")
 	}
@@ -235,9 +242,14 @@ func (o gatherGen) ptx() string {
 	p.line("\t.reg .b64\t%%rd<80>;")
 	if o.sum {
 		p.line("\t.shared .align 8 .b8\t%s_warps[%d];", e, gatherThreads/32*8)
+		p.sumFinishDecls(e)
 	}
 	p.line("")
-	p.comment("if (blockIdx.x >= count) return;")
+	if o.sum {
+		p.comment("if (blockIdx.x >= count) goto done;")
+	} else {
+		p.comment("if (blockIdx.x >= count) return;")
+	}
 	p.op("ld.param.u32", "%%r1, [%s_count]", e)
 	p.op("mov.u32", "%%r2, %%ctaid.x")
 	p.op("setp.ge.u32", "%%p1, %%r2, %%r1")
@@ -294,7 +306,11 @@ func (o gatherGen) ptx() string {
 		o.reduce(&p, e)
 	}
 	p.label("DONE", "")
-	p.line("\tret;")
+	if o.sum {
+		p.sumFinish(e)
+	} else {
+		p.line("\tret;")
+	}
 	p.line("}")
 	return p.b.String()
 }

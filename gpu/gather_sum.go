@@ -251,10 +251,11 @@ func (g *Gather) copySum(ctx context.Context, b *CopyBatch, of SumOf, fuse bool)
 		return nil, err
 	}
 	noteGatherPath(GatherKernel, nil)
-	return c.queue(of.N, func(slots uint64) error {
+	return c.queue(of.N, func(sl *sumSlot) error {
 		return g.sumRing.queueWith(ctx, g.s, sp, func(dev uint64, n int) error {
-			// One block per range, each adding its sum into a slot.
-			if err := g.s.launch(g.sumK, n, gatherThreads, dev, uint64(n), base, uint64(of.Side), slots); err != nil {
+			// One block per range, each adding its sum into the slot.
+			slots, first := sl.next()
+			if err := g.s.launch(g.sumK, n, gatherThreads, dev, uint64(n), base, uint64(of.Side), slots, first); err != nil {
 				return fmt.Errorf("fused gather and checksum kernel over %d ranges: %w", n, err)
 			}
 			return nil

@@ -36,8 +36,8 @@ func gatherSumPTXKernel(t *testing.T) *ptxKernel {
 func gatherSumPTXKernelOf(t *testing.T, file, src string) *ptxKernel {
 	t.Helper()
 	k := parsePTX(t, file, src)
-	if k.name != "wc_gather_sum" || len(k.params) != 5 || k.paramSize[1] != 4 || k.paramSize[3] != 4 {
-		t.Fatalf("%s: kernel %s(%v): want wc_gather_sum(u64 ranges, u32 count, u64 base, u32 side, u64 slots)", file, k.name, k.params)
+	if k.name != "wc_gather_sum" || len(k.params) != 6 || k.paramSize[1] != 4 || k.paramSize[3] != 4 || k.paramSize[5] != 4 {
+		t.Fatalf("%s: kernel %s(%v): want wc_gather_sum(u64 ranges, u32 count, u64 base, u32 side, u64 slots, u32 first)", file, k.name, k.params)
 	}
 	return k
 }
@@ -215,7 +215,8 @@ func ptxCopySum(k *ptxKernel, summed, other []byte, l sumLayout, chunk, slotRang
 	}
 	words := make([]uint64, slotRanges*gatherSumWords)
 	desc := make([]byte, len(words)*8)
-	slots := make([]byte, checksumSlots*8)
+	slot := newPTXSumSlot()
+	copy(slot[checksumResult:], "a result of an earlier sum, which the first launch replaces")
 	for launch := 0; !sp.done(); launch++ {
 		n := sp.fill(words)
 		for i, w := range words[:n*gatherSumWords] {
@@ -225,16 +226,28 @@ func ptxCopySum(k *ptxKernel, summed, other []byte, l sumLayout, chunk, slotRang
 		mem.addRegion(ptxSumBufBase, summed, l.side == SumSrc, "summed buffer")
 		mem.addRegion(ptxSumOtherBase, other, l.side == SumDst, "other side")
 		mem.addRegion(ptxSumDescBase, desc[:n*gatherSumWords*8], true, "ranges")
-		mem.add(ptxSumSlotsBase, slots)
-		if err := k.run(mem, n, threads, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase); err != nil {
+		mem.add(ptxSumSlotsBase, slot)
+		if err := k.runBlocks(mem, n, threads, reversed(n), ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase, ptxFirst(launch == 0)); err != nil {
 			return 0, fmt.Errorf("%d copies, side %d, %d bytes: launch %d: %w", len(l.copies), l.side, l.n, launch, err)
 		}
 	}
-	var sum uint64
-	for i := range checksumSlots {
-		sum += binary.LittleEndian.Uint64(slots[8*i:])
+	sum, err := slot.sum()
+	if err != nil {
+		return 0, fmt.Errorf("%d copies, side %d, %d bytes: %w", len(l.copies), l.side, l.n, err)
 	}
 	return checksum.Finish(sum, int64(l.n)), nil
+}
+
+// reversed is the order n, ..., 1, 0 of a grid's n blocks: the kernels'
+// tests run their blocks in other orders than 0 to n-1, so that the last
+// block to finish, which moves the partial sums into the result, is not
+// always the last of the grid.
+func reversed(n int) []int {
+	o := make([]int, n)
+	for i := range o {
+		o[i] = n - 1 - i
+	}
+	return o
 }
 
 // runGatherSumPTX runs the layout l through the kernel (see ptxSumDevice)
@@ -540,8 +553,8 @@ func TestGatherSumPTXLarge(t *testing.T) {
 	}
 	mem := &ptxMemory{}
 	mem.addRegion(ptxSumDescBase, desc, true, "ranges")
-	slots := make([]byte, checksumSlots*8)
-	mem.add(ptxSumSlotsBase, slots)
+	slot := newPTXSumSlot()
+	mem.add(ptxSumSlotsBase, slot)
 	// byteAt gives the bytes of both buffers by their offsets, so that the
 	// windows of overlapping sources agree.
 	byteAt := func(buf, off uint64) byte { return byte(((buf<<40 + off) * 0x9e3779b97f4a7c15) >> 56) }
@@ -569,7 +582,7 @@ func TestGatherSumPTXLarge(t *testing.T) {
 		wins = append(wins, win)
 		want += wordSums(win.want, (dst-ptxSumBufBase)/8)
 	}
-	if err := k.runBlocks(mem, n, 64, which, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase); err != nil {
+	if err := k.runBlocks(mem, n, 64, which, ptxSumDescBase, uint64(n), ptxSumBufBase, uint64(l.side), ptxSumSlotsBase, 1); err != nil {
 		t.Fatal(err)
 	}
 	for i, win := range wins {
@@ -577,12 +590,17 @@ func TestGatherSumPTXLarge(t *testing.T) {
 			t.Fatalf("range %d: byte %d is %#x, want %#x", which[i], j, win.summed[j], win.want[j])
 		}
 	}
+	// Only some of the grid's blocks ran, so none was the last: their sums
+	// are in the partials, and the ticket counts them.
 	var got uint64
 	for i := range checksumSlots {
-		got += binary.LittleEndian.Uint64(slots[8*i:])
+		got += binary.LittleEndian.Uint64(slot[8*i:])
 	}
 	if got != want {
-		t.Fatalf("the blocks %v added %#x into the slots, want %#x", which, got, want)
+		t.Fatalf("the blocks %v added %#x into the partials, want %#x", which, got, want)
+	}
+	if tk := binary.LittleEndian.Uint32(slot[checksumTicket:]); tk != uint32(len(which)) {
+		t.Fatalf("the ticket is %d after %d blocks", tk, len(which))
 	}
 	// wordSums is the definition checksum.Sum finishes (the last window
 	// ends in a partial word).

@@ -50,6 +50,10 @@ func (p *ptxText) line(format string, a ...any) { fmt.Fprintf(&p.b, format+"\n",
 
 // op writes an instruction: the opcode, a tab, the operands.
 func (p *ptxText) op(opcode, operands string, a ...any) {
+	if operands == "" {
+		p.line("\t%s;", opcode)
+		return
+	}
 	sep := "\t"
 	if len(opcode) < 8 {
 		sep = "\t\t"
@@ -105,4 +109,120 @@ func (p *ptxText) globalThread() {
 	p.op("mul.wide.u32", "%%rd1, %%r1, %%r2")
 	p.op("cvt.u64.u32", "%%rd2, %%r3")
 	p.op("add.u64", "%%rd1, %%rd1, %%rd2")
+}
+
+// sumFinishDecls writes the declarations of sumFinish's registers and
+// shared word, for the kernel entry e.
+func (p *ptxText) sumFinishDecls(e string) {
+	p.line("\t.reg .pred\t%%fp<3>;")
+	p.line("\t.reg .b32\t%%fr<8>;")
+	p.line("\t.reg .b64\t%%fd<6>;")
+	p.line("\t.shared .align 4 .b8\t%s_last[4];", e)
+}
+
+// sumFinish writes the end of a checksum kernel, from its label SUMEND,
+// which every thread of every block reaches once its partial sum is in
+// the slot's partials: the launch's last block to finish (by a ticket)
+// moves the partials into the slot's result words, adding to them unless
+// the parameter first is set, and clears the partials and the ticket, so
+// that the slot is ready for the next launch with no memset in between.
+// e is the kernel entry, whose parameters slots and first it reads.
+func (p *ptxText) sumFinish(e string) {
+	p.label("SUMEND", "every thread: its partial sum is in; the last block moves them to the result")
+	p.op("membar.gl", "")
+	p.op("bar.sync", "0")
+	p.op("mov.u32", "%%fr1, %%tid.x")
+	p.op("mov.u32", "%%fr2, %s_last", e)
+	p.op("ld.param.u64", "%%fd1, [%s_slots]", e)
+	p.op("cvta.to.global.u64", "%%fd1, %%fd1")
+	p.op("setp.ne.u32", "%%fp1, %%fr1, 0")
+	p.op("@%fp1 bra", "SUMTICKET")
+	p.comment("thread 0: last = atomicAdd(ticket, 1) == gridDim.x - 1")
+	p.op("atom.global.add.u32", "%%fr3, [%%fd1+%d], 1", checksumTicket)
+	p.op("mov.u32", "%%fr4, %%nctaid.x")
+	p.op("sub.u32", "%%fr4, %%fr4, 1")
+	p.op("setp.eq.u32", "%%fp2, %%fr3, %%fr4")
+	p.op("selp.u32", "%%fr3, 1, 0, %%fp2")
+	p.op("st.shared.u32", "[%%fr2], %%fr3")
+	p.label("SUMTICKET", "__syncthreads(); if (!last) return;")
+	p.op("bar.sync", "0")
+	p.op("ld.shared.u32", "%%fr3, [%%fr2]")
+	p.op("setp.eq.u32", "%%fp1, %%fr3, 0")
+	p.op("@%fp1 bra", "SUMDONE")
+	p.comment("the last block: result[i] = (first ? 0 : result[i]) + atomicExch(&partial[i], 0)")
+	p.op("membar.gl", "")
+	p.op("ld.param.u32", "%%fr5, [%s_first]", e)
+	p.op("setp.ne.u32", "%%fp2, %%fr5, 0")
+	p.op("mov.u32", "%%fr6, %%ntid.x")
+	p.op("mov.u64", "%%fd2, 0")
+	p.label("SUMSLOT", "for (i = t; i < 256; i += nt)")
+	p.op("setp.ge.u32", "%%fp1, %%fr1, %d", checksumSlots)
+	p.op("@%fp1 bra", "SUMCLEAR")
+	p.op("mul.wide.u32", "%%fd3, %%fr1, 8")
+	p.op("add.s64", "%%fd3, %%fd1, %%fd3")
+	p.op("atom.global.exch.b64", "%%fd4, [%%fd3], %%fd2")
+	p.op("@%fp2 bra", "SUMSTORE")
+	p.op("ld.global.u64", "%%fd5, [%%fd3+%d]", checksumResult)
+	p.op("add.u64", "%%fd4, %%fd4, %%fd5")
+	p.label("SUMSTORE", "")
+	p.op("st.global.u64", "[%%fd3+%d], %%fd4", checksumResult)
+	p.op("add.u32", "%%fr1, %%fr1, %%fr6")
+	p.op("bra.uni", "SUMSLOT")
+	p.label("SUMCLEAR", "thread 0: the ticket back to 0")
+	p.op("mov.u32", "%%fr1, %%tid.x")
+	p.op("setp.ne.u32", "%%fp1, %%fr1, 0")
+	p.op("@%fp1 bra", "SUMDONE")
+	p.op("mov.u32", "%%fr7, 0")
+	p.op("st.global.u32", "[%%fd1+%d], %%fr7", checksumTicket)
+	p.label("SUMDONE", "")
+	p.line("\tret;")
+}
+
+// sumFinishC is sumFinish in CUDA C, for the kernels' opening comments.
+const sumFinishC = `
+  // The end of every checksum kernel: the launch's last block to finish
+  // (by a ticket) moves the 256 partial sums into the slot's result words,
+  // adding to them unless first is set (a sum of several launches), and
+  // clears the partials and the ticket, so that the slot is ready for the
+  // next launch with no memset in between. Every thread reaches it.
+  //   slots[0..255]: partials; slots[256]: the ticket; slots[258..513]: result
+  __device__ void sum_finish(unsigned long long *slots, unsigned int first) {
+    __shared__ unsigned int last;
+    __threadfence(); __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd((unsigned int *)&slots[256], 1) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (unsigned int i = threadIdx.x; i < 256; i += blockDim.x)
+      slots[258 + i] = (first ? 0 : slots[258 + i]) + atomicExch(&slots[i], 0ull);
+    if (threadIdx.x == 0) *(unsigned int *)&slots[256] = 0;
+  }
+`
+
+// TestPTXSumFinish checks that every checksum kernel, the hand-written
+// ones too, ends with sumFinish for its entry, declares its registers,
+// and shows sumFinishC in its opening comment.
+func TestPTXSumFinish(t *testing.T) {
+	for _, f := range []struct{ name, text, entry string }{
+		{"checksum.ptx", checksumPTX, "wc_checksum"},
+		{"gather_layout.ptx", gatherLayoutPTX, "wc_gather_layout"},
+		{"gather_sum.ptx", gatherSumPTX, "wc_gather_sum"},
+	} {
+		var decls, code ptxText
+		decls.sumFinishDecls(f.entry)
+		code.sumFinish(f.entry)
+		if !strings.Contains(f.text, decls.b.String()) {
+			t.Errorf("%s does not declare sumFinish's registers as sumFinishDecls writes them", f.name)
+		}
+		if !strings.HasSuffix(f.text, code.b.String()+"}\n") {
+			t.Errorf("%s does not end with sumFinish's code for %s", f.name, f.entry)
+		}
+		head, _, _ := strings.Cut(f.text, ".version")
+		for _, l := range strings.Split(strings.TrimSpace(sumFinishC), "\n") {
+			if !strings.Contains(head, strings.TrimSpace(l)) {
+				t.Errorf("%s's opening comment lacks sumFinishC's line %q", f.name, strings.TrimSpace(l))
+				break
+			}
+		}
+	}
 }

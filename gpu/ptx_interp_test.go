@@ -98,6 +98,8 @@ const (
 	cLd
 	cSt
 	cRed
+	cAtom   // atom.global.add.u32, atom.global.exch.b64 (sub "add" or "exch"): the old value into d
+	cMembar // membar.gl: threads run one after another here, so nothing to order
 	cShfl   // shfl.sync.bfly.b32, executed by the block for a whole warp
 	cBar    // bar.sync 0, executed by the block for all its threads
 	cPack   // mov.b64 d, {lo, hi}
@@ -766,6 +768,38 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 		} else {
 			in.args = []ptxArg{v, a}
 		}
+		return nil
+	case "membar":
+		if in.op != "membar.gl" || argText != "" {
+			return fmt.Errorf("%s %s: the interpreter knows membar.gl only", in.op, argText)
+		}
+		in.code = cMembar
+		return nil
+	case "atom":
+		switch in.op {
+		case "atom.global.add.u32":
+			in.code, in.sub, in.width = cAtom, "add", 32
+		case "atom.global.exch.b64":
+			in.code, in.sub, in.width = cAtom, "exch", 64
+		default:
+			return fmt.Errorf("%s: the interpreter knows atom.global.add.u32 and atom.global.exch.b64 only", in.op)
+		}
+		if err := want(3); err != nil {
+			return err
+		}
+		d, err := k.operand(args[0], roleDst, in.width, false)
+		if err != nil {
+			return err
+		}
+		a, err := k.address(args[1], 64)
+		if err != nil {
+			return err
+		}
+		v, err := k.operand(args[2], roleSrc, in.width, true)
+		if err != nil {
+			return err
+		}
+		in.args = []ptxArg{d, a, v}
 		return nil
 	case "red":
 		if in.op != "red.global.add.u64" {
@@ -1538,6 +1572,26 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 					return err
 				}
 				storeLE(m, loadLE(m)+v)
+			case cAtom:
+				a, err := addr(&in.args[1])
+				if err != nil {
+					return err
+				}
+				v, err := get(&in.args[2])
+				if err != nil {
+					return err
+				}
+				m, err := mem.at(a, int(in.width/8), true)
+				if err != nil {
+					return err
+				}
+				old := loadLE(m)
+				if in.sub == "add" {
+					v += old
+				}
+				storeLE(m, mask(v, in.width))
+				put(&in.args[0], old)
+			case cMembar:
 			default:
 				return fmt.Errorf("unknown instruction")
 			}

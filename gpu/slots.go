@@ -8,9 +8,11 @@ import (
 )
 
 // resultSlots is the pool of result slots of the kernels of one
-// Checksummer or MACer: device memory a kernel writes its result into,
-// pinned host memory it is copied into on the stream, and an event
-// recorded after the copy. Slots are allocated a few at a time (one device
+// Checksummer or MACer: device memory a kernel writes its result into
+// (after scratch words of the kernel's own, which start zeroed and which
+// the kernels leave zeroed when they finish), pinned host memory the
+// result is copied into on the stream, and an event recorded after the
+// copy. Slots are allocated a few at a time (one device
 // and one pinned allocation for resultGrow slots), reused, and freed by
 // close. A slot goes back to the pool only when its work is known
 // finished, so memory a kernel may still write is never reused.
@@ -20,7 +22,8 @@ import (
 type resultSlots struct {
 	s         *Stream
 	name      string // "checksum", "MAC": the waits' name
-	words     int    // uint64 words per slot, a multiple of 2 (16-byte aligned slots)
+	words     int    // uint64 words of result per slot, a multiple of 2 (16-byte aligned)
+	scratch   int    // uint64 words in front of them, a multiple of 2: the kernels' own
 	closedErr error  // ErrChecksummerClosed, ErrMACerClosed
 
 	mu      sync.Mutex
@@ -36,8 +39,8 @@ type resultSlots struct {
 
 // resultSlot is one slot of a resultSlots.
 type resultSlot struct {
-	dev  uint64   // words uint64 in device memory
-	host []uint64 // their copy, in pinned host memory
+	dev  uint64   // the slot in device memory: scratch, then words uint64
+	host []uint64 // the words' copy, in pinned host memory
 	raw  []byte   // host's bytes, which the copy writes
 	ev   *Event   // recorded after the copy
 }
@@ -58,7 +61,7 @@ func (p *resultSlots) queue(work func(sl *resultSlot) error) (*resultSlot, error
 	}
 	err = work(sl)
 	if err == nil {
-		err = p.s.CopyDtoHPtr(sl.raw, sl.dev)
+		err = p.s.CopyDtoHPtr(sl.raw, sl.dev+uint64(p.scratch*8))
 	}
 	if err == nil {
 		if err = sl.ev.recordOn(p.s); err == nil {
@@ -110,12 +113,17 @@ func (p *resultSlots) take() (*resultSlot, error) {
 }
 
 // grow allocates resultGrow slots: one device and one pinned allocation,
-// and an event per slot.
+// and an event per slot; the device memory is zeroed on the stream, ahead
+// of any kernel that will use it.
 func (p *resultSlots) grow() error {
 	d := p.s.d
-	m, err := d.allocMirror(resultGrow * p.words * 8)
+	per := p.scratch + p.words
+	m, err := d.allocMirror(resultGrow * per * 8)
 	if err != nil {
 		return fmt.Errorf("gpu: result slots: %w", err)
+	}
+	if r := cuMemsetD8Async(d.ctx, m.dev.DevicePtr(), 0, resultGrow*per*8, p.s.s); r != 0 {
+		return errors.Join(d.err("cuMemsetD8Async", "zeroing result slots", r), m.free())
 	}
 	slots := make([]*resultSlot, 0, resultGrow)
 	for i := range resultGrow {
@@ -127,9 +135,9 @@ func (p *resultSlots) grow() error {
 			return errors.Join(fmt.Errorf("gpu: result slots: %w", err), m.free())
 		}
 		slots = append(slots, &resultSlot{
-			dev:  m.dev.DevicePtr() + uint64(i*p.words*8),
-			host: m.words[i*p.words : (i+1)*p.words],
-			raw:  m.host.Host()[i*p.words*8 : (i+1)*p.words*8],
+			dev:  m.dev.DevicePtr() + uint64(i*per*8),
+			host: m.words[i*per : i*per+p.words],
+			raw:  m.host.Host()[i*per*8 : (i*per+p.words)*8],
 			ev:   ev,
 		})
 	}
