@@ -3,6 +3,7 @@ package gputest
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/weightcast/weightcast/gpu"
@@ -47,9 +48,13 @@ func (CUDAMemory) Open(ordinal int) (transporttest.Device, error) {
 	return &cudaDevice{d: d, s: s, fences: map[mem.Buffer]*gpu.Event{}}, nil
 }
 
-// cudaDevice is one rank's GPU. Its methods are called from one goroutine.
+// cudaDevice is one rank's GPU. Its methods may be called on several
+// goroutines at once (the pairs suite packs a sender's buckets for each of
+// its receivers on a goroutine of their own): mu orders them.
 type cudaDevice struct {
-	d      *gpu.CUDADevice
+	d *gpu.CUDADevice
+
+	mu     sync.Mutex
 	s      *gpu.Stream
 	fences map[mem.Buffer]*gpu.Event // the fence of each buffer's last Pack
 }
@@ -60,6 +65,8 @@ func (c *cudaDevice) Mem() mem.Device { return c.d }
 // fence of b's previous Pack is closed: that bucket's Broadcast has
 // returned, and a stream still waiting on the event keeps it alive.
 func (c *cudaDevice) Pack(b mem.Buffer, data []byte) (mem.Buffer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.s.CopyHtoD(b, 0, data); err != nil {
 		return nil, err
 	}
@@ -75,6 +82,8 @@ func (c *cudaDevice) Pack(b mem.Buffer, data []byte) (mem.Buffer, error) {
 }
 
 func (c *cudaDevice) Write(ctx context.Context, b mem.Buffer, off int, data []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.s.CopyHtoD(b, off, data); err != nil {
 		return err
 	}
@@ -82,6 +91,8 @@ func (c *cudaDevice) Write(ctx context.Context, b mem.Buffer, off int, data []by
 }
 
 func (c *cudaDevice) Read(ctx context.Context, b mem.Buffer, off, n int) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := make([]byte, n)
 	if err := c.s.CopyDtoH(out, b, off); err != nil {
 		return nil, err
@@ -92,6 +103,8 @@ func (c *cudaDevice) Read(ctx context.Context, b mem.Buffer, off, n int) ([]byte
 // Close waits (at most SyncTimeout) for the stream, then closes the fences,
 // the stream and the device.
 func (c *cudaDevice) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout)
 	defer cancel()
 	errs := []error{c.s.Sync(ctx)}

@@ -25,7 +25,8 @@ type Memory interface {
 }
 
 // Device is one rank's device as the suite drives it: where the rank's
-// buffers are allocated, and the copies that fill and check them.
+// buffers are allocated, and the copies that fill and check them. Its
+// methods may be called on several goroutines at once.
 type Device interface {
 	// Mem is the device that the rank's transport.Config carries and its
 	// buffers come from (a *gpu.CUDADevice for CUDA).
