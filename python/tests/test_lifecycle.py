@@ -35,7 +35,8 @@ def cycle(monkeypatch, tensors, version=1, **extra):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     run = uuid.uuid4().hex[:10]
-    common = dict(world_size=2, run_id=run, group="cycles", bucket=16 << 10, timeout=30.0, **extra)
+    # Host buckets, also where a GPU is present: the handles are the test.
+    common = dict(world_size=2, run_id=run, group="cycles", bucket=16 << 10, timeout=30.0, device="cpu", **extra)
     errors, got = [], {}
 
     def send():

@@ -65,10 +65,13 @@ def weights(seed):
 
 
 def to_bytes(t):
-    """A tensor's elements as bytes (bf16 through int16: numpy has no bf16)."""
+    """A tensor's elements as bytes (bf16 through int16 and the float8
+    dtypes of torch 2.x through uint8: numpy has neither)."""
     t = t.detach().contiguous().cpu()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
+    elif t.is_floating_point() and t.element_size() == 1:
+        t = t.view(torch.uint8)
     return t.numpy().tobytes()
 
 
