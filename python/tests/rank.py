@@ -56,6 +56,9 @@ def say(**kw):
 def main():
     spec = json.loads(sys.argv[1])
     opts = spec.get("options", {})
+    # These ranks test the host path (numpy and torch CPU tensors in and
+    # out): host buckets, also on a machine with a GPU.
+    opts.setdefault("device", "cpu")
     role = spec["role"]
     bucket = spec.get("bucket", 64 << 10)
     versions = spec.get("versions", [1])

@@ -64,6 +64,7 @@ def main():
     spec = json.loads(sys.argv[1])
     senders, rank = spec["senders"], int(os.environ["RANK"])
     opts = dict(spec.get("options", {}))
+    opts.setdefault("device", "cpu")  # the host path, also on a machine with a GPU
     try:
         if rank < senders:
             with weightcast.Sender(senders=senders, **opts) as s:
