@@ -32,6 +32,12 @@ def train(model):
 '''
 
 
+# The stand-in model is numpy arrays, the host path: its ranks see no GPU,
+# so that on a machine with one they do not take GPU buckets by default
+# (where receive() hands out torch CUDA tensors).
+HOST_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def snippet(tag):
     text = open(README).read()
     m = re.search(r"<!-- python: " + tag + r" -->\s*```python\n(.*?)```", text, re.S)
@@ -51,7 +57,8 @@ def test_readme_snippets(group, tmp_path):
     print(json.dumps({"event": "done", "digest": hashlib.sha256(b"".join(model.params[k].tobytes() for k in sorted(model.params))).hexdigest()}), flush=True)
     '''
     ranks = group([{"role": "readme", "script": script(tmp_path, "trainer", check)}] +
-                  [{"role": "readme", "script": script(tmp_path, "rollout", check)} for _ in range(2)])
+                  [{"role": "readme", "script": script(tmp_path, "rollout", check)} for _ in range(2)],
+                  env_extra=HOST_ONLY)
     digests = []
     for r in ranks:
         ev = r.wait_event("done", timeout=120)
@@ -72,7 +79,7 @@ def test_readme_snippets_without_run_id(group, tmp_path, run_id):
     '''
     ranks = group([{"role": "readme", "script": script(tmp_path, "trainer", check)}] +
                   [{"role": "readme", "script": script(tmp_path, "rollout", check)} for _ in range(2)],
-                  env_extra={"TORCHELASTIC_RUN_ID": run_id})
+                  env_extra={"TORCHELASTIC_RUN_ID": run_id, **HOST_ONLY})
     for r in ranks:
         ev = r.wait_event("done", timeout=120)
         assert ev is not None, f"rank {r.rank}: {r.events} {''.join(r.stderr)[-2000:]}"
