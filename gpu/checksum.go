@@ -155,8 +155,9 @@ func checksumBlocks(n int64, most int) int {
 // partial sums and its result (the kernel leaves the partials cleared for
 // the slot's next sum, so no memset precedes a launch), pinned host memory
 // the 2 KiB of result are copied into, and an event. Slots are pooled and
-// reused; the pool grows while many sums are outstanding. A slot goes back to the pool only when its launch and copy
-// are known finished, so memory a kernel may still write is never reused.
+// reused; the pool grows while many sums are outstanding. A slot goes back
+// to the pool only when its launch and copy are known finished, so memory
+// a kernel may still write is never reused.
 //
 // A Checksummer is for one goroutine at a time (Queue and Close). Its
 // PendingSums may be waited for and closed on other goroutines, each

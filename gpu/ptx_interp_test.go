@@ -45,9 +45,11 @@ import (
 // warp's lanes at different instructions or exited, a partial warp, a
 // barrier that some threads exited before. Otherwise threads run one
 // after another: threads touch the same global memory only through red
-// (atomic) operations, and a block's shared memory (whose bytes must be
-// written before they are read) only on either side of a barrier, so any
-// order gives the same result. The PTX compiler's own checks happen on a
+// and atom (atomic) operations, and a block's shared memory (whose bytes
+// must be written before they are read) only on either side of a barrier,
+// so any order gives the same result. Blocks run one after another, in
+// the order runBlocks is given, so that a test can make any block the
+// last to finish (the checksum kernels' ticket). The PTX compiler's own checks happen on a
 // GPU only (the GPU tests, and the self-test each device runs before
 // using a kernel).
 

@@ -12,10 +12,10 @@ import (
 // (after scratch words of the kernel's own, which start zeroed and which
 // the kernels leave zeroed when they finish), pinned host memory the
 // result is copied into on the stream, and an event recorded after the
-// copy. Slots are allocated a few at a time (one device
-// and one pinned allocation for resultGrow slots), reused, and freed by
-// close. A slot goes back to the pool only when its work is known
-// finished, so memory a kernel may still write is never reused.
+// copy. Slots are allocated a few at a time (one device and one pinned
+// allocation for resultGrow slots), reused, and freed by close. A slot
+// goes back to the pool only when its work is known finished, so memory a
+// kernel may still write is never reused.
 //
 // take, queue and close are for the owner's goroutine; wait, read and
 // release may be called on others (each slot by one goroutine at a time).
@@ -122,17 +122,17 @@ func (p *resultSlots) grow() error {
 	if err != nil {
 		return fmt.Errorf("gpu: result slots: %w", err)
 	}
-	if r := cuMemsetD8Async(d.ctx, m.dev.DevicePtr(), 0, resultGrow*per*8, p.s.s); r != 0 {
-		return errors.Join(d.err("cuMemsetD8Async", "zeroing result slots", r), m.free())
-	}
 	slots := make([]*resultSlot, 0, resultGrow)
+	fail := func(err error) error {
+		for _, s := range slots {
+			s.ev.Close()
+		}
+		return errors.Join(fmt.Errorf("gpu: result slots: %w", err), m.free())
+	}
 	for i := range resultGrow {
 		ev, err := d.newEvent()
 		if err != nil {
-			for _, s := range slots {
-				s.ev.Close()
-			}
-			return errors.Join(fmt.Errorf("gpu: result slots: %w", err), m.free())
+			return fail(err)
 		}
 		slots = append(slots, &resultSlot{
 			dev:  m.dev.DevicePtr() + uint64(i*per*8),
@@ -140,6 +140,9 @@ func (p *resultSlots) grow() error {
 			raw:  m.host.Host()[i*per*8 : (i*per+p.words)*8],
 			ev:   ev,
 		})
+	}
+	if r := cuMemsetD8Async(d.ctx, m.dev.DevicePtr(), 0, resultGrow*per*8, p.s.s); r != 0 {
+		return fail(d.err("cuMemsetD8Async", "zeroing the slots", r))
 	}
 	p.chunks = append(p.chunks, m)
 	p.slots = append(p.slots, slots...)
