@@ -72,7 +72,7 @@ func (s ptxSumSlot) result(t testing.TB) uint64 {
 	return sum
 }
 
-// sum is result with an error for t.Fatal.
+// sum is result, returning what is wrong rather than failing a test.
 func (s ptxSumSlot) sum() (uint64, error) {
 	for i, b := range s[:checksumResult] {
 		if b != 0 {
