@@ -295,3 +295,77 @@ func BenchmarkGatherLayoutBuckets(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGatherLayoutModel copies and sums a whole model the way a
+// colocated receiver's load stage does, bucket by bucket (1 GiB each,
+// waiting for each bucket's sum): 300 tensors of 8 GiB in all, read from
+// one allocation (a trainer's weights) into an allocation per tensor (a
+// sink.DeviceModel), so that every bucket touches memory the last did
+// not. model=1GiB copies a 1 GiB model of the same tensors eight times
+// instead, the footprint of BenchmarkGatherLayoutBuckets; dst=one writes
+// into one allocation. A rate below BenchmarkGatherLayoutBuckets' is what
+// the footprint and the allocations cost the kernel.
+func BenchmarkGatherLayoutModel(b *testing.B) {
+	d := testDevice(b)
+	ctx := context.Background()
+	const bucket = 1 << 30
+	for _, c := range []struct {
+		name   string
+		model  int64
+		dstOne bool
+	}{
+		{"model=8GiB/dst=tensors", 8 << 30, false},
+		{"model=8GiB/dst=one", 8 << 30, true},
+		{"model=1GiB/dst=tensors", 1 << 30, false},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			count := int(300 * c.model / (8 << 30))
+			each := (c.model / int64(count)) &^ 511
+			src := alloc(b, d, int(each)*count)
+			dsts := make([]uint64, count)
+			var one mem.Buffer
+			if c.dstOne {
+				one = alloc(b, d, int(each)*count)
+			}
+			for i := range dsts {
+				if c.dstOne {
+					dsts[i] = one.DevicePtr() + uint64(int64(i)*each)
+				} else {
+					dsts[i] = alloc(b, d, int(each)).DevicePtr()
+				}
+			}
+			var g *Gather
+			var cs *Checksummer
+			var l Layout
+			total := int64(8 << 30)
+			benchCopy(b, d, total, func(s *Stream) error {
+				if g == nil {
+					g, cs = testGatherLayout(b, s)
+				}
+				for done := int64(0); done < total; done += bucket {
+					// The model's byte stream from done%model, cut
+					// into tensors' pieces.
+					l.Reset()
+					from := done % c.model
+					for at := int64(0); at < bucket; {
+						pos := (from + at) % (each * int64(count))
+						i, in := pos/each, pos%each
+						n := min(each-in, bucket-at)
+						l.Add(at, src.DevicePtr()+uint64(pos), n, dsts[i]+uint64(in))
+						at += n
+					}
+					p, err := g.CopySumLayout(ctx, &l, bucket, cs)
+					if err != nil {
+						return err
+					}
+					_, err = p.Wait(ctx)
+					p.Close()
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	}
+}

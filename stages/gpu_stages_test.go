@@ -712,13 +712,15 @@ func TestGPUCastDevice(t *testing.T) {
 	}
 }
 
-// TestGPUTraceSpans traces rounds of device tensors into device buckets:
-// the root's pack spans only time queueing the copies (named "queued",
-// with no byte count, so no rate is drawn from them), and a "pack (GPU)"
-// lane holds, for every bucket, when the GPU did its copies and checksum,
-// read back from timed events after the round: inside the round, in order,
-// each with its bytes. The trace passes the timeline's strict check, and
-// the GPU lane reads as one lane.
+// TestGPUTraceSpans traces rounds of device tensors into device buckets
+// and a device model: the root's pack spans only time queueing the copies
+// (named "queued", with no byte count, so no rate is drawn from them), and
+// a "pack (GPU)" lane holds, for every bucket, when the GPU did its copies
+// and checksum; the receiver's "load (GPU)" lane holds when its GPU copied
+// each bucket into the model, summing it. Both are read back from timed
+// events after the round: inside the round, in order, each with its bytes,
+// one per bucket. The trace passes the timeline's strict check, and each
+// GPU lane reads as one lane.
 func TestGPUTraceSpans(t *testing.T) {
 	d := gputest.Device(t)
 	s := gputest.Stream(t, d)
@@ -732,46 +734,52 @@ func TestGPUTraceSpans(t *testing.T) {
 	tr := pipeline.NewTracer(time.Now())
 	g := newGPUGroup(t, d, 2, 1<<20, false, true, nil)
 	g.sender.cfg.Tracer = tr
+	g.receivers[0].cfg.Tracer = tr
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	inRound := func(round uint64, pid int, stage string) []pipeline.Event {
+		var out []pipeline.Event
+		for _, e := range spansOf(tr, pid, stage) {
+			if e.Args["round"] == round {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
 	for round := uint64(1); round <= 2; round++ {
 		before := time.Since(tr.Epoch())
 		if err := roundCancel(ctx, g, src, round, []Sink{newDevModel(t, d)}); err != nil {
 			t.Fatal(err)
 		}
 		after := time.Since(tr.Epoch())
-		var gpuSpans []pipeline.Event
-		for _, e := range spansOf(tr, 0, "pack (GPU)") {
-			if e.Args["round"] == round {
-				gpuSpans = append(gpuSpans, e)
-			}
-		}
-		var packSpans int
-		for _, e := range spansOf(tr, 0, "pack") {
-			if e.Args["round"] != round {
-				continue
-			}
-			packSpans++
+		packSpans := inRound(round, 0, "pack")
+		for _, e := range packSpans {
 			if _, ok := e.Args["bytes"]; ok || !bytesContain(e.Name, "(queued)") {
 				t.Fatalf("round %d: pack span %q (%v) claims bytes or is not labelled as queueing", round, e.Name, e.Args)
 			}
 		}
-		if len(gpuSpans) == 0 || len(gpuSpans) != packSpans {
-			t.Fatalf("round %d: %d GPU spans for %d buckets", round, len(gpuSpans), packSpans)
-		}
-		var end float64
-		for i, e := range gpuSpans {
-			n, _ := e.Args["bytes"].(int64)
-			if e.Dur <= 0 || n <= 0 && i < len(gpuSpans)-1 {
-				t.Fatalf("round %d: GPU span %q lasts %v µs for %d bytes", round, e.Name, e.Dur, n)
+		for _, lane := range []struct {
+			pid  int
+			name string
+		}{{0, "pack (GPU)"}, {1, "load (GPU)"}} {
+			gpuSpans := inRound(round, lane.pid, lane.name)
+			if len(gpuSpans) == 0 || len(gpuSpans) != len(packSpans) {
+				t.Fatalf("round %d: %d %s spans for %d buckets", round, len(gpuSpans), lane.name, len(packSpans))
 			}
-			if e.Ts < float64(before.Microseconds())-100 || e.Ts+e.Dur > float64(after.Microseconds())+100 || e.Ts < end-1 {
-				t.Fatalf("round %d: GPU span %q at [%v, %v] µs, outside the round [%v, %v] or before the previous one's end %v",
-					round, e.Name, e.Ts, e.Ts+e.Dur, before.Microseconds(), after.Microseconds(), end)
+			var end float64
+			for i, e := range gpuSpans {
+				n, _ := e.Args["bytes"].(int64)
+				if e.Dur <= 0 || n <= 0 && i < len(gpuSpans)-1 {
+					t.Fatalf("round %d: %s span %q lasts %v µs for %d bytes", round, lane.name, e.Name, e.Dur, n)
+				}
+				if e.Ts < float64(before.Microseconds())-100 || e.Ts+e.Dur > float64(after.Microseconds())+100 || e.Ts < end-1 {
+					t.Fatalf("round %d: %s span %q at [%v, %v] µs, outside the round [%v, %v] or before the previous one's end %v",
+						round, lane.name, e.Name, e.Ts, e.Ts+e.Dur, before.Microseconds(), after.Microseconds(), end)
+				}
+				end = e.Ts + e.Dur
 			}
-			end = e.Ts + e.Dur
+			t.Logf("round %d: %d buckets; the first on the GPU (%s) for %.1f µs", round, len(gpuSpans), lane.name, gpuSpans[0].Dur)
 		}
-		t.Logf("round %d: %d buckets; the first on the GPU for %.1f µs", round, len(gpuSpans), gpuSpans[0].Dur)
 	}
 	var buf bytes.Buffer
 	if err := tr.WriteChrome(&buf, nil); err != nil {
@@ -784,16 +792,14 @@ func TestGPUTraceSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lanes := 0
+	lanes := map[string]int{}
 	for _, p := range trace.Processes {
 		for _, l := range p.Lanes {
-			if l.Name == "pack (GPU)" {
-				lanes++
-			}
+			lanes[l.Name]++
 		}
 	}
-	if lanes != 1 {
-		t.Fatalf("%d lanes named pack (GPU), want 1", lanes)
+	if lanes["pack (GPU)"] != 1 || lanes["load (GPU)"] != 1 {
+		t.Fatalf("lanes %v: want one named pack (GPU) and one load (GPU)", lanes)
 	}
 }
 

@@ -336,7 +336,7 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 		}
 	}
 	if l.target != nil && onDevice(u.Bucket.Buf) {
-		if err := l.copyToTarget(ctx, u); err != nil {
+		if err := l.copyToTarget(ctx, u, span != nil); err != nil {
 			return err
 		}
 		return l.finish(ctx, m, u.Bucket)

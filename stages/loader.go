@@ -68,6 +68,9 @@ type Loader struct {
 	// stage has ended: the model version and the tensors.
 	lastVersion uint64
 	lastTensors int
+	// spans: the GPU's time on each bucket load copied, when the last
+	// round was traced.
+	spans []gpuSpan
 }
 
 // NewLoader returns an empty Loader.
@@ -129,13 +132,31 @@ func (ld *Loader) keepLoad(ctx context.Context, l *loadRound, failed bool) error
 		err, l.toHost = l.toHost.Close(ctx), nil
 	}
 	ld.mu.Lock()
+	c := ld.loadCopy
+	ld.mu.Unlock()
+	var spans []gpuSpan
+	if c != nil && !failed {
+		// The GPU's times only inform the trace: where they cannot be
+		// read, the trace goes without them rather than fail the round.
+		spans, _ = c.marks.spans(ctx, c.stream)
+	}
+	ld.mu.Lock()
 	defer ld.mu.Unlock()
+	ld.spans = spans
 	if failed && ld.loadCopy != nil {
 		err, ld.loadCopy = errors.Join(err, ld.loadCopy.close(ctx)), nil
 	}
 	ld.loadBusy, ld.toHost = false, l.toHost
 	ld.lastVersion, ld.lastTensors = l.version, l.tensors
 	return err
+}
+
+// gpuSpans returns the GPU's time on each bucket that the last round's
+// load stage copied, when that round was traced.
+func (ld *Loader) gpuSpans() []gpuSpan {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.spans
 }
 
 // loaded returns the model version and the number of tensors the last
@@ -272,6 +293,9 @@ type gpuCopier struct {
 	gather *gpu.Gather
 	sums   *gpu.Checksummer // nil where the checksum kernel is unavailable
 	macs   streamMACer      // direct buckets' MACs, with a group secret
+	// marks are the timed events around each bucket's copies in a
+	// traced round (load's copier only: "load (GPU)").
+	marks gpuMarks
 }
 
 func newGPUCopier(dev *gpu.CUDADevice) (*gpuCopier, error) {
@@ -279,7 +303,7 @@ func newGPUCopier(dev *gpu.CUDADevice) (*gpuCopier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	d := &gpuCopier{dev: dev, stream: s, gather: s.NewGather()}
+	d := &gpuCopier{dev: dev, stream: s, gather: s.NewGather(), marks: gpuMarks{stage: "load"}}
 	if d.sums, err = s.NewChecksummer(); err != nil {
 		d.sums = nil
 		if !errors.Is(err, gpu.ErrNoChecksumKernel) {
@@ -301,6 +325,7 @@ func (d *gpuCopier) close(ctx context.Context) error {
 	if err := d.stream.Sync(ctx); err != nil {
 		return fmt.Errorf("load: copies still running; leaving their state allocated: %w", err)
 	}
+	d.marks.close()
 	errs := []error{d.gather.Close(ctx), d.macs.close(ctx)}
 	if d.sums != nil {
 		errs = append(errs, d.sums.Close(ctx))
@@ -317,8 +342,9 @@ func (d *gpuCopier) close(ctx context.Context) error {
 // (verifySum); where it left a direct bucket's MAC to load (u.macAtLoad),
 // they compute that (gpu.Gather.CopyMACLayout) and copyToTarget checks it
 // (verifyMAC). It returns once the copies have finished and the sink is
-// flushed.
-func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
+// flushed. In a traced round a pair of timed events brackets the copies
+// ("load (GPU)": Receiver.traceGPU).
+func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked, traced bool) error {
 	b, t := u.Bucket, l.target
 	m := &b.Meta
 	c, err := l.ld.loadCopier(b.Buf)
@@ -349,6 +375,11 @@ func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 		cb.Add(to, from, e.Size)
 		lay.Add(e.Offset, from, e.Size, to)
 	}
+	if traced {
+		if err := c.marks.start(c.stream, m.Seq, m.Version); err != nil {
+			return err
+		}
+	}
 	var ps *gpu.PendingSum
 	var pm *gpu.PendingMAC
 	switch {
@@ -363,8 +394,14 @@ func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked) error {
 		ps, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
 	default:
 		if err = c.gather.Copy(ctx, &cb); err == nil {
+			err = c.marks.end(c.stream, m.Seq, m.Length)
+		}
+		if err == nil {
 			err = c.sync(ctx)
 		}
+	}
+	if err == nil && (ps != nil || pm != nil) {
+		err = c.marks.end(c.stream, m.Seq, m.Length)
 	}
 	var got uint64
 	var tag mac.Tag

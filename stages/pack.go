@@ -422,7 +422,7 @@ func (r *packing) take() error {
 	}
 	r.span = pipeline.StartSpan(r.ctx, name, map[string]any{"bucket": r.seq, "round": r.cfg.Version})
 	if r.span != nil && r.dev != nil {
-		if err := r.dev.markStart(r.cur); err != nil {
+		if err := r.dev.marks.start(r.dev.stream, r.cur.Meta.Seq, r.cur.Meta.Version); err != nil {
 			return err
 		}
 	}

@@ -180,7 +180,7 @@ type deviceFill struct {
 	ring *gpu.StagingRing
 
 	// marks are the timed events around each bucket of a traced round.
-	marks []gpuMark
+	marks gpuMarks
 }
 
 func newDeviceFill(dev *gpu.CUDADevice, plan devicePlan, staging gpu.StagingConfig) (*deviceFill, error) {
@@ -188,7 +188,7 @@ func newDeviceFill(dev *gpu.CUDADevice, plan devicePlan, staging gpu.StagingConf
 	if err != nil {
 		return nil, fmt.Errorf("pack: creating the copy stream: %w", err)
 	}
-	f := &deviceFill{stream: s, plan: plan, staging: staging}
+	f := &deviceFill{stream: s, plan: plan, staging: staging, marks: gpuMarks{stage: "pack"}}
 	for range f.plan.lanes - 1 {
 		ls, err := dev.NewStream()
 		if err != nil {
@@ -479,7 +479,7 @@ func (f *deviceFill) seal(ctx context.Context, b *Bucket, s sealing) error {
 			return err
 		}
 	}
-	return f.markEnd(b)
+	return f.marks.end(f.stream, b.Meta.Seq, b.Meta.Length)
 }
 
 // beginRound decides how this round's buckets are filled: with a
@@ -672,7 +672,7 @@ func (f *deviceFill) endRound(ctx context.Context, failed bool) ([]gpuSpan, erro
 	}
 	// The GPU's times only inform the trace: where they cannot be
 	// read, the trace goes without them rather than fail the round.
-	spans, _ := f.timeMarks(ctx)
+	spans, _ := f.marks.spans(ctx, f.stream)
 	return spans, nil
 }
 
@@ -712,7 +712,7 @@ func (f *deviceFill) close(ctx context.Context) error {
 	if f.readback != nil {
 		errs = append(errs, f.readback.Close(wctx))
 	}
-	f.closeMarks()
+	f.marks.close()
 	for _, l := range f.lanes {
 		errs = append(errs, l.Close())
 	}

@@ -47,6 +47,8 @@ type Receiver struct {
 	cfg    ReceiverConfig
 	loader *Loader
 	seq    uint64 // the next message's sequence number
+	// gpuLane: the trace's "load (GPU)" lane is named. Used by Sync only.
+	gpuLane bool
 
 	mu        sync.Mutex
 	committed uint64
@@ -83,6 +85,9 @@ func (r *Receiver) Sync(ctx context.Context, sink Sink) (RoundStats, error) {
 	start := time.Now()
 	p := r.pipeline(sink)
 	err := p.Run(ctx)
+	if err == nil {
+		r.traceGPU(p)
+	}
 	version, tensors := r.loader.loaded()
 	stats := RoundStats{Version: version, Tensors: tensors, Stages: p.Metrics(), Graph: p.Graph()}
 	for _, m := range stats.Stages {
@@ -252,6 +257,15 @@ func (r *Receiver) pipeline(sink Sink) *pipeline.Pipeline {
 	buckets := r.loader.Receive(p, Subscribe(p, r.cfg.Subscriber, r.cfg.Pool, r.seq, r.cfg.Auth), r.cfg.Endpoint, sink)
 	r.loader.Load(p, r.loader.Unpack(p, buckets, sink), sink)
 	return p
+}
+
+// traceGPU adds, to a traced round whose device buckets the load stage
+// copied into a DeviceTarget, when the GPU worked on each bucket: spans on
+// a lane "load (GPU)" beside load's, whose bytes over duration is the rate
+// of the copies and their checksum themselves (load's own spans also hold
+// queueing them, waiting for them and acknowledging the bucket).
+func (r *Receiver) traceGPU(p *pipeline.Pipeline) {
+	gpuLane(r.cfg.Tracer, p, r.cfg.Rank, "load (GPU)", "load", &r.gpuLane, r.loader.gpuSpans())
 }
 
 // Graph describes the pipeline each Sync runs.

@@ -205,41 +205,12 @@ func (s *Sender) readsDirect() bool {
 	return ok && !s.cfg.NoDirect && d.ReadsDirect() && s.cfg.Pool != nil && s.cfg.Pool.onDevice()
 }
 
-// gpuLaneTID is the trace thread id of the "pack (GPU)" lane, past the
-// pipeline's stages (numbered from 0).
-const gpuLaneTID = 1000
-
 // traceGPU adds, to a traced round of device buckets, when the GPU worked
 // on each bucket: spans on a lane "pack (GPU)" beside pack's, whose bytes
 // over duration is the rate of the copies and checksum themselves (pack's
 // own spans only time queueing them).
 func (s *Sender) traceGPU(p *pipeline.Pipeline) {
-	t := s.cfg.Tracer
-	spans := s.packer.gpuSpans()
-	if t == nil || len(spans) == 0 {
-		return
-	}
-	const lane = "pack (GPU)"
-	if !s.gpuLane {
-		s.gpuLane = true
-		order := gpuLaneTID
-		for i, n := range p.Graph().Nodes {
-			if n.Name == "pack" {
-				order = i // sorts with pack, after it
-			}
-		}
-		t.Add(pipeline.Event{Name: "thread_name", Ph: "M", Pid: s.cfg.Rank, Tid: gpuLaneTID, Args: map[string]any{"name": lane}},
-			pipeline.Event{Name: "thread_sort_index", Ph: "M", Pid: s.cfg.Rank, Tid: gpuLaneTID, Args: map[string]any{"sort_index": order}})
-	}
-	micros := func(at time.Time) float64 { return float64(at.Sub(t.Epoch()).Nanoseconds()) / 1e3 }
-	for _, sp := range spans {
-		t.Add(pipeline.Event{
-			Name: fmt.Sprintf("bucket %d", sp.seq), Cat: lane, Ph: "X",
-			Ts: micros(sp.start), Dur: micros(sp.end) - micros(sp.start),
-			Pid: s.cfg.Rank, Tid: gpuLaneTID,
-			Args: map[string]any{"stage": lane, "bucket": sp.seq, "round": sp.round, "bytes": sp.bytes, "rank": s.cfg.Rank},
-		})
-	}
+	gpuLane(s.cfg.Tracer, p, s.cfg.Rank, "pack (GPU)", "pack", &s.gpuLane, s.packer.gpuSpans())
 }
 
 // Graph describes the pipeline each Sync runs.

@@ -19,9 +19,11 @@ the receive() loop a rollout engine's load_weights runs (`for name, t in
 r.receive(): params[name].copy_(t)`), interleaved round by round with
 load_into in the same processes, and the line adds receive_gbps and
 receive_vs_load_into (target: at least 0.9). --no-peers leaves out the demo
-and the plain-PyTorch peer.
+and the plain-PyTorch peer. --no-checksum turns the weightcast runs'
+per-bucket checksums off (checksum=False on every rank), which shows what
+the checks cost each mode.
 
-    python3 benchmarks/bench_sync.py [--receive] [--no-peers]   # the demo binary: $WEIGHTCAST_DEMO, else ../demo
+    python3 benchmarks/bench_sync.py [--receive] [--no-peers] [--no-checksum]   # the demo binary: $WEIGHTCAST_DEMO, else ../demo
 """
 
 import json
@@ -47,11 +49,11 @@ def model(torch, seed, count=TENSORS):
             for i in range(count)}
 
 
-def weightcast_worker(modes):
+def weightcast_worker(modes, checksum=None):
     """One rank of the weightcast runs: ROUNDS rounds for each receiver
     mode of modes, interleaved (round v takes mode modes[(v - 1) % len]),
     so that the modes meet the same machine state; the sender prints each
-    round's time."""
+    round's time. checksum is passed to the Sender and the Receivers."""
     import torch
 
     import weightcast
@@ -61,7 +63,7 @@ def weightcast_worker(modes):
     params = model(torch, rank)
     rounds = ROUNDS * len(modes)
     if rank == 0:
-        with weightcast.Sender(device="cuda:0", bucket=BUCKET, transport="ipc") as s:
+        with weightcast.Sender(device="cuda:0", bucket=BUCKET, transport="ipc", checksum=checksum) as s:
             times = []
             for v in range(1, rounds + 1):
                 torch.cuda.synchronize()
@@ -70,7 +72,7 @@ def weightcast_worker(modes):
                 times.append(time.perf_counter() - start)
             print(json.dumps({"seconds": times}), flush=True)
     else:
-        with weightcast.Receiver(device="cuda:0", bucket=BUCKET, transport="ipc") as r:
+        with weightcast.Receiver(device="cuda:0", bucket=BUCKET, transport="ipc", checksum=checksum) as r:
             for v in range(1, rounds + 1):
                 if modes[(v - 1) % len(modes)] == "receive":
                     # The loop a rollout engine's load_weights runs.
@@ -167,7 +169,8 @@ def rate(seconds):
 
 def main():
     modes = ["load_into", "receive"] if "--receive" in sys.argv else ["load_into"]
-    out = launch(os.path.abspath(__file__), 1 + RECEIVERS, [",".join(modes)])
+    unchecked = "--no-checksum" in sys.argv
+    out = launch(os.path.abspath(__file__), 1 + RECEIVERS, [",".join(modes)] + (["--no-checksum"] if unchecked else []))
     seconds = out[0][0]["seconds"]
     by_mode = {m: seconds[i::len(modes)] for i, m in enumerate(modes)}
     wc = rate(by_mode["load_into"])
@@ -177,7 +180,8 @@ def main():
         rc = rate(by_mode["receive"])
         extra = dict(receive_gbps=round(rc, 1), receive_vs_load_into=round(rc / wc, 3), receive_target=0.9)
     if "--no-peers" in sys.argv:
-        emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, weightcast_gbps=round(wc, 1), receivers_checked=checked, **extra)
+        emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, checksum=not unchecked, weightcast_gbps=round(wc, 1),
+             receivers_checked=checked, **extra)
         return
 
     demo = os.environ.get("WEIGHTCAST_DEMO") or os.path.join(HERE, "..", "..", "demo")
@@ -201,7 +205,7 @@ def main():
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        weightcast_worker(sys.argv[sys.argv.index("--worker") + 1].split(","))
+        weightcast_worker(sys.argv[sys.argv.index("--worker") + 1].split(","), False if "--no-checksum" in sys.argv else None)
     elif "--torch-peer" in sys.argv:
         print(json.dumps({"seconds": torch_peer()}), flush=True)
     else:
