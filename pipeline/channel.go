@@ -44,6 +44,28 @@ func (in *Input[T]) Recv() (item T, ok bool) {
 	return item, ok
 }
 
+// TryRecv is Recv without the wait: ready is false when no item has
+// arrived yet and the stream is still open, and then item and ok say
+// nothing. A stage that holds work back for the next item uses it to
+// finish that work first when the next item is not there, rather than
+// wait for an item that may only come once its work is done.
+func (in *Input[T]) TryRecv() (item T, ok, ready bool) {
+	select {
+	case <-in.done:
+		return item, false, true
+	default:
+	}
+	select {
+	case item, ok = <-in.ch:
+	default:
+		return item, false, false
+	}
+	if ok {
+		in.s.c.itemsIn.Add(1)
+	}
+	return item, ok, true
+}
+
 // All ranges over the items until the stream closes or the pipeline is
 // cancelled. After the loop, Err tells which.
 func (in *Input[T]) All() iter.Seq[T] {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -379,6 +381,64 @@ func TestFailComesFirst(t *testing.T) {
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), "failed its MAC") {
 			t.Fatalf("Run: %v; want the stage's failure", err)
+		}
+	}
+}
+
+// TestTryRecv: TryRecv is not ready while the stream is open and empty,
+// hands over each item once it has arrived, and is ready with ok false
+// once the stream is closed; the items it took count as the stage's.
+func TestTryRecv(t *testing.T) {
+	p := New("t")
+	next := make(chan struct{})
+	src := Source(p, "gen", 0, func(ctx context.Context, out *Output[int]) error {
+		for i := range 3 {
+			<-next
+			if err := out.Send(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var got []int
+	Sink(p, "try", src, func(ctx context.Context, in *Input[int]) error {
+		for i := range 3 {
+			if _, _, ready := in.TryRecv(); ready {
+				return fmt.Errorf("item %d: ready before it was sent", i)
+			}
+			next <- struct{}{}
+			for {
+				item, ok, ready := in.TryRecv()
+				if !ready {
+					runtime.Gosched()
+					continue
+				}
+				if !ok {
+					return fmt.Errorf("item %d: the stream ended early", i)
+				}
+				got = append(got, item)
+				break
+			}
+		}
+		for {
+			if _, ok, ready := in.TryRecv(); ready {
+				if ok {
+					return errors.New("an item after the last")
+				}
+				return nil
+			}
+			runtime.Gosched()
+		}
+	})
+	if err := p.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[0 1 2]" {
+		t.Fatalf("got %v, want [0 1 2]", got)
+	}
+	for _, m := range p.Metrics() {
+		if m.Stage == "try" && m.ItemsIn != 3 {
+			t.Fatalf("the sink counted %d items in, want 3", m.ItemsIn)
 		}
 	}
 }

@@ -519,7 +519,7 @@ func TestGPUReleaseAfterCopy(t *testing.T) {
 		if u.Views[0].Device == nil || u.Views[0].Data != nil {
 			t.Fatal("unpack of a device bucket did not yield a device view")
 		}
-		if err := (&loadRound{sinks: []Sink{dm}}).deliver(ctx, u); err != nil {
+		if err := (&loadRound{sinks: []Sink{dm}}).deliverNow(ctx, u); err != nil {
 			t.Fatal(err)
 		}
 		u.Release()

@@ -28,7 +28,9 @@ import (
 //     the GPU, so that Load copies them there itself, with the bucket's
 //     checksum computed by the same copies when the sink is the round's
 //     only one (gpu.Gather.CopySum; see unpack.go) instead of a pass of
-//     its own;
+//     its own. Load queues the next bucket's copies, when it has arrived,
+//     before it waits for a bucket's (loader.go, queuedLoad), so that the
+//     GPU goes from bucket to bucket without waiting for the host;
 //   - Committer: told when the whole group has committed the round
 //     (Receiver.Sync);
 //   - Holder: says what a failed round leaves in it (Receiver.State);
@@ -285,18 +287,75 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 			return err
 		}
 		defer func() { err = errors.Join(err, ld.keepLoad(ctx, l, err != nil)) }()
-		for u := range in.All() {
-			err := l.deliver(ctx, u)
-			u.Bucket.delivered = err == nil
-			pipeline.Fail(ctx, err) // before a lent bucket's release tells the root
-			u.Release()
-			if err != nil {
+		// held is a bucket whose copies into a DeviceTarget run on the
+		// GPU while the next bucket's are queued; it lands (is waited
+		// for, checked and acknowledged) once they are, or before any
+		// wait for a bucket that has not arrived: the root may hold the
+		// next bucket back until it has this one's acknowledgement.
+		var held *queuedLoad
+		land := func() error {
+			h := held
+			held = nil
+			return l.release(ctx, h.u, l.land(ctx, h))
+		}
+		defer func() {
+			if held != nil { // the round has failed: its copies are only waited for
+				l.release(ctx, held.u, errors.Join(err, held.wait(ctx)))
+			}
+		}()
+		for {
+			u, ok, ready := in.TryRecv()
+			if !ready {
+				if held != nil {
+					if err := land(); err != nil {
+						return err
+					}
+					continue
+				}
+				u, ok = in.Recv()
+			}
+			if !ok {
+				break
+			}
+			if held != nil && !l.queues(u) { // its copies came first
+				if err := land(); err != nil {
+					return l.release(ctx, u, err)
+				}
+			}
+			q, err := l.deliver(ctx, u)
+			switch {
+			case err != nil:
+				return l.release(ctx, u, err)
+			case q == nil: // delivered
+				l.release(ctx, u, nil)
+				continue
+			case held != nil:
+				if err := land(); err != nil {
+					held = q
+					return err
+				}
+			}
+			held = q
+		}
+		if held != nil {
+			if err := land(); err != nil {
 				return err
 			}
-			pipeline.CountBytes(ctx, u.Bucket.Meta.Length)
 		}
 		return in.Err()
 	})
+}
+
+// release releases bucket u, which err (when not nil) failed to deliver,
+// failing the round first, and returns err.
+func (l *loadRound) release(ctx context.Context, u *Unpacked, err error) error {
+	u.Bucket.delivered = err == nil
+	pipeline.Fail(ctx, err) // before a lent bucket's release tells the root
+	u.Release()
+	if err == nil {
+		pipeline.CountBytes(ctx, u.Bucket.Meta.Length)
+	}
+	return err
 }
 
 // loadRound is one round of the load stage. It is used by the load goroutine
@@ -317,15 +376,25 @@ type loadRound struct {
 }
 
 // deliver hands u's views to the sinks, then commits the round after its
-// last bucket and acknowledges the bucket.
-func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
+// last bucket and acknowledges the bucket; or, where the round's one sink
+// is a DeviceTarget, queues the copies of device bucket u into it and
+// returns them, for land to finish.
+func (l *loadRound) deliver(ctx context.Context, u *Unpacked) (*queuedLoad, error) {
 	m := &u.Bucket.Meta
-	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length})
+	queue := l.queues(u)
+	name := fmt.Sprintf("bucket %d", m.Seq)
+	args := map[string]any{"bucket": m.Seq, "round": m.Version, "bytes": m.Length}
+	if queue {
+		// The GPU does the copies later: see load (GPU).
+		name += " (queued)"
+		delete(args, "bytes")
+	}
+	span := pipeline.StartSpan(ctx, name, args)
 	defer span.End()
 	l.version = m.Version
 	if m.Index == 0 {
 		if err := begin(ctx, l.sinks, m.Version, m.Source); err != nil {
-			return fmt.Errorf("starting version %d: %w", m.Version, err)
+			return nil, fmt.Errorf("starting version %d: %w", m.Version, err)
 		}
 	}
 	// The tensors reach the sinks from here on: a failure now leaves an
@@ -335,12 +404,20 @@ func (l *loadRound) deliver(ctx context.Context, u *Unpacked) error {
 			l.tensors++
 		}
 	}
-	if l.target != nil && onDevice(u.Bucket.Buf) {
-		if err := l.copyToTarget(ctx, u, span != nil); err != nil {
-			return err
-		}
-		return l.finish(ctx, m, u.Bucket)
+	if queue {
+		return l.queueTarget(ctx, u, span != nil)
 	}
+	return nil, l.deliverNow(ctx, u)
+}
+
+// queues reports whether deliver queues u's copies rather than deliver
+// it: u is a device bucket and the round's one sink a DeviceTarget.
+func (l *loadRound) queues(u *Unpacked) bool { return l.target != nil && onDevice(u.Bucket.Buf) }
+
+// deliverNow hands u's views to the sinks, then commits the round after
+// its last bucket and acknowledges the bucket.
+func (l *loadRound) deliverNow(ctx context.Context, u *Unpacked) error {
+	m := &u.Bucket.Meta
 	device := onDevice(u.Bucket.Buf)
 	var host []byte // a device bucket's bytes on the host, fetched for the first host sink
 	for _, s := range l.sinks {

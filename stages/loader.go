@@ -333,23 +333,37 @@ func (d *gpuCopier) close(ctx context.Context) error {
 	return errors.Join(append(errs, d.stream.Close())...)
 }
 
-// copyToTarget copies device bucket u into the round's one DeviceTarget
-// with the Loader's copier of u's GPU (the gather kernel), out of the
-// bucket or, for a direct bucket left in place, out of the sender's
-// memory. Where unpack left the checksum to load (u.sumAtLoad) the copies
-// compute it (gpu.Gather.CopySum, the bucket the side they read, or
-// CopySumLayout of the entries where they lie) and copyToTarget checks it
+// queuedLoad is a device bucket whose copies into the round's one
+// DeviceTarget are queued on the GPU (queueTarget) and not yet waited for
+// (land): load queues the next bucket's copies before it waits for these,
+// so that the GPU goes from one bucket to the next without waiting for the
+// host to notice the end of the first, check it, acknowledge it and
+// launch the second.
+type queuedLoad struct {
+	u *Unpacked
+	// What the copies end with: the checksum they compute, the MAC they
+	// compute, or, where they compute neither, an event after them.
+	sum  *gpu.PendingSum
+	mac  *gpu.PendingMAC
+	done *gpu.Event
+}
+
+// queueTarget queues the copies of device bucket u into the round's one
+// DeviceTarget with the Loader's copier of u's GPU (the gather kernel),
+// out of the bucket or, for a direct bucket left in place, out of the
+// sender's memory. Where unpack left the checksum to load (u.sumAtLoad)
+// the copies compute it (gpu.Gather.CopySum, the bucket the side they
+// read, or CopySumLayout of the entries where they lie) and land checks it
 // (verifySum); where it left a direct bucket's MAC to load (u.macAtLoad),
-// they compute that (gpu.Gather.CopyMACLayout) and copyToTarget checks it
-// (verifyMAC). It returns once the copies have finished and the sink is
-// flushed. In a traced round a pair of timed events brackets the copies
-// ("load (GPU)": Receiver.traceGPU).
-func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked, traced bool) error {
+// they compute that (gpu.Gather.CopyMACLayout) and land checks it
+// (verifyMAC). In a traced round a pair of timed events brackets the
+// copies ("load (GPU)": Receiver.traceGPU).
+func (l *loadRound) queueTarget(ctx context.Context, u *Unpacked, traced bool) (*queuedLoad, error) {
 	b, t := u.Bucket, l.target
 	m := &b.Meta
 	c, err := l.ld.loadCopier(b.Buf)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	direct := b.srcs != nil
 	var cb gpu.CopyBatch
@@ -358,74 +372,125 @@ func (l *loadRound) copyToTarget(ctx context.Context, u *Unpacked, traced bool) 
 		e := v.Entry
 		buf, off, err := t.Target(ctx, e)
 		if err != nil {
-			return fmt.Errorf("loading tensor %q from bucket %d: %w", e.Name, m.Seq, err)
+			return nil, fmt.Errorf("loading tensor %q from bucket %d: %w", e.Name, m.Seq, err)
 		}
 		if e.Size == 0 {
 			continue
 		}
 		if !sameGPU(buf, b.Buf) {
-			return fmt.Errorf("loading tensor %q from bucket %d: the sink's memory is on %s, the buckets on %s; give the receiver a sink on its buckets' GPU", e.Name, m.Seq, buf.Device().Name(), b.Buf.Device().Name())
+			return nil, fmt.Errorf("loading tensor %q from bucket %d: the sink's memory is on %s, the buckets on %s; give the receiver a sink on its buckets' GPU", e.Name, m.Seq, buf.Device().Name(), b.Buf.Device().Name())
 		}
 		to, _ := gpu.Address(buf)
 		from, ok := gpu.Address(v.Device)
 		if !ok {
-			return fmt.Errorf("loading tensor %q from bucket %d: its source is not memory the GPU can address", e.Name, m.Seq)
+			return nil, fmt.Errorf("loading tensor %q from bucket %d: its source is not memory the GPU can address", e.Name, m.Seq)
 		}
 		to, from = to+uint64(off), from+uint64(v.Offset)
-		cb.Add(to, from, e.Size)
-		lay.Add(e.Offset, from, e.Size, to)
+		if u.sumAtLoad && direct || u.macAtLoad {
+			lay.Add(e.Offset, from, e.Size, to)
+		} else {
+			cb.Add(to, from, e.Size)
+		}
 	}
 	if traced {
 		if err := c.marks.start(c.stream, m.Seq, m.Version); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	var ps *gpu.PendingSum
-	var pm *gpu.PendingMAC
+	q := &queuedLoad{u: u}
 	switch {
 	case u.macAtLoad:
 		var macs *gpu.MACer
 		if macs, err = c.macs.get(c.stream); err == nil {
-			pm, err = c.gather.CopyMACLayout(ctx, &lay, m.Length, macs, bucketKey(b.auth))
+			q.mac, err = c.gather.CopyMACLayout(ctx, &lay, m.Length, macs, bucketKey(b.auth))
 		}
 	case u.sumAtLoad && direct:
-		ps, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
+		q.sum, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
 	case u.sumAtLoad:
-		ps, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
+		q.sum, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
 	default:
 		if err = c.gather.Copy(ctx, &cb); err == nil {
-			err = c.marks.end(c.stream, m.Seq, m.Length)
-		}
-		if err == nil {
-			err = c.sync(ctx)
+			q.done, err = c.stream.Record()
 		}
 	}
-	if err == nil && (ps != nil || pm != nil) {
+	if err == nil {
 		err = c.marks.end(c.stream, m.Seq, m.Length)
 	}
+	if err != nil {
+		// What was queued still runs: it is waited for before the
+		// bucket is released.
+		return nil, errors.Join(fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err), q.wait(ctx))
+	}
+	return q, nil
+}
+
+// land waits for q's copies, checks the checksum or MAC they computed,
+// flushes the sink, then commits the round after its last bucket and
+// acknowledges the bucket.
+func (l *loadRound) land(ctx context.Context, q *queuedLoad) error {
+	m := &q.u.Bucket.Meta
+	span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d (landing)", m.Seq), map[string]any{"bucket": m.Seq, "round": m.Version})
+	defer span.End()
 	var got uint64
 	var tag mac.Tag
-	if err == nil && ps != nil {
-		got, err = ps.Wait(ctx) // the copies have finished when the sum is in
-		ps.Close()
+	var err error
+	switch {
+	case q.sum != nil:
+		got, err = q.sum.Wait(ctx) // the copies have finished when the sum is in
+	case q.mac != nil:
+		tag, err = q.mac.Wait(ctx) // the copies have finished when the MAC is in
+	case q.done != nil:
+		err = q.done.Wait(ctx)
 	}
-	if err == nil && pm != nil {
-		tag, err = pm.Wait(ctx) // the copies have finished when the MAC is in
-		pm.Close()
-	}
+	q.close()
 	if err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
-	if err := t.Flush(ctx); err != nil {
+	if err := l.target.Flush(ctx); err != nil {
 		return fmt.Errorf("copying bucket %d into the model: %w", m.Seq, err)
 	}
 	switch {
-	case u.sumAtLoad:
-		return verifySum(m, got)
-	case u.macAtLoad:
-		return verifyMAC(m, tag)
+	case q.u.sumAtLoad:
+		err = verifySum(m, got)
+	case q.u.macAtLoad:
+		err = verifyMAC(m, tag)
 	}
-	return nil
+	if err != nil {
+		return err
+	}
+	return l.finish(ctx, m, q.u.Bucket)
+}
+
+// wait waits for q's copies, bounded by ctx or, once ctx is done, by
+// finalWait, without checking them (the round has failed), and frees what
+// they used.
+func (q *queuedLoad) wait(ctx context.Context) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	var err error
+	switch {
+	case q.sum != nil:
+		_, err = q.sum.Wait(ctx)
+	case q.mac != nil:
+		_, err = q.mac.Wait(ctx)
+	case q.done != nil:
+		err = q.done.Wait(ctx)
+	}
+	q.close()
+	return err
+}
+
+func (q *queuedLoad) close() {
+	if q.sum != nil {
+		q.sum.Close()
+	}
+	if q.mac != nil {
+		q.mac.Close()
+	}
+	if q.done != nil {
+		q.done.Close()
+	}
+	q.sum, q.mac, q.done = nil, nil, nil
 }
 
 // fetch copies device bucket b's filled bytes to the host.
