@@ -28,9 +28,9 @@ import (
 //     the GPU, so that Load copies them there itself, with the bucket's
 //     checksum computed by the same copies when the sink is the round's
 //     only one (gpu.Gather.CopySum; see unpack.go) instead of a pass of
-//     its own. Load queues the next bucket's copies, when it has arrived,
-//     before it waits for a bucket's (loader.go, queuedLoad), so that the
-//     GPU goes from bucket to bucket without waiting for the host;
+//     its own. While a bucket's copies run, Load queues the next bucket's
+//     as soon as it arrives (loader.go, queuedLoad), so that the GPU goes
+//     from bucket to bucket without waiting for the host;
 //   - Committer: told when the whole group has committed the round
 //     (Receiver.Sync);
 //   - Holder: says what a failed round leaves in it (Receiver.State);
@@ -287,39 +287,58 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 			return err
 		}
 		defer func() { err = errors.Join(err, ld.keepLoad(ctx, l, err != nil)) }()
-		// held is a bucket whose copies into a DeviceTarget run on the
-		// GPU while the next bucket's are queued; it lands (is waited
-		// for, checked and acknowledged) once they are, or before any
-		// wait for a bucket that has not arrived: the root may hold the
-		// next bucket back until it has this one's acknowledgement.
-		var held *queuedLoad
+		// queued are the buckets whose copies into a DeviceTarget run
+		// on the GPU, oldest first. While one runs, the loop queues
+		// each next bucket as it arrives and lands (waits for, checks
+		// and acknowledges) the oldest once its copies are done, so
+		// that the GPU goes from bucket to bucket without waiting for
+		// the host; it never waits only for a bucket to arrive while
+		// one is on the GPU, because the root may hold the next one
+		// back until it has this one's acknowledgement.
+		var queued []*queuedLoad
 		land := func() error {
-			h := held
-			held = nil
-			return l.release(ctx, h.u, l.land(ctx, h))
+			q := queued[0]
+			queued = queued[1:]
+			return l.release(ctx, q.u, l.land(ctx, q))
 		}
 		defer func() {
-			if held != nil { // the round has failed: its copies are only waited for
-				l.release(ctx, held.u, errors.Join(err, held.wait(ctx)))
+			for _, q := range queued { // the round has failed: their copies are only waited for
+				l.release(ctx, q.u, errors.Join(err, q.wait(ctx)))
 			}
 		}()
 		for {
-			u, ok, ready := in.TryRecv()
-			if !ready {
-				if held != nil {
+			var u *Unpacked
+			var ok bool
+			if len(queued) == 0 {
+				u, ok = in.Recv()
+			} else {
+				// Whichever comes first: the next bucket, or the end
+				// of the oldest one's copies.
+				arrived := false
+				err := gpu.Poll(ctx, func() (bool, error) {
+					if u, ok, arrived = in.TryRecv(); arrived {
+						return true, nil
+					}
+					return queued[0].done.Query()
+				})
+				if err != nil {
+					return fmt.Errorf("copying bucket %d into the model: %w", queued[0].u.Bucket.Meta.Seq, err)
+				}
+				if !arrived {
 					if err := land(); err != nil {
 						return err
 					}
 					continue
 				}
-				u, ok = in.Recv()
 			}
 			if !ok {
 				break
 			}
-			if held != nil && !l.queues(u) { // its copies came first
-				if err := land(); err != nil {
-					return l.release(ctx, u, err)
+			if len(queued) > 0 && !l.queues(u) { // their copies came first
+				for len(queued) > 0 {
+					if err := land(); err != nil {
+						return l.release(ctx, u, err)
+					}
 				}
 			}
 			q, err := l.deliver(ctx, u)
@@ -328,16 +347,11 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 				return l.release(ctx, u, err)
 			case q == nil: // delivered
 				l.release(ctx, u, nil)
-				continue
-			case held != nil:
-				if err := land(); err != nil {
-					held = q
-					return err
-				}
+			default:
+				queued = append(queued, q)
 			}
-			held = q
 		}
-		if held != nil {
+		for len(queued) > 0 {
 			if err := land(); err != nil {
 				return err
 			}

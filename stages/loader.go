@@ -335,16 +335,16 @@ func (d *gpuCopier) close(ctx context.Context) error {
 
 // queuedLoad is a device bucket whose copies into the round's one
 // DeviceTarget are queued on the GPU (queueTarget) and not yet waited for
-// (land): load queues the next bucket's copies before it waits for these,
-// so that the GPU goes from one bucket to the next without waiting for the
-// host to notice the end of the first, check it, acknowledge it and
-// launch the second.
+// (land): load queues the next bucket's copies while these run, so that
+// the GPU goes from one bucket to the next without waiting for the host to
+// notice the end of the first, check it, acknowledge it and launch the
+// second.
 type queuedLoad struct {
 	u *Unpacked
-	// What the copies end with: the checksum they compute, the MAC they
-	// compute, or, where they compute neither, an event after them.
-	sum  *gpu.PendingSum
-	mac  *gpu.PendingMAC
+	// What the copies compute, if anything: the checksum or the MAC.
+	sum *gpu.PendingSum
+	mac *gpu.PendingMAC
+	// done is an event after the copies (and after what they compute).
 	done *gpu.Event
 }
 
@@ -409,9 +409,10 @@ func (l *loadRound) queueTarget(ctx context.Context, u *Unpacked, traced bool) (
 	case u.sumAtLoad:
 		q.sum, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
 	default:
-		if err = c.gather.Copy(ctx, &cb); err == nil {
-			q.done, err = c.stream.Record()
-		}
+		err = c.gather.Copy(ctx, &cb)
+	}
+	if err == nil {
+		q.done, err = c.stream.Record()
 	}
 	if err == nil {
 		err = c.marks.end(c.stream, m.Seq, m.Length)
@@ -433,14 +434,13 @@ func (l *loadRound) land(ctx context.Context, q *queuedLoad) error {
 	defer span.End()
 	var got uint64
 	var tag mac.Tag
-	var err error
+	err := q.done.Wait(ctx)
 	switch {
+	case err != nil:
 	case q.sum != nil:
-		got, err = q.sum.Wait(ctx) // the copies have finished when the sum is in
+		got, err = q.sum.Wait(ctx)
 	case q.mac != nil:
-		tag, err = q.mac.Wait(ctx) // the copies have finished when the MAC is in
-	case q.done != nil:
-		err = q.done.Wait(ctx)
+		tag, err = q.mac.Wait(ctx)
 	}
 	q.close()
 	if err != nil {
