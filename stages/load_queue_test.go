@@ -56,13 +56,13 @@ func checkLoadQueueFailures(t *testing.T) {
 			return newDevModel(t, d)
 		}, "failed its checksum"},
 	} {
-		g := newGPUGroup(t, d, 2, 256<<10, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
+		wrap := func(r int, e transport.Endpoint) transport.Endpoint {
 			if r == 0 && c.direct {
 				return &directEP{Endpoint: e}
 			}
 			return e
-		})
-		pub := g.sender.cfg.Publisher
+		}
+		g := newGPUGroup(t, d, 2, 256<<10, false, true, wrap)
 		err := roundCancel(ctx, g, src, 1, []Sink{c.fault(g)})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%s: the round ended with %v, want an error with %q", c.name, err, c.want)
@@ -77,13 +77,7 @@ func checkLoadQueueFailures(t *testing.T) {
 
 		// A receiver that failed is broken; a new group on the same
 		// GPU takes the next round whole.
-		g.sender.cfg.Publisher = pub
-		g2 := newGPUGroup(t, d, 2, 256<<10, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
-			if r == 0 && c.direct {
-				return &directEP{Endpoint: e}
-			}
-			return e
-		})
+		g2 := newGPUGroup(t, d, 2, 256<<10, false, true, wrap)
 		dm := newDevModel(t, d)
 		if err := roundCancel(ctx, g2, src, 1, []Sink{dm}); err != nil {
 			t.Fatalf("%s: the round after: %v", c.name, err)
