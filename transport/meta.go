@@ -3,9 +3,15 @@ package transport
 import "context"
 
 // DefaultWindow is how many messages a Publisher lets be in flight
-// (published but not acknowledged by every subscriber): two, matching the
-// two bucket buffers of each rank.
-const DefaultWindow = 2
+// (published but not acknowledged by every subscriber): three. Each rank's
+// two bucket buffers still bound the buckets in flight; the third message
+// reaches a receiver while it copies the two before, so that the next
+// bucket is there when a buffer frees. On one H200 a metadata message
+// arrived 400-700 us after the acknowledgement that let the root send it,
+// nearly a 1 GiB bucket's copies, and a window of three kept the
+// receiver's GPU busy between buckets where two left it idle 0.2-0.7 ms a
+// round (docs/benchmarks.md, "Loads queued ahead").
+const DefaultWindow = 3
 
 // DefaultMaxMessage is the largest metadata message a Subscriber accepts
 // unless configured otherwise: 64 MiB.

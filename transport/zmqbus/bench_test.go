@@ -12,7 +12,7 @@ import (
 
 // BenchmarkPublish measures metadata messages per second from the root to
 // 3 receivers over loopback TCP, each receiver acknowledging every message
-// (window 2).
+// (transport.DefaultWindow messages in flight).
 func BenchmarkPublish(b *testing.B) {
 	for _, size := range []int{1 << 10, 1 << 20} {
 		b.Run(fmt.Sprintf("%dKiB-3subs", size>>10), func(b *testing.B) {

@@ -59,8 +59,8 @@ func TestInteropPythonReceiver(t *testing.T) {
 	pub := openPublisher(t, ctx, cfgs[0])
 	py := startPython(t, "pyreceiver.py", rootAddr(t, ctx, cfgs[1]), "2", strconv.Itoa(world), cfgs[0].Group)
 	sub := openSubscriber(t, ctx, cfgs[1])
-	if l := py.line(t); l != "welcome 2 1000 3000" {
-		t.Fatalf("python receiver said %q", l)
+	if l, want := py.line(t), fmt.Sprintf("welcome %d 1000 3000", transport.DefaultWindow); l != want {
+		t.Fatalf("python receiver said %q, want %q", l, want)
 	}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
