@@ -369,3 +369,67 @@ func BenchmarkGatherLayoutModel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGatherLayoutAfterIdle times the layout kernel's copy and sum of
+// a 1 GiB bucket (64 pieces of 16 MiB) right after the GPU did something
+// else, bucket after bucket as a round of the demo does: busy (the bucket
+// before was copied just now), idle (300 ms without GPU work, the length
+// of the demo's gap between rounds) and refilled (its source written by
+// 300 ms of host-to-device copies first, as the demo refills the sender's
+// model between rounds). It reports the first bucket's rate after the gap
+// and the second's; a first bucket slower than the second, where busy
+// shows none, is what the gap costs (docs/benchmarks.md, "Loads queued
+// ahead").
+func BenchmarkGatherLayoutAfterIdle(b *testing.B) {
+	d := testDevice(b)
+	ctx := context.Background()
+	const each, count = 16 << 20, 64
+	const bucket = each * count
+	srcs, dsts := [2]mem.Buffer{alloc(b, d, bucket), alloc(b, d, bucket)}, [2]mem.Buffer{alloc(b, d, bucket), alloc(b, d, bucket)}
+	host := alloc(b, d.PinnedHost(), 64<<20)
+	for _, gap := range []string{"busy", "idle", "refilled"} {
+		b.Run(gap, func(b *testing.B) {
+			s := testStream(b, d)
+			g, cs := testGatherLayout(b, s)
+			copyBucket := func(k int) time.Duration {
+				var l Layout
+				for i := range count {
+					l.Add(int64(i*each), srcs[k].DevicePtr()+uint64(i*each), each, dsts[k].DevicePtr()+uint64(i*each))
+				}
+				start := time.Now()
+				p, err := g.CopySumLayout(ctx, &l, bucket, cs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := p.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				p.Close()
+				return time.Since(start)
+			}
+			copyBucket(0) // warm up
+			var first, second time.Duration
+			for range b.N {
+				b.StopTimer()
+				switch gap {
+				case "idle":
+					time.Sleep(300 * time.Millisecond)
+				case "refilled":
+					for until := time.Now().Add(300 * time.Millisecond); time.Now().Before(until); {
+						for off := 0; off < bucket; off += host.Len() {
+							if err := s.CopyHtoD(srcs[0], off, host.Host()); err != nil {
+								b.Fatal(err)
+							}
+						}
+						syncStream(b, s)
+					}
+				}
+				b.StartTimer()
+				first += copyBucket(0)
+				second += copyBucket(1)
+			}
+			b.ReportMetric(float64(bucket)*float64(b.N)/first.Seconds()/1e9, "first-GB/s")
+			b.ReportMetric(float64(bucket)*float64(b.N)/second.Seconds()/1e9, "second-GB/s")
+		})
+	}
+}
