@@ -433,3 +433,42 @@ func BenchmarkGatherLayoutAfterIdle(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGatherLayoutGrid sums 1 GiB where it lies (pieces without a
+// destination, as a sender sums a direct bucket) cut into pieces of equal
+// size, one block each: 1024, 1052, 1056, 1060 and 1088 of them. On one
+// H200 the sender's 1 GiB buckets of 1056 pieces took 316-324 µs against
+// 247-255 for those of 1024 and 1052 (Nsight Compute of the demo,
+// docs/benchmarks.md, "Where a colocated round's time goes"); a rate that
+// drops past some count here, with the same bytes, is the cost of a
+// launch's blocks not all fitting on the GPU at once.
+func BenchmarkGatherLayoutGrid(b *testing.B) {
+	d := testDevice(b)
+	ctx := context.Background()
+	const total = 1 << 30
+	src := alloc(b, d, total)
+	for _, pieces := range []int{1024, 1052, 1056, 1060, 1088} {
+		b.Run(fmt.Sprintf("pieces=%d", pieces), func(b *testing.B) {
+			each := int64(total/pieces) &^ 15
+			var g *Gather
+			var cs *Checksummer
+			var l Layout
+			benchCopy(b, d, each*int64(pieces), func(s *Stream) error {
+				if g == nil {
+					g, cs = testGatherLayout(b, s)
+				}
+				l.Reset()
+				for i := range int64(pieces) {
+					l.Add(i*each, src.DevicePtr()+uint64(i*each), each, 0)
+				}
+				p, err := g.CopySumLayout(ctx, &l, each*int64(pieces), cs)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				_, err = p.Wait(ctx)
+				return err
+			})
+		})
+	}
+}
