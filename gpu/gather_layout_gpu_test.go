@@ -438,10 +438,10 @@ func BenchmarkGatherLayoutAfterIdle(b *testing.B) {
 // destination, as a sender sums a direct bucket) cut into pieces of equal
 // size, one block each: 1024, 1052, 1056, 1060 and 1088 of them. On one
 // H200 the sender's 1 GiB buckets of 1056 pieces took 316-324 µs against
-// 247-255 for those of 1024 and 1052 (Nsight Compute of the demo,
-// docs/benchmarks.md, "Where a colocated round's time goes"); a rate that
-// drops past some count here, with the same bytes, is the cost of a
-// launch's blocks not all fitting on the GPU at once.
+// 247-255 for those of 1024 and 1052 (Nsight Compute of the demo:
+// docs/benchmarks.md, "Where a colocated round's time goes, from the GPU's
+// own clock"). A rate that drops past some count here, for the same bytes,
+// is the cost of a launch whose blocks do not all fit on the GPU at once.
 func BenchmarkGatherLayoutGrid(b *testing.B) {
 	d := testDevice(b)
 	ctx := context.Background()
