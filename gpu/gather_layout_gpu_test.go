@@ -1,10 +1,16 @@
 package gpu
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -307,8 +313,6 @@ func BenchmarkGatherLayoutBuckets(b *testing.B) {
 // the footprint and the allocations cost the kernel.
 func BenchmarkGatherLayoutModel(b *testing.B) {
 	d := testDevice(b)
-	ctx := context.Background()
-	const bucket = 1 << 30
 	for _, c := range []struct {
 		name   string
 		model  int64
@@ -334,40 +338,181 @@ func BenchmarkGatherLayoutModel(b *testing.B) {
 					dsts[i] = alloc(b, d, int(each)).DevicePtr()
 				}
 			}
-			var g *Gather
-			var cs *Checksummer
-			var l Layout
-			total := int64(8 << 30)
-			benchCopy(b, d, total, func(s *Stream) error {
-				if g == nil {
-					g, cs = testGatherLayout(b, s)
-				}
-				for done := int64(0); done < total; done += bucket {
-					// The model's byte stream from done%model, cut
-					// into tensors' pieces.
-					l.Reset()
-					from := done % c.model
-					for at := int64(0); at < bucket; {
-						pos := (from + at) % (each * int64(count))
-						i, in := pos/each, pos%each
-						n := min(each-in, bucket-at)
-						l.Add(at, src.DevicePtr()+uint64(pos), n, dsts[i]+uint64(in))
-						at += n
-					}
-					p, err := g.CopySumLayout(ctx, &l, bucket, cs)
-					if err != nil {
-						return err
-					}
-					_, err = p.Wait(ctx)
-					p.Close()
-					if err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			benchModelBuckets(b, d, src.DevicePtr(), each, count, dsts, 0)
 		})
 	}
+}
+
+// benchModelBuckets is BenchmarkGatherLayoutModel's loop: 8 GiB a
+// round, bucket by bucket (1 GiB each, waiting for each bucket's sum),
+// from the model's byte stream of count tensors of each bytes lying back
+// to back at src (round after round from where the last bucket ended),
+// into the tensors at dsts, in pieces of chunk bytes (0: the default).
+func benchModelBuckets(b *testing.B, d *CUDADevice, src uint64, each int64, count int, dsts []uint64, chunk uint64) {
+	ctx := context.Background()
+	const bucket = 1 << 30
+	var g *Gather
+	var cs *Checksummer
+	var l Layout
+	total := int64(8 << 30)
+	model := each * int64(count)
+	benchCopy(b, d, total, func(s *Stream) error {
+		if g == nil {
+			g, cs = testGatherLayout(b, s)
+			g.chunk = chunk
+		}
+		for done := int64(0); done < total; done += bucket {
+			// The model's byte stream from done%model, cut into
+			// tensors' pieces.
+			l.Reset()
+			from := done % model
+			for at := int64(0); at < bucket; {
+				pos := (from + at) % model
+				i, in := pos/each, pos%each
+				n := min(each-in, bucket-at)
+				l.Add(at, src+uint64(pos), n, dsts[i]+uint64(in))
+				at += n
+			}
+			p, err := g.CopySumLayout(ctx, &l, bucket, cs)
+			if err != nil {
+				return err
+			}
+			_, err = p.Wait(ctx)
+			p.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// ipcOwnerEnv makes TestGatherLayoutIPCOwner run, as the child process of
+// BenchmarkGatherLayoutIPC: the number of bytes to allocate.
+const ipcOwnerEnv = "WEIGHTCAST_GPU_IPC_OWNER"
+
+// BenchmarkGatherLayoutIPC is BenchmarkGatherLayoutModel's 8 GiB model
+// (dst=tensors) read from three places in one run: an allocation made
+// before the tensors' (src=first, as BenchmarkGatherLayoutModel's), one
+// made after them (src=after), and memory of another process mapped with
+// CUDA IPC (src=ipc), as a colocated receiver reads the sender's tensors.
+// A child process (this binary, TestGatherLayoutIPCOwner) allocates that
+// model and exports it, then waits without GPU work until the benchmark
+// ends. Each runs with the default pieces (about 1 MiB for 1 GiB buckets)
+// and with pieces of 256 and 64 KiB: the kernel's blocks take the pieces
+// in order, so smaller pieces keep the addresses they touch at once
+// within fewer pages. Rates that differ between the sources, for the same
+// bytes, are the cost of where the model lies (docs/benchmarks.md,
+// "Where the copies' rate goes: the model's placement").
+func BenchmarkGatherLayoutIPC(b *testing.B) {
+	d := testDevice(b)
+	const count = 300
+	const each = (int64(8<<30) / count) &^ 511
+	first := alloc(b, d, int(each)*count)
+	dsts := make([]uint64, count)
+	for i := range dsts {
+		dsts[i] = alloc(b, d, int(each)).DevicePtr()
+	}
+	after := alloc(b, d, int(each)*count)
+	for _, src := range []string{"first", "after", "ipc"} {
+		for _, chunk := range []uint64{0, 256 << 10, 64 << 10} {
+			name := fmt.Sprintf("src=%s/chunk=%dKiB", src, chunk>>10)
+			if chunk == 0 {
+				name = fmt.Sprintf("src=%s/chunk=default", src)
+			}
+			b.Run(name, func(b *testing.B) {
+				from := first.DevicePtr()
+				switch src {
+				case "after":
+					from = after.DevicePtr()
+				case "ipc":
+					from = openOwnerIPC(b, d, int(each)*count).DevicePtr()
+				}
+				benchModelBuckets(b, d, from, each, count, dsts, chunk)
+			})
+		}
+	}
+}
+
+// openOwnerIPC starts TestGatherLayoutIPCOwner in a child process, which
+// allocates n bytes and exports them, and maps them here; the child ends,
+// freeing them, when tb does.
+func openOwnerIPC(tb testing.TB, d *CUDADevice, n int) mem.Buffer {
+	tb.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestGatherLayoutIPCOwner$", "-test.v")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", ipcOwnerEnv, n))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		stdin.Close() // the child frees the memory and ends
+		if err := cmd.Wait(); err != nil {
+			tb.Errorf("the owner process: %v", err)
+		}
+	})
+	var handle string
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		if h, ok := strings.CutPrefix(lines.Text(), "ipc-handle "); ok {
+			handle = h
+			break
+		}
+	}
+	go io.Copy(io.Discard, stdout) // the rest of its -test.v output
+	if handle == "" {
+		tb.Fatal("the owner process ended without exporting its memory")
+	}
+	h, err := ParseIPCHandle(handle)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	buf, err := d.OpenIPC(h, n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	closeAtEnd(tb, buf.Free)
+	return buf
+}
+
+// TestGatherLayoutIPCOwner is the child side of BenchmarkGatherLayoutIPC:
+// it allocates the bytes ipcOwnerEnv names, writes them, exports them,
+// prints the handle and waits for its standard input to close. It skips
+// unless run by the benchmark.
+func TestGatherLayoutIPCOwner(t *testing.T) {
+	ns := os.Getenv(ipcOwnerEnv)
+	if ns == "" {
+		t.Skip("runs only as the child process of BenchmarkGatherLayoutIPC")
+	}
+	n, err := strconv.Atoi(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := testDevice(t)
+	s := testStream(t, d)
+	buf := alloc(t, d, n)
+	if err := s.Memset(buf, 0, n, 0x3C); err != nil {
+		t.Fatal(err)
+	}
+	syncStream(t, s)
+	h, err := d.ExportIPC(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("ipc-handle %s\n", h)
+	io.Copy(io.Discard, os.Stdin)
 }
 
 // BenchmarkGatherLayoutAfterIdle times the layout kernel's copy and sum of
