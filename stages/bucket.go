@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"context"
 	"errors"
 	"sync"
 
@@ -33,6 +34,10 @@ type Bucket struct {
 	Ack  func() error
 	once sync.Once
 	put  func(mem.Buffer)
+	// pool, on a receiver, is the pool a direct bucket made without a
+	// buffer (Pool.directBucket) takes one from if it needs one
+	// (ownBuffer); nil otherwise.
+	pool *Pool
 	// sum is the checksum of a device bucket being computed on the GPU,
 	// which Publish waits for (on a receiver, the checksum of a direct
 	// bucket gathered into Buf, which unpack checks); nil otherwise.
@@ -58,6 +63,22 @@ type Bucket struct {
 type directView struct {
 	buf mem.Buffer
 	off int64
+}
+
+// ownBuffer gives b, a direct bucket made without a buffer
+// (Pool.directBucket), a buffer of its pool to gather its entries into,
+// waiting while every buffer is in use; Release gives it back. It does
+// nothing for a bucket that has its buffer.
+func (b *Bucket) ownBuffer(ctx context.Context) error {
+	if b.pool == nil || b.put != nil {
+		return nil
+	}
+	buf, err := b.pool.Get(ctx)
+	if err != nil {
+		return err
+	}
+	b.Buf, b.put = buf, b.pool.Put
+	return nil
 }
 
 // Bytes returns the filled part of a host-memory bucket.

@@ -119,10 +119,18 @@ func runDirectRounds(t *testing.T, d *gpu.CUDADevice, src tensorList, exp hostLo
 	// Without MPS (the stand-in driver has none) the sender sums a run of
 	// direct buckets before it publishes the first: by then it has taken
 	// every tensor of an all-direct round. And direct buckets take no
-	// buffer of the sender's pool.
+	// buffer of the sender's pool, nor of the pool of a receiver that
+	// copies them into its device model from where they lie; the
+	// receiver that gathers them takes its own.
 	if st.Direct == st.Buckets {
 		if held := g.pools[0].MaxHeld(); held != 0 {
 			t.Errorf("a round of direct buckets held %d of the sender's buffers; want none", held)
+		}
+		if held := g.pools[1].MaxHeld(); held != 0 {
+			t.Errorf("the receiver copying direct buckets into its device model held %d of its buffers; want none", held)
+		}
+		if held := g.pools[2].MaxHeld(); held < 1 || held > DefaultBuffers {
+			t.Errorf("the receiver gathering direct buckets held at most %d of its buffers; want 1 to %d", held, DefaultBuffers)
 		}
 		if sum && !d.MPS() && pub.sawBefore != len(src) {
 			t.Errorf("the first bucket was published when %d of %d tensors had been taken; want every one: the round's checksums come first", pub.sawBefore, len(src))

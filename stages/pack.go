@@ -347,25 +347,16 @@ type packing struct {
 	direct  bool
 	pieces  []directPiece
 	directs int // direct buckets sent on
-	// noBuf is what a direct bucket has for a buffer: no bytes, on the
-	// pool's GPU (noBytes).
-	noBuf mem.Buffer
 }
 
-// noBytes returns a buffer of no bytes on the GPU of the pool's buffers,
-// for a direct bucket: it holds none of the pool's buffers, and says on
-// which GPU its tensors must lie.
+// noBytes returns what a direct bucket has for a buffer: the pool's
+// buffer of no bytes on its GPU (Pool.noBytes).
 func (r *packing) noBytes() (mem.Buffer, error) {
-	if r.noBuf == nil {
-		first := r.cfg.Pool.Buffers()[0]
-		addr, _ := gpu.Address(first)
-		buf, err := r.dev.stream.Device().View(addr, 0)
-		if err != nil {
-			return nil, fmt.Errorf("pack: %w", err)
-		}
-		r.noBuf = buf
+	buf, err := r.cfg.Pool.noBytes()
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
 	}
-	return r.noBuf, nil
+	return buf, nil
 }
 
 // alignUp rounds n up to where the current bucket's next entry starts:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/wire"
 )
@@ -31,6 +32,7 @@ type Pool struct {
 	held    int
 	maxHeld int
 	closed  bool
+	none    mem.Buffer // noBytes' buffer, made once
 }
 
 // NewPool allocates n buffers of size bytes each on dev.
@@ -103,6 +105,41 @@ func (p *Pool) MaxHeld() int {
 // Bucket wraps buf in a Bucket whose Release returns buf to this pool.
 func (p *Pool) Bucket(buf mem.Buffer, meta wire.BucketMeta) *Bucket {
 	return &Bucket{Meta: meta, Buf: buf, put: p.Put}
+}
+
+// noBytes returns a buffer of no bytes on the GPU of the pool's buffers
+// (the same one every call), for a direct bucket (direct.go): it holds
+// none of the pool's buffers, and says on which GPU the bucket's tensors
+// must lie. It fails for a pool of host buffers.
+func (p *Pool) noBytes() (mem.Buffer, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.none == nil {
+		first := p.all[0]
+		dev, err := cudaDeviceOf(first)
+		if err != nil {
+			return nil, err
+		}
+		addr, _ := gpu.Address(first)
+		if p.none, err = dev.View(addr, 0); err != nil {
+			return nil, err
+		}
+	}
+	return p.none, nil
+}
+
+// directBucket wraps meta, a direct bucket's, in a Bucket that holds no
+// buffer of the pool (its Buf is noBytes'), so that a receiver whose
+// round reads direct buckets where they lie queues as many of them as
+// the metadata window lets arrive; the receive stage takes a buffer
+// (Bucket.ownBuffer) for one it gathers instead. ok is false for a pool
+// of host buffers, which cannot hold a direct bucket.
+func (p *Pool) directBucket(meta wire.BucketMeta) (b *Bucket, ok bool) {
+	buf, err := p.noBytes()
+	if err != nil {
+		return nil, false
+	}
+	return &Bucket{Meta: meta, Buf: buf, pool: p}, true
 }
 
 // Close frees every buffer. It fails if some buffers are still out, naming

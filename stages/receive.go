@@ -48,7 +48,12 @@ func receiveStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], ep transpo
 			var err error
 			switch {
 			case b.Meta.Direct != nil:
-				err = ld.receiveDirect(ctx, b, use)
+				if use == directGather {
+					err = b.ownBuffer(ctx)
+				}
+				if err == nil {
+					err = ld.receiveDirect(ctx, b, use)
+				}
 			case lends && b.Meta.Length > 0:
 				err = borrow(ctx, b, lender)
 			default:

@@ -11,8 +11,9 @@ import (
 )
 
 // Subscribe adds a receiver's source stage: it takes each bucket's metadata
-// from sub, checks it, takes a buffer from pool for its bytes, and stops
-// after the bucket marked IsLast. firstSeq is the Seq the round must start
+// from sub, checks it, takes a buffer from pool for its bytes (a direct
+// bucket, read in the sender's memory, takes none: see Pool.directBucket),
+// and stops after the bucket marked IsLast. firstSeq is the Seq the round must start
 // at (the receiver's count of messages so far). With keys (the run's, when
 // the group has a secret) every message must be signed with them, and
 // every bucket's MAC is checked by Unpack (see mac.go); without, no
@@ -49,11 +50,17 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			}
 			version = meta.Version
 			want++
-			buf, err := pool.Get(ctx)
-			if err != nil {
-				return err
+			b, ok := (*Bucket)(nil), false
+			if meta.Direct != nil {
+				b, ok = pool.directBucket(*meta)
 			}
-			b := pool.Bucket(buf, *meta)
+			if !ok {
+				buf, err := pool.Get(ctx)
+				if err != nil {
+					return err
+				}
+				b = pool.Bucket(buf, *meta)
+			}
 			b.auth = keys
 			seq := meta.Seq
 			b.Ack = func() error { return sub.Ack(ctx, seq) }
