@@ -27,8 +27,13 @@ const (
 	// 1/gatherPieces of the bytes it queues, at least gatherMinChunk and at
 	// most GatherChunk: a small batch still spreads over every
 	// multiprocessor, a large one runs no more blocks than it needs
-	// (gatherPiece).
-	GatherChunk = 1 << 20
+	// (gatherPiece). 256 KiB rather than 1 MiB: a colocated receiver's
+	// 1 GiB buckets, cut at every tensor's end, then make about four
+	// pieces per block of the kernel's grid instead of slightly more
+	// than one, whose last few then ran alone; on one H200 the demo's
+	// colocated rounds moved 12-13% more with one receiver and with
+	// three (docs/benchmarks.md, "Smaller pieces").
+	GatherChunk = 256 << 10
 	// gatherMinChunk is the least bytes a piece has (but the last of a
 	// copy).
 	gatherMinChunk = 64 << 10

@@ -157,7 +157,7 @@ func TestRangeSplitter(t *testing.T) {
 func TestGatherPiece(t *testing.T) {
 	for bytes, want := range map[int64]uint64{
 		0: gatherMinChunk, 1: gatherMinChunk, 16 << 20: gatherMinChunk, 64 << 20: 64 << 10,
-		100<<20 + 3: 102400, 100<<20 + 2048: 102416, 256 << 20: 256 << 10, 1 << 30: 1 << 20, 1 << 40: GatherChunk,
+		100<<20 + 3: 102400, 100<<20 + 2048: 102416, 256 << 20: 256 << 10, 1 << 30: GatherChunk, 1 << 40: GatherChunk,
 	} {
 		if got := gatherPiece(bytes); got != want {
 			t.Errorf("gatherPiece(%d) = %d, want %d", bytes, got, want)
