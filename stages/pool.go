@@ -132,14 +132,14 @@ func (p *Pool) noBytes() (mem.Buffer, error) {
 // buffer of the pool (its Buf is noBytes'), so that a receiver whose
 // round reads direct buckets where they lie queues as many of them as
 // the metadata window lets arrive; the receive stage takes a buffer
-// (Bucket.ownBuffer) for one it gathers instead. ok is false for a pool
-// of host buffers, which cannot hold a direct bucket.
-func (p *Pool) directBucket(meta wire.BucketMeta) (b *Bucket, ok bool) {
+// (Bucket.ownBuffer) for one it gathers instead. It returns nil for a
+// pool of host buffers, which cannot hold a direct bucket.
+func (p *Pool) directBucket(meta wire.BucketMeta) *Bucket {
 	buf, err := p.noBytes()
 	if err != nil {
-		return nil, false
+		return nil
 	}
-	return &Bucket{Meta: meta, Buf: buf, pool: p}, true
+	return &Bucket{Meta: meta, Buf: buf, pool: p}
 }
 
 // Close frees every buffer. It fails if some buffers are still out, naming

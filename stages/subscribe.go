@@ -13,8 +13,8 @@ import (
 // Subscribe adds a receiver's source stage: it takes each bucket's metadata
 // from sub, checks it, takes a buffer from pool for its bytes (a direct
 // bucket, read in the sender's memory, takes none: see Pool.directBucket),
-// and stops after the bucket marked IsLast. firstSeq is the Seq the round must start
-// at (the receiver's count of messages so far). With keys (the run's, when
+// and stops after the bucket marked IsLast. firstSeq is the Seq the round
+// must start at (the receiver's count of messages so far). With keys (the run's, when
 // the group has a secret) every message must be signed with them, and
 // every bucket's MAC is checked by Unpack (see mac.go); without, no
 // message may be signed.
@@ -50,11 +50,11 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			}
 			version = meta.Version
 			want++
-			b, ok := (*Bucket)(nil), false
+			var b *Bucket
 			if meta.Direct != nil {
-				b, ok = pool.directBucket(*meta)
+				b = pool.directBucket(*meta)
 			}
-			if !ok {
+			if b == nil { // not direct, or a pool of host buffers (receive says why that cannot read it)
 				buf, err := pool.Get(ctx)
 				if err != nil {
 					return err
