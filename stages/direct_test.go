@@ -19,6 +19,7 @@ import (
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
 	"github.com/weightcast/weightcast/mem"
+	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
 )
@@ -459,4 +460,31 @@ func mustAtoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestDirectBucketOnHostPool: a direct bucket reaching a receiver whose
+// buckets are host memory takes one of its buffers, as any bucket does,
+// and fails in receive saying that it needs device buckets; no buffer
+// stays held.
+func TestDirectBucketOnHostPool(t *testing.T) {
+	pool, err := NewPool(mem.Host{}, 2, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	meta := wire.BucketMeta{Version: 1, IsLast: true, Direct: newDirectInfo()}
+	enc, err := wire.EncodeMeta(&meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pipeline.New("receive")
+	sub := &scriptedSubscriber{msgs: []transport.Message{{Seq: 0, Data: enc}}}
+	collect(p, NewLoader().Receive(p, Subscribe(p, sub, pool, 0, nil), nil, nil), func(*Bucket) {})
+	err = p.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "bucket 0 is direct") || !strings.Contains(err.Error(), "needs device buckets") {
+		t.Fatalf("a direct bucket on a host pool: %v; want an error saying it needs device buckets", err)
+	}
+	if held := pool.Held(); held != 0 || pool.MaxHeld() != 1 {
+		t.Fatalf("the pool holds %d buffers (at most %d); want the one the bucket took given back", held, pool.MaxHeld())
+	}
 }
