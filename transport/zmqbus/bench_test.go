@@ -55,3 +55,48 @@ func BenchmarkPublish(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRoundTrip measures one metadata message at a time from the root
+// to one receiver over loopback TCP and its acknowledgement back: Publish,
+// Recv, Ack, then Sync returning on the root. Half of it is what a
+// colocated round waits between the sender's last checksum and the
+// receiver's first copy for the message alone (docs/benchmarks.md,
+// "Main after both changes").
+func BenchmarkRoundTrip(b *testing.B) {
+	ctx := testContext(b, 10*time.Minute)
+	pub, subs := openAll(b, ctx, transporttest.Configs("bench-rtt", 2, time.Minute))
+	sub := subs[0]
+	msg := make([]byte, 4<<10) // a 1 GiB bucket of 37 tensors' metadata is about this size
+	errs := make(chan error, 1)
+	go func() {
+		for range b.N + 1 {
+			m, err := sub.Recv(ctx)
+			if err == nil {
+				err = sub.Ack(ctx, m.Seq)
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	roundTrip := func(k int) {
+		if err := pub.Publish(ctx, uint64(k), msg); err != nil {
+			b.Fatal(err)
+		}
+		if err := pub.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	roundTrip(0) // warm up
+	b.ResetTimer()
+	for k := range b.N {
+		roundTrip(k + 1)
+	}
+	b.StopTimer()
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/round-trip")
+}
