@@ -191,7 +191,7 @@ func ParseChecksum(s string) (uint64, error) {
 }
 
 // EncodeMeta returns the wire encoding of m.
-func EncodeMeta(m *BucketMeta) ([]byte, error) { return json.Marshal(m) }
+func EncodeMeta(m *BucketMeta) ([]byte, error) { return m.MarshalJSON() }
 
 // DecodeMeta parses and checks one bucket's metadata. It rejects a message
 // over MaxMetaSize and metadata whose entries do not fit in Length bytes or

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"encoding/json"
 	"slices"
 	"testing"
 
@@ -33,5 +34,24 @@ func TestSourceInfoDTypesWire(t *testing.T) {
 	}
 	if sh := got.Source.Shards[0]; !slices.Equal(sh.DTypes, []dtype.DType{dtype.BF16}) || len(sh.Shapes) != 1 || !slices.Equal(sh.Shapes[0], []int64{2, 3}) {
 		t.Fatalf("decoded %+v", sh)
+	}
+}
+
+// TestEncodeMetaIsMarshal: EncodeMeta, which skips the pass in which
+// json.Marshal checks and compacts what MarshalJSON returns, writes the
+// very bytes json.Marshal does.
+func TestEncodeMetaIsMarshal(t *testing.T) {
+	for _, m := range []*BucketMeta{directMeta(), {Seq: 3, Entries: []Entry{{Name: "a<b>&c", DType: dtype.F32, Shape: []int64{2}, Size: 8, Total: 8}}, Length: 8, IsLast: true, HasMAC: true}} {
+		got, err := EncodeMeta(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("EncodeMeta:\n%s\njson.Marshal:\n%s", got, want)
+		}
 	}
 }
