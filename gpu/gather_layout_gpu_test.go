@@ -455,21 +455,43 @@ func openOwnerIPC(tb testing.TB, d *CUDADevice, n int) mem.Buffer {
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
+	handles := make(chan string, 1)
+	drained := make(chan struct{}) // closed once the child's output ends
+	go func(out chan<- string) {
+		defer close(drained)
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() { // to the end: the rest is its -test.v output
+			if h, ok := strings.CutPrefix(lines.Text(), "ipc-handle "); ok && out != nil {
+				out <- h
+				close(out)
+				out = nil
+			}
+		}
+		if out != nil {
+			close(out)
+		}
+	}(handles)
 	tb.Cleanup(func() {
 		stdin.Close() // the child frees the memory and ends
+		t := time.NewTimer(30 * time.Second)
+		defer t.Stop()
+		select {
+		case <-drained:
+		case <-t.C:
+			tb.Errorf("the owner process did not end 30 s after its input closed; killing it")
+			cmd.Process.Kill()
+			<-drained
+		}
 		if err := cmd.Wait(); err != nil {
 			tb.Errorf("the owner process: %v", err)
 		}
 	})
-	var handle string
-	lines := bufio.NewScanner(stdout)
-	for lines.Scan() {
-		if h, ok := strings.CutPrefix(lines.Text(), "ipc-handle "); ok {
-			handle = h
-			break
-		}
+	var handle string // "" if its output ended without one
+	select {
+	case handle = <-handles:
+	case <-time.After(time.Minute):
+		tb.Fatal("the owner process printed no handle within a minute")
 	}
-	go io.Copy(io.Discard, stdout) // the rest of its -test.v output
 	if handle == "" {
 		tb.Fatal("the owner process ended without exporting its memory")
 	}
