@@ -200,6 +200,22 @@ func DecodeMeta(b []byte) (*BucketMeta, error) {
 	if len(b) > MaxMetaSize {
 		return nil, fmt.Errorf("bucket metadata of %d bytes exceeds the %d-byte limit", len(b), MaxMetaSize)
 	}
+	m, ok := decodeCanonical(b)
+	if !ok {
+		var err error
+		if m, err = decodeJSON(b); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.Check(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// decodeJSON parses metadata with encoding/json, whatever its form, and
+// says what is wrong with it where it is not metadata.
+func decodeJSON(b []byte) (*BucketMeta, error) {
 	type plain BucketMeta
 	var w struct {
 		plain
@@ -223,9 +239,6 @@ func DecodeMeta(b []byte) (*BucketMeta, error) {
 			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
 		}
 		m.MAC, m.HasMAC = t, true
-	}
-	if err := m.Check(); err != nil {
-		return nil, err
 	}
 	return m, nil
 }

@@ -1,0 +1,402 @@
+package wire
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+
+	"github.com/weightcast/weightcast/dtype"
+)
+
+// decodeCanonical parses bucket metadata in the form senders write
+// (EncodeMeta: keys as docs/protocol.md names them, each once, strings
+// without escapes, integers as plain digits), without encoding/json's
+// reflection: a receiver decodes every bucket's metadata before its bytes
+// can move, and encoding/json took 210 µs for a 1 GiB direct bucket of 37
+// tensors on the GPU machine's CPU (docs/benchmarks.md, "Bucket metadata:
+// encoding and decoding"). It reports false for anything else — another
+// key, a null, an escape, a fraction or an exponent, bytes that are not
+// JSON — and then DecodeMeta parses the message with
+// encoding/json, which decides what it means or says what is wrong with
+// it. So this parser never rejects and never reports an error: where it
+// returns true, encoding/json would have built the same BucketMeta
+// (FuzzDecodeCanonical checks it). The round's model description
+// (BucketMeta.Source), in a round's first message only, is handed to
+// encoding/json on its own.
+func decodeCanonical(b []byte) (*BucketMeta, bool) {
+	d := metaDecoder{b: b}
+	m := new(BucketMeta)
+	if !d.meta(m) {
+		return nil, false
+	}
+	d.ws()
+	return m, d.i == len(d.b)
+}
+
+// metaDecoder reads JSON from b at i; every method reports false where
+// the input leaves the canonical form.
+type metaDecoder struct {
+	b []byte
+	i int
+}
+
+// ws skips JSON whitespace.
+func (d *metaDecoder) ws() {
+	for d.i < len(d.b) {
+		switch d.b[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// eat consumes c, after whitespace.
+func (d *metaDecoder) eat(c byte) bool {
+	d.ws()
+	if d.i < len(d.b) && d.b[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+// raw reads a string without escapes or control characters, in valid
+// UTF-8, and returns its bytes (aliasing b).
+func (d *metaDecoder) raw() ([]byte, bool) {
+	if !d.eat('"') {
+		return nil, false
+	}
+	start, ascii := d.i, true
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			s := d.b[start:d.i]
+			d.i++
+			return s, ascii || utf8.Valid(s)
+		case c == '\\' || c < 0x20:
+			return nil, false
+		case c >= 0x80:
+			ascii = false
+		}
+		d.i++
+	}
+	return nil, false
+}
+
+// readString reads a string as raw does.
+func (d *metaDecoder) readString() (string, bool) {
+	s, ok := d.raw()
+	return string(s), ok
+}
+
+// digits reads an integer as JSON writes it, without fraction or
+// exponent: its sign and its digits (no leading zero but for 0 itself),
+// at most 20 of them.
+func (d *metaDecoder) digits() (neg bool, ds []byte, ok bool) {
+	d.ws()
+	if d.i < len(d.b) && d.b[d.i] == '-' {
+		neg = true
+		d.i++
+	}
+	start := d.i
+	for d.i < len(d.b) && d.b[d.i] >= '0' && d.b[d.i] <= '9' {
+		d.i++
+	}
+	ds = d.b[start:d.i]
+	if len(ds) == 0 || (ds[0] == '0' && len(ds) > 1) || len(ds) > 20 {
+		return false, nil, false
+	}
+	if d.i < len(d.b) {
+		switch d.b[d.i] {
+		case '.', 'e', 'E':
+			return false, nil, false
+		}
+	}
+	return neg, ds, true
+}
+
+// magnitude is the value of decimal digits, false where it passes
+// uint64's range.
+func magnitude(ds []byte) (uint64, bool) {
+	var v uint64
+	for _, c := range ds {
+		if v > (1<<64-1)/10 || v*10 > 1<<64-1-uint64(c-'0') {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return v, true
+}
+
+// readInt64 reads an integer in int64's range.
+func (d *metaDecoder) readInt64() (int64, bool) {
+	neg, ds, ok := d.digits()
+	if !ok {
+		return 0, false
+	}
+	v, ok := magnitude(ds)
+	switch {
+	case ok && neg && v <= 1<<63:
+		return int64(-v), true // -(1<<63) wraps to itself, as it should
+	case ok && !neg && v < 1<<63:
+		return int64(v), true
+	}
+	return 0, false
+}
+
+// readUint64 reads a non-negative integer in uint64's range.
+func (d *metaDecoder) readUint64() (uint64, bool) {
+	neg, ds, ok := d.digits()
+	if !ok || neg {
+		return 0, false
+	}
+	return magnitude(ds)
+}
+
+// readInt reads an integer in int's range.
+func (d *metaDecoder) readInt() (int, bool) {
+	v, ok := d.readInt64()
+	return int(v), ok && int64(int(v)) == v
+}
+
+// readBool reads true or false.
+func (d *metaDecoder) readBool() (bool, bool) {
+	d.ws()
+	for _, w := range []string{"true", "false"} {
+		if len(d.b)-d.i >= len(w) && string(d.b[d.i:d.i+len(w)]) == w {
+			d.i += len(w)
+			return w == "true", true
+		}
+	}
+	return false, false
+}
+
+// object reads an object whose keys field knows, each at most once
+// (the bit it returns marks the key: 0 for a key it does not know),
+// field reading each value.
+func (d *metaDecoder) object(field func(key []byte) (bit uint, ok bool)) bool {
+	if !d.eat('{') {
+		return false
+	}
+	if d.eat('}') {
+		return true
+	}
+	var seen uint
+	for {
+		k, ok := d.raw()
+		if !ok || !d.eat(':') {
+			return false
+		}
+		bit, ok := field(k)
+		if !ok || bit == 0 || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		if d.eat('}') {
+			return true
+		}
+		if !d.eat(',') {
+			return false
+		}
+	}
+}
+
+// array reads an array, elem reading each element; an empty array is
+// an empty slice, not nil, for the caller to make (as encoding/json).
+func (d *metaDecoder) array(elem func() bool) bool {
+	if !d.eat('[') {
+		return false
+	}
+	if d.eat(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		if d.eat(']') {
+			return true
+		}
+		if !d.eat(',') {
+			return false
+		}
+	}
+}
+
+// objectBytes passes over one JSON object and returns its bytes, for
+// encoding/json to read: from its brace to the one that closes it,
+// whatever lies between but the quotes of its strings.
+func (d *metaDecoder) objectBytes() ([]byte, bool) {
+	d.ws()
+	start, depth := d.i, 0
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		d.i++
+		switch {
+		case d.i == start+1 && c != '{':
+			return nil, false
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return d.b[start:d.i], true
+			}
+		case c == '"':
+			for d.i < len(d.b) && d.b[d.i] != '"' {
+				if d.b[d.i] == '\\' {
+					d.i++
+				}
+				d.i++
+			}
+			d.i++ // the closing quote, or past the end
+		}
+	}
+	return nil, false
+}
+
+// meta reads the top-level object.
+func (d *metaDecoder) meta(m *BucketMeta) bool {
+	return d.object(func(k []byte) (uint, bool) {
+		var ok bool
+		switch string(k) {
+		case "seq":
+			m.Seq, ok = d.readUint64()
+			return 1 << 0, ok
+		case "index":
+			m.Index, ok = d.readInt()
+			return 1 << 1, ok
+		case "version":
+			m.Version, ok = d.readUint64()
+			return 1 << 2, ok
+		case "length":
+			m.Length, ok = d.readInt64()
+			return 1 << 3, ok
+		case "is_last":
+			m.IsLast, ok = d.readBool()
+			return 1 << 4, ok
+		case "entries":
+			m.Entries = []Entry{}
+			return 1 << 5, d.array(func() bool {
+				m.Entries = append(m.Entries, Entry{})
+				return d.entry(&m.Entries[len(m.Entries)-1])
+			})
+		case "direct":
+			m.Direct = new(DirectInfo)
+			return 1 << 6, d.direct(m.Direct)
+		case "checksum":
+			s, ok := d.raw()
+			if !ok {
+				return 0, false
+			}
+			v, err := ParseChecksum(string(s))
+			m.Checksum, m.HasChecksum = v, true
+			return 1 << 7, err == nil
+		case "bucket_mac":
+			s, ok := d.raw()
+			if !ok {
+				return 0, false
+			}
+			t, err := parseTag(string(s))
+			m.MAC, m.HasMAC = t, true
+			return 1 << 8, err == nil
+		case "source":
+			raw, ok := d.objectBytes()
+			if !ok {
+				return 0, false
+			}
+			m.Source = new(SourceInfo)
+			return 1 << 9, json.Unmarshal(raw, m.Source) == nil
+		}
+		return 0, false
+	})
+}
+
+// entry reads one element of "entries".
+func (d *metaDecoder) entry(e *Entry) bool {
+	return d.object(func(k []byte) (uint, bool) {
+		var ok bool
+		switch string(k) {
+		case "name":
+			e.Name, ok = d.readString()
+			return 1 << 0, ok
+		case "dtype":
+			s, ok := d.raw()
+			if !ok {
+				return 0, false
+			}
+			t, err := dtype.Parse(string(s))
+			e.DType = t
+			return 1 << 1, err == nil
+		case "shape":
+			e.Shape = []int64{}
+			return 1 << 2, d.array(func() bool {
+				v, ok := d.readInt64()
+				e.Shape = append(e.Shape, v)
+				return ok
+			})
+		case "offset":
+			e.Offset, ok = d.readInt64()
+			return 1 << 3, ok
+		case "size":
+			e.Size, ok = d.readInt64()
+			return 1 << 4, ok
+		case "chunk":
+			e.Chunk, ok = d.readInt64()
+			return 1 << 5, ok
+		case "total":
+			e.Total, ok = d.readInt64()
+			return 1 << 6, ok
+		case "src":
+			e.Src = new(EntrySource)
+			return 1 << 7, d.object(func(k []byte) (uint, bool) {
+				var ok bool
+				switch string(k) {
+				case "alloc":
+					e.Src.Alloc, ok = d.readInt()
+					return 1 << 0, ok
+				case "offset":
+					e.Src.Offset, ok = d.readInt64()
+					return 1 << 1, ok
+				}
+				return 0, false
+			})
+		}
+		return 0, false
+	})
+}
+
+// direct reads "direct".
+func (d *metaDecoder) direct(di *DirectInfo) bool {
+	return d.object(func(k []byte) (uint, bool) {
+		var ok bool
+		switch string(k) {
+		case "pid":
+			di.PID, ok = d.readInt()
+			return 1 << 0, ok
+		case "allocs":
+			di.Allocs = []DirectAlloc{}
+			return 1 << 1, d.array(func() bool {
+				di.Allocs = append(di.Allocs, DirectAlloc{})
+				a := &di.Allocs[len(di.Allocs)-1]
+				return d.object(func(k []byte) (uint, bool) {
+					var ok bool
+					switch string(k) {
+					case "handle":
+						a.Handle, ok = d.readString()
+						return 1 << 0, ok
+					case "size":
+						a.Size, ok = d.readInt64()
+						return 1 << 1, ok
+					case "addr":
+						a.Addr, ok = d.readString()
+						return 1 << 2, ok
+					}
+					return 0, false
+				})
+			})
+		}
+		return 0, false
+	})
+}
