@@ -27,6 +27,12 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			if err != nil {
 				return err
 			}
+			// The span starts when the message is in hand, so that a trace
+			// shows the bus's latency (from the root's publish span) apart
+			// from the work here: checking and decoding the message, and
+			// taking a buffer for its bytes. It ends before the hand-off,
+			// which waits for the next stage.
+			span := pipeline.StartSpan(ctx, fmt.Sprintf("bucket %d", msg.Seq), map[string]any{"bucket": msg.Seq, "meta_bytes": len(msg.Data)})
 			data, err := wire.Open(keys, msg.Seq, msg.Data)
 			if err != nil {
 				return fmt.Errorf("the metadata of bucket %d: %w", msg.Seq, err)
@@ -65,6 +71,8 @@ func Subscribe(p *pipeline.Pipeline, sub transport.Subscriber, pool *Pool, first
 			seq := meta.Seq
 			b.Ack = func() error { return sub.Ack(ctx, seq) }
 			pipeline.Count(ctx, "buffers held", float64(pool.Held()))
+			span.Args(map[string]any{"round": meta.Version, "entries": len(meta.Entries)})
+			span.End()
 			if err := out.Send(b); err != nil {
 				return err
 			}
