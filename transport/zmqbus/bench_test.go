@@ -58,19 +58,30 @@ func BenchmarkPublish(b *testing.B) {
 
 // BenchmarkRoundTrip measures one metadata message at a time from the root
 // to one receiver over loopback TCP and its acknowledgement back: Publish,
-// Recv, Ack, then Sync returning on the root. Half of it is what a
-// colocated round waits between the sender's last checksum and the
-// receiver's first copy for the message alone (docs/benchmarks.md,
-// "Main after both changes").
+// Recv, Ack, then Sync returning on the root; and, of that, the message's
+// way alone, from Publish's call to Recv's return. With idle, both sides
+// sleep that long between round trips (off the clock), as a colocated
+// receiver waits for a round's first message while the sender sums its
+// tensors: the one way is what that message waits between the sender's
+// last checksum and the receiver's first copy (docs/benchmarks.md, "Main
+// after both changes" and "The bus after an idle wait").
 func BenchmarkRoundTrip(b *testing.B) {
+	for _, idle := range []time.Duration{0, 3 * time.Millisecond} {
+		b.Run(fmt.Sprintf("idle=%v", idle), func(b *testing.B) { benchRoundTrip(b, idle) })
+	}
+}
+
+func benchRoundTrip(b *testing.B, idle time.Duration) {
 	ctx := testContext(b, 10*time.Minute)
 	pub, subs := openAll(b, ctx, transporttest.Configs("bench-rtt", 2, time.Minute))
 	sub := subs[0]
 	msg := make([]byte, 4<<10) // a 1 GiB bucket of 37 tensors' metadata is about this size
+	sent, got := make([]time.Time, b.N+1), make([]time.Time, b.N+1)
 	errs := make(chan error, 1)
 	go func() {
-		for range b.N + 1 {
+		for k := range b.N + 1 {
 			m, err := sub.Recv(ctx)
+			got[k] = time.Now()
 			if err == nil {
 				err = sub.Ack(ctx, m.Seq)
 			}
@@ -82,6 +93,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		errs <- nil
 	}()
 	roundTrip := func(k int) {
+		sent[k] = time.Now()
 		if err := pub.Publish(ctx, uint64(k), msg); err != nil {
 			b.Fatal(err)
 		}
@@ -92,11 +104,21 @@ func BenchmarkRoundTrip(b *testing.B) {
 	roundTrip(0) // warm up
 	b.ResetTimer()
 	for k := range b.N {
+		if idle > 0 {
+			b.StopTimer()
+			time.Sleep(idle)
+			b.StartTimer()
+		}
 		roundTrip(k + 1)
 	}
 	b.StopTimer()
 	if err := <-errs; err != nil {
 		b.Fatal(err)
 	}
+	var way time.Duration
+	for k := 1; k <= b.N; k++ {
+		way += got[k].Sub(sent[k])
+	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/round-trip")
+	b.ReportMetric(float64(way.Microseconds())/float64(b.N), "µs/one-way")
 }
