@@ -65,8 +65,9 @@ func (p *macMetaPublisher) Publish(ctx context.Context, seq uint64, msg []byte) 
 
 // forgeOnPublish changes the first bytes of a tensor of the root's, in its
 // device memory, checksum kept (forgeDevice), when the round's first
-// bucket is published: after the root computed the round's MACs (a direct
-// round's MACs come first, Sender.sumsFirst), before any receiver reads it.
+// bucket is published: after the root computed that bucket's MAC (a
+// direct round's MACs come ahead of its messages, Sender.sumsFirst),
+// before any receiver reads it.
 type forgeOnPublish struct {
 	transport.Publisher
 	forge  func(ctx context.Context) error

@@ -21,7 +21,9 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 // publishStage adds Publish's stage. With sumsFirst, it holds each run of
 // direct buckets whose checksums or MACs are pending until the run ends
 // (at the round's last bucket or one that is not direct), and publishes
-// them once the GPU has computed them all: see Sender's sumsFirst.
+// them once the GPU has computed them all but the last publishLead bytes'
+// (see Sender's sumsFirst): the head of the run as soon as its own are
+// in, the rest after the run's last.
 func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher, sumsFirst bool) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
 		var held []*Bucket // direct buckets waiting for the run's last checksum
@@ -44,23 +46,36 @@ func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transp
 				continue
 			}
 			if len(held) > 0 {
-				// The run's last sum or MAC: the GPU computes them in
-				// order, so every held bucket's is in once it is.
-				last := held[len(held)-1]
+				run := held
 				if pending {
-					last = b
+					run = append(run[:len(run):len(run)], b)
 				}
-				if err := awaitGPU(ctx, last); err != nil {
-					b.Release()
-					return err
-				}
-				for len(held) > 0 {
-					h := held[0]
-					held = held[1:]
-					if err := send(h); err != nil {
-						b.Release()
+				// flush publishes the first n held buckets once upTo's
+				// sum or MAC is in: the GPU computes them in order, so
+				// theirs are in then.
+				flush := func(upTo *Bucket, n int) error {
+					if err := awaitGPU(ctx, upTo); err != nil {
 						return err
 					}
+					for range n {
+						h := held[0]
+						held = held[1:]
+						if err := send(h); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				var err error
+				if k := aheadOf(run, publishLead); k > 0 {
+					err = flush(run[k-1], k)
+				}
+				if err == nil && len(held) > 0 {
+					err = flush(run[len(run)-1], len(held))
+				}
+				if err != nil {
+					b.Release()
+					return err
 				}
 			}
 			if err := send(b); err != nil {
@@ -69,6 +84,31 @@ func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transp
 		}
 		return in.Err()
 	})
+}
+
+// publishLead is how many bytes of a held run's checksums or MACs may
+// still be on the GPU when publishStage lets the run's first messages go.
+// A round's first message met the receiver after an idle wait, when its
+// Go runtime takes longest to wake: on one H200's host it spent 330–560 µs
+// on the bus and 0.1–0.25 ms more before the first copy was queued, about
+// what the sender's GPU takes to sum 2 GiB at 3.3 TB/s. Sent that much
+// ahead, the receivers' first copies are queued as the sender's last sums
+// end, not half a millisecond later: one receiver +11%, three +4% at 1 GiB
+// buckets; no change at 256 MiB; 3 and 4 GiB did no better
+// (docs/benchmarks.md, "A round's first messages ahead of its last
+// checksums").
+const publishLead = 2 << 30
+
+// aheadOf returns how many buckets at the head of run may be published
+// before the checksums or MACs of the rest are in: those that at least
+// lead bytes of the run follow.
+func aheadOf(run []*Bucket, lead int64) int {
+	k, rest := len(run), int64(0)
+	for k > 0 && rest < lead {
+		k--
+		rest += run[k].Meta.Length
+	}
+	return k
 }
 
 // awaitGPU completes b's checksum and MAC, if pending on the GPU.

@@ -186,8 +186,9 @@ func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
 // take turns on the GPU; interleaved bucket by bucket they ran five times
 // slower each than alone (docs/benchmarks.md), so the sender sums the
 // round first, alone, and the receivers then copy it without waiting for
-// it bucket by bucket. Under MPS they run at once, and each bucket is
-// published as soon as it is summed.
+// it bucket by bucket; only the first messages go out a little ahead of
+// the last sums (publishLead), to meet the bus's latency. Under MPS they
+// run at once, and each bucket is published as soon as it is summed.
 func (s *Sender) sumsFirst() bool {
 	if !s.cfg.Checksum && s.cfg.Auth == nil {
 		return false
