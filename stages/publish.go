@@ -26,7 +26,7 @@ func Publish(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.P
 // in, the rest after the run's last.
 func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transport.Publisher, sumsFirst bool) *pipeline.Stream[*Bucket] {
 	return pipeline.Stage(p, "publish", in, 1, func(ctx context.Context, in *pipeline.Input[*Bucket], out *pipeline.Output[*Bucket]) error {
-		var held []*Bucket // direct buckets waiting for the run's last checksum
+		var held []*Bucket // direct buckets waiting for their checksums or MACs
 		defer func() {
 			for _, b := range held {
 				b.Release()
