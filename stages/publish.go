@@ -88,8 +88,9 @@ func publishStage(p *pipeline.Pipeline, in *pipeline.Stream[*Bucket], pub transp
 
 // publishLead is how many bytes of a held run's checksums or MACs may
 // still be on the GPU when publishStage lets the run's first messages go.
-// A round's first message met the receiver after an idle wait, when its
-// Go runtime takes longest to wake: on one H200's host it spent 330–560 µs
+// A round's first message meets a receiver that has idled while the
+// sender summed, and the bus is several times slower after such a wait
+// (zmqbus.BenchmarkRoundTrip): on one H200's host it spent 330–560 µs
 // on the bus and 0.1–0.25 ms more before the first copy was queued, about
 // what the sender's GPU takes to sum 2 GiB at 3.3 TB/s. Sent that much
 // ahead, the receivers' first copies are queued as the sender's last sums
