@@ -173,27 +173,30 @@ func (d *metaDecoder) readBool() (bool, bool) {
 	return false, false
 }
 
-// object reads an object whose keys field knows, each at most once
-// (the bit it returns marks the key: 0 for a key it does not know),
-// field reading each value.
-func (d *metaDecoder) object(field func(key []byte) (bit uint, ok bool)) bool {
+// object reads an object, field reading each member's value (false for a
+// key it does not know); a key met twice leaves the canonical form.
+func (d *metaDecoder) object(field func(key []byte) bool) bool {
 	if !d.eat('{') {
 		return false
 	}
 	if d.eat('}') {
 		return true
 	}
-	var seen uint
-	for {
+	var seen [16][]byte // no object of the metadata has more keys
+	for n := 0; ; n++ {
 		k, ok := d.raw()
-		if !ok || !d.eat(':') {
+		if !ok || n == len(seen) || !d.eat(':') {
 			return false
 		}
-		bit, ok := field(k)
-		if !ok || bit == 0 || seen&bit != 0 {
+		for _, s := range seen[:n] {
+			if string(s) == string(k) {
+				return false
+			}
+		}
+		seen[n] = k
+		if !field(k) {
 			return false
 		}
-		seen |= bit
 		if d.eat('}') {
 			return true
 		}
@@ -201,6 +204,13 @@ func (d *metaDecoder) object(field func(key []byte) (bit uint, ok bool)) bool {
 			return false
 		}
 	}
+}
+
+// text reads a string and hands it to parse, which fails where the
+// string is not what the field holds.
+func (d *metaDecoder) text(parse func(string) error) bool {
+	s, ok := d.raw()
+	return ok && parse(string(s)) == nil
 }
 
 // array reads an array, elem reading each element; an empty array is
@@ -258,145 +268,105 @@ func (d *metaDecoder) objectBytes() ([]byte, bool) {
 
 // meta reads the top-level object.
 func (d *metaDecoder) meta(m *BucketMeta) bool {
-	return d.object(func(k []byte) (uint, bool) {
-		var ok bool
+	return d.object(func(k []byte) (ok bool) {
 		switch string(k) {
 		case "seq":
 			m.Seq, ok = d.readUint64()
-			return 1 << 0, ok
 		case "index":
 			m.Index, ok = d.readInt()
-			return 1 << 1, ok
 		case "version":
 			m.Version, ok = d.readUint64()
-			return 1 << 2, ok
 		case "length":
 			m.Length, ok = d.readInt64()
-			return 1 << 3, ok
 		case "is_last":
 			m.IsLast, ok = d.readBool()
-			return 1 << 4, ok
 		case "entries":
 			m.Entries = []Entry{}
-			return 1 << 5, d.array(func() bool {
+			ok = d.array(func() bool {
 				m.Entries = append(m.Entries, Entry{})
 				return d.entry(&m.Entries[len(m.Entries)-1])
 			})
 		case "direct":
 			m.Direct = new(DirectInfo)
-			return 1 << 6, d.direct(m.Direct)
+			ok = d.direct(m.Direct)
 		case "checksum":
-			s, ok := d.raw()
-			if !ok {
-				return 0, false
-			}
-			v, err := ParseChecksum(string(s))
-			m.Checksum, m.HasChecksum = v, true
-			return 1 << 7, err == nil
+			m.HasChecksum = true
+			ok = d.text(func(s string) (err error) { m.Checksum, err = ParseChecksum(s); return err })
 		case "bucket_mac":
-			s, ok := d.raw()
-			if !ok {
-				return 0, false
-			}
-			t, err := parseTag(string(s))
-			m.MAC, m.HasMAC = t, true
-			return 1 << 8, err == nil
+			m.HasMAC = true
+			ok = d.text(func(s string) (err error) { m.MAC, err = parseTag(s); return err })
 		case "source":
-			raw, ok := d.objectBytes()
-			if !ok {
-				return 0, false
-			}
+			raw, found := d.objectBytes()
 			m.Source = new(SourceInfo)
-			return 1 << 9, json.Unmarshal(raw, m.Source) == nil
+			ok = found && json.Unmarshal(raw, m.Source) == nil
 		}
-		return 0, false
+		return ok
 	})
 }
 
 // entry reads one element of "entries".
 func (d *metaDecoder) entry(e *Entry) bool {
-	return d.object(func(k []byte) (uint, bool) {
-		var ok bool
+	return d.object(func(k []byte) (ok bool) {
 		switch string(k) {
 		case "name":
 			e.Name, ok = d.readString()
-			return 1 << 0, ok
 		case "dtype":
-			s, ok := d.raw()
-			if !ok {
-				return 0, false
-			}
-			t, err := dtype.Parse(string(s))
-			e.DType = t
-			return 1 << 1, err == nil
+			ok = d.text(func(s string) (err error) { e.DType, err = dtype.Parse(s); return err })
 		case "shape":
 			e.Shape = []int64{}
-			return 1 << 2, d.array(func() bool {
+			ok = d.array(func() bool {
 				v, ok := d.readInt64()
 				e.Shape = append(e.Shape, v)
 				return ok
 			})
 		case "offset":
 			e.Offset, ok = d.readInt64()
-			return 1 << 3, ok
 		case "size":
 			e.Size, ok = d.readInt64()
-			return 1 << 4, ok
 		case "chunk":
 			e.Chunk, ok = d.readInt64()
-			return 1 << 5, ok
 		case "total":
 			e.Total, ok = d.readInt64()
-			return 1 << 6, ok
 		case "src":
 			e.Src = new(EntrySource)
-			return 1 << 7, d.object(func(k []byte) (uint, bool) {
-				var ok bool
+			ok = d.object(func(k []byte) (ok bool) {
 				switch string(k) {
 				case "alloc":
 					e.Src.Alloc, ok = d.readInt()
-					return 1 << 0, ok
 				case "offset":
 					e.Src.Offset, ok = d.readInt64()
-					return 1 << 1, ok
 				}
-				return 0, false
+				return ok
 			})
 		}
-		return 0, false
+		return ok
 	})
 }
 
 // direct reads "direct".
 func (d *metaDecoder) direct(di *DirectInfo) bool {
-	return d.object(func(k []byte) (uint, bool) {
-		var ok bool
+	return d.object(func(k []byte) (ok bool) {
 		switch string(k) {
 		case "pid":
 			di.PID, ok = d.readInt()
-			return 1 << 0, ok
 		case "allocs":
 			di.Allocs = []DirectAlloc{}
-			return 1 << 1, d.array(func() bool {
+			ok = d.array(func() bool {
 				di.Allocs = append(di.Allocs, DirectAlloc{})
 				a := &di.Allocs[len(di.Allocs)-1]
-				return d.object(func(k []byte) (uint, bool) {
-					var ok bool
+				return d.object(func(k []byte) (ok bool) {
 					switch string(k) {
 					case "handle":
 						a.Handle, ok = d.readString()
-						return 1 << 0, ok
 					case "size":
 						a.Size, ok = d.readInt64()
-						return 1 << 1, ok
 					case "addr":
 						a.Addr, ok = d.readString()
-						return 1 << 2, ok
 					}
-					return 0, false
+					return ok
 				})
 			})
 		}
-		return 0, false
+		return ok
 	})
 }
