@@ -4,15 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 
 	"github.com/weightcast/weightcast/mem"
 )
 
-// descSlots is the number of descriptor slots of a descRing, used in
-// turn.
+// descSlots is how many launches of a full slot of descriptors (a kind's
+// slotDescs) a descRing's memory holds. Smaller launches take only the
+// descriptors they use, so many more of them can be queued ahead.
 const descSlots = 4
+
+// descFlight bounds the launches of a descRing in flight at once: past it
+// the next launch waits for the oldest. Sixty-four launches of a bucket's
+// checksum are the sums of 16 GiB in 256 MiB buckets, more than any lead
+// the stages keep (stages.publishLead).
+const descFlight = 64
 
 // descKind describes a kernel that reads descriptors from a descRing
 // (the ranges of Gather, the conversions of Caster), kernel(descs, count),
@@ -40,22 +48,61 @@ type descSource interface {
 }
 
 // descRing is the descriptor memory of one kernel's launches on a stream:
-// descSlots slots of slotDescs descriptors, in pinned host memory and in
-// device memory. Each launch takes the next slot: queue writes the
-// descriptors into the slot's host memory, copies them to its device
-// memory, launches the kernel over them and records an event, all on the
-// stream, and rewrites the slot only after that event has completed. The
-// memory is taken at first use from the device's spares of the kind (a
-// pinned allocation costs hundreds of microseconds, too much for every
-// round of a sync) or allocated, and close gives it back once no launch
-// may read it. A descRing is not safe for concurrent use.
+// room for descSlots launches of slotDescs descriptors, in pinned host
+// memory and in device memory, used as a ring. Each launch takes the
+// descriptors it needs after the last launch's: queue writes them into
+// the host memory, copies them to the device memory, launches the kernel
+// over them and records an event, all on the stream, and rewrites
+// descriptors only after the event of the launch that read them has
+// completed. So a launch of few descriptors (a bucket of a few tensors)
+// holds little of the ring, and a sender queues its round's checksums far
+// ahead of the GPU rather than four launches ahead (docs/benchmarks.md,
+// "Descriptor rings by the descriptor"). The memory is taken at first use
+// from the device's spares of the kind (a pinned allocation costs hundreds
+// of microseconds, too much for every round of a sync) or allocated, and
+// close gives it back once no launch may read it. A descRing is not safe
+// for concurrent use.
 type descRing struct {
 	kind      *descKind
 	slotDescs int
 
-	mem  *mirrorMem        // nil until alloc, and after close
-	done [descSlots]*Event // recorded after the last launch that read each slot
-	slot int               // the next slot to use
+	mem    *mirrorMem // nil until alloc, and after close
+	flight []ringSpan // the launches that may still read the ring, oldest first
+	head   int        // the descriptor after the last launch's
+}
+
+// ringSpan is the descriptors [start, end) of a descRing that a launch
+// reads, and the event recorded after it.
+type ringSpan struct {
+	start, end int
+	ev         *Event
+}
+
+// reserve places the next launch, of at most want descriptors, in a ring
+// of size descriptors whose last launch ended at head, with flight in
+// flight (oldest first): the launch starts at start (head, rounded up to
+// an even number of words, or 0 when the rest of the ring is too short),
+// and the oldest wait of flight must have finished before it is written,
+// those that read [start, start+want) and all older ones (a stream runs
+// its launches in order), or the oldest when flight has max launches.
+func reserve(head, size, want, words int, flight []ringSpan, max int) (start, wait int) {
+	start = head
+	if start*words%2 != 0 {
+		start++
+	}
+	if start+want > size {
+		start = 0
+	}
+	end := start + want
+	for i, f := range flight {
+		if f.start < end && start < f.end {
+			wait = i + 1
+		}
+	}
+	if len(flight)-wait >= max {
+		wait = len(flight) - max + 1
+	}
+	return start, wait
 }
 
 // alloc takes the ring's memory, unless it has it: a spare one of s's
@@ -97,34 +144,47 @@ func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src de
 // descriptors and their count.
 func (r *descRing) queueWith(ctx context.Context, s *Stream, src descSource, launch func(dev uint64, n int) error) error {
 	d := s.d
-	per := r.slotDescs * r.kind.words
+	words := r.kind.words
 	for !src.done() {
-		slot := r.slot
-		if ev := r.done[slot]; ev != nil {
-			if err := ev.Wait(ctx); err != nil {
-				return fmt.Errorf("gpu: %s on cuda:%d: waiting for descriptor slot %d: %w", r.kind.name, d.ordinal, slot, err)
+		start, wait := reserve(r.head, descSlots*r.slotDescs, r.slotDescs, words, r.flight, descFlight)
+		if wait > 0 {
+			if err := r.flight[wait-1].ev.Wait(ctx); err != nil {
+				return fmt.Errorf("gpu: %s on cuda:%d: waiting for a launch to finish reading descriptors %d..%d: %w",
+					r.kind.name, d.ordinal, r.flight[wait-1].start, r.flight[wait-1].end, err)
 			}
+			for _, f := range r.flight[:wait] {
+				f.ev.Close()
+			}
+			r.flight = slices.Delete(r.flight, 0, wait)
 		}
-		n := src.fill(r.mem.words[slot*per : (slot+1)*per])
-		off := slot * per * 8
-		host := r.mem.host.Host()[off : off+n*r.kind.words*8]
+		n := src.fill(r.mem.words[start*words : (start+r.slotDescs)*words])
+		off := start * words * 8
+		host := r.mem.host.Host()[off : off+n*words*8]
 		dev := r.mem.dev.DevicePtr() + uint64(off)
 		if res := cuMemcpyHtoDAsync(d.ctx, dev, host, s.s); res != 0 {
 			return d.err("cuMemcpyHtoDAsync_v2", fmt.Sprintf("%d %s descriptors", n, r.kind.name), res)
 		}
+		// The descriptors are written from here on: a failure below must
+		// not let the next launch rewrite them before the stream is past.
+		r.head = start + n
 		if err := launch(dev, n); err != nil {
+			return errors.Join(err, r.track(s, start))
+		}
+		if err := r.track(s, start); err != nil {
 			return err
 		}
-		ev, err := s.Record()
-		if err != nil {
-			return err
-		}
-		if old := r.done[slot]; old != nil {
-			old.Close()
-		}
-		r.done[slot] = ev
-		r.slot = (slot + 1) % descSlots
 	}
+	return nil
+}
+
+// track records on s the event after the launch that reads the ring's
+// descriptors [start, head).
+func (r *descRing) track(s *Stream, start int) error {
+	ev, err := s.Record()
+	if err != nil {
+		return err
+	}
+	r.flight = append(r.flight, ringSpan{start: start, end: r.head, ev: ev})
 	return nil
 }
 
@@ -135,16 +195,16 @@ func (r *descRing) queueWith(ctx context.Context, s *Stream, src descSource, lau
 // launch) and close returns the error; calling it again retries. close is
 // idempotent.
 func (r *descRing) close(ctx context.Context, s *Stream) error {
-	for i, ev := range r.done {
-		if ev == nil {
-			continue
-		}
-		if err := ev.Wait(ctx); err != nil {
+	if k := len(r.flight); k > 0 {
+		if err := r.flight[k-1].ev.Wait(ctx); err != nil {
 			return fmt.Errorf("gpu: %s on cuda:%d: descriptors kept allocated: %w", r.kind.name, s.d.ordinal, err)
 		}
-		ev.Close()
-		r.done[i] = nil
+		for _, f := range r.flight {
+			f.ev.Close()
+		}
+		r.flight = nil
 	}
+	r.head = 0
 	m := r.mem
 	if m == nil {
 		return nil

@@ -139,3 +139,50 @@ func checkSplitter(t *testing.T, words int, want [][]uint64, split func() descSo
 		}
 	}
 }
+
+// TestReserve checks where a descRing places its launches: after the
+// last one, on 16-byte words, back at the start when the rest is too
+// short; waiting for every older launch up to the newest one that reads
+// descriptors it would rewrite, and for the oldest when too many are in
+// flight.
+func TestReserve(t *testing.T) {
+	span := func(start, end int) ringSpan { return ringSpan{start: start, end: end} }
+	for _, c := range []struct {
+		name                   string
+		head, size, want, word int
+		flight                 []ringSpan
+		max                    int
+		start, wait            int
+	}{
+		{"empty ring", 0, 32, 8, 2, nil, 64, 0, 0},
+		{"after the last launch", 3, 32, 8, 2, []ringSpan{span(0, 3)}, 64, 3, 0},
+		{"odd words round up", 3, 32, 8, 3, []ringSpan{span(0, 3)}, 64, 4, 0},
+		{"even words do not", 4, 32, 8, 3, []ringSpan{span(0, 4)}, 64, 4, 0},
+		{"too short a rest wraps", 27, 32, 8, 2, []ringSpan{span(20, 27)}, 64, 0, 0},
+		{"exactly the rest fits", 24, 32, 8, 2, []ringSpan{span(20, 24)}, 64, 24, 0},
+		{"wrapping onto a launch waits for it", 30, 32, 8, 2,
+			[]ringSpan{span(0, 8), span(8, 16), span(16, 24), span(24, 30)}, 64, 0, 1},
+		{"and for the older ones before the newest it overlaps", 28, 32, 8, 2,
+			[]ringSpan{span(24, 28), span(0, 5), span(5, 9), span(9, 20)}, 64, 0, 3},
+		{"small launches far from the head", 10, 32, 8, 2,
+			[]ringSpan{span(20, 22), span(22, 24), span(0, 4), span(4, 10)}, 64, 10, 0},
+		{"an end that touches is no overlap", 8, 32, 8, 2, []ringSpan{span(16, 20), span(0, 8)}, 64, 8, 0},
+		{"too many in flight", 6, 32, 2, 2,
+			[]ringSpan{span(0, 1), span(1, 2), span(2, 3), span(3, 4), span(4, 5), span(5, 6)}, 4, 6, 3},
+		{"overlap beyond the bound", 6, 32, 8, 2,
+			[]ringSpan{span(12, 14), span(0, 2), span(2, 6)}, 2, 6, 2},
+	} {
+		start, wait := reserve(c.head, c.size, c.want, c.word, c.flight, c.max)
+		if start != c.start || wait != c.wait {
+			t.Errorf("%s: reserve = start %d, wait %d; want %d, %d", c.name, start, wait, c.start, c.wait)
+		}
+		if len(c.flight)-wait >= c.max {
+			t.Errorf("%s: %d launches left in flight with the bound %d", c.name, len(c.flight)-wait, c.max)
+		}
+		for _, f := range c.flight[wait:] {
+			if f.start < start+c.want && start < f.end {
+				t.Errorf("%s: launch [%d, %d) left in flight under [%d, %d)", c.name, f.start, f.end, start, start+c.want)
+			}
+		}
+	}
+}

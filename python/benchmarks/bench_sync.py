@@ -18,12 +18,13 @@ With --receive, the weightcast run's receivers also take rounds through
 the receive() loop a rollout engine's load_weights runs (`for name, t in
 r.receive(): params[name].copy_(t)`), interleaved round by round with
 load_into in the same processes, and the line adds receive_gbps and
-receive_vs_load_into (target: at least 0.9). --no-peers leaves out the demo
+receive_vs_load_into (target: at least 0.9). --receivers N runs N
+receivers instead of 3 (the demo and the peer too). --no-peers leaves out the demo
 and the plain-PyTorch peer. --no-checksum turns the weightcast runs'
 per-bucket checksums off (checksum=False on every rank), which shows what
 the checks cost each mode.
 
-    python3 benchmarks/bench_sync.py [--receive] [--no-peers] [--no-checksum]   # the demo binary: $WEIGHTCAST_DEMO, else ../demo
+    python3 benchmarks/bench_sync.py [--receive] [--receivers N] [--no-peers] [--no-checksum]   # the demo binary: $WEIGHTCAST_DEMO, else ../demo
 """
 
 import json
@@ -37,7 +38,22 @@ from _launch import HERE, emit, launch
 
 TENSORS, EACH = 64, 128 << 20  # bytes per tensor
 BUCKET = 1 << 30
-RECEIVERS = 3
+
+
+def _receivers():
+    """--receivers N, 3 by default."""
+    if "--receivers" not in sys.argv:
+        return 3
+    try:
+        n = int(sys.argv[sys.argv.index("--receivers") + 1])
+    except (IndexError, ValueError):
+        raise SystemExit("--receivers takes a number of receivers, for example --receivers 1") from None
+    if n < 1:
+        raise SystemExit(f"--receivers {n}: give at least one receiver")
+    return n
+
+
+RECEIVERS = _receivers()
 ROUNDS = 4  # the first is a warm-up
 TOTAL = TENSORS * EACH
 
@@ -180,7 +196,7 @@ def main():
         rc = rate(by_mode["receive"])
         extra = dict(receive_gbps=round(rc, 1), receive_vs_load_into=round(rc / wc, 3), receive_target=0.9)
     if "--no-peers" in sys.argv:
-        emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, checksum=not unchecked, weightcast_gbps=round(wc, 1),
+        emit(bench=f"sync_8GiB_bf16_{RECEIVERS}_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, checksum=not unchecked, weightcast_gbps=round(wc, 1),
              receivers_checked=checked, **extra)
         return
 
@@ -193,11 +209,11 @@ def main():
         s = json.loads(res.stdout)
         demo_gbps = TOTAL / statistics.median(s["seconds"][1:]) / 1e9 if len(s.get("seconds", [])) > 1 else s.get("gbps")
 
-    peer = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-peer"], capture_output=True, text=True, timeout=540)
+    peer = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-peer", "--receivers", str(RECEIVERS)], capture_output=True, text=True, timeout=540)
     if peer.returncode != 0:
         raise SystemExit(f"the plain-PyTorch peer failed:\n{peer.stderr[-3000:]}")
     torch_gbps = rate(json.loads(peer.stdout.splitlines()[-1])["seconds"])
-    emit(bench="sync_8GiB_bf16_3_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, weightcast_gbps=round(wc, 1), receivers_checked=checked,
+    emit(bench=f"sync_8GiB_bf16_{RECEIVERS}_receivers_one_gpu", bytes=TOTAL, bucket=BUCKET, weightcast_gbps=round(wc, 1), receivers_checked=checked,
          demo_gbps=demo_gbps and round(demo_gbps, 1), vs_demo=demo_gbps and round(wc / demo_gbps, 3), demo_target=0.95,
          torch_peer_gbps=round(torch_gbps, 1), vs_torch_peer=round(wc / torch_gbps, 3),
          demo_error=None if res.returncode == 0 else res.stderr[-1000:], **extra)
