@@ -323,7 +323,7 @@ func (c *Caster) Len() int { return len(c.ops) }
 // after everything queued on it before, and forgets them. As with
 // CopyBatch, the sources must stay unchanged, and the destinations
 // untouched, until an Event recorded after Flush has completed. Flush
-// blocks only to reuse a descriptor slot whose launch is still running, at
+// blocks only to rewrite descriptors that a queued launch still reads, at
 // most until ctx ends.
 func (c *Caster) Flush(ctx context.Context) error {
 	if c.k == nil {

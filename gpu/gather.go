@@ -290,8 +290,8 @@ func (g *Gather) Kernel() (bool, error) { return g.k != nil, g.why }
 // allocations, views of them, or IPC mappings opened on it), copies must
 // not overlap, and they may run in any order. As with CopyBatch, the
 // sources must stay unchanged until an Event recorded after Copy has
-// completed. Copy blocks only to reuse a descriptor slot whose launch is
-// still running, at most until ctx ends.
+// completed. Copy blocks only to rewrite descriptors that a queued launch
+// still reads, at most until ctx ends.
 func (g *Gather) Copy(ctx context.Context, b *CopyBatch) error {
 	if g.k == nil {
 		noteGatherPath(GatherCopyBatch, g.why)

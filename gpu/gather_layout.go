@@ -219,8 +219,8 @@ func (g *Gather) loadLayout() {
 // then reads every piece back to the host once the copies have run and
 // sums the layout there: the same value, slower. The sources must stay
 // unchanged until the PendingSum's Wait has returned. Like Copy,
-// CopySumLayout blocks only to reuse a descriptor slot whose launch is
-// still running, at most until ctx ends.
+// CopySumLayout blocks only to rewrite descriptors that a queued launch
+// still reads, at most until ctx ends.
 func (g *Gather) CopySumLayout(ctx context.Context, l *Layout, n int64, sums *Checksummer) (*PendingSum, error) {
 	defer l.Reset()
 	d := g.s.d

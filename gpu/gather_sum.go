@@ -201,8 +201,8 @@ func (g *Gather) loadSum() {
 // for small copies costs less than the fused kernel's work (and the
 // check) per copy. The PendingSum's
 // value is checksum.Sum of the buffer's bytes as they are after the
-// copies. Like Copy, CopySum blocks only to reuse a descriptor slot whose
-// launch is still running, at most until ctx ends.
+// copies. Like Copy, CopySum blocks only to rewrite descriptors that a queued
+// launch still reads, at most until ctx ends.
 func (g *Gather) CopySum(ctx context.Context, b *CopyBatch, of SumOf) (*PendingSum, error) {
 	return g.copySum(ctx, b, of, b.Bytes() >= gatherSumMinCopy*int64(b.Len()))
 }

@@ -63,7 +63,7 @@ var macLayoutPieces = descKind{
 // and read back to the host, each from its destination where it has one,
 // and the MAC computed there: the same value, slower. The sources must
 // stay unchanged until the PendingMAC's Wait has returned. It blocks only
-// to reuse a descriptor slot whose launch is still running, at most until
+// to rewrite descriptors that a queued launch still reads, at most until
 // ctx ends.
 func (g *Gather) CopyMACLayout(ctx context.Context, l *Layout, n int64, macs *MACer, key *mac.Key) (*PendingMAC, error) {
 	defer l.Reset()

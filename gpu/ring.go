@@ -123,12 +123,13 @@ func (r *descRing) alloc(s *Stream) error {
 	return nil
 }
 
-// queue launches k on s over src's descriptors, one slot per launch,
-// until src is done. For each slot it waits, bounded by ctx, until the
-// launch that last read the slot has finished; has src fill the slot's
-// host memory; copies the n descriptors written to the slot's device
-// memory; launches k over them; and records the event that the slot's next
-// use waits for. Call alloc first.
+// queue launches k on s over src's descriptors, at most slotDescs per
+// launch, until src is done. For each launch it places the descriptors
+// after the last launch's (reserve); waits, bounded by ctx, until the
+// launches that read that part of the ring have finished; has src fill
+// the host memory there; copies the n descriptors written to the device
+// memory; launches k over them; and records the event that later launches
+// over the same descriptors wait for. Call alloc first.
 func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src descSource) error {
 	return r.queueWith(ctx, s, src, func(dev uint64, n int) error {
 		// kernel(descs, count): one block of threads per descriptor.
@@ -139,8 +140,8 @@ func (r *descRing) queue(ctx context.Context, s *Stream, k *loadedKernel, src de
 	})
 }
 
-// queueWith is queue with the launch of each slot's n descriptors at the
-// device address dev made by launch, for kernels that take more than the
+// queueWith is queue with the launch of each n descriptors at the device
+// address dev made by launch, for kernels that take more than the
 // descriptors and their count.
 func (r *descRing) queueWith(ctx context.Context, s *Stream, src descSource, launch func(dev uint64, n int) error) error {
 	d := s.d
