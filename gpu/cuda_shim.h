@@ -112,6 +112,8 @@ typedef struct {
   CUresult (*cuStreamDestroy_v2)(CUstream s);
   CUresult (*cuStreamQuery)(CUstream s);
   CUresult (*cuStreamWaitEvent)(CUstream s, CUevent e, unsigned int flags);
+  CUresult (*cuStreamWaitValue32_v2)(CUstream s, CUdeviceptr addr, uint32_t value, unsigned int flags);
+  CUresult (*cuStreamWriteValue32_v2)(CUstream s, CUdeviceptr addr, uint32_t value, unsigned int flags);
   CUresult (*cuEventCreate)(CUevent *e, unsigned int flags);
   CUresult (*cuEventRecord)(CUevent e, CUstream s);
   CUresult (*cuEventQuery)(CUevent e);
@@ -305,6 +307,22 @@ static inline CUresult wc_cuStreamWaitEvent(uintptr_t ctx, uintptr_t s, uintptr_
   WC_NEED(cuStreamWaitEvent);
   WC_SET(ctx);
   return wc_cuda.cuStreamWaitEvent(WC_STREAM(s), WC_EVENT(e), 0);
+}
+
+// wc_cuStreamWaitValue32 waits with CU_STREAM_WAIT_VALUE_GEQ (0): until
+// (int32_t)(*addr - value) >= 0.
+static inline CUresult wc_cuStreamWaitValue32(uintptr_t ctx, uintptr_t s, CUdeviceptr addr, uint32_t value) {
+  WC_NEED(cuStreamWaitValue32_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamWaitValue32_v2(WC_STREAM(s), addr, value, 0);
+}
+
+// wc_cuStreamWriteValue32 writes with CU_STREAM_WRITE_VALUE_DEFAULT (0):
+// after the work queued before it, behind a memory barrier.
+static inline CUresult wc_cuStreamWriteValue32(uintptr_t ctx, uintptr_t s, CUdeviceptr addr, uint32_t value) {
+  WC_NEED(cuStreamWriteValue32_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamWriteValue32_v2(WC_STREAM(s), addr, value, 0);
 }
 
 static inline CUresult wc_cuEventCreate(uintptr_t ctx, uintptr_t *e) {

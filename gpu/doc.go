@@ -21,7 +21,10 @@
 // (*CUDADevice).NewStream queues asynchronous copies and memsets (CopyHtoD,
 // CopyDtoH, CopyDtoD, Memset, and *Ptr variants for raw device addresses).
 // Stream.Record returns an Event; Stream.WaitEvent orders one stream after
-// another on the GPU. Stream.Sync and Event.Wait never block inside the
+// another on the GPU. Stream.WaitValue and Stream.WriteValue order streams
+// of different processes through a 32-bit word of device memory they all
+// map (BenchmarkGatherLayoutTurns measures processes taking turns so).
+// Stream.Sync and Event.Wait never block inside the
 // driver: they poll (cuStreamQuery, cuEventQuery) with a short backoff and
 // select on ctx.Done(), returning a *WaitError when the context ends first.
 // Poll is that loop, for waits that combine several conditions.

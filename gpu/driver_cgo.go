@@ -245,6 +245,14 @@ func cuStreamWaitEvent(ctx cuContext, s cuStream, e cuEvent) CUDAResult {
 	return CUDAResult(C.wc_cuStreamWaitEvent(C.uintptr_t(ctx), C.uintptr_t(s), C.uintptr_t(e)))
 }
 
+func cuStreamWaitValue32(ctx cuContext, s cuStream, addr uint64, v uint32) CUDAResult {
+	return CUDAResult(C.wc_cuStreamWaitValue32(C.uintptr_t(ctx), C.uintptr_t(s), C.CUdeviceptr(addr), C.uint32_t(v)))
+}
+
+func cuStreamWriteValue32(ctx cuContext, s cuStream, addr uint64, v uint32) CUDAResult {
+	return CUDAResult(C.wc_cuStreamWriteValue32(C.uintptr_t(ctx), C.uintptr_t(s), C.CUdeviceptr(addr), C.uint32_t(v)))
+}
+
 // cuEventCreate creates an event without timing (CU_EVENT_DISABLE_TIMING).
 func cuEventCreate(ctx cuContext) (cuEvent, CUDAResult) {
 	var e C.uintptr_t

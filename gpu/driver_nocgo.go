@@ -36,12 +36,14 @@ func cuMemcpyDtoHAsync(cuContext, []byte, uint64, cuStream) CUDAResult      { re
 func cuMemcpyDtoDAsync(cuContext, uint64, uint64, int, cuStream) CUDAResult { return notFound }
 func cuMemsetD8Async(cuContext, uint64, byte, int, cuStream) CUDAResult     { return notFound }
 
-func cuStreamCreate(cuContext) (cuStream, CUDAResult)           { return 0, notFound }
-func cuStreamDestroy(cuContext, cuStream) CUDAResult            { return notFound }
-func cuStreamQuery(cuContext, cuStream) CUDAResult              { return notFound }
-func cuStreamWaitEvent(cuContext, cuStream, cuEvent) CUDAResult { return notFound }
-func cuEventCreate(cuContext) (cuEvent, CUDAResult)             { return 0, notFound }
-func cuEventCreateTimed(cuContext) (cuEvent, CUDAResult)        { return 0, notFound }
+func cuStreamCreate(cuContext) (cuStream, CUDAResult)                     { return 0, notFound }
+func cuStreamDestroy(cuContext, cuStream) CUDAResult                      { return notFound }
+func cuStreamQuery(cuContext, cuStream) CUDAResult                        { return notFound }
+func cuStreamWaitEvent(cuContext, cuStream, cuEvent) CUDAResult           { return notFound }
+func cuStreamWaitValue32(cuContext, cuStream, uint64, uint32) CUDAResult  { return notFound }
+func cuStreamWriteValue32(cuContext, cuStream, uint64, uint32) CUDAResult { return notFound }
+func cuEventCreate(cuContext) (cuEvent, CUDAResult)                       { return 0, notFound }
+func cuEventCreateTimed(cuContext) (cuEvent, CUDAResult)                  { return 0, notFound }
 
 func cuEventElapsedTime(cuContext, cuEvent, cuEvent) (float32, CUDAResult) { return 0, notFound }
 

@@ -80,6 +80,32 @@ func TestFakeDriverChild(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Stream memory operations: the word and the value cross the cgo
+	// layer intact, and the wait compares cyclically (the stand-in
+	// refuses a wait that is not met already).
+	word := gputest.Alloc(t, d, 8)
+	gputest.Fill(t, s, word, 0)
+	w, _ := gpu.Address(word)
+	if err := s.WriteValue(w+4, 0x80000005); err != nil {
+		t.Fatal(err)
+	}
+	if got := gputest.Download(t, s, word, 0, 8); !bytes.Equal(got, []byte{0, 0, 0, 0, 5, 0, 0, 0x80}) {
+		t.Fatalf("WriteValue(0x80000005) at byte 4 left % x", got)
+	}
+	for _, c := range []struct {
+		v  uint32
+		ok bool
+	}{
+		{0x80000005, true}, {0x80000004, true},
+		{0x00000006, true},  // 2^31-1 behind
+		{0x80000006, false}, // one ahead
+		{0x00000004, false}, // 2^31+1 behind is 2^31-1 ahead
+	} {
+		if err := s.WaitValue(w+4, c.v); (err == nil) != c.ok {
+			t.Errorf("WaitValue(%#x) on a word of 0x80000005: %v, want met %v", c.v, err, c.ok)
+		}
+	}
+
 	// Timed events: Elapsed reads the stand-in's clock (1 ms per
 	// recording of a timed event) back through its float out-parameter;
 	// an event from Record keeps no time.

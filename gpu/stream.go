@@ -206,6 +206,35 @@ func (s *Stream) WaitEvent(e *Event) error {
 	return nil
 }
 
+// WaitValue makes work queued on s after this call wait until the 32-bit
+// word at device address addr reaches v, compared cyclically
+// (int32(word-v) >= 0, so a counter may wrap), without blocking the host.
+// Nothing bounds the wait on the GPU: the caller must make sure that some
+// work, on any stream of any process that maps the word, writes it
+// (WriteValue), also when a round fails.
+func (s *Stream) WaitValue(addr uint64, v uint32) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if r := cuStreamWaitValue32(s.d.ctx, s.s, addr, v); r != 0 {
+		return s.d.err("cuStreamWaitValue32", "", r)
+	}
+	return nil
+}
+
+// WriteValue queues on s a write of v to the 32-bit word at device address
+// addr, made once the work queued on s before it has finished, and
+// visible with that work's writes.
+func (s *Stream) WriteValue(addr uint64, v uint32) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if r := cuStreamWriteValue32(s.d.ctx, s.s, addr, v); r != 0 {
+		return s.d.err("cuStreamWriteValue32", "", r)
+	}
+	return nil
+}
+
 // Close destroys the stream. Work already queued still runs to completion.
 // Close is idempotent.
 func (s *Stream) Close() error {

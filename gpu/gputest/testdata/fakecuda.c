@@ -342,6 +342,34 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
   NEED_CTX();
   return alive(s, STREAM) && alive(e, EVENT) && flags == 0 ? OK : INVALID_HANDLE;
 }
+// cuStreamWriteValue32_v2 writes v at once (this stand-in's work has
+// always run by the time it is queued), with the flags the package uses:
+// 0, CU_STREAM_WRITE_VALUE_DEFAULT.
+CUresult cuStreamWriteValue32_v2(void *s, CUdeviceptr addr, uint32_t v, unsigned flags) {
+  NEED_CTX();
+  NEED_STREAM(s);
+  if (flags != 0 || addr % 4 != 0)
+    return INVALID_VALUE;
+  pthread_rwlock_rdlock(&mem_mu);
+  CUresult r = live(addr, 4) ? OK : INVALID_VALUE;
+  if (r == OK)
+    *(volatile uint32_t *)(uintptr_t)addr = v;
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
+}
+// cuStreamWaitValue32_v2 takes only flags 0, CU_STREAM_WAIT_VALUE_GEQ, the
+// driver's cyclic comparison. This stand-in cannot hold work back, so it
+// refuses (INVALID_VALUE) a wait that is not met when it is queued.
+CUresult cuStreamWaitValue32_v2(void *s, CUdeviceptr addr, uint32_t v, unsigned flags) {
+  NEED_CTX();
+  NEED_STREAM(s);
+  if (flags != 0 || addr % 4 != 0)
+    return INVALID_VALUE;
+  pthread_rwlock_rdlock(&mem_mu);
+  CUresult r = live(addr, 4) && (int32_t)(*(volatile uint32_t *)(uintptr_t)addr - v) >= 0 ? OK : INVALID_VALUE;
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
+}
 CUresult cuEventCreate(void **e, unsigned flags) {
   NEED_CTX();
   if (flags != 2 && flags != 0) // CU_EVENT_DISABLE_TIMING, or a timed event
