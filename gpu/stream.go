@@ -211,7 +211,8 @@ func (s *Stream) WaitEvent(e *Event) error {
 // (int32(word-v) >= 0, so a counter may wrap), without blocking the host.
 // Nothing bounds the wait on the GPU: the caller must make sure that some
 // work, on any stream of any process that maps the word, writes it
-// (WriteValue), also when a round fails.
+// (WriteValue), also when the work meant to write it fails or its process
+// is gone.
 func (s *Stream) WaitValue(addr uint64, v uint32) error {
 	if err := s.check(); err != nil {
 		return err

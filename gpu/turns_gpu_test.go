@@ -83,13 +83,15 @@ const turnsEnv = "WEIGHTCAST_GPU_TURNS"
 // process through CUDA IPC, as colocated receivers map the sender's
 // tensors, and copies and sums it bucket by bucket (1 GiB, 256 MiB or
 // 4 GiB, the next queued before the last is waited for, as the load stage
-// does) into tensors of its own, five times. With turns=free the processes' kernels compete for the
-// GPU as the demo's receivers do; with turns=chain each waits on the GPU
-// (Stream.WaitValue on a word of memory mapped from this process) for the
-// process before it to finish the same bucket, so that only one process
-// has a kernel ready at any time. The rate is every process's bytes over
-// the time from their common start to the last one's end; against one
-// process alone, it is what the hand-overs between processes cost
+// does) into tensors of its own, five times. With turns=free the
+// processes' kernels compete for the GPU as the demo's receivers do; with
+// turns=chain each waits on the GPU (Stream.WaitValue on a word of memory
+// mapped from this process) for the process before it to finish the same
+// bucket, so that only one process has a kernel ready at any time. The
+// rate is every process's bytes over the time from their common start to
+// the last one's end (the timer is stopped: only the GB/s it reports mean
+// anything); against one process alone, it is what the hand-overs between
+// processes cost
 // (docs/benchmarks.md, "What the GPU's hand-over between processes
 // costs").
 func BenchmarkGatherLayoutTurns(b *testing.B) {
@@ -113,8 +115,10 @@ func BenchmarkGatherLayoutTurns(b *testing.B) {
 					continue
 				}
 				b.Run(fmt.Sprintf("receivers=%d/bucket=%dMiB/turns=%s", n, bucket>>20, turns), func(b *testing.B) {
+					b.StopTimer()
+					const rounds = 5
+					var took time.Duration
 					for range b.N {
-						b.StopTimer()
 						flags := alloc(b, d, 64*n)
 						if err := s.Memset(flags, 0, 64*n, 0); err != nil {
 							b.Fatal(err)
@@ -124,12 +128,11 @@ func BenchmarkGatherLayoutTurns(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						const rounds = 5
 						settings := fmt.Sprintf("model=%s flags=%s n=%d each=%d count=%d bucket=%d turns=%s rounds=%d",
 							modelHandle, flagsHandle, n, each, count, bucket, turns, rounds)
-						took := runTurns(b, settings, n)
-						b.ReportMetric(float64(n*rounds)*float64(each*count)/took.Seconds()/1e9, "GB/s")
+						took += runTurns(b, settings, n)
 					}
+					b.ReportMetric(float64(b.N*n*rounds)*float64(each*count)/took.Seconds()/1e9, "GB/s")
 				})
 			}
 		}
@@ -147,32 +150,13 @@ func runTurns(b *testing.B, settings string, n int) time.Duration {
 	}
 	type child struct {
 		cmd   *exec.Cmd
-		go_   *os.File
+		goes  *os.File // the child's standard input: "go", then closed
 		lines *bufio.Scanner
 	}
-	kids := make([]child, n)
-	for r := range kids {
-		cmd := exec.Command(exe, "-test.run=^TestGatherLayoutTurnsChild$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s r=%d", turnsEnv, settings, r))
-		cmd.Stderr = os.Stderr
-		in, out, err := os.Pipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		cmd.Stdin = in
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		in.Close()
-		kids[r] = child{cmd: cmd, go_: out, lines: bufio.NewScanner(stdout)}
-	}
-	defer func() {
+	var kids []child
+	defer func() { // also after a Fatal: no child outlives the benchmark
 		for _, k := range kids {
-			k.go_.Close() // the child ends
+			k.goes.Close() // the child ends
 			for k.lines.Scan() {
 			}
 			if err := k.cmd.Wait(); err != nil {
@@ -180,6 +164,26 @@ func runTurns(b *testing.B, settings string, n int) time.Duration {
 			}
 		}
 	}()
+	for r := range n {
+		cmd := exec.Command(exe, "-test.run=^TestGatherLayoutTurnsChild$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s r=%d", turnsEnv, settings, r))
+		cmd.Stderr = os.Stderr
+		in, goes, err := os.Pipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		cmd.Stdin = in
+		stdout, err := cmd.StdoutPipe()
+		if err == nil {
+			err = cmd.Start()
+		}
+		in.Close()
+		if err != nil {
+			goes.Close()
+			b.Fatal(err)
+		}
+		kids = append(kids, child{cmd: cmd, goes: goes, lines: bufio.NewScanner(stdout)})
+	}
 	waitFor := func(k child, word string) {
 		for k.lines.Scan() {
 			if strings.HasPrefix(k.lines.Text(), word) {
@@ -193,7 +197,7 @@ func runTurns(b *testing.B, settings string, n int) time.Duration {
 	}
 	start := time.Now()
 	for _, k := range kids {
-		fmt.Fprintln(k.go_, "go")
+		fmt.Fprintln(k.goes, "go")
 	}
 	var wg sync.WaitGroup
 	for _, k := range kids {
