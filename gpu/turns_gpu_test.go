@@ -31,6 +31,12 @@ func TestCUDAWaitValue(t *testing.T) {
 		}
 		syncStream(t, s)
 	}
+	t.Cleanup(func() { // if the test failed before the waiter was let go
+		if err := writer.WriteValue(word.DevicePtr(), 7); err != nil {
+			t.Error(err)
+		}
+		syncStream(t, writer)
+	})
 	if err := waiter.WaitValue(word.DevicePtr(), 7); err != nil {
 		t.Fatal(err)
 	}
@@ -257,10 +263,24 @@ func TestGatherLayoutTurnsChild(t *testing.T) {
 		dsts[i] = alloc(t, d, int(each)).DevicePtr()
 	}
 	g, cs := testGatherLayout(t, s)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	model := each * count
 	var l Layout
 	var seq uint32
+	if chain {
+		// Nothing bounds the other processes' waits for this one's word:
+		// at the end, failed or not, it is written far ahead of any
+		// bucket, from a stream of its own (s may be stuck in a wait),
+		// before the mappings close.
+		release := testStream(t, d)
+		t.Cleanup(func() {
+			if err := release.WriteValue(flags+uint64(64*r), seq+1<<30); err != nil {
+				t.Error(err)
+			}
+			syncStream(t, release)
+		})
+	}
 	var last *PendingSum // the bucket before, waited for once the next is queued
 	wait := func() {
 		if last == nil {
