@@ -114,6 +114,8 @@ typedef struct {
   CUresult (*cuStreamWaitEvent)(CUstream s, CUevent e, unsigned int flags);
   CUresult (*cuStreamWaitValue32_v2)(CUstream s, CUdeviceptr addr, uint32_t value, unsigned int flags);
   CUresult (*cuStreamWriteValue32_v2)(CUstream s, CUdeviceptr addr, uint32_t value, unsigned int flags);
+  CUresult (*cuStreamWaitValue64_v2)(CUstream s, CUdeviceptr addr, uint64_t value, unsigned int flags);
+  CUresult (*cuStreamWriteValue64_v2)(CUstream s, CUdeviceptr addr, uint64_t value, unsigned int flags);
   CUresult (*cuEventCreate)(CUevent *e, unsigned int flags);
   CUresult (*cuEventRecord)(CUevent e, CUstream s);
   CUresult (*cuEventQuery)(CUevent e);
@@ -323,6 +325,21 @@ static inline CUresult wc_cuStreamWriteValue32(uintptr_t ctx, uintptr_t s, CUdev
   WC_NEED(cuStreamWriteValue32_v2);
   WC_SET(ctx);
   return wc_cuda.cuStreamWriteValue32_v2(WC_STREAM(s), addr, value, 0);
+}
+
+// wc_cuStreamWaitValue64 waits with CU_STREAM_WAIT_VALUE_GEQ (0): until
+// (int64_t)(*addr - value) >= 0.
+static inline CUresult wc_cuStreamWaitValue64(uintptr_t ctx, uintptr_t s, CUdeviceptr addr, uint64_t value) {
+  WC_NEED(cuStreamWaitValue64_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamWaitValue64_v2(WC_STREAM(s), addr, value, 0);
+}
+
+// wc_cuStreamWriteValue64 writes with CU_STREAM_WRITE_VALUE_DEFAULT (0).
+static inline CUresult wc_cuStreamWriteValue64(uintptr_t ctx, uintptr_t s, CUdeviceptr addr, uint64_t value) {
+  WC_NEED(cuStreamWriteValue64_v2);
+  WC_SET(ctx);
+  return wc_cuda.cuStreamWriteValue64_v2(WC_STREAM(s), addr, value, 0);
 }
 
 static inline CUresult wc_cuEventCreate(uintptr_t ctx, uintptr_t *e) {

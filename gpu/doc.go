@@ -23,7 +23,9 @@
 // Stream.Record returns an Event; Stream.WaitEvent orders one stream after
 // another on the GPU. Stream.WaitValue and Stream.WriteValue order streams
 // of different processes through a 32-bit word of device memory they all
-// map (BenchmarkGatherLayoutTurns measures processes taking turns so).
+// map (BenchmarkGatherLayoutTurns measures processes taking turns so);
+// WaitValue64 waits on a 64-bit word, which RaiseValue64 (a one-thread
+// atomic maximum) raises without ever lowering it, however late it lands.
 // Stream.Sync and Event.Wait never block inside the
 // driver: they poll (cuStreamQuery, cuEventQuery) with a short backoff and
 // select on ctx.Done(), returning a *WaitError when the context ends first.

@@ -52,6 +52,10 @@ const attrMultiprocessorCount cuDeviceAttribute = 16
 // Multi-Process Service.
 const attrMPSEnabled cuDeviceAttribute = 133
 
+// attrStreamMemOps64 is CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
+// whether cuStreamWaitValue64 and cuStreamWriteValue64 work on the device.
+const attrStreamMemOps64 cuDeviceAttribute = 93
+
 // maxKernelArgs bounds the arguments cuLaunchKernel passes to a kernel
 // (WC_MAX_KERNEL_ARGS of cuda_shim.h).
 const maxKernelArgs = 16

@@ -253,6 +253,14 @@ func cuStreamWriteValue32(ctx cuContext, s cuStream, addr uint64, v uint32) CUDA
 	return CUDAResult(C.wc_cuStreamWriteValue32(C.uintptr_t(ctx), C.uintptr_t(s), C.CUdeviceptr(addr), C.uint32_t(v)))
 }
 
+func cuStreamWaitValue64(ctx cuContext, s cuStream, addr uint64, v uint64) CUDAResult {
+	return CUDAResult(C.wc_cuStreamWaitValue64(C.uintptr_t(ctx), C.uintptr_t(s), C.CUdeviceptr(addr), C.uint64_t(v)))
+}
+
+func cuStreamWriteValue64(ctx cuContext, s cuStream, addr uint64, v uint64) CUDAResult {
+	return CUDAResult(C.wc_cuStreamWriteValue64(C.uintptr_t(ctx), C.uintptr_t(s), C.CUdeviceptr(addr), C.uint64_t(v)))
+}
+
 // cuEventCreate creates an event without timing (CU_EVENT_DISABLE_TIMING).
 func cuEventCreate(ctx cuContext) (cuEvent, CUDAResult) {
 	var e C.uintptr_t

@@ -42,6 +42,8 @@ func cuStreamQuery(cuContext, cuStream) CUDAResult                        { retu
 func cuStreamWaitEvent(cuContext, cuStream, cuEvent) CUDAResult           { return notFound }
 func cuStreamWaitValue32(cuContext, cuStream, uint64, uint32) CUDAResult  { return notFound }
 func cuStreamWriteValue32(cuContext, cuStream, uint64, uint32) CUDAResult { return notFound }
+func cuStreamWaitValue64(cuContext, cuStream, uint64, uint64) CUDAResult  { return notFound }
+func cuStreamWriteValue64(cuContext, cuStream, uint64, uint64) CUDAResult { return notFound }
 func cuEventCreate(cuContext) (cuEvent, CUDAResult)                       { return 0, notFound }
 func cuEventCreateTimed(cuContext) (cuEvent, CUDAResult)                  { return 0, notFound }
 

@@ -3,6 +3,7 @@ package gpu_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"os"
 	"strings"
@@ -104,6 +105,34 @@ func TestFakeDriverChild(t *testing.T) {
 		if err := s.WaitValue(w+4, c.v); (err == nil) != c.ok {
 			t.Errorf("WaitValue(%#x) on a word of 0x80000005: %v, want met %v", c.v, err, c.ok)
 		}
+	}
+
+	// 64-bit words: waits compare cyclically over 64 bits, a plain write
+	// may lower a word, a raise (the one-thread kernel) never does.
+	if !d.StreamMemOps64() {
+		t.Fatal("StreamMemOps64() = false on the stand-in, which reports the attribute")
+	}
+	if err := s.WriteValue64(w, 7<<32|3); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		v, want uint64
+	}{{7<<32 | 1, 7<<32 | 3}, {8 << 32, 8 << 32}, {7<<32 | 0xffffffff, 8 << 32}} {
+		if err := s.RaiseValue64(w, c.v); err != nil {
+			t.Fatal(err)
+		}
+		if got := binary.LittleEndian.Uint64(gputest.Download(t, s, word, 0, 8)); got != c.want {
+			t.Fatalf("RaiseValue64(%#x) left %#x, want %#x", c.v, got, c.want)
+		}
+	}
+	if err := s.WaitValue64(w, 8<<32); err != nil {
+		t.Errorf("WaitValue64 of the word's value: %v", err)
+	}
+	if err := s.WaitValue64(w, 8<<32|1); err == nil {
+		t.Error("WaitValue64 one past the word's value was met")
+	}
+	if err := s.RaiseValue64(w+4, 1); err == nil || !strings.Contains(err.Error(), "8-byte aligned") {
+		t.Errorf("RaiseValue64 of a misaligned word: %v", err)
 	}
 
 	// Timed events: Elapsed reads the stand-in's clock (1 ms per

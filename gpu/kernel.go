@@ -27,6 +27,10 @@ type deviceKernels struct {
 
 	mpsOnce sync.Once
 	mps     bool
+
+	raise        onceKernel
+	memOps64Once sync.Once
+	memOps64     bool
 }
 
 // onceKernel is a kernel loaded at first use: the kernel, or why it is
@@ -206,7 +210,7 @@ func (d *CUDADevice) MPS() bool {
 }
 
 // unloadKernels frees the spare descriptor memory and unloads the gather,
-// checksum, cast, fused gather and checksum, layout, quantize and MAC modules, if loaded,
+// checksum, cast, fused gather and checksum, layout, quantize, MAC and raise modules, if loaded,
 // before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
@@ -214,7 +218,8 @@ func (d *CUDADevice) unloadKernels() error {
 		k.castSpare.free(), k.checksum.unload(d, "checksum"), k.cast.unload(d, "cast"),
 		k.sumSpare.free(), k.gatherSum.unload(d, "fused gather and checksum"),
 		k.layoutSpare.free(), k.gatherLayout.unload(d, "gather and layout checksum"),
-		k.quant.unload(d, "quantize"), k.macLayoutSpare.free(), k.mac.unload(d))
+		k.quant.unload(d, "quantize"), k.macLayoutSpare.free(), k.mac.unload(d),
+		k.raise.unload(d, "raise"))
 }
 
 // launch queues kernel k on s over a grid of blocks×threads with the

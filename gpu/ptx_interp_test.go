@@ -100,7 +100,7 @@ const (
 	cLd
 	cSt
 	cRed
-	cAtom   // atom.global.add.u32, atom.global.exch.b64 (sub "add" or "exch"): the old value into d
+	cAtom   // atom.global.add.u32, atom.global.exch.b64, atom.global.max.u64 (sub "add", "exch" or "max"): the old value into d
 	cMembar // membar.gl: threads run one after another here, so nothing to order
 	cShfl   // shfl.sync.bfly.b32, executed by the block for a whole warp
 	cBar    // bar.sync 0, executed by the block for all its threads
@@ -783,8 +783,10 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 			in.code, in.sub, in.width = cAtom, "add", 32
 		case "atom.global.exch.b64":
 			in.code, in.sub, in.width = cAtom, "exch", 64
+		case "atom.global.max.u64":
+			in.code, in.sub, in.width = cAtom, "max", 64
 		default:
-			return fmt.Errorf("%s: the interpreter knows atom.global.add.u32 and atom.global.exch.b64 only", in.op)
+			return fmt.Errorf("%s: the interpreter knows atom.global.add.u32, atom.global.exch.b64 and atom.global.max.u64 only", in.op)
 		}
 		if err := want(3); err != nil {
 			return err
@@ -1588,8 +1590,11 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 					return err
 				}
 				old := loadLE(m)
-				if in.sub == "add" {
+				switch in.sub {
+				case "add":
 					v += old
+				case "max":
+					v = max(v, old)
 				}
 				storeLE(m, mask(v, in.width))
 				put(&in.args[0], old)

@@ -236,6 +236,35 @@ func (s *Stream) WriteValue(addr uint64, v uint32) error {
 	return nil
 }
 
+// WaitValue64 makes work queued on s after this call wait until the
+// 64-bit word at device address addr (8-byte aligned) reaches v, compared
+// cyclically (int64(word-v) >= 0), without blocking the host. It needs a
+// device whose StreamMemOps64 is true. As for WaitValue, nothing bounds
+// the wait on the GPU: some work must raise the word, also when the work
+// meant to raise it fails or its process is gone.
+func (s *Stream) WaitValue64(addr, v uint64) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if r := cuStreamWaitValue64(s.d.ctx, s.s, addr, v); r != 0 {
+		return s.d.err("cuStreamWaitValue64", "", r)
+	}
+	return nil
+}
+
+// WriteValue64 queues on s a write of v to the 64-bit word at device
+// address addr, made once the work queued on s before it has finished. A
+// plain write can lower the word; RaiseValue64 cannot.
+func (s *Stream) WriteValue64(addr, v uint64) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if r := cuStreamWriteValue64(s.d.ctx, s.s, addr, v); r != 0 {
+		return s.d.err("cuStreamWriteValue64", "", r)
+	}
+	return nil
+}
+
 // Close destroys the stream. Work already queued still runs to completion.
 // Close is idempotent.
 func (s *Stream) Close() error {

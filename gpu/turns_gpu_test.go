@@ -3,6 +3,7 @@ package gpu
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -74,6 +75,84 @@ func TestCUDAWaitValue(t *testing.T) {
 			t.Fatalf("byte %d is %#x after the wait ended, want 0xab", i, b)
 		}
 	}
+}
+
+// TestCUDARaiseWait64 checks the 64-bit word of turns on the GPU: work
+// behind WaitValue64 waits while raises leave the word below the value,
+// a raise to a smaller value after a larger one changes nothing, and the
+// work runs once a raise reaches the value.
+func TestCUDARaiseWait64(t *testing.T) {
+	d := testDevice(t)
+	if !d.StreamMemOps64() {
+		t.Skipf("%s does not run 64-bit stream memory operations", d.Name())
+	}
+	waiter, raiser := testStream(t, d), testStream(t, d)
+	word := alloc(t, d, 8)
+	buf := alloc(t, d, 1<<20)
+	for _, s := range []*Stream{waiter, raiser} {
+		if err := s.Memset(word, 0, 8, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Memset(buf, 0, 1<<20, 0); err != nil {
+			t.Fatal(err)
+		}
+		syncStream(t, s)
+	}
+	w := word.DevicePtr()
+	t.Cleanup(func() { // if the test failed before the waiter was let go
+		if err := raiser.WriteValue64(w, ^uint64(0)); err != nil {
+			t.Error(err)
+		}
+		syncStream(t, raiser)
+	})
+	const want = 3<<32 | 2
+	if err := waiter.WaitValue64(w, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := waiter.Memset(buf, 0, 1<<20, 0xAB); err != nil {
+		t.Fatal(err)
+	}
+	ended, err := waiter.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ended.Close()
+	for _, v := range []uint64{3<<32 | 1, 2<<32 | 0xffffffff, 5} { // all below
+		if err := raiser.RaiseValue64(w, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncStream(t, raiser)
+	time.Sleep(50 * time.Millisecond)
+	if done, err := ended.Query(); err != nil || done {
+		t.Fatalf("work behind WaitValue64(%#x) ran before a raise reached it (done %v, err %v)", uint64(want), done, err)
+	}
+	if got := readWord(t, raiser, word); got != 3<<32|1 {
+		t.Fatalf("raises to 3<<32|1, then lower values, left %#x", got)
+	}
+	if err := raiser.RaiseValue64(w, want); err != nil {
+		t.Fatal(err)
+	}
+	syncStream(t, waiter)
+	got := make([]byte, 1<<20)
+	if err := waiter.CopyDtoH(got, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		if b != 0xAB {
+			t.Fatalf("byte %d is %#x after the wait ended, want 0xab", i, b)
+		}
+	}
+}
+
+// readWord returns the 64-bit word at the start of buf.
+func readWord(t *testing.T, s *Stream, buf mem.Buffer) uint64 {
+	t.Helper()
+	b := make([]byte, 8)
+	if err := s.CopyDtoH(b, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	return binary.LittleEndian.Uint64(b)
 }
 
 // turnsEnv makes TestGatherLayoutTurnsChild run, as one of the child

@@ -29,7 +29,7 @@ enum {
   ILLEGAL_ADDRESS = 700,
 };
 
-enum { STREAM = 0x57524d31, EVENT = 0x45564e31, MODULE = 0x4d4f4431, GATHER = 0x47415431 };
+enum { STREAM = 0x57524d31, EVENT = 0x45564e31, MODULE = 0x4d4f4431, GATHER = 0x47415431, RAISE = 0x52415331 };
 
 // An object is a stream, event, module or function. The live ones are
 // kept in a list, so that a handle is checked by looking it up, never by
@@ -39,6 +39,7 @@ enum { STREAM = 0x57524d31, EVENT = 0x45564e31, MODULE = 0x4d4f4431, GATHER = 0x
 typedef struct object {
   unsigned magic;
   int gather; // a module: its image has the wc_gather entry
+  int raise;  // a module: its image has the wc_raise entry
   int timed;  // an event created without CU_EVENT_DISABLE_TIMING
   double at;  // a timed event: the stand-in's clock when last recorded, in ms
   struct object *next;
@@ -136,6 +137,9 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
   switch (attr) {
   case 16: // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     *v = 4;
+    return OK;
+  case 93: // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+    *v = 1;
     return OK;
   case 133: // CU_DEVICE_ATTRIBUTE_MPS_ENABLED: as FAKECUDA_MPS says
     if (!getenv("FAKECUDA_MPS"))
@@ -370,6 +374,32 @@ CUresult cuStreamWaitValue32_v2(void *s, CUdeviceptr addr, uint32_t v, unsigned 
   pthread_rwlock_unlock(&mem_mu);
   return r;
 }
+// cuStreamWriteValue64_v2 and cuStreamWaitValue64_v2 are the 32-bit
+// ones' over 8-byte words.
+CUresult cuStreamWriteValue64_v2(void *s, CUdeviceptr addr, uint64_t v, unsigned flags) {
+  NEED_CTX();
+  NEED_STREAM(s);
+  if (flags != 0 || addr % 8 != 0)
+    return INVALID_VALUE;
+  pthread_rwlock_rdlock(&mem_mu);
+  CUresult r = live(addr, 8) ? OK : INVALID_VALUE;
+  if (r == OK)
+    __atomic_store_n((uint64_t *)(uintptr_t)addr, v, __ATOMIC_RELAXED);
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
+}
+CUresult cuStreamWaitValue64_v2(void *s, CUdeviceptr addr, uint64_t v, unsigned flags) {
+  NEED_CTX();
+  NEED_STREAM(s);
+  if (flags != 0 || addr % 8 != 0)
+    return INVALID_VALUE;
+  pthread_rwlock_rdlock(&mem_mu);
+  CUresult r = live(addr, 8) && (int64_t)(__atomic_load_n((uint64_t *)(uintptr_t)addr, __ATOMIC_RELAXED) - v) >= 0
+                   ? OK
+                   : INVALID_VALUE;
+  pthread_rwlock_unlock(&mem_mu);
+  return r;
+}
 CUresult cuEventCreate(void **e, unsigned flags) {
   NEED_CTX();
   if (flags != 2 && flags != 0) // CU_EVENT_DISABLE_TIMING, or a timed event
@@ -475,6 +505,7 @@ CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, 
   object *o = make(MODULE);
   pthread_mutex_lock(&objects_mu);
   o->gather = strstr(image, ".entry wc_gather(") != NULL;
+  o->raise = strstr(image, ".entry wc_raise(") != NULL;
   pthread_mutex_unlock(&objects_mu);
   *m = o;
   return OK;
@@ -482,15 +513,43 @@ CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, 
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
   NEED_CTX();
   pthread_mutex_lock(&objects_mu);
-  CUresult r = !is(m, MODULE) ? INVALID_HANDLE : strcmp(name, "wc_gather") != 0 || !((object *)m)->gather ? NOT_FOUND : OK;
+  int raise = strcmp(name, "wc_raise") == 0;
+  CUresult r = !is(m, MODULE)                                                       ? INVALID_HANDLE
+               : raise ? (((object *)m)->raise ? OK : NOT_FOUND)
+               : strcmp(name, "wc_gather") != 0 || !((object *)m)->gather ? NOT_FOUND
+                                                                          : OK;
   pthread_mutex_unlock(&objects_mu);
   if (r == OK)
-    *f = make(GATHER);
+    *f = make(raise ? RAISE : GATHER);
   return r;
 }
 CUresult cuModuleUnload(void *m) {
   NEED_CTX();
   return drop(m, MODULE);
+}
+
+// launch_raise runs wc_raise(word, v), one thread: the word becomes the
+// larger of itself and v.
+static CUresult launch_raise(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             unsigned shared, void **params, void **extra) {
+  if (gx != 1 || gy != 1 || gz != 1 || bx != 1 || by != 1 || bz != 1 || shared != 0 || extra != NULL)
+    return INVALID_VALUE;
+  CUdeviceptr word = *(CUdeviceptr *)params[0];
+  uint64_t v = *(uint64_t *)params[1];
+  pthread_rwlock_rdlock(&mem_mu);
+  int ok = word % 8 == 0 && live(word, 8);
+  if (ok) {
+    uint64_t *w = (uint64_t *)(uintptr_t)word;
+    uint64_t old = __atomic_load_n(w, __ATOMIC_RELAXED);
+    while (old < v && !__atomic_compare_exchange_n(w, &old, v, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      ;
+  }
+  pthread_rwlock_unlock(&mem_mu);
+  if (!ok) {
+    __atomic_store_n(&faulted, 1, __ATOMIC_RELAXED);
+    return ILLEGAL_ADDRESS;
+  }
+  return OK;
 }
 
 // cuLaunchKernel runs wc_gather(ranges, count): count ranges of (source,
@@ -502,6 +561,8 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
                         unsigned shared, void *s, void **params, void **extra) {
   NEED_CTX();
   NEED_STREAM(s);
+  if (alive(f, RAISE))
+    return launch_raise(gx, gy, gz, bx, by, bz, shared, params, extra);
   if (!alive(f, GATHER))
     return INVALID_HANDLE;
   CUdeviceptr ranges = *(CUdeviceptr *)params[0];
