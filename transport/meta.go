@@ -3,15 +3,22 @@ package transport
 import "context"
 
 // DefaultWindow is how many messages a Publisher lets be in flight
-// (published but not acknowledged by every subscriber): three. Each rank's
-// two bucket buffers still bound the buckets in flight; the third message
-// reaches a receiver while it copies the two before, so that the next
-// bucket is there when a buffer frees. On one H200 a metadata message
-// arrived 400-700 us after the acknowledgement that let the root send it,
-// nearly a 1 GiB bucket's copies, and a window of three kept the
-// receiver's GPU busy between buckets where two left it idle 0.2-0.7 ms a
-// round (docs/benchmarks.md, "Loads queued ahead").
-const DefaultWindow = 3
+// (published but not acknowledged by every subscriber): 32. Buckets the
+// root fills are bounded by each rank's two bucket buffers whatever the
+// window; a window of at least three lets a third message reach a
+// receiver while it copies the two before, so that the next bucket is
+// there when a buffer frees (on one H200 a metadata message arrived
+// 400-700 us after the acknowledgement that let the root send it, nearly a
+// 1 GiB bucket's copies, and a window of three kept the receiver's GPU
+// busy between buckets where two left it idle 0.2-0.7 ms a round). Direct
+// buckets hold no memory, and receivers that copy them in turns
+// (wire.DirectTurns) hold back their acknowledgements while the receiver
+// ahead of them copies its turn: the root must publish a turn and the next
+// while the last receiver acknowledges nothing, so the window bounds a turn
+// to 16 buckets. A window of 32 alone changed neither 1 GiB nor 256 MiB
+// rounds (docs/benchmarks.md, "Turns of several buckets with a window of
+// 32").
+const DefaultWindow = 32
 
 // DefaultMaxMessage is the largest metadata message a Subscriber accepts
 // unless configured otherwise: 64 MiB.

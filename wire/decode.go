@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/json"
+	"math"
 	"unicode/utf8"
 
 	"github.com/weightcast/weightcast/dtype"
@@ -365,6 +366,25 @@ func (d *metaDecoder) direct(di *DirectInfo) bool {
 					}
 					return ok
 				})
+			})
+		case "turns":
+			t := new(DirectTurns)
+			di.Turns = t
+			ok = d.object(func(k []byte) (ok bool) {
+				switch string(k) {
+				case "alloc":
+					t.Alloc, ok = d.readInt()
+				case "receivers":
+					t.Receivers, ok = d.readInt()
+				case "round":
+					var r uint64
+					r, ok = d.readUint64()
+					t.Round = uint32(r)
+					ok = ok && r <= math.MaxUint32
+				case "every":
+					t.Every, ok = d.readInt()
+				}
+				return ok
 			})
 		}
 		return ok

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -70,7 +71,48 @@ type DirectInfo struct {
 	PID int `json:"pid"`
 	// Allocs are the sender's allocations the bucket's entries lie in.
 	Allocs []DirectAlloc `json:"allocs"`
+	// Turns, when set, has the receivers copy the round's direct buckets
+	// in turns (see DirectTurns).
+	Turns *DirectTurns `json:"turns,omitempty"`
 }
+
+// DirectTurns has the receivers of a direct round take turns on the GPU
+// they share with the sender: processes that share a GPU without MPS time
+// slice their kernels, and each hand-over from one process's kernels to
+// another's costs about 120-150 µs (docs/benchmarks.md, "What the GPU's
+// hand-over between processes costs"), so receivers that copy one after
+// another, several buckets at a time, waste far fewer than receivers
+// whose copies interleave. Turns are a schedule and never a check: a wait
+// that ends early costs speed, never bytes.
+//
+// The round's buckets fall into groups of Every by Index. Each receiver
+// rank r has a 64-bit word, 8 bytes at 8(r-1) of allocation Alloc, and
+// the value of group g is Round<<32 | g. Before its first copies of a
+// group, receiver r waits on its GPU (cuStreamWaitValue64) until its word
+// reaches the group's value (receiver 1 instead waits for the value of
+// the group it took before, and not at all for its first); after its last
+// copies of the group it raises the next rank's word (receiver 1's, after
+// the last rank) to the group's value with an atomic maximum, so that a
+// raise landing late never lowers a word. A group ends at the bucket that
+// ends its Index range, at the round's last bucket, or at the first
+// bucket of the round that is not in it. A receiver that does not take
+// turns raises the next rank's word to Round<<32 | 0xffffffff at the
+// round's first bucket; a rank whose round fails raises every word to all
+// ones.
+type DirectTurns struct {
+	// Alloc is the allocation of DirectInfo.Allocs that holds the words.
+	Alloc int `json:"alloc"`
+	// Receivers counts the ranks that take turns: ranks 1 to Receivers,
+	// in that order.
+	Receivers int `json:"receivers"`
+	// Round numbers the sender's rounds with turns, from 1.
+	Round uint32 `json:"round"`
+	// Every is how many buckets a group holds.
+	Every int `json:"every"`
+}
+
+// MaxTurnsReceivers is the most receivers that take turns on one GPU.
+const MaxTurnsReceivers = 1 << 10
 
 // DirectAlloc is one of the sender's device allocations.
 type DirectAlloc struct {
@@ -309,6 +351,20 @@ func (m *BucketMeta) checkDirect() error {
 		}
 		if _, err := strconv.ParseUint(a.Addr, 16, 64); err != nil || a.Size <= 0 {
 			return fmt.Errorf("allocation %d: address %q and size %d do not place an allocation", i, a.Addr, a.Size)
+		}
+	}
+	if t := d.Turns; t != nil {
+		switch {
+		case t.Alloc < 0 || t.Alloc >= len(d.Allocs):
+			return fmt.Errorf("the turns' words lie in allocation %d of %d", t.Alloc, len(d.Allocs))
+		case t.Receivers < 1 || t.Receivers > MaxTurnsReceivers:
+			return fmt.Errorf("turns of %d receivers (allowed 1..%d)", t.Receivers, MaxTurnsReceivers)
+		case d.Allocs[t.Alloc].Size < 8*int64(t.Receivers):
+			return fmt.Errorf("the turns' words of %d receivers do not fit their %d-byte allocation", t.Receivers, d.Allocs[t.Alloc].Size)
+		case t.Round == 0:
+			return errors.New("turns of round 0; rounds with turns count from 1")
+		case t.Every < 1 || t.Every > MaxEntries:
+			return fmt.Errorf("turns of %d buckets (allowed 1..%d)", t.Every, MaxEntries)
 		}
 	}
 	for i := range m.Entries {
