@@ -126,6 +126,11 @@ type Options struct {
 	// shares its GPU and could read its device tensors in place
 	// (stages.SenderConfig.NoDirect), to compare. In JSON "direct": false.
 	NoDirect bool `json:"-"`
+	// NoTurns has receivers that read the sender's tensors in place on
+	// its GPU copy them all at once rather than taking turns where the GPU
+	// is not shared through MPS (stages.SenderConfig.NoTurns), to
+	// compare. In JSON "turns": false.
+	NoTurns bool `json:"-"`
 	// Device is where this rank's buckets live when the transport puts
 	// them on a GPU: "cuda:N", or "" or "cuda" for the GPU of this rank's
 	// place among the ranks on its host (LOCAL_RANK, as torchrun counts).

@@ -32,6 +32,7 @@ type optionsJSON struct {
 	Timeout         *float64        `json:"timeout,omitempty"`
 	Checksum        *bool           `json:"checksum,omitempty"`
 	Direct          *bool           `json:"direct,omitempty"`
+	Turns           *bool           `json:"turns,omitempty"`
 	DType           string          `json:"dtype,omitempty"`
 	Quantize        string          `json:"quantize,omitempty"`
 	QuantizeInclude []string        `json:"quantize_include,omitempty"`
@@ -65,6 +66,9 @@ func (o Options) MarshalJSON() ([]byte, error) {
 	}
 	if o.NoDirect {
 		w.Direct = new(bool)
+	}
+	if o.NoTurns {
+		w.Turns = new(bool)
 	}
 	if o.RolloutDType != dtype.Invalid {
 		w.DType = strings.ToLower(o.RolloutDType.String())
@@ -118,6 +122,9 @@ func (o *Options) UnmarshalJSON(b []byte) error {
 	}
 	if w.Direct != nil {
 		o.NoDirect = !*w.Direct
+	}
+	if w.Turns != nil {
+		o.NoTurns = !*w.Turns
 	}
 	switch d := strings.ToLower(strings.TrimSpace(w.DType)); d {
 	case "", "keep":

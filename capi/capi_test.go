@@ -335,7 +335,7 @@ func TestConfigRoundTrip(t *testing.T) {
 	}
 	in := weightcast.Options{
 		Group: "g", Rank: 1, WorldSize: 3, Rendezvous: "etcd://h:1", ServeRendezvous: true, RunID: "r",
-		Transport: "tcp", BucketSize: 64 << 10, Timeout: 1500 * time.Millisecond, NoChecksum: true, NoDirect: true,
+		Transport: "tcp", BucketSize: 64 << 10, Timeout: 1500 * time.Millisecond, NoChecksum: true, NoDirect: true, NoTurns: true,
 		RolloutDType: dtype.BF16, Quantize: stages.QuantizeConfig{Scheme: quant.FP8Block, Include: []string{"a"}, Exclude: []string{"b"}},
 		Device: "cuda:1", Advertise: "10.0.0.2", SecretFile: path,
 		TLS: auth.TLSFiles{CA: "ca.pem", Cert: "c.pem", Key: "k.pem"},

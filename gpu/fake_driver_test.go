@@ -26,6 +26,7 @@ func TestFakeDriver(t *testing.T) { gputest.RunWithFakes(t, "TestFakeDriverChild
 // TestFakeDriverChild is the child side of TestFakeDriver.
 func TestFakeDriverChild(t *testing.T) {
 	gputest.InFakeChild(t)
+	os.Setenv("FAKECUDA_WAIT64", "1") // before the device is asked
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if v, err := gpu.DriverVersion(); err != nil || v != 13000 {
@@ -110,7 +111,7 @@ func TestFakeDriverChild(t *testing.T) {
 	// 64-bit words: waits compare cyclically over 64 bits, a plain write
 	// may lower a word, a raise (the one-thread kernel) never does.
 	if !d.StreamMemOps64() {
-		t.Fatal("StreamMemOps64() = false on the stand-in, which reports the attribute")
+		t.Fatal("StreamMemOps64() = false on the stand-in with FAKECUDA_WAIT64=1")
 	}
 	if err := s.WriteValue64(w, 7<<32|3); err != nil {
 		t.Fatal(err)

@@ -50,6 +50,9 @@ type Bucket struct {
 	// entry of no bytes), when the round's sink copies them from there
 	// itself; nil when Buf holds the bucket's bytes.
 	srcs []directView
+	// turn, on a receiver that takes turns, is a direct bucket's place
+	// in its round's turns (turns.go); nil otherwise.
+	turn *bucketTurn
 	// auth, set when the bucket's round is signed (the group has a
 	// secret), holds the run's keys: Publish signs the bucket's metadata
 	// with them, unpack checks its MAC. mac is a device bucket's MAC

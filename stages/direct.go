@@ -216,10 +216,12 @@ type mapping struct {
 // first direct bucket of a round first closes the mappings that the
 // round before did not use: no copy reads them any more (that round
 // ended before this one began).
-func (mp *mappings) views(m *wire.BucketMeta) ([]directView, error) {
+// It also returns the device address here of the turns' words, if the
+// bucket has turns.
+func (mp *mappings) views(m *wire.BucketMeta) (views []directView, words uint64, err error) {
 	if m.Version != mp.version {
 		if err := mp.prune(mp.version); err != nil {
-			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
+			return nil, 0, fmt.Errorf("bucket %d: %w", m.Seq, err)
 		}
 		mp.version = m.Version
 	}
@@ -228,7 +230,7 @@ func (mp *mappings) views(m *wire.BucketMeta) ([]directView, error) {
 	for i, a := range d.Allocs {
 		b, err := mp.open(d.PID, a, m.Version)
 		if err != nil {
-			return nil, fmt.Errorf("bucket %d: mapping the sender's allocation %d (%d bytes) on %s: %w", m.Seq, i, a.Size, mp.dev.Name(), err)
+			return nil, 0, fmt.Errorf("bucket %d: mapping the sender's allocation %d (%d bytes) on %s: %w", m.Seq, i, a.Size, mp.dev.Name(), err)
 		}
 		bufs[i] = b
 	}
@@ -238,7 +240,10 @@ func (mp *mappings) views(m *wire.BucketMeta) ([]directView, error) {
 			out[i] = directView{buf: bufs[src.Alloc], off: src.Offset}
 		}
 	}
-	return out, nil
+	if d.Turns != nil {
+		words, _ = gpu.Address(bufs[d.Turns.Alloc])
+	}
+	return out, words, nil
 }
 
 // open returns allocation a of the sender with process id pid, mapped, for

@@ -31,9 +31,12 @@ type directEP struct {
 	transport.Endpoint
 	mu    sync.Mutex
 	moved int
+	// receivers is what Receivers says; 0 says 1, which takes no turns.
+	receivers int
 }
 
 func (e *directEP) ReadsDirect() bool { return true }
+func (e *directEP) Receivers() int    { return max(e.receivers, 1) }
 
 func (e *directEP) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	e.mu.Lock()
@@ -434,7 +437,7 @@ func TestDirectMappingsOnFakesChild(t *testing.T) {
 		{meta(3, 1), 1}, // round 2 did not use allocation 0: closed
 		{meta(3, 0, 1), 2},
 	} {
-		vs, err := mp.views(step.m)
+		vs, _, err := mp.views(step.m)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -302,6 +302,11 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 			return l.release(ctx, q.u, l.land(ctx, q))
 		}
 		defer func() {
+			if err != nil {
+				// Every wait of the round's turns ends, this rank's
+				// too, before the copies behind them are waited for.
+				err = errors.Join(err, ld.releaseTurns(&l.turns))
+			}
 			for _, q := range queued { // the round has failed: their copies are only waited for
 				l.release(ctx, q.u, errors.Join(err, q.wait(ctx)))
 			}
@@ -351,12 +356,20 @@ func loadStage(p *pipeline.Pipeline, in *pipeline.Stream[*Unpacked], sink Sink, 
 				queued = append(queued, q)
 			}
 		}
+		if err := in.Err(); err != nil {
+			return err
+		}
+		// The round's last bucket ended its group; should it not have,
+		// the next rank is let go before this one waits for its copies.
+		if err := l.turns.pass(); err != nil {
+			return err
+		}
 		for len(queued) > 0 {
 			if err := land(); err != nil {
 				return err
 			}
 		}
-		return in.Err()
+		return nil
 	})
 }
 
@@ -387,6 +400,8 @@ type loadRound struct {
 	// (whole, or first chunks) handed to the sinks so far.
 	version uint64
 	tensors int
+	// turns is this rank's part in the round's turns (turns.go).
+	turns roundTurns
 }
 
 // deliver hands u's views to the sinks, then commits the round after its

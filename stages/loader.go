@@ -71,6 +71,12 @@ type Loader struct {
 	// spans: the GPU's time on each bucket load copied, when the last
 	// round was traced.
 	spans []gpuSpan
+	// rank is the receiver's rank, for turns (0: unknown); side is the
+	// stream of its passes and releases, and passed the last round of
+	// turns it passed (turns.go).
+	rank   int
+	side   *gpu.Stream
+	passed uint32
 }
 
 // NewLoader returns an empty Loader.
@@ -118,7 +124,7 @@ func (ld *Loader) takeLoad(sink Sink) (*loadRound, error) {
 		return nil, errors.New("load: the Loader is loading another round; a Loader serves one round at a time")
 	}
 	ld.loadBusy, ld.lastVersion, ld.lastTensors = true, 0, 0
-	l := &loadRound{ld: ld, sinks: leaves(sink), target: fusedTarget(sink), toHost: ld.toHost}
+	l := &loadRound{ld: ld, sinks: leaves(sink), target: fusedTarget(sink), toHost: ld.toHost, turns: roundTurns{rank: ld.rank}}
 	ld.toHost = nil
 	return l, nil
 }
@@ -194,10 +200,17 @@ func (ld *Loader) Close() error {
 			errs = append(errs, c.close(ctx))
 		}
 	}
+	if ld.side != nil {
+		if err := ld.side.Sync(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("load: a release of turns still running: %w", err))
+		} else {
+			errs = append(errs, ld.side.Close())
+		}
+	}
 	if ld.maps != nil {
 		errs = append(errs, ld.maps.close()) // after every copy out of them
 	}
-	ld.check, ld.toHost, ld.loadCopy, ld.gathering, ld.maps = nil, nil, nil, nil, nil
+	ld.check, ld.toHost, ld.loadCopy, ld.gathering, ld.maps, ld.side = nil, nil, nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -266,9 +279,16 @@ func (ld *Loader) receiveDirect(ctx context.Context, b *Bucket, use directUse) e
 	if mp.dev != dev {
 		return fmt.Errorf("bucket %d on %s after direct buckets on %s: give every bucket of a receiver one GPU", m.Seq, dev.Name(), mp.dev.Name())
 	}
-	srcs, err := mp.views(m)
+	srcs, words, err := mp.views(m)
 	if err != nil {
 		return err
+	}
+	if t := m.Direct.Turns; t != nil {
+		if use == directLeave && receiverOf(t, ld.rank) {
+			b.turn = &bucketTurn{words: words, DirectTurns: *t}
+		} else if err := ld.passTurns(dev, words, t); err != nil {
+			return fmt.Errorf("bucket %d: %w", m.Seq, err)
+		}
 	}
 	switch use {
 	case directLeave:
@@ -392,6 +412,9 @@ func (l *loadRound) queueTarget(ctx context.Context, u *Unpacked, traced bool) (
 			cb.Add(to, from, e.Size)
 		}
 	}
+	if err := l.turns.before(c.stream, b); err != nil {
+		return nil, err
+	}
 	if traced {
 		if err := c.marks.start(c.stream, m.Seq, m.Version); err != nil {
 			return nil, err
@@ -410,6 +433,9 @@ func (l *loadRound) queueTarget(ctx context.Context, u *Unpacked, traced bool) (
 		q.sum, err = c.gather.CopySum(ctx, &cb, gpu.SumOf{Buf: gpu.Unfence(b.Buf), N: m.Length, Side: gpu.SumSrc, Sums: c.sums})
 	default:
 		err = c.gather.Copy(ctx, &cb)
+	}
+	if err == nil {
+		err = l.turns.after(b)
 	}
 	if err == nil {
 		q.done, err = c.stream.Record()

@@ -54,6 +54,11 @@ type PackConfig struct {
 	// direct.go): for endpoints whose receivers all share the sender's
 	// GPU (transport.DirectReader). Sender sets it.
 	Direct bool
+	// turns, on a direct round whose receivers take turns, are the
+	// round's turns (Alloc filled per bucket) and turnWords the words'
+	// address; Sender sets them (turns.go).
+	turns     *wire.DirectTurns
+	turnWords uint64
 
 	// maxTensors bounds the round's tensors; 0 means MaxTensors, the
 	// receivers' limit (tests lower it).
@@ -349,6 +354,30 @@ type packing struct {
 	directs int // direct buckets sent on
 }
 
+// addTurns names the round's turns, if any, in the direct bucket being
+// filled, their words among its allocations.
+func (r *packing) addTurns() error {
+	if r.cfg.turns == nil || r.pk == nil {
+		return nil
+	}
+	pk, m := r.pk, &r.cur.Meta
+	if pk.exports == nil {
+		dev, err := cudaDeviceOf(r.cur.Buf)
+		if err != nil {
+			return err
+		}
+		pk.exports = &exports{dev: dev}
+	}
+	e, err := pk.exports.lookup(r.cfg.turnWords, r.cfg.Version)
+	if err != nil {
+		return fmt.Errorf("pack: exporting the turns' words: %w", err)
+	}
+	t := *r.cfg.turns
+	t.Alloc = allocIndex(m, e)
+	m.Direct.Turns = &t
+	return nil
+}
+
 // noBytes returns what a direct bucket has for a buffer: the pool's
 // buffer of no bytes on its GPU (Pool.noBytes).
 func (r *packing) noBytes() (mem.Buffer, error) {
@@ -392,6 +421,9 @@ func (r *packing) take() error {
 		}
 		r.cur = &Bucket{Meta: meta, Buf: buf}
 		r.cur.Meta.Direct = newDirectInfo()
+		if err := r.addTurns(); err != nil {
+			return err
+		}
 	} else {
 		buf, err := r.cfg.Pool.Get(r.ctx)
 		if err != nil {

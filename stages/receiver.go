@@ -59,7 +59,9 @@ type Receiver struct {
 
 // NewReceiver returns a Receiver; it starts and allocates nothing.
 func NewReceiver(cfg ReceiverConfig) *Receiver {
-	return &Receiver{cfg: cfg, loader: NewLoader(), changed: make(chan struct{})}
+	ld := NewLoader()
+	ld.rank = cfg.Rank
+	return &Receiver{cfg: cfg, loader: ld, changed: make(chan struct{})}
 }
 
 // Close frees the GPU state the Receiver kept between rounds (not its

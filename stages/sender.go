@@ -22,11 +22,14 @@ type RoundStats struct {
 	Buckets int
 	// Direct counts the buckets the receivers read in place in the
 	// sender's memory (on the root; see Sender).
-	Direct   int
-	Tensors  int
-	Duration time.Duration
-	Stages   []pipeline.Metrics
-	Graph    pipeline.Graph
+	Direct int
+	// TurnBuckets, on the root, is how many buckets each receiver copied
+	// per turn (see turns.go); 0 where they did not take turns.
+	TurnBuckets int
+	Tensors     int
+	Duration    time.Duration
+	Stages      []pipeline.Metrics
+	Graph       pipeline.Graph
 }
 
 // SenderConfig holds what a root needs across rounds.
@@ -52,6 +55,9 @@ type SenderConfig struct {
 	// NoDirect packs every bucket even where every receiver could read
 	// the sender's device tensors in place (see Sender), to compare.
 	NoDirect bool
+	// NoTurns has receivers that read a round in place copy it all at
+	// once rather than in turns (see turns.go), to compare.
+	NoTurns bool
 	// Logger is told what the sender falls back from, once each: tensors
 	// in memory that CUDA IPC cannot share go through buckets where the
 	// receivers could read the others in place. Nil means slog.Default().
@@ -85,6 +91,12 @@ type Sender struct {
 	committed atomic.Uint64
 	broken    error
 	gpuLane   bool // the trace's "pack (GPU)" lane is named
+	// words are the turns' words, once a round had turns; turnsOff: the
+	// GPU cannot run them (turns.go).
+	words    *turnWords
+	turnsOff bool
+	// turnBytes, when not 0, replaces the package's turnBytes (tests).
+	turnBytes int
 }
 
 // NewSender returns a Sender; it starts and allocates nothing.
@@ -97,7 +109,13 @@ func NewSender(cfg SenderConfig) *Sender {
 // Close frees the GPU state the Sender kept between rounds (not its Pool,
 // Endpoint or Publisher, which stay their creator's). Call it once no Sync
 // runs; Close is idempotent.
-func (s *Sender) Close() error { return s.packer.Close() }
+func (s *Sender) Close() error {
+	err := s.packer.Close()
+	if s.words != nil {
+		err, s.words = errors.Join(err, s.words.close()), nil
+	}
+	return err
+}
 
 // ErrStaleVersion is wrapped by the refusal of a round whose version is not
 // above the last committed one: the caller must give a higher version.
@@ -116,7 +134,9 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		return RoundStats{}, fmt.Errorf("%w: model version %d is not above the last committed version %d: give every round a higher version", ErrStaleVersion, version, c)
 	}
 	start := time.Now()
-	p := s.pipeline(src, version)
+	direct := s.readsDirect()
+	turns := s.turns(direct)
+	p := s.pipeline(src, version, direct, turns)
 	var stats RoundStats
 	err := p.Run(ctx)
 	s.traceGPU(p)
@@ -130,6 +150,9 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	}
 	stats.Version, stats.Duration, stats.Stages, stats.Graph = version, time.Since(start), p.Metrics(), p.Graph()
 	stats.Direct = s.packer.lastDirect()
+	if turns != nil && stats.Direct > 0 {
+		stats.TurnBuckets = turns.Every
+	}
 	for _, m := range stats.Stages {
 		if m.Stage == "pack" {
 			stats.Buckets, stats.Tensors = int(m.ItemsOut), int(m.ItemsIn)
@@ -139,6 +162,10 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 		}
 	}
 	if err != nil {
+		if turns != nil {
+			// No receiver's wait outlives the round.
+			err = errors.Join(err, s.words.release())
+		}
 		err = abortBus(s.cfg.Publisher, err, s.cfg.Blame) // receivers fail with this reason, not "the root left"
 		s.broken = err
 		return stats, err
@@ -164,13 +191,16 @@ func packed(ms []pipeline.Metrics) int {
 
 // pipeline builds one round's pipeline:
 // iterate ──► [Wrap] ──► pack ──► publish ──► broadcast.
-func (s *Sender) pipeline(src Source, version uint64) *pipeline.Pipeline {
+func (s *Sender) pipeline(src Source, version uint64, direct bool, turns *wire.DirectTurns) *pipeline.Pipeline {
 	p := pipeline.New(fmt.Sprintf("send v%d", version), s.tracing()...)
 	tensors := Iterate(p, src)
 	if s.cfg.Wrap != nil {
 		tensors = s.cfg.Wrap(p, tensors)
 	}
-	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: s.readsDirect(), Auth: s.cfg.Auth}
+	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: direct, Auth: s.cfg.Auth, turns: turns}
+	if turns != nil {
+		pc.turnWords = s.words.buf.DevicePtr()
+	}
 	if d, ok := src.(Describer); ok {
 		pc.Source = d.SourceInfo()
 	}
@@ -215,7 +245,7 @@ func (s *Sender) traceGPU(p *pipeline.Pipeline) {
 }
 
 // Graph describes the pipeline each Sync runs.
-func (s *Sender) Graph() pipeline.Graph { return s.pipeline(nil, 0).Graph() }
+func (s *Sender) Graph() pipeline.Graph { return s.pipeline(nil, 0, s.readsDirect(), nil).Graph() }
 
 func (s *Sender) tracing() []pipeline.Option {
 	if s.cfg.Tracer == nil {

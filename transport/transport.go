@@ -112,6 +112,9 @@ type DirectReader interface {
 	// memory in place: each shares the root's GPU and speaks a protocol
 	// that can. It is false on receivers' endpoints.
 	ReadsDirect() bool
+	// Receivers counts the receivers, ranks 1 to Receivers, that may
+	// take turns on the root's GPU (stages' turns.go).
+	Receivers() int
 }
 
 // Lender is implemented by receiver endpoints that can hand this rank the

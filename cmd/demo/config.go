@@ -38,6 +38,7 @@ type config struct {
 	verify    bool
 	checksum  bool
 	direct    bool
+	turns     bool
 	json      bool
 	trace     string
 	timeline  string
@@ -123,7 +124,7 @@ const (
 var flagOf = map[string]string{
 	"group": "group", "rank": "rank", "world_size": "world-size", "rendezvous": "rendezvous",
 	"run_id": "run-id", "transport": "transport", "bucket": "bucket", "timeout": "timeout",
-	"checksum": "checksum", "direct": "direct", "dtype": "dtype", "quantize": "quantize",
+	"checksum": "checksum", "direct": "direct", "turns": "turns", "dtype": "dtype", "quantize": "quantize",
 	"advertise": "advertise", "secret_file": "secret-file", "device": "devices", "senders": "senders", "tp": "tp",
 }
 
@@ -165,6 +166,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.IntVar(&c.rounds, "rounds", 3, "sync rounds `N` (model versions) to send")
 	fs.BoolVar(&c.verify, "verify", true, "check every received byte against the source")
 	fs.BoolVar(&c.checksum, "checksum", true, "checksum each bucket where its bytes are (on the GPU for device buckets) and check it on every receiver; false saves the last percent of speed")
+	fs.BoolVar(&c.turns, "turns", true, "with direct buckets on a GPU not shared through MPS, have the receivers copy in turns of at least 4 GiB, one after another, instead of all at once; false copies all at once, to compare")
 	fs.BoolVar(&c.direct, "direct", true, "let receivers on the sender's GPU copy its device tensors straight out of its memory (ipc) instead of taking buckets (with --secret-file, each bucket's MAC computed where they lie); false packs every bucket, to compare")
 	fs.BoolVar(&c.json, "json", false, "print one JSON summary on stdout instead of the table (also when the run fails)")
 	fs.StringVar(&c.trace, "trace", "", "write a Chrome trace (open in Perfetto or chrome://tracing) to `FILE`")
@@ -433,7 +435,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	// group secret, which it reads.
 	c.opts = weightcast.Options{
 		Group: c.group, RunID: c.runID, Transport: c.transport,
-		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct,
+		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct, NoTurns: !c.turns,
 		Quantize: c.quantize, Advertise: c.advertise, SecretFile: c.secretFile, TLS: c.tlsFiles, Senders: c.senders,
 	}
 	if err := c.opts.Validate(); err != nil {
@@ -496,6 +498,7 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 		"--verify=" + strconv.FormatBool(c.verify),
 		"--checksum=" + strconv.FormatBool(c.checksum),
 		"--direct=" + strconv.FormatBool(c.direct),
+		"--turns=" + strconv.FormatBool(c.turns),
 		"--seed", strconv.FormatUint(c.seed, 10),
 		"--timeout", c.timeout.String(),
 		"--trace-epoch", strconv.FormatInt(c.traceEpoch, 10),

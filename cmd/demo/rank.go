@@ -83,9 +83,12 @@ type roundResult struct {
 	Buckets int     `json:"buckets"`
 	// Direct counts, on the sender, the buckets its receivers read in
 	// place in its memory (--direct).
-	Direct  int           `json:"direct_buckets,omitempty"`
-	Tensors int           `json:"tensors"`
-	Stages  []stageResult `json:"stages"`
+	Direct int `json:"direct_buckets,omitempty"`
+	// TurnBuckets is, on the sender, how many buckets each receiver
+	// copied per turn (--turns); absent where they took no turns.
+	TurnBuckets int           `json:"turn_buckets,omitempty"`
+	Tensors     int           `json:"tensors"`
+	Stages      []stageResult `json:"stages"`
 	// BytesSent and BytesReceived are a routed round's payload bytes
 	// (--senders): what the plan gave this rank.
 	BytesSent     int64 `json:"bytes_sent,omitempty"`
@@ -276,7 +279,7 @@ func sendRounds(ctx context.Context, c *config, sender *weightcast.Sender, cuda 
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
-		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
+		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, TurnBuckets: st.TurnBuckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
 		if report != nil {
 			report(event{Type: "round", Rank: 0, Round: round, Bytes: st.Bytes, Total: layout.Size(), Elapsed: st.Duration.Seconds()})
 		}
@@ -341,7 +344,7 @@ func receiveRounds(ctx context.Context, c *config, receiver *weightcast.Receiver
 		if st.Version != uint64(round) {
 			return fmt.Errorf("round %d: received model version %d", round, st.Version)
 		}
-		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
+		res.Rounds = append(res.Rounds, roundResult{Version: st.Version, Seconds: st.Duration.Seconds(), Bytes: st.Bytes, Buckets: st.Buckets, Direct: st.Direct, TurnBuckets: st.TurnBuckets, Tensors: st.Tensors, Stages: stageResults(st.Stages)})
 		if verify != nil {
 			res.Checked += verify.Bytes
 			want += want1Size

@@ -47,7 +47,7 @@ _BY_CODE = {
 # write it); Python names it as the keyword, `bucket=`. The keywords of
 # Sender and Receiver are the fields' names; those that are not keywords
 # are named as the library names them.
-_KEYWORDS = {"quantize_include": None, "quantize_exclude": None, "direct": None}
+_KEYWORDS = {"quantize_include": None, "quantize_exclude": None, "direct": None, "turns": None}
 
 
 def keyword(field, value):

@@ -229,6 +229,9 @@ func (r *root) ReadsDirect() bool {
 	return true
 }
 
+// Receivers counts the receivers, ranks 1 to WorldSize-1.
+func (r *root) Receivers() int { return len(r.peers) }
+
 // read delivers a receiver's acks until its connection ends.
 func (r *root) read(p *peer) {
 	defer close(p.gone)

@@ -139,7 +139,10 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     *v = 4;
     return OK;
   case 93: // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
-    *v = 1;
+    // This stand-in cannot hold work back (its waits are refused unless
+    // met), so it says yes only to tests that queue met waits alone and
+    // set FAKECUDA_WAIT64=1; the others then take no turns.
+    *v = getenv("FAKECUDA_WAIT64") != NULL && strcmp(getenv("FAKECUDA_WAIT64"), "1") == 0;
     return OK;
   case 133: // CU_DEVICE_ATTRIBUTE_MPS_ENABLED: as FAKECUDA_MPS says
     if (!getenv("FAKECUDA_MPS"))
