@@ -58,7 +58,9 @@ import (
 // each run of direct buckets until the GPU has summed all of them
 // (Sender.sumsFirst): the sender's checksum kernels and the receivers'
 // copy kernels are of different processes and would otherwise take turns
-// with each other bucket by bucket.
+// with each other bucket by bucket. For the same reason the receivers, where
+// several share the GPU, copy the round in turns of several buckets, one
+// receiver after another (turns.go).
 
 // directPiece is one entry of a direct bucket as the sender's pack
 // placed it: n bytes at addr (in the allocation at base), at byte at of
