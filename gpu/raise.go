@@ -42,7 +42,8 @@ func (d *CUDADevice) StreamMemOps64() bool {
 // so that any process that maps the word may raise it at any time without
 // undoing a later raise. It is a one-thread kernel of the stream's
 // context; where the kernel is unavailable the error matches
-// ErrNoRaiseKernel.
+// ErrNoRaiseKernel. The maximum is unsigned while WaitValue64 compares
+// cyclically: keep a word's values within 2^63 of each other.
 func (s *Stream) RaiseValue64(addr, v uint64) error {
 	if err := s.check(); err != nil {
 		return err

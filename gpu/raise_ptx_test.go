@@ -20,7 +20,7 @@ func TestPTXRaise(t *testing.T) {
 		{1 << 32, 0xffffffff, 1 << 32},      // a later round's group 0 over an earlier round's release
 		{2<<32 | 7, 3<<32 | 0, 3<<32 | 0},   // the next round
 		{1<<63 - 1, 1 << 63, 1 << 63},       // unsigned, not signed
-		{1 << 63, ^uint64(0), ^uint64(0)},   // a release of everything
+		{1 << 63, ^uint64(0), ^uint64(0)},   // all ones
 		{^uint64(0), 5<<32 | 1, ^uint64(0)}, // nothing lowers it
 	} {
 		mem := &ptxMemory{}

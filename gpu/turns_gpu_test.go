@@ -99,13 +99,13 @@ func TestCUDARaiseWait64(t *testing.T) {
 		syncStream(t, s)
 	}
 	w := word.DevicePtr()
+	const want = 3<<32 | 2
 	t.Cleanup(func() { // if the test failed before the waiter was let go
-		if err := raiser.WriteValue64(w, ^uint64(0)); err != nil {
+		if err := raiser.WriteValue64(w, want); err != nil {
 			t.Error(err)
 		}
 		syncStream(t, raiser)
 	})
-	const want = 3<<32 | 2
 	if err := waiter.WaitValue64(w, want); err != nil {
 		t.Fatal(err)
 	}

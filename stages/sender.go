@@ -164,7 +164,7 @@ func (s *Sender) Sync(ctx context.Context, src Source, version uint64) (RoundSta
 	if err != nil {
 		if turns != nil {
 			// No receiver's wait outlives the round.
-			err = errors.Join(err, s.words.release())
+			err = errors.Join(err, s.words.release(turns.Round))
 		}
 		err = abortBus(s.cfg.Publisher, err, s.cfg.Blame) // receivers fail with this reason, not "the root left"
 		s.broken = err

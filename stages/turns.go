@@ -33,10 +33,14 @@ import (
 // Nothing bounds a wait on the GPU, so every way out of a round lets
 // every wait go: the words only grow (gpu.Stream.RaiseValue64, an atomic
 // maximum, never a plain write that a late one could undo); a rank whose
-// round fails, the root included, writes all ones into every word from a
-// stream that waits for nothing (releaseTurns), and a failed round leaves
-// the Sender and every Receiver broken, so no later round meets those
-// words. Turns are a schedule and never a check: a wait that ends early
+// round fails, the root included, writes the round's last value into
+// every word from a stream that waits for nothing (releaseTurns), above
+// every value of the round that a late raise could bring; and a failed
+// round leaves the Sender and every Receiver broken, so no later round
+// meets those words. The driver compares a 64-bit wait cyclically
+// (int64(word-value) >= 0), so a value ends the waits for those below it
+// by less than 2^63: all ones would end none of them; the Sender keeps
+// its round count below 2^31. Turns are a schedule and never a check: a wait that ends early
 // costs speed, never bytes.
 
 // turnBytes is the least a turn holds: with 4 GiB kernels three processes
@@ -53,9 +57,10 @@ const maxTurnBuckets = transport.DefaultWindow / 2
 // turnValue is the value of group g of round r in the turns' words.
 func turnValue(round uint32, g uint64) uint64 { return uint64(round)<<32 | g }
 
-// turnsDone is what a rank that fails a round writes into every word: it
-// ends every wait, of this round and of any other.
-const turnsDone = ^uint64(0)
+// turnsEnd is the last value of round r, which ends each of its waits: a
+// rank that does not take the round's turns raises the next rank's word
+// to it, and a rank whose round fails writes it into every word.
+func turnsEnd(round uint32) uint64 { return turnValue(round, 0xffffffff) }
 
 // turnWords are a Sender's words of turns: one 64-bit word per receiver in
 // device memory that the receivers map (exported with the direct buckets'
@@ -106,7 +111,7 @@ func (s *Sender) turns(direct bool) *wire.DirectTurns {
 		}
 		s.words = w
 	}
-	if w.round == 1<<32-1 {
+	if w.round >= wire.MaxTurnsRound {
 		return nil // no round value left for the words
 	}
 	w.round++
@@ -154,13 +159,13 @@ func newTurnWords(dev *gpu.CUDADevice, n int) (*turnWords, error) {
 	return w, nil
 }
 
-// release writes all ones into every word, which ends every receiver's
-// wait: the root's round failed.
-func (w *turnWords) release() error {
+// release writes the last value of round into every word, which ends
+// every receiver's wait: the root's round failed.
+func (w *turnWords) release(round uint32) error {
 	if w == nil {
 		return nil
 	}
-	return releaseWords(w.stream, w.buf.DevicePtr(), w.n)
+	return releaseWords(w.stream, w.buf.DevicePtr(), w.n, round)
 }
 
 // close frees the words and their stream, once nothing queued on it runs.
@@ -173,12 +178,13 @@ func (w *turnWords) close() error {
 	return errors.Join(w.buf.Free(), w.stream.Close())
 }
 
-// releaseWords queues on s a write of all ones into each of the n words
-// at words, and waits for them (at most finalWait).
-func releaseWords(s *gpu.Stream, words uint64, n int) error {
+// releaseWords queues on s a write of round's last value into each of the
+// n words at words, and waits for them (at most finalWait). A plain write
+// lowers no word of the round: none holds more than its last value.
+func releaseWords(s *gpu.Stream, words uint64, n int, round uint32) error {
 	var errs []error
 	for i := range n {
-		errs = append(errs, s.WriteValue64(words+8*uint64(i), turnsDone))
+		errs = append(errs, s.WriteValue64(words+8*uint64(i), turnsEnd(round)))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
 	defer cancel()
@@ -292,7 +298,7 @@ func (ld *Loader) passTurns(dev *gpu.CUDADevice, words uint64, t *wire.DirectTur
 	if err != nil {
 		return err
 	}
-	last := turnValue(t.Round, 0xffffffff)
+	last := turnsEnd(t.Round)
 	if receiverOf(t, ld.rank) {
 		err = s.RaiseValue64(words+8*uint64(ld.rank%t.Receivers), last)
 	} else {
@@ -310,9 +316,9 @@ func (ld *Loader) passTurns(dev *gpu.CUDADevice, words uint64, t *wire.DirectTur
 }
 
 // releaseTurns ends every wait of the round's turns, this rank's too: its
-// round failed. It writes all ones into every word from the Loader's
-// stream that waits for nothing, before the round's queued copies are
-// waited for.
+// round failed. It writes the round's last value into every word from the
+// Loader's stream that waits for nothing, before the round's queued copies
+// are waited for.
 func (ld *Loader) releaseTurns(t *roundTurns) error {
 	if t.turns == nil {
 		return nil
@@ -323,7 +329,7 @@ func (ld *Loader) releaseTurns(t *roundTurns) error {
 	if err != nil {
 		return fmt.Errorf("turns: letting every receiver's wait go: %w", err)
 	}
-	return releaseWords(s, t.turns.words, t.turns.Receivers)
+	return releaseWords(s, t.turns.words, t.turns.Receivers, t.turns.Round)
 }
 
 // sideStream returns the Loader's stream for passes and releases, which

@@ -2,7 +2,6 @@ package wire
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -96,16 +95,18 @@ type DirectInfo struct {
 // raise landing late never lowers a word. A group ends at the bucket that
 // ends its Index range, at the round's last bucket, or at the first
 // bucket of the round that is not in it. A receiver that does not take
-// turns raises the next rank's word to Round<<32 | 0xffffffff at the
-// round's first bucket; a rank whose round fails raises every word to all
-// ones.
+// turns raises the next rank's word to Round<<32 | 0xffffffff, the round's
+// last value, at the round's first bucket; a rank whose round fails writes
+// that value into every word. The GPU compares a 64-bit wait cyclically
+// (int64(word-value) >= 0), which rounds below 2^31 keep consistent.
 type DirectTurns struct {
 	// Alloc is the allocation of DirectInfo.Allocs that holds the words.
 	Alloc int `json:"alloc"`
 	// Receivers counts the ranks that take turns: ranks 1 to Receivers,
 	// in that order.
 	Receivers int `json:"receivers"`
-	// Round numbers the sender's rounds with turns, from 1.
+	// Round numbers the sender's rounds with turns, from 1, below
+	// MaxTurnsRound.
 	Round uint32 `json:"round"`
 	// Every is how many buckets a group holds.
 	Every int `json:"every"`
@@ -113,6 +114,10 @@ type DirectTurns struct {
 
 // MaxTurnsReceivers is the most receivers that take turns on one GPU.
 const MaxTurnsReceivers = 1 << 10
+
+// MaxTurnsRound bounds DirectTurns.Round: values stay below 2^63, where
+// the GPU's cyclic comparison of 64-bit words orders them.
+const MaxTurnsRound = 1<<31 - 1
 
 // DirectAlloc is one of the sender's device allocations.
 type DirectAlloc struct {
@@ -361,8 +366,8 @@ func (m *BucketMeta) checkDirect() error {
 			return fmt.Errorf("turns of %d receivers (allowed 1..%d)", t.Receivers, MaxTurnsReceivers)
 		case d.Allocs[t.Alloc].Size < 8*int64(t.Receivers):
 			return fmt.Errorf("the turns' words of %d receivers do not fit their %d-byte allocation", t.Receivers, d.Allocs[t.Alloc].Size)
-		case t.Round == 0:
-			return errors.New("turns of round 0; rounds with turns count from 1")
+		case t.Round == 0 || t.Round > MaxTurnsRound:
+			return fmt.Errorf("turns of round %d (allowed 1..%d)", t.Round, MaxTurnsRound)
 		case t.Every < 1 || t.Every > MaxEntries:
 			return fmt.Errorf("turns of %d buckets (allowed 1..%d)", t.Every, MaxEntries)
 		}

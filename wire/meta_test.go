@@ -65,7 +65,7 @@ func TestDirectTurns(t *testing.T) {
 	turned := func(f func(*DirectTurns)) *BucketMeta {
 		m := directMeta()
 		m.Direct.Allocs = append(m.Direct.Allocs, DirectAlloc{Handle: strings.Repeat("cd", 64), Size: 64, Addr: "7f1000000000"})
-		m.Direct.Turns = &DirectTurns{Alloc: 1, Receivers: 3, Round: 1<<32 - 1, Every: 4}
+		m.Direct.Turns = &DirectTurns{Alloc: 1, Receivers: 3, Round: MaxTurnsRound, Every: 4}
 		f(m.Direct.Turns)
 		return m
 	}
@@ -74,7 +74,7 @@ func TestDirectTurns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(enc), `"turns":{"alloc":1,"receivers":3,"round":4294967295,"every":4}`) {
+	if !strings.Contains(string(enc), `"turns":{"alloc":1,"receivers":3,"round":2147483647,"every":4}`) {
 		t.Fatalf("turns encoded as %s", enc)
 	}
 	if got, ok := decodeCanonical(enc); !ok || !reflect.DeepEqual(got.Direct.Turns, m.Direct.Turns) {
@@ -92,7 +92,8 @@ func TestDirectTurns(t *testing.T) {
 		{"negative allocation", func(d *DirectTurns) { d.Alloc = -1 }, "allocation -1 of 2"},
 		{"no receivers", func(d *DirectTurns) { d.Receivers = 0 }, "turns of 0 receivers"},
 		{"words past the allocation", func(d *DirectTurns) { d.Receivers = 9 }, "do not fit their 64-byte allocation"},
-		{"round 0", func(d *DirectTurns) { d.Round = 0 }, "round 0"},
+		{"round 0", func(d *DirectTurns) { d.Round = 0 }, "turns of round 0"},
+		{"a round past 2^31-1", func(d *DirectTurns) { d.Round = MaxTurnsRound + 1 }, "turns of round 2147483648"},
 		{"groups of no bucket", func(d *DirectTurns) { d.Every = 0 }, "turns of 0 buckets"},
 	} {
 		enc, err := EncodeMeta(turned(c.f))
@@ -104,7 +105,7 @@ func TestDirectTurns(t *testing.T) {
 		}
 	}
 	// A round past 32 bits is refused by both decoders.
-	bad := strings.Replace(string(enc), `"round":4294967295`, `"round":4294967296`, 1)
+	bad := strings.Replace(string(enc), `"round":2147483647`, `"round":4294967296`, 1)
 	if _, err := DecodeMeta([]byte(bad)); err == nil {
 		t.Error("a round of 2^32 was taken")
 	}

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -378,7 +379,11 @@ CUresult cuStreamWaitValue32_v2(void *s, CUdeviceptr addr, uint32_t v, unsigned 
   return r;
 }
 // cuStreamWriteValue64_v2 and cuStreamWaitValue64_v2 are the 32-bit
-// ones' over 8-byte words.
+// ones' over 8-byte words, except that a 64-bit wait not met when it is
+// queued may hold the caller (in place of the stream, which this stand-in
+// cannot hold back) until another thread meets it: for FAKECUDA_WAIT_MS
+// milliseconds at most (0, the default, refuses it at once), so that
+// goroutines taking turns through such words run in their order.
 CUresult cuStreamWriteValue64_v2(void *s, CUdeviceptr addr, uint64_t v, unsigned flags) {
   NEED_CTX();
   NEED_STREAM(s);
@@ -396,12 +401,20 @@ CUresult cuStreamWaitValue64_v2(void *s, CUdeviceptr addr, uint64_t v, unsigned 
   NEED_STREAM(s);
   if (flags != 0 || addr % 8 != 0)
     return INVALID_VALUE;
-  pthread_rwlock_rdlock(&mem_mu);
-  CUresult r = live(addr, 8) && (int64_t)(__atomic_load_n((uint64_t *)(uintptr_t)addr, __ATOMIC_RELAXED) - v) >= 0
-                   ? OK
-                   : INVALID_VALUE;
-  pthread_rwlock_unlock(&mem_mu);
-  return r;
+  const char *env = getenv("FAKECUDA_WAIT_MS");
+  long polls = env ? atol(env) * 10 : 0; // one poll per 100 us
+  for (;;) {
+    pthread_rwlock_rdlock(&mem_mu);
+    int ok = live(addr, 8);
+    int met = ok && (int64_t)(__atomic_load_n((uint64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - v) >= 0;
+    pthread_rwlock_unlock(&mem_mu);
+    if (met)
+      return OK;
+    if (!ok || polls-- <= 0)
+      return INVALID_VALUE;
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
   NEED_CTX();
