@@ -52,9 +52,12 @@ const attrMultiprocessorCount cuDeviceAttribute = 16
 // Multi-Process Service.
 const attrMPSEnabled cuDeviceAttribute = 133
 
-// attrStreamMemOps64 is CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
-// whether cuStreamWaitValue64 and cuStreamWriteValue64 work on the device.
-const attrStreamMemOps64 cuDeviceAttribute = 93
+// attrStreamMemOps64 is CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+// (CUDA 12 and later): whether the _v2 cuStreamWaitValue64 and
+// cuStreamWriteValue64 work on the device. 93, the value before CUDA 12,
+// is now the deprecated _V1 attribute of the v1 calls, which a CUDA 13
+// driver answers 0 on an H100.
+const attrStreamMemOps64 cuDeviceAttribute = 122
 
 // maxKernelArgs bounds the arguments cuLaunchKernel passes to a kernel
 // (WC_MAX_KERNEL_ARGS of cuda_shim.h).

@@ -139,7 +139,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
   case 16: // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     *v = 4;
     return OK;
-  case 93: // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+  case 122: // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
     // This stand-in cannot hold work back (its waits are refused unless
     // met), so it says yes only to tests that queue met waits alone and
     // set FAKECUDA_WAIT64=1; the others then take no turns.
