@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/mem"
@@ -127,8 +128,8 @@ func (s *Sender) turns(direct bool) *wire.DirectTurns {
 // 2 MiB page.
 const turnWordsBytes = 2 << 20
 
-// newTurnWords allocates and zeroes n words on dev, after checking that dev
-// runs 64-bit waits and the raise kernel (a raise of the first word to 0).
+// newTurnWords allocates and zeroes n words on dev, once dev has shown
+// that its waits and raises take turns (checkTurns).
 func newTurnWords(dev *gpu.CUDADevice, n int) (*turnWords, error) {
 	if !dev.StreamMemOps64() {
 		return nil, fmt.Errorf("%s does not run 64-bit stream memory operations", dev.Name())
@@ -144,19 +145,106 @@ func newTurnWords(dev *gpu.CUDADevice, n int) (*turnWords, error) {
 		return nil, errors.Join(err, s.Close())
 	}
 	w := &turnWords{dev: dev, buf: buf, n: n, stream: s}
-	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
-	defer cancel()
-	err = s.Memset(buf, 0, buf.Len(), 0)
+	err = checkTurns(dev, s, buf)
 	if err == nil {
-		err = s.RaiseValue64(buf.DevicePtr(), 0)
-	}
-	if err == nil {
-		err = s.Sync(ctx)
+		ctx, cancel := context.WithTimeout(context.Background(), finalWait)
+		defer cancel()
+		if err = s.Memset(buf, 0, buf.Len(), 0); err == nil {
+			err = s.Sync(ctx)
+		}
 	}
 	if err != nil {
 		return nil, errors.Join(err, w.close())
 	}
 	return w, nil
+}
+
+// turnsCheckWait bounds checkTurns' wait for a met wait to end.
+const turnsCheckWait = 5 * time.Second
+
+// checkTurns tries, on dev, what receivers in turns rely on, before any
+// does: work queued behind a wait on the first word of buf (a stream of
+// its own, queued from a goroutine of its own, which is what a receiver
+// is to the next) does not run while a raise leaves the word below the
+// wait's value, and runs once a raise reaches it. A GPU or driver where
+// this fails takes no turns.
+func checkTurns(dev *gpu.CUDADevice, s *gpu.Stream, buf mem.Buffer) (err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), finalWait)
+	defer cancel()
+	word := buf.DevicePtr()
+	if err := s.Memset(buf, 0, 16, 0); err != nil {
+		return err
+	}
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	waiter, err := dev.NewStream()
+	if err != nil {
+		return err
+	}
+	queued := make(chan error, 1)
+	go func() {
+		err := waiter.WaitValue64(word, turnValue(1, 1))
+		if err == nil {
+			err = waiter.Memset(buf, 8, 8, 0xab) // the work behind the wait
+		}
+		queued <- err
+	}()
+	defer func() {
+		// Whatever happened, the wait ends before the stream goes.
+		if werr := s.WriteValue64(word, turnsEnd(1)); werr != nil {
+			err = errors.Join(err, werr)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, turnsCheckWait)
+		defer wcancel()
+		select {
+		case <-queued:
+		case <-wctx.Done():
+		}
+		if serr := waiter.Sync(wctx); serr != nil {
+			err = errors.Join(err, fmt.Errorf("turns: a met wait did not end: %w", serr))
+			return
+		}
+		err = errors.Join(err, waiter.Close())
+	}()
+	marked := func() (bool, error) {
+		b := make([]byte, 8)
+		if err := s.CopyDtoH(b, buf, 8); err != nil {
+			return false, err
+		}
+		return b[0] == 0xab, nil
+	}
+	if err := s.RaiseValue64(word, turnValue(1, 0)); err != nil {
+		return err
+	}
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	time.Sleep(time.Millisecond)
+	if done, err := marked(); err != nil || done {
+		return errors.Join(err, errors.New("turns: work behind a wait ran before its word reached the wait's value"))
+	}
+	if err := s.RaiseValue64(word, turnValue(1, 1)); err != nil {
+		return err
+	}
+	wctx, wcancel := context.WithTimeout(ctx, turnsCheckWait)
+	defer wcancel()
+	select {
+	case err := <-queued:
+		queued <- err // for the deferred wait
+		if err != nil {
+			return err
+		}
+	case <-wctx.Done():
+		return errors.New("turns: a wait was not queued within 5 s of its word's raise")
+	}
+	if err := waiter.Sync(wctx); err != nil {
+		return fmt.Errorf("turns: the work behind a met wait did not run: %w", err)
+	}
+	if done, err := marked(); err != nil || !done {
+		return errors.Join(err, errors.New("turns: the work behind a met wait did not run"))
+	}
+	return nil
 }
 
 // release writes the last value of round into every word, which ends

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -170,6 +171,7 @@ func TestSenderTurnsOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestSenderT
 func TestSenderTurnsOnFakesChild(t *testing.T) {
 	gputest.InFakeChild(t)
 	os.Setenv("FAKECUDA_WAIT64", "1")
+	os.Setenv("FAKECUDA_WAIT_MS", "5000") // the check of turns at the words' making waits
 	d := gputest.Device(t)
 	pool := func(size int) *Pool {
 		p, err := NewPool(d, DefaultBuffers, size)
@@ -205,6 +207,18 @@ func TestSenderTurnsOnFakesChild(t *testing.T) {
 	defer none.Close()
 	if one.turns(true) != nil || none.turns(true) != nil {
 		t.Fatal("turns with one receiver, or with NoTurns")
+	}
+	// A GPU whose waits do not hold work back (the stand-in refusing
+	// them) fails the check at the words' making: no turns, said once.
+	os.Setenv("FAKECUDA_WAIT_MS", "0")
+	var logs strings.Builder
+	broken := NewSender(SenderConfig{Endpoint: ep, Pool: pool(1 << 20), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer broken.Close()
+	if tr := broken.turns(true); tr != nil || broken.turns(true) != nil {
+		t.Fatalf("turns %+v where waits do not work", tr)
+	}
+	if n := strings.Count(logs.String(), "without taking turns"); n != 1 {
+		t.Fatalf("the sender said %d times that its receivers take no turns:\n%s", n, logs.String())
 	}
 }
 

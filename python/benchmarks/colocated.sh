@@ -7,8 +7,9 @@
 #
 # Rows: the demo with 1 and 3 receivers, 1 GiB and 256 MiB buckets, checksums
 # on and off, receivers reading the sender's tensors in place (--direct, the
-# default) and taking buckets (--direct=false); then each peer with 1 and 3
-# receivers. Every figure is GB/s per receiver, the median of rounds 2..N.
+# default) and taking buckets (--direct=false), three receivers in place
+# also without turns (--turns=false, the copies of all receivers at once);
+# then each peer with 1 and 3 receivers. Every figure is GB/s per receiver, the median of rounds 2..N.
 # --quick keeps the 1 GiB rows and 3 rounds (about half the time; the full
 # run fits in 9 minutes on one H200). The raw JSON of every run goes to DIR
 # (default: a new temporary directory, named at the end).
@@ -54,14 +55,15 @@ if [ "$quick" = 1 ]; then rounds=3; buckets=1GiB; fi
 
 rows=() # "label<TAB>json file"
 
-# demo ranks bucket checksum direct: one run of the demo, its JSON kept.
+# demo ranks bucket checksum direct [turns]: one run of the demo, its JSON
+# kept.
 run_demo() {
-	local ranks=$1 bucket=$2 sum=$3 direct=$4
-	local f="$out/demo-r$ranks-$bucket-sum$sum-direct$direct.json"
-	echo "demo: $((ranks - 1)) receivers, $bucket buckets, checksum $sum, direct $direct" >&2
+	local ranks=$1 bucket=$2 sum=$3 direct=$4 turns=${5:-true}
+	local f="$out/demo-r$ranks-$bucket-sum$sum-direct$direct-turns$turns.json"
+	echo "demo: $((ranks - 1)) receivers, $bucket buckets, checksum $sum, direct $direct, turns $turns" >&2
 	"$demo" --transport ipc --devices 0 --size "$size" --tensors "$tensors" --rounds "$rounds" \
-		--ranks "$ranks" --bucket "$bucket" --checksum="$sum" --direct="$direct" --json >"$f" 2>"$f.stderr" || true
-	rows+=("weightcast, $((ranks - 1)) recv, $bucket, checksum $sum, $([ "$direct" = true ] && echo 'in place' || echo buckets)	$f")
+		--ranks "$ranks" --bucket "$bucket" --checksum="$sum" --direct="$direct" --turns="$turns" --json >"$f" 2>"$f.stderr" || true
+	rows+=("weightcast, $((ranks - 1)) recv, $bucket, checksum $sum, $([ "$direct" = true ] && echo 'in place' || echo buckets)$([ "$turns" = true ] || echo ', no turns')	$f")
 }
 
 # peer mode receivers: one run of a plain-PyTorch peer, its JSON kept.
@@ -79,6 +81,7 @@ for ranks in 4 2; do
 		for sum in true false; do
 			run_demo "$ranks" "$bucket" "$sum" true
 		done
+		[ "$ranks" = 2 ] || run_demo "$ranks" "$bucket" true true false
 	done
 	for sum in true false; do
 		run_demo "$ranks" 1GiB "$sum" false
@@ -110,6 +113,8 @@ for line in sys.stdin:
             if r0 and r0.get("rounds"):
                 last = r0["rounds"][-1]
                 note = "%d of %d buckets in place" % (last.get("direct_buckets", 0), last.get("buckets", 0))
+                if last.get("turn_buckets"):
+                    note += ", turns of %d buckets" % last["turn_buckets"]
     rows.append((label, gbps, note))
 print("| run | GB/s per receiver | note |")
 print("| --- | --- | --- |")
