@@ -41,8 +41,8 @@ import (
 // meets those words. The driver compares a 64-bit wait cyclically
 // (int64(word-value) >= 0), so a value ends the waits for those below it
 // by less than 2^63: all ones would end none of them; the Sender keeps
-// its round count below 2^31. Turns are a schedule and never a check: a wait that ends early
-// costs speed, never bytes.
+// its round count below 2^31. Turns are a schedule and never a check: a
+// wait that ends early costs speed, never bytes.
 
 // turnBytes is the least a turn holds: with 4 GiB kernels three processes
 // in turns kept 96% of one process's copy rate on an H200, with 1 GiB 85%
