@@ -68,7 +68,6 @@ func turnsEnd(round uint32) uint64 { return turnValue(round, 0xffffffff) }
 // allocations), allocated at the first round with turns and zeroed, kept
 // for the Sender's life, with a stream of their own for releases.
 type turnWords struct {
-	dev    *gpu.CUDADevice
 	buf    mem.Buffer
 	n      int
 	stream *gpu.Stream
@@ -96,8 +95,10 @@ func (s *Sender) turns(direct bool) *wire.DirectTurns {
 	if err != nil || dev.MPS() {
 		return nil
 	}
+	// The endpoint and the pool, so the receivers and the GPU, are the
+	// Sender's for its life: the words are made once.
 	w := s.words
-	if w == nil || w.n != n || w.dev != dev {
+	if w == nil {
 		if w, err = newTurnWords(dev, n); err != nil {
 			s.turnsOff = true
 			logger := s.cfg.Logger
@@ -106,9 +107,6 @@ func (s *Sender) turns(direct bool) *wire.DirectTurns {
 			}
 			logger.Warn("weightcast: receivers on the sender's GPU copy without taking turns (said once)", "reason", err)
 			return nil
-		}
-		if s.words != nil {
-			s.words.close()
 		}
 		s.words = w
 	}
@@ -144,7 +142,7 @@ func newTurnWords(dev *gpu.CUDADevice, n int) (*turnWords, error) {
 	if err != nil {
 		return nil, errors.Join(err, s.Close())
 	}
-	w := &turnWords{dev: dev, buf: buf, n: n, stream: s}
+	w := &turnWords{buf: buf, n: n, stream: s}
 	err = checkTurns(dev, s, buf)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), finalWait)
@@ -191,7 +189,9 @@ func checkTurns(dev *gpu.CUDADevice, s *gpu.Stream, buf mem.Buffer) (err error) 
 		queued <- err
 	}()
 	defer func() {
-		// Whatever happened, the wait ends before the stream goes.
+		// Whatever happened, the wait ends before the stream goes, and
+		// the goroutine that queued it has returned: until then the
+		// stream stays open, rather than be closed under it.
 		if werr := s.WriteValue64(word, turnsEnd(1)); werr != nil {
 			err = errors.Join(err, werr)
 		}
@@ -200,6 +200,8 @@ func checkTurns(dev *gpu.CUDADevice, s *gpu.Stream, buf mem.Buffer) (err error) 
 		select {
 		case <-queued:
 		case <-wctx.Done():
+			err = errors.Join(err, errors.New("turns: queueing a wait did not return within 5 s; leaving its stream open"))
+			return
 		}
 		if serr := waiter.Sync(wctx); serr != nil {
 			err = errors.Join(err, fmt.Errorf("turns: a met wait did not end: %w", serr))
@@ -361,7 +363,7 @@ func (t *roundTurns) pass() error {
 	t.open = false
 	next := t.rank % t.turns.Receivers // the next rank's word
 	if err := t.stream.RaiseValue64(t.turns.words+8*uint64(next), turnValue(t.turns.Round, t.group)); err != nil {
-		return fmt.Errorf("passing the turn to the next receiver: %w", err)
+		return fmt.Errorf("passing the turn of group %d (round %d of turns) to rank %d: %w", t.group, t.turns.Round, next+1, err)
 	}
 	return nil
 }
@@ -412,8 +414,8 @@ func (ld *Loader) releaseTurns(t *roundTurns) error {
 		return nil
 	}
 	ld.mu.Lock()
-	defer ld.mu.Unlock()
 	s, err := ld.sideStream(t.stream.Device())
+	ld.mu.Unlock() // the stream is the Loader's until Close, which no round runs beside
 	if err != nil {
 		return fmt.Errorf("turns: letting every receiver's wait go: %w", err)
 	}
