@@ -33,3 +33,13 @@ func BenchmarkChecksumSum(b *testing.B) { benchSum(b, func(p []byte) { checksum.
 func BenchmarkChecksumSumParallel(b *testing.B) {
 	benchSum(b, func(p []byte) { checksum.SumParallel(p) })
 }
+
+func BenchmarkPolySum(b *testing.B) {
+	key, nonce := NewPolyKey(&[PolyKeySize]byte{1, 2, 3}), &Nonce{4}
+	benchSum(b, func(p []byte) { PolySum(key, nonce, p) })
+}
+
+func BenchmarkPolySumParallel(b *testing.B) {
+	key, nonce := NewPolyKey(&[PolyKeySize]byte{1, 2, 3}), &Nonce{4}
+	benchSum(b, func(p []byte) { PolySumParallel(key, nonce, p) })
+}
