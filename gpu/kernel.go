@@ -29,6 +29,7 @@ type deviceKernels struct {
 	mps     bool
 
 	raise        onceKernel
+	poly         onceKernel
 	memOps64Once sync.Once
 	memOps64     bool
 }
@@ -210,7 +211,7 @@ func (d *CUDADevice) MPS() bool {
 }
 
 // unloadKernels frees the spare descriptor memory and unloads the gather,
-// checksum, cast, fused gather and checksum, layout, quantize, MAC and raise modules, if loaded,
+// checksum, cast, fused gather and checksum, layout, quantize, MAC, raise and Poly1305 modules, if loaded,
 // before Close releases the context.
 func (d *CUDADevice) unloadKernels() error {
 	k := &d.kernels
@@ -219,7 +220,7 @@ func (d *CUDADevice) unloadKernels() error {
 		k.sumSpare.free(), k.gatherSum.unload(d, "fused gather and checksum"),
 		k.layoutSpare.free(), k.gatherLayout.unload(d, "gather and layout checksum"),
 		k.quant.unload(d, "quantize"), k.macLayoutSpare.free(), k.mac.unload(d),
-		k.raise.unload(d, "raise"))
+		k.raise.unload(d, "raise"), k.poly.unload(d, "Poly1305"))
 }
 
 // launch queues kernel k on s over a grid of blocks×threads with the

@@ -93,7 +93,7 @@ const (
 	cSetp
 	cSelp
 	cBin
-	cMulWide
+	cMulWide // mul.wide.u32; mad.wide.u32 (sub "mad")
 	cClz
 	cShf
 	cPrmt
@@ -605,6 +605,14 @@ func (k *ptxKernel) decode(in *ptxInst, argText string) error {
 			in.args = append(in.args, op)
 		}
 		return nil
+	case "mad":
+		// mad.wide.u32 d, a, b, c: d = a·b + c, a and b 32-bit, d and c
+		// 64-bit.
+		if in.op != "mad.wide.u32" {
+			return fmt.Errorf("%s: the interpreter knows mad.wide.u32 only", in.op)
+		}
+		in.code, in.width, in.sub = cMulWide, 32, "mad"
+		return operands([]int{roleDst, roleReg, roleReg, roleSrc}, []uint{64, 32, 32, 64})
 	case "add", "sub", "min", "max", "and", "or", "xor", "shl", "shr", "mul":
 		if in.op == "add.rn.f32" || in.op == "mul.rn.f32" {
 			return k.decodeF32(in, parts[0], operands)
@@ -1456,7 +1464,13 @@ func (k *ptxKernel) runThread(th *ptxThread, mem *ptxMemory, sh *ptxShared, para
 				if err != nil {
 					return err
 				}
-				put(&in.args[0], mask(a, 32)*mask(b, 32))
+				var c uint64
+				if in.sub == "mad" {
+					if c, err = get(&in.args[3]); err != nil {
+						return err
+					}
+				}
+				put(&in.args[0], mask(a, 32)*mask(b, 32)+c)
 			case cShf, cPrmt:
 				a, b, err := get2()
 				if err != nil {
@@ -1708,7 +1722,7 @@ func TestPTXInterpreterRefuses(t *testing.T) {
 		"ld.global.u16 %r1, [%r2];":                          "no declared 64-bit register",
 		"ld.param.u32 %r1, [p];":                             "8-byte parameter",
 		"st.global.v4.u64 [%rd1], {%rd1, %rd1, %rd1, %rd1};": "at most 128 bits",
-		"mad.lo.u32 %r1, %r1, %r1, %r1;":                     "does not know mad.lo.u32",
+		"mad.lo.u32 %r1, %r1, %r1, %r1;":                     "knows mad.wide.u32 only",
 		"shf.r.wrap.b64 %rd1, %rd1, %rd1, 3;":                "unknown shf.r.wrap.b64",
 		"shf.r.wrap.b32 %r1, %r1, 5, %r2;":                   "want a register",
 		"prmt.b32.f4e %r1, %r1, %r1, 0;":                     "generic form",
@@ -1773,6 +1787,7 @@ func TestPTXInterpreterSemantics(t *testing.T) {
 		{"mov.u64 %rd1, -7046029254386353131;", 0x9e3779b97f4a7c15},
 		{"mov.u64 %rd1, 0xffffffffffffffff;\nmul.lo.u64 %rd1, %rd1, %rd1;", 1},
 		{"mov.u32 %r1, 0xffffffff;\nmul.wide.u32 %rd1, %r1, %r1;", 0xfffffffe00000001},
+		{"mov.u32 %r1, 0xffffffff;\nmov.u64 %rd1, 0xffffffff;\nmad.wide.u32 %rd1, %r1, %r1, %rd1;", 0xffffffff00000000},
 		{"mov.u32 %r1, 0x12345;\ncvt.u16.u32 %h1, %r1;\ncvt.u64.u16 %rd1, %h1;", 0x2345},
 		{"mov.u32 %r1, 100;\ndiv.u32 %r1, %r1, 7;\ncvt.u64.u32 %rd1, %r1;", 14},
 		{"mov.u32 %r1, 100;\nmov.u32 %r2, 7;\nrem.u32 %r1, %r1, %r2;\ncvt.u64.u32 %rd1, %r1;", 2},

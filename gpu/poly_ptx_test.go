@@ -1,0 +1,174 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/weightcast/weightcast/mac"
+)
+
+// The tests below run the embedded poly.ptx on the host, through the PTX
+// interpreter of ptx_interp_test.go, as checksum_ptx_test.go runs the
+// checksum kernel: the message is mapped read-only and exactly n bytes
+// long, and so is the key's table of powers.
+
+const ptxPolyTableBase = 0x7f2000000000
+
+func polyPTXKernel(t *testing.T) *ptxKernel {
+	k := parsePTX(t, "poly.ptx", polyPTX)
+	if k.name != "wc_poly" || len(k.params) != 10 || k.paramSize[9] != 4 {
+		t.Fatalf("kernel %s(%v): want wc_poly(u64 buf, u64 n, u64 blk, u64 q, u64 rs01, u64 rs23, u64 rs4, u64 pow, u64 slots, u32 first)", k.name, k.params)
+	}
+	return k
+}
+
+// polyTable returns key's table of powers as PolyMACer writes it.
+func polyTable(key *mac.PolyKey) []byte {
+	pow := key.Powers()
+	raw := make([]byte, len(pow)*polyPowerBytes)
+	for j, l := range pow {
+		for i, v := range l {
+			binary.LittleEndian.PutUint32(raw[j*polyPowerBytes+4*i:], v)
+		}
+	}
+	return raw
+}
+
+// runPolyPTXInto launches the kernel over msg, blocks blk on of a message
+// of q blocks, mapped at ptxBufBase+off, on a grid of blocks×threads whose
+// blocks run in the order given (nil: 0, 1, ...), adding into slot with
+// the parameter first.
+func runPolyPTXInto(t *testing.T, k *ptxKernel, slot ptxSumSlot, key *mac.PolyKey, msg []byte, off, blk, q uint64, blocks, threads int, order []int, first bool) {
+	t.Helper()
+	mem := &ptxMemory{}
+	mem.addRegion(ptxBufBase+off, msg, true, "message")
+	mem.addRegion(ptxPolyTableBase, polyTable(key), true, "table of powers")
+	mem.add(ptxSlotsBase, slot)
+	rs := key.Power(uint64(blocks * threads))
+	err := k.runBlocks(mem, blocks, threads, order, ptxBufBase+off, uint64(len(msg)), blk, q,
+		uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]),
+		ptxPolyTableBase, ptxSlotsBase, ptxFirst(first))
+	if err != nil {
+		t.Fatalf("%d bytes at offset %d, %d×%d threads: %v", len(msg), off, blocks, threads, err)
+	}
+}
+
+// polySums returns the limb sums of the slot's result words, as
+// PendingPolyMAC.Wait adds them, once it has checked that the launch left
+// the partials and the ticket zeroed and that no thread added past its
+// lane's five words.
+func polySums(t *testing.T, slot ptxSumSlot) [5]uint64 {
+	t.Helper()
+	slot.result(t)
+	var sums [5]uint64
+	for i := range checksumSlots {
+		v := binary.LittleEndian.Uint64(slot[checksumResult+8*i:])
+		if i >= 5*polyLanes {
+			if v != 0 {
+				t.Fatalf("result word %d, past the lanes' partials, is %#x", i, v)
+			}
+			continue
+		}
+		sums[i%5] += v
+	}
+	return sums
+}
+
+// TestPolyPTX compares the kernel's tags with mac.PolySum over random
+// messages: every size from 0 to 100 bytes, random sizes up to 5000, and
+// a few large ones, at 16-byte aligned, 8-byte aligned and unaligned
+// addresses, under grids of 1 to 768 threads (more threads than blocks,
+// and fewer).
+func TestPolyPTX(t *testing.T) {
+	k := polyPTXKernel(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	grids := [][2]int{{1, 1}, {1, 32}, {3, 64}, {2, 256}, {5, 7}, {3, 256}}
+	offs := []uint64{0, 16, 8, 1, 3, 15}
+	var sizes []int
+	for n := range 101 {
+		sizes = append(sizes, n)
+	}
+	for range 30 {
+		sizes = append(sizes, rng.IntN(5000))
+	}
+	sizes = append(sizes, 4096, 4097, 65536+15, 100000)
+	for i, n := range sizes {
+		key, nonce := randomPolyKeyNonce(rng)
+		msg := make([]byte, n)
+		for j := range msg {
+			msg[j] = byte(rng.Uint32())
+		}
+		g, off := grids[i%len(grids)], offs[i%len(offs)]
+		if n > 10000 {
+			g = [2]int{4, 256}
+		}
+		slot := newPTXSumSlot()
+		runPolyPTXInto(t, k, slot, key, msg, off, 0, mac.PolyBlocks(int64(n)), g[0], g[1], rng.Perm(g[0]), true)
+		if got, want := key.Finish(nonce, polySums(t, slot)), mac.PolySum(key, nonce, msg); got != want {
+			t.Fatalf("%d bytes at offset %d, %d×%d threads: %s, want %s", n, off, g[0], g[1], got, want)
+		}
+	}
+}
+
+// TestPolyPTXLaunches cuts messages into launches of whole blocks (the
+// last one partial) added into one slot, the first with first set and
+// the slot holding a former sum: the tag must be the message's.
+func TestPolyPTXLaunches(t *testing.T) {
+	k := polyPTXKernel(t)
+	rng := rand.New(rand.NewPCG(23, 24))
+	slot := newPTXSumSlot()
+	for i := range 20 {
+		n := 1 + rng.IntN(6000)
+		key, nonce := randomPolyKeyNonce(rng)
+		msg := make([]byte, n)
+		for j := range msg {
+			msg[j] = byte(rng.Uint32())
+		}
+		q := mac.PolyBlocks(int64(n))
+		at := 0
+		for first := true; at < n; first = false {
+			end := min(n, at+mac.PolyBlockSize*(1+rng.IntN(200)))
+			blocks, threads := 1+rng.IntN(4), 32*(1+rng.IntN(4))
+			runPolyPTXInto(t, k, slot, key, msg[at:end], 0, uint64(at/mac.PolyBlockSize), q, blocks, threads, rng.Perm(blocks), first)
+			at = end
+		}
+		if got, want := key.Finish(nonce, polySums(t, slot)), mac.PolySum(key, nonce, msg); got != want {
+			t.Fatalf("message %d, %d bytes: %s, want %s", i, n, got, want)
+		}
+	}
+}
+
+// TestPolyPTXSelfTest runs the device self-test's cases (checksumCheck)
+// with its key and nonce through the interpreter, so that a self-test
+// that would fail on a GPU fails here first.
+func TestPolyPTXSelfTest(t *testing.T) {
+	k := polyPTXKernel(t)
+	pat := make([]byte, checksumCheckSize)
+	for i := range pat {
+		pat[i] = byte(i*151 + i>>9 + 11)
+	}
+	for _, cc := range checksumCheck {
+		if cc.n > 1<<16 {
+			continue // the interpreter's time; TestPolyPTX has large sizes
+		}
+		msg := pat[cc.off : cc.off+cc.n]
+		slot := newPTXSumSlot()
+		runPolyPTXInto(t, k, slot, polyCheckKey, msg, uint64(cc.off), 0, mac.PolyBlocks(int64(cc.n)), 2, 256, nil, true)
+		if got, want := polyCheckKey.Finish(&polyCheckNonce, polySums(t, slot)), mac.PolySum(polyCheckKey, &polyCheckNonce, msg); got != want {
+			t.Fatalf("%d bytes at offset %d: %s, want %s", cc.n, cc.off, got, want)
+		}
+	}
+}
+
+func randomPolyKeyNonce(rng *rand.Rand) (*mac.PolyKey, *mac.Nonce) {
+	var kb [mac.PolyKeySize]byte
+	var n mac.Nonce
+	for i := range kb {
+		kb[i] = byte(rng.Uint32())
+	}
+	for i := range n {
+		n[i] = byte(rng.Uint32())
+	}
+	return mac.NewPolyKey(&kb), &n
+}
