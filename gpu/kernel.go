@@ -30,6 +30,7 @@ type deviceKernels struct {
 
 	raise        onceKernel
 	poly         onceKernel
+	polyLayout   onceKernel
 	memOps64Once sync.Once
 	memOps64     bool
 }
@@ -220,7 +221,8 @@ func (d *CUDADevice) unloadKernels() error {
 		k.sumSpare.free(), k.gatherSum.unload(d, "fused gather and checksum"),
 		k.layoutSpare.free(), k.gatherLayout.unload(d, "gather and layout checksum"),
 		k.quant.unload(d, "quantize"), k.macLayoutSpare.free(), k.mac.unload(d),
-		k.raise.unload(d, "raise"), k.poly.unload(d, "Poly1305"))
+		k.raise.unload(d, "raise"), k.poly.unload(d, "Poly1305"),
+		k.polyLayout.unload(d, "Poly1305 layout"))
 }
 
 // launch queues kernel k on s over a grid of blocks×threads with the

@@ -133,10 +133,21 @@ func (m *MACer) queueLayout(ctx context.Context, sp *macLayoutSplitter, key *mac
 	return &PendingMAC{m: m, slot: sl, n: int64(n)}, nil
 }
 
-// copyMACLayoutOnHost is CopyMACLayout without the kernels: the copies
-// through Copy, then every piece read back to the host (from its
-// destination where it has one), and the layout's MAC computed there.
+// copyMACLayoutOnHost is CopyMACLayout without the kernels: the layout's
+// bytes on the host (layoutOnHost), and its MAC computed there.
 func (g *Gather) copyMACLayoutOnHost(ctx context.Context, sp *macLayoutSplitter, key *mac.Key) (*PendingMAC, error) {
+	data, err := g.layoutOnHost(ctx, sp)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingMAC{done: true, tag: mac.SumParallel(key, data), n: int64(sp.n)}, nil
+}
+
+// layoutOnHost copies sp's pieces that have a destination through Copy,
+// then reads every piece back to the host (from its destination where it
+// has one) into the n bytes of the layout, zero between the pieces, and
+// returns them.
+func (g *Gather) layoutOnHost(ctx context.Context, sp *macLayoutSplitter) ([]byte, error) {
 	l := sp.l
 	if err := g.Copy(ctx, l.copies()); err != nil {
 		return nil, err
@@ -153,7 +164,7 @@ func (g *Gather) copyMACLayoutOnHost(ctx context.Context, sp *macLayoutSplitter,
 			return nil, err
 		}
 	}
-	return &PendingMAC{done: true, tag: mac.SumParallel(key, data), n: int64(sp.n)}, nil
+	return data, nil
 }
 
 // macLayoutSplitter hands a Layout's pieces, in the order of their

@@ -57,13 +57,42 @@ func randomMACDeviceLayout(rng *rand.Rand, hostSrc []byte, src, dst mem.Buffer, 
 
 // testMACLayouts runs random layouts on device memory through
 // CopyMACLayout with macs (nil: on the host), several outstanding at
-// once: layouts of 1 to 40 pieces of up to 256 KiB, one of 10,000 pieces
-// of up to 300 bytes (several launches, the descriptor ring wrapping) and
-// one of two 24 MiB pieces, and the last six again with no copies; it
-// compares each MAC with mac.Sum of the
-// layout as a buffer and the destination with what the copies should have
+// once (deviceLayouts), and compares each MAC with mac.Sum of the layout
+// as a buffer and the destination with what the copies should have
 // written.
 func testMACLayouts(t *testing.T, d *CUDADevice, s *Stream, g *Gather, macs *MACer) {
+	testDeviceLayouts(t, d, s, func(ctx context.Context, rng *rand.Rand, layouts []*macDeviceLayout) {
+		var key mac.Key
+		for i := range key {
+			key[i] = byte(rng.Uint32())
+		}
+		pending := make([]*PendingMAC, len(layouts))
+		for i, c := range layouts {
+			var err error
+			if pending[i], err = g.CopyMACLayout(ctx, &c.l, c.n, macs, &key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, c := range layouts {
+			got, err := pending[i].Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending[i].Close()
+			if want := mac.Sum(&key, c.flat); got != want {
+				t.Fatalf("layout %d (%d bytes): MAC %s, want %s", i, c.n, got, want)
+			}
+		}
+	})
+}
+
+// testDeviceLayouts makes random layouts of device memory, has run queue
+// and check their MACs, then checks the destination against what the
+// copies should have written: layouts of 1 to 40 pieces of up to 256 KiB,
+// one of 10,000 pieces of up to 300 bytes (several launches, the
+// descriptor ring wrapping) and one of two 24 MiB pieces, and the last six
+// again with no copies.
+func testDeviceLayouts(t *testing.T, d *CUDADevice, s *Stream, run func(ctx context.Context, rng *rand.Rand, layouts []*macDeviceLayout)) {
 	const size = 64 << 20
 	hostSrc, src := uploaded(t, d, s, size, 81)
 	dst := alloc(t, d, size)
@@ -81,34 +110,14 @@ func testMACLayouts(t *testing.T, d *CUDADevice, s *Stream, g *Gather, macs *MAC
 	}
 	layouts = append(layouts, randomMACDeviceLayout(rng, hostSrc, src, dst, wantDst, &dstAt, 10000, 300))
 	layouts = append(layouts, randomMACDeviceLayout(rng, hostSrc, src, dst, wantDst, &dstAt, 2, 24<<20))
-	for _, c := range layouts[8:] { // the same pieces only read (mac_layout_read.ptx)
+	for _, c := range layouts[8:] { // the same pieces only read
 		r := &macDeviceLayout{n: c.n, flat: c.flat}
 		for i := range c.l.sizes {
 			r.l.Add(int64(c.l.at[i]), c.l.srcs[i], int64(c.l.sizes[i]), 0)
 		}
 		layouts = append(layouts, r)
 	}
-	var key mac.Key
-	for i := range key {
-		key[i] = byte(rng.Uint32())
-	}
-	pending := make([]*PendingMAC, len(layouts))
-	for i, c := range layouts {
-		var err error
-		if pending[i], err = g.CopyMACLayout(ctx, &c.l, c.n, macs, &key); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i, c := range layouts {
-		got, err := pending[i].Wait(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pending[i].Close()
-		if want := mac.Sum(&key, c.flat); got != want {
-			t.Fatalf("layout %d (%d bytes): MAC %s, want %s", i, c.n, got, want)
-		}
-	}
+	run(ctx, rng, layouts)
 	got := make([]byte, size)
 	if err := s.CopyDtoH(got, dst, 0); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/binary"
@@ -18,6 +19,12 @@ import (
 //
 //go:embed poly.ptx
 var polyPTX string
+
+// polyLayoutPTX is the Poly1305 kernel over a layout (Gather.CopyPolyLayout),
+// generated as poly.ptx is.
+//
+//go:embed poly_layout.ptx
+var polyLayoutPTX string
 
 const (
 	// polyLanes is the number of limb partials' groups a launch adds into:
@@ -50,10 +57,16 @@ var ErrNoPolyKernel = errors.New("gpu: Poly1305 kernel unavailable")
 // Close.
 var ErrPolyMACerClosed = errors.New("gpu: Poly1305 MACer closed")
 
-// polyKernel loads the Poly1305 kernel into d's context once, and checks
-// it before anything else may use it.
-func (d *CUDADevice) polyKernel() (*loadedKernel, error) {
-	return d.kernels.poly.get(d.loadPoly)
+// polyKernels loads the Poly1305 kernels into d's context once, and
+// checks each before anything else may use it.
+func (d *CUDADevice) polyKernels() (flat, layout *loadedKernel, err error) {
+	if flat, err = d.kernels.poly.get(d.loadPoly); err != nil {
+		return nil, nil, err
+	}
+	if layout, err = d.kernels.polyLayout.get(d.loadPolyLayout); err != nil {
+		return nil, nil, err
+	}
+	return flat, layout, nil
 }
 
 func (d *CUDADevice) loadPoly() (*loadedKernel, error) {
@@ -70,6 +83,14 @@ func (d *CUDADevice) loadPoly() (*loadedKernel, error) {
 	return d.selfTested(k, d.checkPoly(k), ErrNoPolyKernel)
 }
 
+func (d *CUDADevice) loadPolyLayout() (*loadedKernel, error) {
+	k, err := d.loadPTX("poly_layout.ptx", polyLayoutPTX, "wc_poly_layout", ErrNoPolyKernel)
+	if err != nil {
+		return nil, err
+	}
+	return d.selfTested(k, d.checkPolyLayout(k), ErrNoPolyKernel)
+}
+
 // polyCheckKey and polyCheckNonce are the self-test's key and nonce.
 var (
 	polyCheckKey   = mac.NewPolyKey(&[mac.PolyKeySize]byte{0: 0x85, 7: 0xd6, 16: 0xbe, 20: 0x78, 31: 0x1b})
@@ -80,8 +101,76 @@ var (
 // MACs outstanding at once, and compares each with mac.PolySum.
 func (d *CUDADevice) checkPoly(k *loadedKernel) error {
 	return selfTest(d, polyCheckWait, []int{checksumCheckSize},
-		func(s *Stream) *PolyMACer { return newPolyMACer(s, k) },
+		func(s *Stream) *PolyMACer { return newPolyMACer(s, k, nil) },
 		runPolyCheck)
+}
+
+// checkPolyLayout runs the layout kernel on macCheckLayout, with its
+// copies and only read, and compares the tags with mac.PolySum and the
+// copies with their sources.
+func (d *CUDADevice) checkPolyLayout(k *loadedKernel) error {
+	return selfTest(d, polyCheckWait, []int{macCheckSize, macCheckDstSize},
+		func(s *Stream) *PolyMACer { return newPolyMACer(s, nil, k) },
+		runPolyLayoutCheck)
+}
+
+// runPolyLayoutCheck queues the tags of macCheckLayout over bufs[0], which
+// it fills with a pattern, with the copies into bufs[1] and only read, and
+// compares them with mac.PolySum, and the copies with their sources.
+func runPolyLayoutCheck(ctx context.Context, s *Stream, m *PolyMACer, bufs []mem.Buffer) error {
+	buf, dst := bufs[0], bufs[1]
+	pat := make([]byte, macCheckSize)
+	for i := range pat {
+		pat[i] = byte(i*167 + i>>10 + 5)
+	}
+	if err := s.CopyHtoD(buf, 0, pat); err != nil {
+		return err
+	}
+	var l, read Layout
+	last := macCheckLayout[len(macCheckLayout)-1]
+	flat := make([]byte, last.at+last.n+500)
+	wantDst := make([]byte, macCheckDstSize)
+	for _, c := range macCheckLayout {
+		var to uint64
+		if c.dst >= 0 {
+			to = dst.DevicePtr() + uint64(c.dst)
+			copy(wantDst[c.dst:], pat[c.off:c.off+c.n])
+		}
+		l.Add(int64(c.at), buf.DevicePtr()+uint64(c.off), int64(c.n), to)
+		read.Add(int64(c.at), buf.DevicePtr()+uint64(c.off), int64(c.n), 0)
+		copy(flat[c.at:], pat[c.off:c.off+c.n])
+	}
+	if err := s.Memset(dst, 0, macCheckDstSize, 0); err != nil {
+		return err
+	}
+	g := s.NewGather()
+	defer g.Close(ctx)
+	want := mac.PolySum(polyCheckKey, &polyCheckNonce, flat)
+	for _, lay := range []*Layout{&l, &read} {
+		p, err := g.CopyPolyLayout(ctx, lay, int64(len(flat)), m, polyCheckKey, &polyCheckNonce)
+		if err != nil {
+			return err
+		}
+		got, err := p.Wait(ctx)
+		p.Close()
+		if err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("the Poly1305-AES tag of a %d-byte layout of %d pieces is %s, want %s", len(flat), len(macCheckLayout), got, want)
+		}
+	}
+	copied := make([]byte, macCheckDstSize)
+	if err := s.CopyDtoH(copied, dst, 0); err != nil {
+		return err
+	}
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	if !bytes.Equal(copied, wantDst) {
+		return fmt.Errorf("the Poly1305 layout kernel's copies did not write their pieces' bytes")
+	}
+	return nil
 }
 
 // runPolyCheck queues the MACs of checksumCheck's ranges of bufs[0], which
@@ -136,32 +225,34 @@ func runPolyCheck(ctx context.Context, s *Stream, m *PolyMACer, bufs []mem.Buffe
 // by one goroutine at a time. Close the PolyMACer before closing its
 // stream.
 type PolyMACer struct {
-	s      *Stream
-	k      *loadedKernel
-	blocks int // grid size cap; 0 until first use
-	slots  resultSlots
-	tables map[[mac.PolyKeySize]byte]mem.Buffer
+	s            *Stream
+	flat, layout *loadedKernel // nil in the other's self-test
+	blocks       int           // grid size cap; 0 until first use
+	slots        resultSlots
+	tables       map[[mac.PolyKeySize]byte]mem.Buffer
+	pieces       descRing // the layout kernel's pieces (Gather.CopyPolyLayout)
 }
 
-// newPolyMACer returns a PolyMACer of s with the loaded kernel k.
-func newPolyMACer(s *Stream, k *loadedKernel) *PolyMACer {
-	return &PolyMACer{s: s, k: k, slots: resultSlots{s: s, name: "Poly1305", words: checksumSlots, scratch: checksumResult / 8, closedErr: ErrPolyMACerClosed}}
+// newPolyMACer returns a PolyMACer of s with the loaded kernels.
+func newPolyMACer(s *Stream, flat, layout *loadedKernel) *PolyMACer {
+	return &PolyMACer{s: s, flat: flat, layout: layout, pieces: macLayoutPieces.ring(),
+		slots: resultSlots{s: s, name: "Poly1305", words: checksumSlots, scratch: checksumResult / 8, closedErr: ErrPolyMACerClosed}}
 }
 
 // NewPolyMACer returns a PolyMACer that queues MACs on s. The first one of
-// a device loads the kernel (the driver compiles its PTX) and checks it
-// against mac.PolySum on inputs of 0 to 1 MiB + 13 bytes at several
-// alignments; the error wraps ErrNoPolyKernel when that fails, the driver
+// a device loads the kernels (the driver compiles their PTX) and checks
+// them against mac.PolySum, on inputs of 0 to 1 MiB + 13 bytes at several
+// alignments and on a layout with copies and without; the error wraps ErrNoPolyKernel when that fails, the driver
 // lacks a function, or PolyEnv is "off", and says why.
 func (s *Stream) NewPolyMACer() (*PolyMACer, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	k, err := s.d.polyKernel()
+	flat, layout, err := s.d.polyKernels()
 	if err != nil {
 		return nil, err
 	}
-	return newPolyMACer(s, k), nil
+	return newPolyMACer(s, flat, layout), nil
 }
 
 // PendingPolyMAC is a Poly1305-AES tag queued on a stream
@@ -212,31 +303,47 @@ func (m *PolyMACer) Queue(buf mem.Buffer, n int64, key *mac.PolyKey, nonce *mac.
 			return nil, err
 		}
 	}
-	if m.blocks == 0 {
-		sms, err := m.s.d.Multiprocessors()
-		if err != nil {
-			return nil, err
-		}
-		m.blocks = max(1, sms*checksumBlocksPerSM)
+	if err := m.gridCap(); err != nil {
+		return nil, err
 	}
 	blocks := checksumBlocks(n, m.blocks)
-	q := mac.PolyBlocks(n)
-	rs := key.Power(uint64(blocks * checksumThreads))
-	sl, err := m.slots.queue(func(sl *resultSlot) error {
-		// wc_poly(buf, n, blk, q, rs01, rs23, rs4, pow, slots, first)
-		// on a grid of blocks × checksumThreads.
-		if r := cuLaunchKernel(m.s.d.ctx, m.k.fn, uint32(blocks), checksumThreads, m.s.s, p, uint64(n), 0, q,
-			uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]),
-			table, sl.dev, 1); r != 0 {
-			return m.s.d.err("cuLaunchKernel", fmt.Sprintf("Poly1305 kernel over %d bytes, %d blocks", n, blocks), r)
-		}
-		return nil
+	sl, err := m.slots.queue(func(rs *resultSlot) error {
+		slots, first := (&sumSlot{dev: rs.dev}).next()
+		// wc_poly(buf, n, blk, q, rs..., pow, slots, first)
+		return m.launch(m.flat, blocks, key, fmt.Sprintf("over %d bytes", n),
+			[]uint64{p, uint64(n), 0, mac.PolyBlocks(n)}, table, slots, first)
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gpu: Poly1305 of %d bytes on cuda:%d: %w", n, m.s.d.ordinal, err)
 	}
 	pm.slot = sl
 	return pm, nil
+}
+
+// gridCap sets the most blocks a launch uses on m's device.
+func (m *PolyMACer) gridCap() error {
+	if m.blocks == 0 {
+		sms, err := m.s.d.Multiprocessors()
+		if err != nil {
+			return err
+		}
+		m.blocks = max(1, sms*checksumBlocksPerSM)
+	}
+	return nil
+}
+
+// launch queues kernel k, wc_poly or wc_poly_layout, on a grid of
+// blocks × checksumThreads with the parameters the two share: first the
+// kernel's own (head), then rs = r^s (s the grid's threads) as three
+// words, the table of powers, the slot and first. what says over what in
+// errors.
+func (m *PolyMACer) launch(k *loadedKernel, blocks int, key *mac.PolyKey, what string, head []uint64, table, slots, first uint64) error {
+	rs := key.Power(uint64(blocks * checksumThreads))
+	args := append(head, uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]), table, slots, first)
+	if err := m.s.launch(k, blocks, checksumThreads, args...); err != nil {
+		return fmt.Errorf("Poly1305 kernel %s, %d blocks: %w", what, blocks, err)
+	}
+	return nil
 }
 
 // table returns the device address of key's table of powers, writing it
@@ -266,6 +373,94 @@ func (m *PolyMACer) table(key *mac.PolyKey) (uint64, error) {
 	}
 	m.tables[id] = t
 	return t.DevicePtr(), nil
+}
+
+// CopyPolyLayout queues the Poly1305-AES tag under key and nonce
+// (mac.PolySum) of the n-byte layout l, copying its pieces that have a
+// destination there on the way, and empties l: CopyMACLayout's work with
+// Poly1305-AES for keyed BLAKE3, under CopyMACLayout's rules for l (every
+// piece on a multiple of MACLayoutAlign, inside the layout, none
+// overlapping; copies not overlapping). It is the tag of a bucket whose
+// entries are the pieces and whose padding is zero, as pack would fill
+// it, without the bucket ever being filled.
+//
+// With polys, a PolyMACer of the Gather's stream, one launch of the
+// layout kernel per MACLayoutSlotPieces pieces reads the pieces where
+// they lie, its threads 16-byte blocks a grid apart (the warps' reads and
+// writes whole lines), and adds into one slot. With polys nil the pieces
+// are copied with Copy and read back to the host, and the tag computed
+// there. The sources must stay unchanged until the PendingPolyMAC's Wait
+// has returned. It blocks only to write a key's table of powers at its
+// first use, or to rewrite descriptors that a queued launch still reads,
+// at most until ctx ends.
+func (g *Gather) CopyPolyLayout(ctx context.Context, l *Layout, n int64, polys *PolyMACer, key *mac.PolyKey, nonce *mac.Nonce) (*PendingPolyMAC, error) {
+	defer l.Reset()
+	d := g.s.d
+	if polys != nil && polys.s != g.s {
+		return nil, fmt.Errorf("gpu: Poly1305 layout on cuda:%d: the PolyMACer must be one of the Gather's stream", d.ordinal)
+	}
+	if err := g.s.check(); err != nil {
+		return nil, err
+	}
+	sp, err := newMACLayoutSplitter(l, uint64(n))
+	if err != nil {
+		return nil, fmt.Errorf("gpu: Poly1305 layout of %d bytes on cuda:%d: %w", n, d.ordinal, err)
+	}
+	if polys == nil || l.Len() == 0 {
+		data, err := g.layoutOnHost(ctx, sp)
+		if err != nil {
+			return nil, err
+		}
+		return &PendingPolyMAC{done: true, tag: mac.PolySumParallel(key, nonce, data), n: n}, nil
+	}
+	return polys.queueLayout(ctx, sp, key, nonce)
+}
+
+// queueLayout queues the tag of sp's layout: the layout kernel's launches,
+// slot by slot of the PolyMACer's descriptor ring, into one result slot.
+func (m *PolyMACer) queueLayout(ctx context.Context, sp *macLayoutSplitter, key *mac.PolyKey, nonce *mac.Nonce) (*PendingPolyMAC, error) {
+	d := m.s.d
+	if m.slots.closed {
+		return nil, fmt.Errorf("%w: CopyPolyLayout on cuda:%d", ErrPolyMACerClosed, d.ordinal)
+	}
+	table, err := m.table(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.pieces.alloc(m.s); err != nil {
+		return nil, err
+	}
+	if err := m.gridCap(); err != nil {
+		return nil, err
+	}
+	n := sp.n
+	q := mac.PolyBlocks(int64(n))
+	sl, err := m.slots.queue(func(rs *resultSlot) error {
+		ss := sumSlot{dev: rs.dev}
+		err := m.pieces.queueWith(ctx, m.s, sp, func(dev uint64, count int) error {
+			c0, c1 := sp.launched()
+			b0, b1 := 64*c0, min(64*c1, q)
+			if b1 <= b0 {
+				return nil
+			}
+			slots, first := ss.next()
+			blocks := checksumBlocks(int64(b1-b0)*mac.PolyBlockSize, m.blocks)
+			// wc_poly_layout(pieces, count, c0, c1, n, rs..., pow, slots, first)
+			return m.launch(m.layout, blocks, key, fmt.Sprintf("over %d pieces (chunks %d to %d)", count, c0, c1),
+				[]uint64{dev, uint64(count), c0, c1, n}, table, slots, first)
+		})
+		if err != nil || ss.launched {
+			return err
+		}
+		if r := cuMemsetD8Async(d.ctx, rs.dev+checksumResult, 0, checksumSlotBytes, m.s.s); r != 0 {
+			return d.err("cuMemsetD8Async", "the result of a tag of no launch", r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: Poly1305 layout of %d bytes on cuda:%d: %w", n, d.ordinal, err)
+	}
+	return &PendingPolyMAC{m: m, slot: sl, n: int64(n), key: key, nonce: *nonce}, nil
 }
 
 // Wait waits until the MAC's launch has finished, at most until ctx ends
@@ -317,6 +512,9 @@ func (p *PendingPolyMAC) Close() {
 // retries. Close is idempotent.
 func (m *PolyMACer) Close(ctx context.Context) error {
 	if err := m.slots.close(ctx, "Poly1305 MACer"); err != nil {
+		return err
+	}
+	if err := m.pieces.close(ctx, m.s); err != nil {
 		return err
 	}
 	var errs []error

@@ -123,9 +123,27 @@ func (p *ptxText) polyLoad(site string) {
 	p.op("@%p6 bra", "PARTIAL%s", site)
 	p.op("ld.global.v4.u32", "{%%m0, %%m1, %%m2, %%m3}, [%%rd7]")
 	p.op("bra.uni", "LOADED%s", site)
-	p.label("PARTIAL"+site, "%r11 = its bytes (at most 16); a byte 1 after them, in word %r11/4, when fewer")
+	p.label("PARTIAL"+site, "%r11 = its bytes (at most 16)")
 	p.op("min.u64", "%%rd9, %%rd8, 16")
 	p.op("cvt.u32.u64", "%%r11, %%rd9")
+	p.polyPad()
+	for j := range 16 {
+		p.op("setp.le.u64", "%%p5, %%rd8, %d", j)
+		p.op("@%p5 bra", "LOADED%s", site)
+		p.op("ld.global.u8", "%%r15, [%%rd7+%d]", j)
+		if j%4 != 0 {
+			p.op("shl.b32", "%%r15, %%r15, %d", 8*(j%4))
+		}
+		p.op("or.b32", "%%m%d, %%m%d, %%r15", j/4, j/4)
+	}
+	p.label("LOADED"+site, "")
+}
+
+// polyPad starts a block of %r11 message bytes (1 to 16): its words
+// %m0..%m3 zero but for the byte 1 after a partial block's bytes (in word
+// %r11/4), its 2^128 bit %r10 set only when the block is whole.
+func (p *ptxText) polyPad() {
+	p.comment("%r10 = the 2^128 bit when whole; %m0..%m3 = a byte 1 at byte %r11 when partial")
 	p.op("setp.lt.u32", "%%p4, %%r11, 16")
 	p.op("selp.b32", "%%r10, 0, %d, %%p4", 1<<24)
 	p.op("and.b32", "%%r12, %%r11, 3")
@@ -137,16 +155,6 @@ func (p *ptxText) polyLoad(site string) {
 		p.op("setp.eq.u32", "%%p5, %%r14, %d", k)
 		p.op("selp.b32", "%%m%d, %%r13, 0, %%p5", k)
 	}
-	for j := range 16 {
-		p.op("setp.le.u64", "%%p5, %%rd8, %d", j)
-		p.op("@%p5 bra", "LOADED%s", site)
-		p.op("ld.global.u8", "%%r15, [%%rd7+%d]", j)
-		if j%4 != 0 {
-			p.op("shl.b32", "%%r15, %%r15, %d", 8*(j%4))
-		}
-		p.op("or.b32", "%%m%d, %%m%d, %%r15", j/4, j/4)
-	}
-	p.label("LOADED"+site, "")
 }
 
 // polyAddBlock writes h += c: the block's words %m0..%m3 cut into 26-bit
@@ -213,10 +221,23 @@ func genPoly() string {
 	p.polyLoad("B")
 	p.polyMul("R", "S")
 	p.op("bra.uni", "HORNER")
-	p.label("RAISE", "%rd12 = e = q - blk - i for the last block i; %rd13 = pow")
-	p.op("sub.u64", "%%rd6, %%rd6, %%rd2")
+	p.label("RAISE", "%rd10 = blk, %rd11 = q")
 	p.op("ld.param.u64", "%%rd10, [%s_blk]", e)
 	p.op("ld.param.u64", "%%rd11, [%s_q]", e)
+	p.polyRaise(e)
+	p.sumFinish(e)
+	p.line("}")
+	return p.b.String()
+}
+
+// polyRaise writes the end of a thread's work, from HORNER's exit with
+// %rd6 = its last block + s: h raised by r^e, e = q - blk - its last
+// block (%rd11 = q, %rd10 = blk), from the table at the parameter pow,
+// then its limbs added into its lane's partials at the parameter slots.
+// Then SUMEND (sumFinish) follows.
+func (p *ptxText) polyRaise(e string) {
+	p.comment("%rd12 = e = q - blk - i for the last block i; %rd13 = pow")
+	p.op("sub.u64", "%%rd6, %%rd6, %%rd2")
 	p.op("add.u64", "%%rd9, %%rd10, %%rd6")
 	p.op("sub.u64", "%%rd12, %%rd11, %%rd9")
 	p.op("ld.param.u64", "%%rd13, [%s_pow]", e)
@@ -247,6 +268,190 @@ func genPoly() string {
 		p.op("cvt.u64.u32", "%%rd15, %%h%d", k)
 		p.op("red.global.add.u64", "[%%rd14+%d], %%rd15", 8*k)
 	}
+}
+
+const polyLayoutC = `
+poly_layout.ptx: the layout kernel of PolyMACer (Gather.CopyPolyLayout),
+loaded at run time with cuModuleLoadDataEx (the driver compiles it for
+the GPU it runs on). It is poly.ptx over a layout: the message is the n
+bytes of a bucket whose entries are the pieces (at, src, dst, len: count
+of them, in the order of at, each at a multiple of 1024) and whose
+padding is zero, read where the pieces lie; a piece with a destination
+is copied there on the way. The launch covers the message's 1 KiB chunks
+c0 to c1, blocks 64·c0 to min(64·c1, q). It is this CUDA C, with mul() and
+the end (the raise by r^e, the limbs into the lane's partials) poly.ptx's:
+
+  extern "C" __global__ void wc_poly_layout(const ulonglong4 *pieces, unsigned long long count,
+      unsigned long long c0, unsigned long long c1, unsigned long long n,
+      unsigned long long rs01, unsigned long long rs23, unsigned long long rs4,
+      const unsigned int *pow, unsigned long long *slots, unsigned int first) {
+    unsigned long long g = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long s = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long q = (n + 15) / 16, b1 = min(64 * c1, q), i = 64 * c0 + g;
+    if (i < b1) {
+      unsigned long long lo = 0;  // the pieces at or before the block: the block's is lo - 1
+      // block(i): lo moves on when the next piece starts at or before 16i
+      // (a binary search of those after it); the block's bytes of its piece,
+      // valid = min(16, len - (16i - at)) where 16i - at < len, else none,
+      // are read (one 16-byte load when whole and aligned, else a byte at a
+      // time) and written to dst + 16i - at where the piece has a dst; the
+      // rest of the block is zero, a byte 1 after the message's bytes in
+      // its partial last block; the 2^128 bit is set unless it is that.
+      ... poly.ptx's loop and end, with blk = 0 ...
+    }
+    sum_finish(slots, first);
+  }
+`
+
+// polyLayoutLoad writes block(i) of the layout kernel for block %rd6: its
+// words into %m0..%m3, its 2^128 bit into %r10, its bytes of its piece
+// copied to the piece's destination. %rd3 is pieces, %rd4 count, %rd10 n;
+// %rd16 lo and %rd17..%rd20 the piece lo - 1 (at, src, dst, len) carry
+// over from the thread's last block. site names the labels.
+func (p *ptxText) polyLayoutLoad(site string) {
+	p.comment("%rd21 = off = 16i; lo moves on when pieces[lo].at <= off")
+	p.op("shl.b64", "%%rd21, %%rd6, 4")
+	p.op("setp.ge.u64", "%%p3, %%rd16, %%rd4")
+	p.op("@%p3 bra", "PLACED%s", site)
+	p.op("shl.b64", "%%rd24, %%rd16, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.u64", "%%rd25, [%%rd24]")
+	p.op("setp.gt.u64", "%%p3, %%rd25, %%rd21")
+	p.op("@%p3 bra", "PLACED%s", site)
+	p.comment("lo = the pieces at or before off: a binary search of (lo, count), %rd26 = hi")
+	p.op("add.u64", "%%rd16, %%rd16, 1")
+	p.op("mov.u64", "%%rd26, %%rd4")
+	p.label("SEARCH"+site, "while lo < hi: %rd27 = mid")
+	p.op("setp.ge.u64", "%%p3, %%rd16, %%rd26")
+	p.op("@%p3 bra", "FOUND%s", site)
+	p.op("add.u64", "%%rd27, %%rd16, %%rd26")
+	p.op("shr.u64", "%%rd27, %%rd27, 1")
+	p.op("shl.b64", "%%rd24, %%rd27, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.u64", "%%rd25, [%%rd24]")
+	p.op("setp.le.u64", "%%p3, %%rd25, %%rd21")
+	p.op("@%p3 add.u64", "%%rd16, %%rd27, 1")
+	p.op("@!%p3 mov.u64", "%%rd26, %%rd27")
+	p.op("bra.uni", "SEARCH%s", site)
+	p.label("FOUND"+site, "%rd17..%rd20 = piece lo - 1: at, src, dst, len")
+	p.op("sub.u64", "%%rd24, %%rd16, 1")
+	p.op("shl.b64", "%%rd24, %%rd24, 5")
+	p.op("add.s64", "%%rd24, %%rd3, %%rd24")
+	p.op("ld.global.v2.u64", "{%%rd17, %%rd18}, [%%rd24]")
+	p.op("ld.global.v2.u64", "{%%rd19, %%rd20}, [%%rd24+16]")
+	p.label("PLACED"+site, "%r11 = the message's bytes in the block, min(n - off, 16)")
+	p.op("sub.u64", "%%rd9, %%rd10, %%rd21")
+	p.op("min.u64", "%%rd9, %%rd9, 16")
+	p.op("cvt.u32.u64", "%%r11, %%rd9")
+	p.comment("%rd22 = valid, the block's bytes of the piece; %rd23 = rel = off - at")
+	p.op("mov.u64", "%%rd22, 0")
+	p.op("setp.eq.u64", "%%p3, %%rd16, 0")
+	p.op("@%p3 bra", "VALID%s", site)
+	p.op("sub.u64", "%%rd23, %%rd21, %%rd17")
+	p.op("setp.ge.u64", "%%p3, %%rd23, %%rd20")
+	p.op("@%p3 bra", "VALID%s", site)
+	p.op("sub.u64", "%%rd22, %%rd20, %%rd23")
+	p.op("min.u64", "%%rd22, %%rd22, 16")
+	p.label("VALID"+site, "a whole block of the piece at aligned addresses: one 16-byte load (and store)")
+	p.op("setp.ne.u64", "%%p3, %%rd22, 16")
+	p.op("@%p3 bra", "BYTES%s", site)
+	p.op("add.s64", "%%rd7, %%rd18, %%rd23")
+	p.op("add.s64", "%%rd15, %%rd19, %%rd23")
+	p.op("setp.ne.u64", "%%p7, %%rd19, 0")
+	p.op("and.b64", "%%rd9, %%rd7, 15")
+	p.op("setp.ne.u64", "%%p3, %%rd9, 0")
+	p.op("@%p3 bra", "BYTES%s", site)
+	p.op("@!%p7 bra", "WHOLE%s", site)
+	p.op("and.b64", "%%rd9, %%rd15, 15")
+	p.op("setp.ne.u64", "%%p3, %%rd9, 0")
+	p.op("@%p3 bra", "BYTES%s", site)
+	p.label("WHOLE"+site, "")
+	p.op("ld.global.v4.u32", "{%%m0, %%m1, %%m2, %%m3}, [%%rd7]")
+	p.op("@%p7 st.global.v4.u32", "[%%rd15], {%%m0, %%m1, %%m2, %%m3}")
+	p.op("mov.b32", "%%r10, %d", 1<<24)
+	p.op("bra.uni", "LOADED%s", site)
+	p.label("BYTES"+site, "the valid bytes one at a time (copied where the piece has a dst), the rest zero")
+	p.polyPad()
+	p.op("setp.eq.u64", "%%p3, %%rd22, 0")
+	p.op("@%p3 bra", "LOADED%s", site)
+	p.op("add.s64", "%%rd7, %%rd18, %%rd23")
+	p.op("add.s64", "%%rd15, %%rd19, %%rd23")
+	p.op("setp.ne.u64", "%%p7, %%rd19, 0")
+	for j := range 16 {
+		p.op("setp.le.u64", "%%p5, %%rd22, %d", j)
+		p.op("@%p5 bra", "LOADED%s", site)
+		p.op("ld.global.u8", "%%r15, [%%rd7+%d]", j)
+		p.op("@%p7 st.global.u8", "[%%rd15+%d], %%r15", j)
+		if j%4 != 0 {
+			p.op("shl.b32", "%%r15, %%r15, %d", 8*(j%4))
+		}
+		p.op("or.b32", "%%m%d, %%m%d, %%r15", j/4, j/4)
+	}
+	p.label("LOADED"+site, "")
+}
+
+func genPolyLayout() string {
+	const e = "wc_poly_layout"
+	var p ptxText
+	p.header("poly_ptx_gen_test.go", polyLayoutC+sumFinishC)
+	p.params(e, "u64 pieces", "u64 count", "u64 c0", "u64 c1", "u64 n", "u64 rs01", "u64 rs23", "u64 rs4", "u64 pow", "u64 slots", "u32 first")
+	p.line("{")
+	p.line("\t.reg .pred\t%%p<8>;")
+	p.line("\t.reg .b32\t%%r<16>;")
+	for _, r := range []string{"h", "c", "x", "t", "R", "S"} {
+		p.line("\t.reg .b32\t%%%s<5>;", r)
+	}
+	p.line("\t.reg .b32\t%%m<4>;")
+	p.line("\t.reg .b64\t%%d<5>;")
+	p.line("\t.reg .b64\t%%rd<28>;")
+	p.sumFinishDecls(e)
+	p.line("")
+	p.globalThread()
+	p.comment("%rd2 = s; %rd3 = pieces, %rd4 = count, %rd10 = n, %rd11 = q, %rd5 = b1, %rd6 = i = 64·c0 + g")
+	p.op("mov.u32", "%%r4, %%nctaid.x")
+	p.op("mul.wide.u32", "%%rd2, %%r4, %%r2")
+	p.op("ld.param.u64", "%%rd3, [%s_pieces]", e)
+	p.op("cvta.to.global.u64", "%%rd3, %%rd3")
+	p.op("ld.param.u64", "%%rd4, [%s_count]", e)
+	p.op("ld.param.u64", "%%rd10, [%s_n]", e)
+	p.op("add.u64", "%%rd11, %%rd10, 15")
+	p.op("shr.u64", "%%rd11, %%rd11, 4")
+	p.op("ld.param.u64", "%%rd5, [%s_c1]", e)
+	p.op("shl.b64", "%%rd5, %%rd5, 6")
+	p.op("min.u64", "%%rd5, %%rd5, %%rd11")
+	p.op("ld.param.u64", "%%rd6, [%s_c0]", e)
+	p.op("shl.b64", "%%rd6, %%rd6, 6")
+	p.op("add.u64", "%%rd6, %%rd6, %%rd1")
+	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
+	p.op("@%p1 bra", "SUMEND")
+	p.comment("%R0..%R4 = rs, %S1..%S4 = 5·rs; h = 0; lo = 0")
+	for i, name := range []string{"rs01", "rs23", "rs4"} {
+		p.op("ld.param.u64", "%%rd9, [%s_%s]", e, name)
+		p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i)
+		if i < 2 {
+			p.op("shr.u64", "%%rd9, %%rd9, 32")
+			p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i+1)
+		}
+	}
+	for k := 1; k < 5; k++ {
+		p.op("mul.lo.u32", "%%S%d, %%R%d, 5", k, k)
+	}
+	for k := range 5 {
+		p.op("mov.b32", "%%h%d, 0", k)
+	}
+	p.op("mov.u64", "%%rd16, 0")
+	p.polyLayoutLoad("A")
+	p.label("HORNER", "h += c; if ((i += s) >= b1) break; load block i; h = h·rs")
+	p.polyAddBlock()
+	p.op("add.u64", "%%rd6, %%rd6, %%rd2")
+	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
+	p.op("@%p1 bra", "RAISE")
+	p.polyLayoutLoad("B")
+	p.polyMul("R", "S")
+	p.op("bra.uni", "HORNER")
+	p.label("RAISE", "blk = 0: the blocks are the message's")
+	p.op("mov.u64", "%%rd10, 0")
+	p.polyRaise(e)
 	p.sumFinish(e)
 	p.line("}")
 	return p.b.String()

@@ -172,3 +172,153 @@ func randomPolyKeyNonce(rng *rand.Rand) (*mac.PolyKey, *mac.Nonce) {
 	}
 	return mac.NewPolyKey(&kb), &n
 }
+
+const (
+	ptxPolySrcBase    = 0x7f3000000000
+	ptxPolyDstBase    = 0x7f4000000000
+	ptxPolyPiecesBase = 0x7f5000000000
+)
+
+// polyLayoutCase is a layout for the layout kernel: pieces of a source
+// buffer placed in an n-byte message, some copied into a destination
+// buffer.
+type polyLayoutCase struct {
+	n      int
+	src    []byte
+	dstLen int
+	pieces []polyPiece
+}
+
+type polyPiece struct{ at, off, len, dst int } // dst -1: only read
+
+// flat returns the message the layout stands for, and the destination
+// buffer as the copies leave it.
+func (c *polyLayoutCase) flat() (msg, dst []byte) {
+	msg, dst = make([]byte, c.n), make([]byte, c.dstLen)
+	for _, p := range c.pieces {
+		copy(msg[p.at:], c.src[p.off:p.off+p.len])
+		if p.dst >= 0 {
+			copy(dst[p.dst:], c.src[p.off:p.off+p.len])
+		}
+	}
+	return msg, dst
+}
+
+// randomPolyLayout returns a layout of up to pieces pieces at multiples of
+// 1024, with gaps, pieces of any length and alignment, the message ending
+// in a piece or in padding, about half the pieces copied.
+func randomPolyLayout(rng *rand.Rand, pieces, maxLen int) *polyLayoutCase {
+	c := &polyLayoutCase{}
+	at, off, dst := 0, 0, 0
+	for range 1 + rng.IntN(pieces) {
+		at += 1024 * rng.IntN(3)
+		n := 1 + rng.IntN(maxLen)
+		p := polyPiece{at: at, off: off + rng.IntN(17), len: n, dst: -1}
+		if rng.IntN(2) == 0 {
+			p.dst = dst + []int{0, 16, 3}[rng.IntN(3)]
+			dst = p.dst + n
+		}
+		off = p.off + n
+		c.pieces = append(c.pieces, p)
+		at = (at + n + 1023) / 1024 * 1024
+	}
+	last := c.pieces[len(c.pieces)-1]
+	c.n = last.at + last.len + rng.IntN(3000)
+	c.src = make([]byte, off+16)
+	for i := range c.src {
+		c.src[i] = byte(rng.Uint32())
+	}
+	c.dstLen = dst
+	return c
+}
+
+// runPolyLayoutPTX runs the layout kernel over c, chunks c0 to c1 per
+// launch as cuts gives them (nil: one launch), into slot, and returns the
+// destination buffer.
+func runPolyLayoutPTX(t *testing.T, k *ptxKernel, slot ptxSumSlot, key *mac.PolyKey, c *polyLayoutCase, cuts []uint64, blocks, threads int, rng *rand.Rand) []byte {
+	t.Helper()
+	dst := make([]byte, c.dstLen)
+	chunks := uint64(max(1, (c.n+1023)/1024))
+	if cuts == nil {
+		cuts = []uint64{0, chunks}
+	}
+	for li := 0; li+1 < len(cuts); li++ {
+		c0, c1 := cuts[li], cuts[li+1]
+		// The launch's pieces: those that start in its chunks.
+		var desc []byte
+		count := 0
+		for _, p := range c.pieces {
+			if uint64(p.at/1024) < c0 || uint64(p.at/1024) >= c1 {
+				continue
+			}
+			var w [32]byte
+			binary.LittleEndian.PutUint64(w[0:], uint64(p.at))
+			binary.LittleEndian.PutUint64(w[8:], ptxPolySrcBase+uint64(p.off))
+			if p.dst >= 0 {
+				binary.LittleEndian.PutUint64(w[16:], ptxPolyDstBase+uint64(p.dst))
+			}
+			binary.LittleEndian.PutUint64(w[24:], uint64(p.len))
+			desc = append(desc, w[:]...)
+			count++
+		}
+		mem := &ptxMemory{}
+		mem.addRegion(ptxPolySrcBase, c.src, true, "sources")
+		if len(dst) > 0 {
+			mem.add(ptxPolyDstBase, dst)
+		}
+		if count > 0 {
+			mem.addRegion(ptxPolyPiecesBase, desc, true, "pieces")
+		}
+		mem.addRegion(ptxPolyTableBase, polyTable(key), true, "table of powers")
+		mem.add(ptxSlotsBase, slot)
+		rs := key.Power(uint64(blocks * threads))
+		err := k.runBlocks(mem, blocks, threads, rng.Perm(blocks), ptxPolyPiecesBase, uint64(count), c0, c1, uint64(c.n),
+			uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]),
+			ptxPolyTableBase, ptxSlotsBase, ptxFirst(li == 0))
+		if err != nil {
+			t.Fatalf("a %d-byte layout of %d pieces, chunks %d to %d, %d×%d threads: %v", c.n, len(c.pieces), c0, c1, blocks, threads, err)
+		}
+	}
+	return dst
+}
+
+// TestPolyLayoutPTX compares the layout kernel's tags with mac.PolySum of
+// the message the layout stands for, and its copies with their pieces,
+// over random layouts in one launch and cut into launches at chunks where
+// pieces start (as the splitter cuts them), under grids of 1 to 768
+// threads.
+func TestPolyLayoutPTX(t *testing.T) {
+	k := parsePTX(t, "poly_layout.ptx", polyLayoutPTX)
+	if k.name != "wc_poly_layout" || len(k.params) != 11 {
+		t.Fatalf("kernel %s(%v): want wc_poly_layout with 11 parameters", k.name, k.params)
+	}
+	rng := rand.New(rand.NewPCG(25, 26))
+	grids := [][2]int{{1, 1}, {1, 32}, {3, 64}, {2, 256}, {5, 7}, {3, 256}}
+	for i := range 60 {
+		c := randomPolyLayout(rng, 1+i%12, []int{40, 3000, 20000}[i%3])
+		key, nonce := randomPolyKeyNonce(rng)
+		msg, wantDst := c.flat()
+		want := mac.PolySum(key, nonce, msg)
+		g := grids[i%len(grids)]
+		var cuts []uint64
+		if i%2 == 1 {
+			// Launch boundaries at pieces' starts, as macLayoutSplitter's
+			// slots end: each launch's pieces start in its chunks.
+			cuts = []uint64{0}
+			for j, p := range c.pieces {
+				if j > 0 && rng.IntN(2) == 0 {
+					cuts = append(cuts, uint64(p.at/1024))
+				}
+			}
+			cuts = append(cuts, uint64(max(1, (c.n+1023)/1024)))
+		}
+		slot := newPTXSumSlot()
+		dst := runPolyLayoutPTX(t, k, slot, key, c, cuts, g[0], g[1], rng)
+		if got := key.Finish(nonce, polySums(t, slot)); got != want {
+			t.Fatalf("layout %d (%d bytes, %d pieces, launches at %v, %d×%d threads): %s, want %s", i, c.n, len(c.pieces), cuts, g[0], g[1], got, want)
+		}
+		if string(dst) != string(wantDst) {
+			t.Fatalf("layout %d: the copies did not write their pieces' bytes", i)
+		}
+	}
+}

@@ -10,7 +10,7 @@ import (
 
 // This file holds the generator of the kernels whose PTX is generated
 // rather than written by hand (mac_chunks.ptx, mac_parents.ptx, mac_layout.ptx, mac_layout_read.ptx,
-// gather.ptx, gather_sum.ptx, quant.ptx, quant_int.ptx and poly.ptx: unrolled code
+// gather.ptx, gather_sum.ptx, quant.ptx, quant_int.ptx, poly.ptx and poly_layout.ptx: unrolled code
 // reads better as the Go that writes it, the two gather kernels share
 // their copy loops, and the quantize kernels share their scalar path and
 // their two passes their element loads).
@@ -31,6 +31,7 @@ func TestPTXGenerated(t *testing.T) {
 		{"quant.ptx", quantPTX, genQuant()},
 		{"quant_int.ptx", quantIntPTX, genQuantInt()},
 		{"poly.ptx", polyPTX, genPoly()},
+		{"poly_layout.ptx", polyLayoutPTX, genPolyLayout()},
 	} {
 		if *writePTX {
 			if err := os.WriteFile(f.name, []byte(f.generated), 0o644); err != nil {
@@ -209,6 +210,7 @@ func TestPTXSumFinish(t *testing.T) {
 		{"gather_layout.ptx", gatherLayoutPTX, "wc_gather_layout"},
 		{"gather_sum.ptx", gatherSumPTX, "wc_gather_sum"},
 		{"poly.ptx", polyPTX, "wc_poly"},
+		{"poly_layout.ptx", polyLayoutPTX, "wc_poly_layout"},
 	} {
 		var decls, code ptxText
 		decls.sumFinishDecls(f.entry)
