@@ -94,16 +94,16 @@ func TestKeysPerRun(t *testing.T) {
 		if _, err := other.OpenRecord("/k", base.SignRecord("/k", []byte("v"))); !errors.Is(err, auth.ErrFailed) {
 			t.Errorf("%s opened a record of the base run: %v", name, err)
 		}
-		if other.BucketKey() == base.BucketKey() {
+		if other.BucketKey() == base.BucketKey() || other.BucketPolyKey() == base.BucketPolyKey() {
 			t.Errorf("%s has the same bucket key", name)
 		}
 	}
 	// The three keys of one run differ from each other.
 	tr := auth.Transcript{Protocol: "tcp"}
 	p := base.Prove(auth.Initiator, tr)
-	b := base.BucketKey()
-	if bytes.Equal(p[:], b[:]) {
-		t.Fatal("a handshake proof equals the bucket key")
+	b, pk := base.BucketKey(), base.BucketPolyKey()
+	if bytes.Equal(p[:], b[:]) || bytes.Equal(b[:], pk[:]) || base.BucketPolyKey() != same.BucketPolyKey() {
+		t.Fatal("a handshake proof equals the bucket key, or the two bucket keys are one, or the Poly1305-AES key differs between two derivations")
 	}
 	if _, err := auth.NewSecret([]byte(testSecret)); err != nil {
 		t.Fatal(err)

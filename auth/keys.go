@@ -21,6 +21,7 @@ type Keys struct {
 	record       [KeySize]byte
 	handshake    [KeySize]byte
 	bucket       [KeySize]byte
+	poly         [KeySize]byte
 	message      [KeySize]byte
 }
 
@@ -33,6 +34,12 @@ func (k *Keys) RunID() string { return k.runID }
 // BucketKey is the key of the per-bucket MAC (a keyed BLAKE3 of each
 // bucket's bytes): the same on every rank of the run, and on no other run.
 func (k *Keys) BucketKey() [KeySize]byte { return k.bucket }
+
+// BucketPolyKey is the key of the per-bucket MAC where the sender computes
+// Poly1305-AES (package mac: the AES-128 key, then r): derived as the
+// other keys are, under its own label, so that it shares no bits with the
+// keyed BLAKE3 bucket key.
+func (k *Keys) BucketPolyKey() [KeySize]byte { return k.poly }
 
 // messageContext starts every message MAC, so that no other MAC of the
 // project's can be taken for one.

@@ -124,6 +124,7 @@ const (
 	labelRecord    = "record"
 	labelHandshake = "handshake"
 	labelBucket    = "bucket-mac"
+	labelPoly      = "bucket-poly1305-aes"
 	labelMessage   = "message"
 )
 
@@ -140,7 +141,7 @@ func (s *Secret) RunKeys(group, runID string) (*Keys, error) {
 	for _, d := range []struct {
 		label string
 		key   *[KeySize]byte
-	}{{labelRecord, &k.record}, {labelHandshake, &k.handshake}, {labelBucket, &k.bucket}, {labelMessage, &k.message}} {
+	}{{labelRecord, &k.record}, {labelHandshake, &k.handshake}, {labelBucket, &k.bucket}, {labelPoly, &k.poly}, {labelMessage, &k.message}} {
 		b, err := hkdf.Expand(sha256.New, s.prk, runInfo(d.label, group, runID), KeySize)
 		if err != nil {
 			return nil, fmt.Errorf("auth: deriving the %s key: %w", d.label, err)

@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"iter"
 	"math/bits"
 	"runtime"
@@ -23,6 +24,35 @@ const (
 	// compresses independently.
 	ChunkSize = guts.ChunkSize
 )
+
+// Kind names a bucket MAC: what a group with a secret computes over a
+// bucket's bytes.
+type Kind string
+
+const (
+	// BLAKE3 is keyed BLAKE3 (Sum), the default.
+	BLAKE3 Kind = "blake3"
+	// Poly1305AES is Poly1305-AES (PolySum) under a random nonce per
+	// bucket.
+	Poly1305AES Kind = "poly1305-aes"
+)
+
+// Kinds lists the bucket MACs, the default first.
+var Kinds = []Kind{BLAKE3, Poly1305AES}
+
+// ParseKind returns the Kind named s ("" is BLAKE3), or an error that
+// lists the names.
+func ParseKind(s string) (Kind, error) {
+	if s == "" {
+		return BLAKE3, nil
+	}
+	for _, k := range Kinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	return "", fmt.Errorf("unknown bucket MAC %q: want %q or %q", s, BLAKE3, Poly1305AES)
+}
 
 // Key is a MAC key: 32 bytes, secret, derived for one run (see the
 // security model in docs/operations.md).

@@ -3,6 +3,7 @@ package mac
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/rand"
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
@@ -101,6 +102,18 @@ func (k *PolyKey) Power(e uint64) Limbs {
 // Nonce is a Poly1305-AES nonce: never used twice under one key.
 type Nonce [NonceSize]byte
 
+// RandomNonce returns a nonce drawn from crypto/rand: 128 random bits,
+// so that two of the 2^32 tags a key might ever see share a nonce with
+// probability below 2^-64.
+func RandomNonce() Nonce {
+	var n Nonce
+	rand.Read(n[:]) // never fails (crypto/rand)
+	return n
+}
+
+// String returns the nonce in hexadecimal.
+func (n Nonce) String() string { return hex.EncodeToString(n[:]) }
+
 // PolyTag is a Poly1305-AES tag.
 type PolyTag [PolyTagSize]byte
 
@@ -110,6 +123,14 @@ func (t PolyTag) String() string { return hex.EncodeToString(t[:]) }
 // Equal reports whether t and u are the same tag, in time that does not
 // depend on where they differ.
 func (t PolyTag) Equal(u PolyTag) bool { return subtle.ConstantTimeCompare(t[:], u[:]) == 1 }
+
+// AsTag returns t in a Tag, where code that holds either MAC keeps it: t's
+// 16 bytes, then 16 zeros.
+func (t PolyTag) AsTag() Tag {
+	var w Tag
+	copy(w[:], t[:])
+	return w
+}
 
 // PolySum returns the Poly1305-AES tag of b under key and nonce, computed
 // on the calling goroutine.

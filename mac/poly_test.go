@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"math/big"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"golang.org/x/crypto/poly1305"
@@ -286,5 +287,25 @@ func TestPolyTag(t *testing.T) {
 	other[0] ^= 1
 	if PolySum(key, &other, []byte("bucket")) == a {
 		t.Error("two nonces gave one tag")
+	}
+}
+
+func TestPolyNonceAndKind(t *testing.T) {
+	a, b := RandomNonce(), RandomNonce()
+	if a == b || a == (Nonce{}) {
+		t.Errorf("two random nonces: %s, %s", a, b)
+	}
+	tag := PolyTag{1, 2, 15: 3}
+	w := tag.AsTag()
+	if [16]byte(w[:16]) != [16]byte(tag) || [16]byte(w[16:]) != [16]byte{} {
+		t.Errorf("AsTag: %s", w)
+	}
+	for s, want := range map[string]Kind{"": BLAKE3, "blake3": BLAKE3, "poly1305-aes": Poly1305AES} {
+		if k, err := ParseKind(s); err != nil || k != want {
+			t.Errorf("ParseKind(%q) = %q, %v", s, k, err)
+		}
+	}
+	if _, err := ParseKind("hmac"); err == nil || !strings.Contains(err.Error(), `"poly1305-aes"`) {
+		t.Errorf("ParseKind(hmac): %v", err)
 	}
 }

@@ -26,7 +26,7 @@ import (
 func decodeCanonical(b []byte) (*BucketMeta, bool) {
 	d := metaDecoder{b: b}
 	m := new(BucketMeta)
-	if !d.meta(m) {
+	if !d.meta(m) || m.setMAC(d.tag, d.nonce) != nil {
 		return nil, false
 	}
 	d.ws()
@@ -38,6 +38,9 @@ func decodeCanonical(b []byte) (*BucketMeta, bool) {
 type metaDecoder struct {
 	b []byte
 	i int
+	// tag and nonce are the bucket MAC's members, nil where absent: which
+	// MAC "bucket_mac" holds depends on "mac_nonce", which may follow it.
+	tag, nonce *string
 }
 
 // ws skips JSON whitespace.
@@ -294,8 +297,9 @@ func (d *metaDecoder) meta(m *BucketMeta) bool {
 			m.HasChecksum = true
 			ok = d.text(func(s string) (err error) { m.Checksum, err = ParseChecksum(s); return err })
 		case "bucket_mac":
-			m.HasMAC = true
-			ok = d.text(func(s string) (err error) { m.MAC, err = parseTag(s); return err })
+			ok = d.tag == nil && d.text(func(s string) error { d.tag = &s; return nil })
+		case "mac_nonce":
+			ok = d.nonce == nil && d.text(func(s string) error { d.nonce = &s; return nil })
 		case "source":
 			raw, found := d.objectBytes()
 			m.Source = new(SourceInfo)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mac"
 )
 
 // canonicalMetas are metadata of every shape senders write: a direct
@@ -27,10 +28,14 @@ func canonicalMetas() []*BucketMeta {
 	for i := range signed.MAC {
 		signed.MAC[i] = byte(i * 7)
 	}
+	nonce := mac.Nonce{0: 0xa5, 15: 0x5a}
+	poly := &BucketMeta{Seq: 8, Index: 3, Version: 3, Length: 64, HasMAC: true, MACNonce: &nonce,
+		MAC:     mac.PolyTag{0: 1, 7: 0x77, 15: 0xff}.AsTag(),
+		Entries: []Entry{{Name: "b", DType: dtype.BF16, Shape: []int64{32}, Size: 64, Total: 64}}}
 	chunk := &BucketMeta{Seq: 1 << 40, Index: 5, Version: 1<<64 - 1, Length: 1 << 20,
 		Entries: []Entry{{Name: "model.layers.0.mlp.down_proj.weight", DType: dtype.I64, Shape: []int64{1 << 20}, Offset: 0, Size: 1 << 20, Chunk: 3 << 20, Total: 8 << 20}}}
 	return []*BucketMeta{
-		directMeta(), first, signed, chunk,
+		directMeta(), first, signed, poly, chunk,
 		{Seq: 3, Entries: []Entry{}},
 		{Seq: 4, Length: 8, Entries: []Entry{{Name: "héllo.wörld.权重", DType: dtype.U8, Shape: []int64{}, Size: 1, Total: 1}}},
 	}
@@ -88,17 +93,21 @@ func TestDecodeCanonicalDeclines(t *testing.T) {
 		}
 	}
 	invalid := map[string]string{
-		`{"seq":-1,"entries":[]}`:                                                           "cannot unmarshal number -1",
-		`{"seq":01,"entries":[]}`:                                                           "invalid character '1'",
-		`{"seq":1,"entries":[]} x`:                                                          "invalid character 'x'",
-		`{"seq":1,"length":8.5,"entries":[]}`:                                               "cannot unmarshal number 8.5",
-		`{"seq":1,"length":99999999999999999999,"entries":[]}`:                              "cannot unmarshal number 99999999999999999999",
-		`{"seq":1,"checksum":"xyz","entries":[]}`:                                           `malformed checksum "xyz"`,
-		`{"seq":1,"bucket_mac":"00","entries":[]}`:                                          "malformed bucket MAC",
-		`{"seq":1,"length":8,"entries":[` + strings.Replace(entry, "F32", "F128", 1) + `]}`: "F128",
-		`{"seq":1,"entries":[],"source":{"format":1}}`:                                      "cannot unmarshal number",
-		`{"seq":1,"entries":[{"name":"a` + "\x01" + `"}]}`:                                  "invalid character",
-		`{"seq":1,"entries":[]`:                                                             "unexpected end of JSON input",
+		`{"seq":-1,"entries":[]}`:                                              "cannot unmarshal number -1",
+		`{"seq":01,"entries":[]}`:                                              "invalid character '1'",
+		`{"seq":1,"entries":[]} x`:                                             "invalid character 'x'",
+		`{"seq":1,"length":8.5,"entries":[]}`:                                  "cannot unmarshal number 8.5",
+		`{"seq":1,"length":99999999999999999999,"entries":[]}`:                 "cannot unmarshal number 99999999999999999999",
+		`{"seq":1,"checksum":"xyz","entries":[]}`:                              `malformed checksum "xyz"`,
+		`{"seq":1,"bucket_mac":"00","entries":[]}`:                             "malformed bucket MAC",
+		`{"seq":1,"mac_nonce":"` + strings.Repeat("0", 32) + `","entries":[]}`: "a mac_nonce without a bucket_mac",
+		`{"seq":1,"bucket_mac":"` + strings.Repeat("0", 64) + `","mac_nonce":"` + strings.Repeat("0", 32) + `","entries":[]}`: "malformed Poly1305-AES bucket MAC (with a mac_nonce)",
+		`{"seq":1,"bucket_mac":"` + strings.Repeat("0", 32) + `","entries":[]}`:                                               "want 64 hex digits",
+		`{"seq":1,"bucket_mac":"` + strings.Repeat("0", 32) + `","mac_nonce":"00","entries":[]}`:                              "malformed mac_nonce",
+		`{"seq":1,"length":8,"entries":[` + strings.Replace(entry, "F32", "F128", 1) + `]}`:                                   "F128",
+		`{"seq":1,"entries":[],"source":{"format":1}}`:                                                                        "cannot unmarshal number",
+		`{"seq":1,"entries":[{"name":"a` + "\x01" + `"}]}`:                                                                    "invalid character",
+		`{"seq":1,"entries":[]`: "unexpected end of JSON input",
 	}
 	for s, want := range invalid {
 		if _, ok := decodeCanonical([]byte(s)); ok {
@@ -140,4 +149,29 @@ func FuzzDecodeCanonical(f *testing.F) {
 			t.Fatalf("%q: the canonical decoder read\n%s\nencoding/json\n%s", b, fmt.Sprintf("%+v", got), fmt.Sprintf("%+v", want))
 		}
 	})
+}
+
+// TestCheckPolyMAC: a nonce needs a Poly1305-AES MAC beside it, whose last
+// 16 bytes (of the Tag that holds it) are zero.
+func TestCheckPolyMAC(t *testing.T) {
+	nonce := mac.Nonce{1}
+	for _, m := range []*BucketMeta{
+		{Seq: 1, Entries: []Entry{}, MACNonce: &nonce},
+		{Seq: 1, Entries: []Entry{}, MACNonce: &nonce, HasMAC: true, MAC: mac.Tag{31: 1}},
+	} {
+		if err := m.Check(); err == nil || !strings.Contains(err.Error(), "nonce without a Poly1305-AES MAC") {
+			t.Errorf("%+v: %v", m, err)
+		}
+	}
+	ok := &BucketMeta{Seq: 1, Entries: []Entry{}, MACNonce: &nonce, HasMAC: true, MAC: mac.PolyTag{15: 1}.AsTag()}
+	if err := ok.Check(); err != nil {
+		t.Error(err)
+	}
+	enc, err := EncodeMeta(ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"bucket_mac":"00000000000000000000000000000001","mac_nonce":"01000000000000000000000000000000"`; !strings.Contains(string(enc), want) {
+		t.Errorf("%s lacks %s", enc, want)
+	}
 }

@@ -154,11 +154,15 @@ type BucketMeta struct {
 	// is false.
 	Checksum    uint64 `json:"-"`
 	HasChecksum bool   `json:"-"`
-	// MAC is the keyed BLAKE3 of the filled bytes under the run's bucket
-	// key (package mac), when the group has a secret (HasMAC); travels as
-	// "bucket_mac", 64 hex digits.
-	MAC     mac.Tag `json:"-"`
-	HasMAC  bool    `json:"-"`
+	// MAC is the bucket MAC of the filled bytes, when the group has a
+	// secret (HasMAC): keyed BLAKE3 under the run's bucket key (package
+	// mac), travelling as "bucket_mac", 64 hex digits; or, where MACNonce
+	// is set, Poly1305-AES under the run's Poly1305-AES key and that
+	// nonce, its 16 bytes MAC's first (mac.PolyTag.AsTag), travelling as
+	// "bucket_mac", 32 hex digits, with "mac_nonce", 32 more.
+	MAC      mac.Tag    `json:"-"`
+	HasMAC   bool       `json:"-"`
+	MACNonce *mac.Nonce `json:"-"`
 	Entries []Entry `json:"entries"`
 	// Source describes the model the round carries (its checkpoint
 	// layout and metadata). Only the first bucket of a round (Index 0)
@@ -209,18 +213,22 @@ type ShardInfo struct {
 // doubles.
 func (m *BucketMeta) MarshalJSON() ([]byte, error) {
 	type plain BucketMeta // drops the methods, so no recursion
-	var sum, tag string
+	var sum, tag, nonce string
 	if m.HasChecksum {
 		sum = FormatChecksum(m.Checksum)
 	}
 	if m.HasMAC {
-		tag = formatTag(m.MAC)
+		tag = formatTag(m.MAC, m.MACNonce)
+	}
+	if m.MACNonce != nil {
+		nonce = m.MACNonce.String()
 	}
 	return json.Marshal(struct {
 		*plain
 		Checksum  string `json:"checksum,omitempty"`
 		BucketMAC string `json:"bucket_mac,omitempty"`
-	}{(*plain)(m), sum, tag})
+		MACNonce  string `json:"mac_nonce,omitempty"`
+	}{(*plain)(m), sum, tag, nonce})
 }
 
 // FormatChecksum is the wire form of a bucket checksum: exactly 16
@@ -268,6 +276,7 @@ func decodeJSON(b []byte) (*BucketMeta, error) {
 		plain
 		Checksum  *string `json:"checksum"`
 		BucketMAC *string `json:"bucket_mac"`
+		MACNonce  *string `json:"mac_nonce"`
 	}
 	if err := json.Unmarshal(b, &w); err != nil {
 		return nil, fmt.Errorf("malformed bucket metadata (%d bytes): %w", len(b), err)
@@ -280,12 +289,8 @@ func decodeJSON(b []byte) (*BucketMeta, error) {
 		}
 		m.Checksum, m.HasChecksum = v, true
 	}
-	if w.BucketMAC != nil {
-		t, err := parseTag(*w.BucketMAC)
-		if err != nil {
-			return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
-		}
-		m.MAC, m.HasMAC = t, true
+	if err := m.setMAC(w.BucketMAC, w.MACNonce); err != nil {
+		return nil, fmt.Errorf("bucket %d: %w", m.Seq, err)
 	}
 	return m, nil
 }
@@ -306,6 +311,9 @@ func (m *BucketMeta) Check() error {
 	}
 	if err := m.checkDirect(); err != nil {
 		return bad("%v", err)
+	}
+	if m.MACNonce != nil && (!m.HasMAC || [mac.Size - mac.PolyTagSize]byte(m.MAC[mac.PolyTagSize:]) != [mac.Size - mac.PolyTagSize]byte{}) {
+		return bad("a Poly1305-AES nonce without a Poly1305-AES MAC (16 bytes)")
 	}
 	end := int64(0)
 	for i := range m.Entries {

@@ -67,17 +67,53 @@ func splitSeal(msg []byte) (body, tag []byte, signed bool) {
 	return body, tag, true
 }
 
-// formatTag is the wire form of a bucket MAC: 64 lower-case hex digits.
-func formatTag(t mac.Tag) string { return t.String() }
+// formatTag is the wire form of a bucket MAC: 64 lower-case hex digits
+// of keyed BLAKE3, or 32 of a Poly1305-AES tag (nonce set).
+func formatTag(t mac.Tag, nonce *mac.Nonce) string {
+	if nonce != nil {
+		return hex.EncodeToString(t[:mac.PolyTagSize])
+	}
+	return t.String()
+}
 
-// parseTag reads a bucket MAC's wire form.
-func parseTag(s string) (mac.Tag, error) {
-	var t mac.Tag
-	if len(s) != 2*mac.Size {
-		return t, fmt.Errorf("malformed bucket MAC %q: want %d hex digits", s, 2*mac.Size)
+// setMAC sets m's bucket MAC from its wire form: the "bucket_mac" and
+// "mac_nonce" members, each nil where absent.
+func (m *BucketMeta) setMAC(tag, nonce *string) error {
+	switch {
+	case tag == nil && nonce == nil:
+		return nil
+	case tag == nil:
+		return fmt.Errorf("a mac_nonce without a bucket_mac")
+	case nonce == nil:
+		t, err := parseHex(*tag, mac.Size, "bucket MAC")
+		if err != nil {
+			return err
+		}
+		m.MAC, m.HasMAC = mac.Tag(t), true
+		return nil
 	}
-	if _, err := hex.Decode(t[:], []byte(s)); err != nil {
-		return t, fmt.Errorf("malformed bucket MAC %q: want %d hex digits", s, 2*mac.Size)
+	t, err := parseHex(*tag, mac.PolyTagSize, "Poly1305-AES bucket MAC (with a mac_nonce)")
+	if err != nil {
+		return err
 	}
-	return t, nil
+	n, err := parseHex(*nonce, mac.NonceSize, "mac_nonce")
+	if err != nil {
+		return err
+	}
+	nn := mac.Nonce(n)
+	m.MAC, m.HasMAC, m.MACNonce = mac.PolyTag(t).AsTag(), true, &nn
+	return nil
+}
+
+// parseHex reads exactly n bytes written as 2n hex digits; what names
+// the field in errors.
+func parseHex(s string, n int, what string) ([]byte, error) {
+	b := make([]byte, n)
+	if len(s) != 2*n {
+		return nil, fmt.Errorf("malformed %s %q: want %d hex digits", what, s, 2*n)
+	}
+	if _, err := hex.Decode(b, []byte(s)); err != nil {
+		return nil, fmt.Errorf("malformed %s %q: want %d hex digits", what, s, 2*n)
+	}
+	return b, nil
 }
