@@ -14,6 +14,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/layout"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/rendezvous"
@@ -150,6 +151,14 @@ type Options struct {
 	// group secret from (auth.ReadSecretFile: mode 0600); FromEnv takes it
 	// from WEIGHTCAST_SECRET_FILE when both are unset.
 	SecretFile string `json:"secret_file,omitempty"`
+	// BucketMAC is the MAC the sender puts on every bucket when the group
+	// has a secret (stages.SenderConfig.BucketMAC): "blake3" (keyed BLAKE3,
+	// also ""), or "poly1305-aes" (Poly1305-AES under a random nonce per
+	// bucket, whose GPU kernels do a fraction of BLAKE3's work per byte).
+	// Receivers verify either, as each bucket's signed metadata says; the
+	// setting matters only on the sender. Routed groups (Senders) MAC with
+	// keyed BLAKE3 only.
+	BucketMAC mac.Kind `json:"bucket_mac,omitempty"`
 	// TLS, when its files are given, runs the connections that cross the
 	// network — etcd (served over TLS by a rank 0 that serves it), the tcp
 	// chain and the metadata bus — over mutual TLS 1.3. In JSON "tls_ca",
@@ -291,6 +300,12 @@ func (o *Options) Validate() error {
 		return fieldError("group", fmt.Sprintf("%q", o.Group), ": a group name must be 1 to 256 bytes, without '/', spaces or control characters")
 	case o.RunID != "" && (!rendezvous.ValidName(o.RunID) || o.RunID == "owner"):
 		return fieldError("run_id", fmt.Sprintf("%q", o.RunID), ": a run id must be 1 to 256 bytes, without '/', spaces or control characters, and not \"owner\"")
+	}
+	switch k, err := mac.ParseKind(string(o.BucketMAC)); {
+	case err != nil:
+		return fieldError("bucket_mac", fmt.Sprintf("%q", o.BucketMAC), `: choose %q or %q`, mac.BLAKE3, mac.Poly1305AES)
+	case k == mac.Poly1305AES && o.Senders > 0:
+		return fieldError("bucket_mac", fmt.Sprintf("%q", o.BucketMAC), ": a routed group (senders) MACs its pieces with keyed BLAKE3; leave bucket_mac out")
 	}
 	if _, known := transport.Lookup(o.Transport); o.Transport != "auto" && !known {
 		return fieldError("transport", fmt.Sprintf("%q", o.Transport), ": choose %s", transportChoices())

@@ -43,7 +43,7 @@ func OpenSender(ctx context.Context, o Options) (*Sender, error) {
 		return s, nil
 	}
 	s.s = stages.NewSender(stages.SenderConfig{
-		Endpoint: m.endpoint, Publisher: m.pub, Pool: m.pool, Checksum: !m.opts.NoChecksum, NoDirect: m.opts.NoDirect, NoTurns: m.opts.NoTurns, Auth: m.keys,
+		Endpoint: m.endpoint, Publisher: m.pub, Pool: m.pool, Checksum: !m.opts.NoChecksum, NoDirect: m.opts.NoDirect, NoTurns: m.opts.NoTurns, Auth: m.keys, BucketMAC: m.opts.BucketMAC,
 		Tracer: m.opts.Tracer, Rank: 0, Progress: m.opts.Progress, Blame: m.blame,
 	})
 	// The stages Sender's GPU state goes before the pool; the devices of

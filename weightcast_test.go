@@ -20,6 +20,7 @@ import (
 
 	"github.com/weightcast/weightcast/dtype"
 	"github.com/weightcast/weightcast/internal/testhook"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/rendezvous"
 	"github.com/weightcast/weightcast/rendezvous/embedetcd"
 	"github.com/weightcast/weightcast/sink"
@@ -776,6 +777,8 @@ func TestFieldErrors(t *testing.T) {
 		{"rank", func(o *Options) { o.Rank = 1 }},
 		{"rendezvous", func(o *Options) { o.Rendezvous = "h:1" }},
 		{"secret_file", func(o *Options) { o.SecretFile = "/nonexistent/secret" }},
+		{"bucket_mac", func(o *Options) { o.BucketMAC = "hmac" }},
+		{"bucket_mac", func(o *Options) { o.BucketMAC, o.Senders = mac.Poly1305AES, 1 }},
 	} {
 		o := base
 		c.mod(&o)

@@ -20,6 +20,7 @@ import (
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/sink"
 	"github.com/weightcast/weightcast/stages"
@@ -54,6 +55,9 @@ func TestParseConfig(t *testing.T) {
 	if o, err = parseConfig(`{"rank": 1, "world_size": 2, "rendezvous": "etcd://h:1", "run_id": "r", "dtype": "keep"}`, func(string) string { return "" }); err != nil || o.RolloutDType != dtype.Invalid {
 		t.Fatalf("dtype keep: %+v, %v", o, err)
 	}
+	if o, err = parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "run_id": "r", "bucket_mac": "poly1305-aes"}`, func(string) string { return "" }); err != nil || o.BucketMAC != mac.Poly1305AES {
+		t.Fatalf("bucket_mac: %+v, %v", o, err)
+	}
 	o, err = parseConfig(`{"rank": 0, "world_size": 2, "rendezvous": "etcd://h:1", "quantize": "fp8-block", "quantize_exclude": ["layers\\.0\\."]}`, func(string) string { return "" })
 	if err != nil || o.Quantize.Scheme != quant.FP8Block || len(o.Quantize.Exclude) != 1 || o.Quantize.Exclude[0] != `layers\.0\.` {
 		t.Fatalf("quantize: %+v, %v", o.Quantize, err)
@@ -73,6 +77,7 @@ func TestParseConfig(t *testing.T) {
 		{`[1]`, "configuration [1]"},
 		{`{"rank": 0, "world_size": 2, "bucket": 100}`, "bucket 100 is below the minimum of 1.0 KiB"},
 		{`{"rank": 0, "world_size": 2, "group": "a/b"}`, `group "a/b": a group name must be`},
+		{`{"rank": 0, "world_size": 2, "bucket_mac": "md5"}`, `bucket_mac "md5": choose "blake3" or "poly1305-aes"`},
 		{`{}`, "RANK is not set"},
 	} {
 		_, err := parseConfig(c.json, func(string) string { return "" })

@@ -155,10 +155,11 @@
 // with keyed BLAKE3, copying the pieces that have a destination on the
 // way. Per 16-byte block the kernels run 25 multiply-adds and some 35
 // other instructions, where keyed BLAKE3 runs about 200 additions,
-// rotations and exclusive ors; they are not yet used by the stages
-// (docs/benchmarks.md says what measures them first). Where they cannot
-// be loaded or fail their self-tests (or WEIGHTCAST_GPU_POLY=off),
-// NewPolyMACer fails with an error matching ErrNoPolyKernel.
+// rotations and exclusive ors. The stages use them for the buckets of a
+// sender given the Poly1305-AES bucket MAC (stages.SenderConfig.BucketMAC).
+// Where they cannot be loaded or fail their self-tests (or
+// WEIGHTCAST_GPU_POLY=off), NewPolyMACer fails with an error matching
+// ErrNoPolyKernel, and those MACs are computed on the host.
 //
 // # Cast kernel
 //

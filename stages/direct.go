@@ -346,12 +346,8 @@ func (c *gpuCopier) gatherDirect(ctx context.Context, b *Bucket, srcs []directVi
 	}
 	switch {
 	case b.auth != nil && m.HasMAC:
-		macs, err := c.macs.get(c.stream)
-		if err != nil {
+		if err := queueLayoutMAC(ctx, c.gather, &c.macs, c.stream, b, &l, b.auth); err != nil {
 			return fmt.Errorf("bucket %d: %w", m.Seq, err)
-		}
-		if err := queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth); err != nil {
-			return err
 		}
 		if _, err := b.mac.wait(ctx); err != nil { // the copies have landed when the MAC is in
 			return fmt.Errorf("the MAC of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
@@ -443,11 +439,10 @@ func (c *gpuCopier) sumInPlace(ctx context.Context, b *Bucket, srcs []directView
 		l.Add(e.Offset, from+uint64(srcs[i].off), e.Size, 0)
 	}
 	if signed {
-		macs, err := c.macs.get(c.stream)
-		if err != nil {
+		if err := queueLayoutMAC(ctx, c.gather, &c.macs, c.stream, b, &l, b.auth); err != nil {
 			return fmt.Errorf("bucket %d: %w", m.Seq, err)
 		}
-		return queueLayoutMAC(ctx, c.gather, macs, b, &l, b.auth)
+		return nil
 	}
 	ps, err := c.gather.CopySumLayout(ctx, &l, m.Length, c.sums)
 	if err != nil {

@@ -13,13 +13,14 @@ import (
 	"github.com/weightcast/weightcast/checksum/checksumtest"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
 )
 
 // signedDirectGroup is a group of world ranks with a group secret whose
 // receivers read the root's device tensors in place (direct buckets).
-func signedDirectGroup(t *testing.T, d *gpu.CUDADevice, world int, keys *auth.Keys) (*group, *directEP) {
+func signedDirectGroup(t *testing.T, d *gpu.CUDADevice, world int, keys *auth.Keys, kind mac.Kind) (*group, *directEP) {
 	var ep *directEP
 	g := newGPUGroup(t, d, world, 256<<10, false, true, func(r int, e transport.Endpoint) transport.Endpoint {
 		if r == 0 {
@@ -28,7 +29,7 @@ func signedDirectGroup(t *testing.T, d *gpu.CUDADevice, world int, keys *auth.Ke
 		}
 		return e
 	})
-	g.sender.cfg.Auth = keys
+	g.sender.cfg.Auth, g.sender.cfg.BucketMAC = keys, kind
 	for _, r := range g.receivers {
 		r.cfg.Auth = keys
 	}
@@ -40,8 +41,8 @@ func signedDirectGroup(t *testing.T, d *gpu.CUDADevice, world int, keys *auth.Ke
 // and a checksum.
 type macMetaPublisher struct {
 	transport.Publisher
-	keys                    *auth.Keys
-	direct, macs, checksums atomic.Int64
+	keys                            *auth.Keys
+	direct, macs, checksums, nonces atomic.Int64
 }
 
 func (p *macMetaPublisher) Publish(ctx context.Context, seq uint64, msg []byte) error {
@@ -55,6 +56,9 @@ func (p *macMetaPublisher) Publish(ctx context.Context, seq uint64, msg []byte) 
 		}
 		if m.HasMAC {
 			p.macs.Add(1)
+		}
+		if m.MACNonce != nil {
+			p.nonces.Add(1)
 		}
 		if m.HasChecksum {
 			p.checksums.Add(1)
@@ -83,7 +87,7 @@ func (p *forgeOnPublish) Publish(ctx context.Context, seq uint64, msg []byte) er
 	return p.Publisher.Publish(ctx, seq, msg)
 }
 
-// checkDirectMAC runs signed direct rounds: every bucket direct, none on
+// checkDirectMAC runs signed direct rounds, each bucket's MAC of kind: every bucket direct, none on
 // the byte transport, each carrying its MAC and no checksum, received
 // into a device model (load's copies compute the MAC), a host model
 // (gathered with the MAC) and a sink reading in place (the MAC read
@@ -92,7 +96,7 @@ func (p *forgeOnPublish) Publish(ctx context.Context, seq uint64, msg []byte) er
 // after its MAC was computed, its checksum kept, fails the round on each
 // kind of receiver, naming the tensor, before a sink reading in place
 // gets a view and with a host model intact.
-func checkDirectMAC(t *testing.T) {
+func checkDirectMAC(t *testing.T, kind mac.Kind) {
 	d := gputest.Device(t)
 	s := gputest.Stream(t, d)
 	keys := testKeys(t, "direct")
@@ -100,7 +104,7 @@ func checkDirectMAC(t *testing.T) {
 	defer cancel()
 
 	src, exp := directSource(t, d, s, 95, false)
-	g, ep := signedDirectGroup(t, d, 3, keys)
+	g, ep := signedDirectGroup(t, d, 3, keys, kind)
 	pub := &macMetaPublisher{Publisher: g.sender.cfg.Publisher, keys: keys}
 	g.sender.cfg.Publisher = pub
 	st := runRounds(t, g, d, src, exp)
@@ -110,11 +114,14 @@ func checkDirectMAC(t *testing.T) {
 	if n := pub.direct.Load(); n != 2*int64(st.Buckets) || pub.macs.Load() != n || pub.checksums.Load() != 0 {
 		t.Fatalf("of %d direct buckets published, %d carried a MAC and %d a checksum; want a MAC each, no checksum", n, pub.macs.Load(), pub.checksums.Load())
 	}
+	if want := map[mac.Kind]int64{mac.BLAKE3: 0, mac.Poly1305AES: pub.macs.Load()}[kind]; pub.nonces.Load() != want {
+		t.Fatalf("%d of %d MACs carried a Poly1305-AES nonce; want %d", pub.nonces.Load(), pub.macs.Load(), want)
+	}
 
 	// Tensors a direct bucket cannot take mixed in: their buckets are
 	// packed, with the MAC of their bytes, beside direct ones.
 	msrc, mexp := directSource(t, d, s, 99, true)
-	g, ep = signedDirectGroup(t, d, 3, keys)
+	g, ep = signedDirectGroup(t, d, 3, keys, kind)
 	if st := runRounds(t, g, d, msrc, mexp); st.Direct == 0 || st.Direct == st.Buckets || ep.moved != 2*(st.Buckets-st.Direct) {
 		t.Fatalf("mixed, with a secret: %d of %d buckets direct, %d broadcast in two rounds; want some of each, the others broadcast", st.Direct, st.Buckets, ep.moved)
 	}
@@ -124,7 +131,7 @@ func checkDirectMAC(t *testing.T) {
 		base, _ := gpu.Address(tn.Device)
 		addrs[tn.Name] = base + uint64(tn.DeviceOffset)
 	}
-	g, _ = signedDirectGroup(t, d, 2, keys)
+	g, _ = signedDirectGroup(t, d, 2, keys, kind)
 	k := &inPlaceSink{s: s, addrs: addrs, inPlace: true}
 	if err := roundCancel(ctx, g, src, 1, []Sink{k}); err != nil {
 		t.Fatal(err)
@@ -160,7 +167,7 @@ func checkDirectMAC(t *testing.T) {
 				break
 			}
 		}
-		g, _ := signedDirectGroup(t, d, 2, keys)
+		g, _ := signedDirectGroup(t, d, 2, keys, kind)
 		fp := &forgeOnPublish{Publisher: g.sender.cfg.Publisher, forge: func(ctx context.Context) error {
 			addr, _ := gpu.Address(first.Device)
 			v, err := d.View(addr+uint64(first.DeviceOffset), int(size))
@@ -193,9 +200,16 @@ func TestDirectMACOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestDirectMAC
 // TestDirectMACOnFakesChild is the child side of TestDirectMACOnFakes.
 func TestDirectMACOnFakesChild(t *testing.T) {
 	gputest.InFakeChild(t)
-	checkDirectMAC(t)
+	checkDirectMACs(t)
 }
 
 // TestGPUDirectMAC runs checkDirectMAC on a GPU, with the layout MAC
-// kernel.
-func TestGPUDirectMAC(t *testing.T) { checkDirectMAC(t) }
+// kernels.
+func TestGPUDirectMAC(t *testing.T) { checkDirectMACs(t) }
+
+// checkDirectMACs runs checkDirectMAC with each bucket MAC.
+func checkDirectMACs(t *testing.T) {
+	for _, kind := range mac.Kinds {
+		t.Run(string(kind), func(t *testing.T) { checkDirectMAC(t, kind) })
+	}
+}

@@ -24,7 +24,8 @@ import (
 // MAC kernel (unless WEIGHTCAST_GPU_MAC=off): see deviceMACRounds.
 func TestGPUMAC(t *testing.T) {
 	d := gputest.Device(t)
-	deviceMACRounds(t, d, os.Getenv(gpu.MACEnv) != "off")
+	t.Run("blake3", func(t *testing.T) { deviceMACRounds(t, d, mac.BLAKE3, os.Getenv(gpu.MACEnv) != "off") })
+	t.Run("poly1305-aes", func(t *testing.T) { deviceMACRounds(t, d, mac.Poly1305AES, os.Getenv(gpu.PolyEnv) != "off") })
 }
 
 // TestDeviceMACOnFakes runs the device paths of the bucket MAC against
@@ -35,17 +36,20 @@ func TestDeviceMACOnFakes(t *testing.T) { gputest.RunWithFakes(t, "TestDeviceMAC
 // TestDeviceMACOnFakesChild is the child side of TestDeviceMACOnFakes.
 func TestDeviceMACOnFakesChild(t *testing.T) {
 	gputest.InFakeChild(t)
-	deviceMACRounds(t, gputest.Device(t), false)
+	for _, kind := range mac.Kinds {
+		t.Run(string(kind), func(t *testing.T) { deviceMACRounds(t, gputest.Device(t), kind, false) })
+	}
 }
 
-// deviceMACRounds checks the bucket MAC of device buckets on d, computed by
-// the MAC kernel where kernel is set, else on the CPU after a copy back:
-// each packed device bucket's MAC equals mac.Sum of its bytes; signed
+// deviceMACRounds checks the bucket MAC of kind of device buckets on d,
+// computed by its kernels where kernel is set, else on the CPU after a
+// copy back: each packed device bucket's MAC equals mac.Sum (or
+// mac.PolySum under its nonce) of its bytes; signed
 // rounds from a root with device buckets and from one with host buckets
 // pass on receivers with device buckets (a device sink with a verifier,
 // and a host sink); and a bucket forged on a receiver's GPU, its checksum
 // kept, fails the round with a MAC mismatch naming it.
-func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
+func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kind mac.Kind, kernel bool) {
 	s := gputest.Stream(t, d)
 	keys := testKeys(t, "gpu")
 	rng := rand.New(rand.NewPCG(41, 42))
@@ -61,18 +65,22 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 	// Where each MAC was computed: by the kernel, or on the host.
 	checkPath := func(where string, m *deviceMAC) {
 		t.Helper()
+		made, why, unavailable := m.macs.m != nil, m.macs.why, gpu.ErrNoMACKernel
+		if kind == mac.Poly1305AES {
+			made, why, unavailable = m.macs.polys != nil, m.macs.whyPoly, gpu.ErrNoPolyKernel
+		}
 		switch {
-		case kernel && m.macs.m == nil:
-			t.Fatalf("%s: no MAC kernel (%v)", where, m.macs.why)
-		case !kernel && !errors.Is(m.macs.why, gpu.ErrNoMACKernel):
-			t.Fatalf("%s: the MACs were not computed on the host (kernel %v, %v)", where, m.macs.m != nil, m.macs.why)
+		case kernel && !made:
+			t.Fatalf("%s: no %s kernel (%v)", where, kind, why)
+		case !kernel && !errors.Is(why, unavailable):
+			t.Fatalf("%s: the MACs were not computed on the host (kernel %v, %v)", where, made, why)
 		}
 	}
 
 	pool := devicePool(t, d, DefaultBuffers, bucket)
 	pk := testPacker(t, defaultPlan, gpu.DefaultStagingConfig())
 	n := 0
-	err := packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: true, Auth: keys}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
+	err := packRound(src, PackConfig{Pool: pool, Version: 1, Checksum: true, Auth: keys, MAC: kind}, pk, func(ctx context.Context, rb *gpu.Readback, bk *Bucket) error {
 		if !bk.Meta.HasMAC || bk.auth != keys || bk.mac == nil {
 			return fmt.Errorf("bucket %d: no MAC pending (HasMAC %v)", bk.Meta.Seq, bk.Meta.HasMAC)
 		}
@@ -83,8 +91,15 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 		if err != nil {
 			return err
 		}
-		if want := mac.Sum(bucketKey(keys), host); bk.Meta.MAC != want {
-			return fmt.Errorf("bucket %d (%d bytes): MAC %v, mac.Sum %v", bk.Meta.Seq, bk.Meta.Length, bk.Meta.MAC, want)
+		if (bk.Meta.MACNonce != nil) != (kind == mac.Poly1305AES) {
+			return fmt.Errorf("bucket %d: a %s MAC with nonce %v", bk.Meta.Seq, kind, bk.Meta.MACNonce)
+		}
+		want := mac.Sum(bucketKey(keys), host)
+		if kind == mac.Poly1305AES {
+			want = mac.PolySum(polyKey(keys), bk.Meta.MACNonce, host).AsTag()
+		}
+		if bk.Meta.MAC != want {
+			return fmt.Errorf("bucket %d (%d bytes): MAC %v, of its bytes %v", bk.Meta.Seq, bk.Meta.Length, bk.Meta.MAC, want)
 		}
 		n++
 		return nil
@@ -96,7 +111,7 @@ func deviceMACRounds(t *testing.T, d *gpu.CUDADevice, kernel bool) {
 	t.Logf("%d packed buckets, each MAC equal to mac.Sum of its bytes", n)
 
 	signed := func(g *group) *group {
-		g.sender.cfg.Auth = keys
+		g.sender.cfg.Auth, g.sender.cfg.BucketMAC = keys, kind
 		for _, r := range g.receivers {
 			r.cfg.Auth = keys
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/auth"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
@@ -34,6 +35,7 @@ type groupOpts struct {
 	tracer   *pipeline.Tracer
 	wrapEP   func(rank int, ep transport.Endpoint) transport.Endpoint
 	auth     *auth.Keys // the run's keys: buckets carry MACs, messages are signed
+	mac      mac.Kind   // the buckets' MAC
 }
 
 func newGroup(t testing.TB, o groupOpts) *group {
@@ -72,7 +74,7 @@ func newGroup(t testing.TB, o groupOpts) *group {
 				t.Fatal(err)
 			}
 			g.closers = append(g.closers, pub.Close)
-			g.sender = NewSender(SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: o.checksum, Tracer: o.tracer, Auth: o.auth})
+			g.sender = NewSender(SenderConfig{Endpoint: ep, Publisher: pub, Pool: pool, Checksum: o.checksum, Tracer: o.tracer, Auth: o.auth, BucketMAC: o.mac})
 		} else {
 			sub, err := inproc.OpenSubscriber(ctx, cfg)
 			if err != nil {

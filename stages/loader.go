@@ -363,7 +363,7 @@ type queuedLoad struct {
 	u *Unpacked
 	// What the copies compute, if anything: the checksum or the MAC.
 	sum *gpu.PendingSum
-	mac *gpu.PendingMAC
+	mac *pendingMAC
 	// done is an event after the copies (and after what they compute).
 	done *gpu.Event
 }
@@ -423,10 +423,7 @@ func (l *loadRound) queueTarget(ctx context.Context, u *Unpacked, traced bool) (
 	q := &queuedLoad{u: u}
 	switch {
 	case u.macAtLoad:
-		var macs *gpu.MACer
-		if macs, err = c.macs.get(c.stream); err == nil {
-			q.mac, err = c.gather.CopyMACLayout(ctx, &lay, m.Length, macs, bucketKey(b.auth))
-		}
+		q.mac, err = layoutMAC(ctx, c.gather, &c.macs, c.stream, b, &lay, b.auth)
 	case u.sumAtLoad && direct:
 		q.sum, err = c.gather.CopySumLayout(ctx, &lay, m.Length, c.sums)
 	case u.sumAtLoad:
@@ -466,7 +463,7 @@ func (l *loadRound) land(ctx context.Context, q *queuedLoad) error {
 	case q.sum != nil:
 		got, err = q.sum.Wait(ctx)
 	case q.mac != nil:
-		tag, err = q.mac.Wait(ctx)
+		tag, err = q.mac.wait(ctx)
 	}
 	q.close()
 	if err != nil {
@@ -498,7 +495,7 @@ func (q *queuedLoad) wait(ctx context.Context) error {
 	case q.sum != nil:
 		_, err = q.sum.Wait(ctx)
 	case q.mac != nil:
-		_, err = q.mac.Wait(ctx)
+		_, err = q.mac.wait(ctx)
 	case q.done != nil:
 		err = q.done.Wait(ctx)
 	}
@@ -511,7 +508,7 @@ func (q *queuedLoad) close() {
 		q.sum.Close()
 	}
 	if q.mac != nil {
-		q.mac.Close()
+		q.mac.close()
 	}
 	if q.done != nil {
 		q.done.Close()

@@ -15,7 +15,11 @@ import (
 //
 // With a group secret (SenderConfig.Auth, ReceiverConfig.Auth: the run's
 // keys), every bucket's filled bytes carry a MAC, keyed BLAKE3 under the
-// run's bucket key (mac.Sum with auth.Keys.BucketKey), and every message
+// run's bucket key (mac.Sum with auth.Keys.BucketKey) or, where the sender
+// is given it (SenderConfig.BucketMAC), Poly1305-AES under the run's
+// Poly1305-AES key and a random nonce per bucket (mac.PolySum with
+// auth.Keys.BucketPolyKey; chooseMAC draws the nonce into the metadata,
+// and every later step computes the MAC the metadata names), and every message
 // of the metadata bus, bucket metadata and commit messages alike, is signed
 // with HMAC-SHA256 under the run's message key over its sequence number and
 // bytes (auth.Keys.MessageMAC). The metadata carries the bucket's MAC, so
@@ -25,8 +29,8 @@ import (
 //
 // Each step has one place, beside the checksum's:
 //
-//   - pack computes the MAC where the bytes are: mac.SumParallel for a host
-//     bucket (macHost); for a device bucket the GPU MAC kernel, queued on a
+//   - pack computes the MAC where the bytes are: on every core for a host
+//     bucket (macHost); for a device bucket the GPU MAC kernels, queued on a
 //     stream of its own after the bucket's ready event, so that neither the
 //     copies of the next bucket nor the transport's broadcast on the GPU
 //     wait for it (deviceFill.queueMAC). Where the kernel is unavailable,
@@ -45,7 +49,7 @@ import (
 // A direct bucket (direct.go) has no bytes of its own: its MAC is that of
 // the bucket as pack would fill it with zeros between the entries, which
 // start on MAC chunks (1 KiB) there, computed where the entries lie
-// (gpu.Gather.CopyMACLayout, queueLayoutMAC). It takes the place of the
+// (gpu.Gather.CopyMACLayout or CopyPolyLayout, layoutMAC). It takes the place of the
 // checksum, which it proves more than (a direct bucket with a MAC carries
 // no checksum):
 //
@@ -57,28 +61,55 @@ import (
 //     the round's one DeviceTarget (copyToTarget, as that sink's checksum
 //     is); unpack, or load for a DeviceTarget, compares (verifyMAC).
 
-// bucketKey is the run's bucket-MAC key.
+// bucketKey is the run's keyed-BLAKE3 bucket key.
 func bucketKey(keys *auth.Keys) *mac.Key {
 	k := mac.Key(keys.BucketKey())
 	return &k
 }
 
-// macHost computes host bucket b's MAC of data, its filled bytes, when
-// the round is signed (keys set), and marks b signed.
-func macHost(b *Bucket, keys *auth.Keys, data []byte) {
+// polyKey is the run's Poly1305-AES bucket key.
+func polyKey(keys *auth.Keys) *mac.PolyKey {
+	b := keys.BucketPolyKey()
+	return mac.NewPolyKey(&b)
+}
+
+// chooseMAC marks b, of a signed round, to carry a MAC of kind: the
+// sender's one place that says which. For Poly1305-AES it draws the
+// bucket's nonce into its metadata; every later step, the sender's and
+// the receivers', computes the MAC that the metadata says (MACNonce).
+func chooseMAC(b *Bucket, keys *auth.Keys, kind mac.Kind) {
+	b.auth, b.Meta.HasMAC, b.Meta.MACNonce = keys, true, nil
+	if kind == mac.Poly1305AES {
+		n := mac.RandomNonce()
+		b.Meta.MACNonce = &n
+	}
+}
+
+// hostMAC returns the MAC under keys of data, a bucket's filled bytes, of
+// the kind m says, computed on the CPU.
+func hostMAC(m *wire.BucketMeta, keys *auth.Keys, data []byte) mac.Tag {
+	if m.MACNonce != nil {
+		return mac.PolySumParallel(polyKey(keys), m.MACNonce, data).AsTag()
+	}
+	return mac.SumParallel(bucketKey(keys), data)
+}
+
+// macHost computes host bucket b's MAC of kind of data, its filled bytes,
+// when the round is signed (keys set), and marks b signed.
+func macHost(b *Bucket, keys *auth.Keys, kind mac.Kind, data []byte) {
 	if keys == nil {
 		return
 	}
-	b.auth = keys
-	b.Meta.MAC, b.Meta.HasMAC = mac.SumParallel(bucketKey(keys), data), true
+	chooseMAC(b, keys, kind)
+	b.Meta.MAC = hostMAC(&b.Meta, keys, data)
 }
 
-// queueMAC queues, when the round is signed (keys set), the MAC of device
-// bucket b's filled bytes on the MAC's own stream, after b's ready event
-// (its fence), and marks b signed. b then carries the pending MAC, which
-// publish waits for, or queueMAC itself when wait is set; releasing b
-// gives it back.
-func (f *deviceFill) queueMAC(ctx context.Context, b *Bucket, keys *auth.Keys, wait bool) error {
+// queueMAC queues, when the round is signed (keys set), the MAC of kind
+// of device bucket b's filled bytes on the MAC's own stream, after b's
+// ready event (its fence), and marks b signed. b then carries the pending
+// MAC, which publish waits for, or queueMAC itself when wait is set;
+// releasing b gives it back.
+func (f *deviceFill) queueMAC(ctx context.Context, b *Bucket, keys *auth.Keys, kind mac.Kind, wait bool) error {
 	if keys == nil {
 		return nil
 	}
@@ -89,11 +120,12 @@ func (f *deviceFill) queueMAC(ctx context.Context, b *Bucket, keys *auth.Keys, w
 	case gpu.FenceOf(b.Buf) == nil:
 		return fmt.Errorf("pack: bucket %d has no ready event to order its MAC after", m.Seq)
 	}
-	p, err := f.macs.queue(ctx, f.stream.Device(), b, bucketKey(keys))
+	chooseMAC(b, keys, kind)
+	p, err := f.macs.queue(ctx, f.stream.Device(), b, keys)
 	if err != nil {
 		return fmt.Errorf("pack: the MAC of bucket %d (version %d): %w", m.Seq, m.Version, err)
 	}
-	b.auth, b.mac, m.HasMAC = keys, p, true
+	b.mac = p
 	b.whenReleased(p.close)
 	if wait {
 		return awaitMAC(ctx, b)
@@ -126,7 +158,6 @@ func (c *bucketCheck) checkMAC(ctx context.Context, b *Bucket, data []byte) erro
 	if !m.HasMAC {
 		return fmt.Errorf("bucket %d (version %d) carries no MAC: %w: this rank has a group secret, the root sent the bucket without one", m.Seq, m.Version, auth.ErrFailed)
 	}
-	key := bucketKey(b.auth)
 	var got mac.Tag
 	var err error
 	switch {
@@ -135,13 +166,13 @@ func (c *bucketCheck) checkMAC(ctx context.Context, b *Bucket, data []byte) erro
 			return fmt.Errorf("the MAC of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
 		}
 	case data != nil:
-		got = mac.SumParallel(key, data)
+		got = hostMAC(m, b.auth, data)
 	default:
 		dev, err := c.device(b)
 		if err != nil {
 			return err
 		}
-		p, err := dev.macs.queue(ctx, dev.dev, b, key)
+		p, err := dev.macs.queue(ctx, dev.dev, b, b.auth)
 		if err != nil {
 			return fmt.Errorf("the MAC of bucket %d (version %d): %w", m.Seq, m.Version, err)
 		}
@@ -164,33 +195,62 @@ func verifyMAC(m *wire.BucketMeta, got mac.Tag) error {
 		m.Seq, m.Version, m.Length, auth.ErrFailed, entryNames(m.Entries, 8))
 }
 
-// queueLayoutMAC queues, on g's stream, the MAC under keys of direct
-// bucket b: the layout l of its entries, read where they lie and copied
-// where l says (gpu.Gather.CopyMACLayout with macs, a MACer of g's stream,
-// or on the host where macs is nil). b then carries it (b.mac), and
-// releasing b gives it back.
-func queueLayoutMAC(ctx context.Context, g *gpu.Gather, macs *gpu.MACer, b *Bucket, l *gpu.Layout, keys *auth.Keys) error {
-	p, err := g.CopyMACLayout(ctx, l, b.Meta.Length, macs, bucketKey(keys))
-	if err != nil {
-		return fmt.Errorf("the MAC of direct bucket %d (version %d): %w", b.Meta.Seq, b.Meta.Version, err)
+// layoutMAC queues, on s, the stream of g, the MAC under keys of direct
+// bucket b, of the kind its metadata says: the layout l of its entries,
+// read where they lie and copied where l says (gpu.Gather.CopyMACLayout
+// or CopyPolyLayout with sm's kernels of s, or on the host where they are
+// unavailable).
+func layoutMAC(ctx context.Context, g *gpu.Gather, sm *streamMACer, s *gpu.Stream, b *Bucket, l *gpu.Layout, keys *auth.Keys) (*pendingMAC, error) {
+	m := &b.Meta
+	if m.MACNonce != nil {
+		polys, err := sm.poly(s)
+		if err != nil {
+			return nil, err
+		}
+		p, err := g.CopyPolyLayout(ctx, l, m.Length, polys, polyKey(keys), m.MACNonce)
+		if err != nil {
+			return nil, fmt.Errorf("the MAC of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
+		}
+		return &pendingMAC{poly: p}, nil
 	}
-	b.mac = &pendingMAC{p: p}
+	macs, err := sm.get(s)
+	if err != nil {
+		return nil, err
+	}
+	p, err := g.CopyMACLayout(ctx, l, m.Length, macs, bucketKey(keys))
+	if err != nil {
+		return nil, fmt.Errorf("the MAC of direct bucket %d (version %d): %w", m.Seq, m.Version, err)
+	}
+	return &pendingMAC{p: p}, nil
+}
+
+// queueLayoutMAC queues direct bucket b's MAC with layoutMAC; b then
+// carries it (b.mac), and releasing b gives it back.
+func queueLayoutMAC(ctx context.Context, g *gpu.Gather, sm *streamMACer, s *gpu.Stream, b *Bucket, l *gpu.Layout, keys *auth.Keys) error {
+	p, err := layoutMAC(ctx, g, sm, s, b, l, keys)
+	if err != nil {
+		return err
+	}
+	b.mac = p
 	b.whenReleased(b.mac.close)
 	return nil
 }
 
-// streamMACer is the MACer of one stream for layout MACs, made at first
-// use; where the MAC kernels are unavailable it stays nil (why says why)
-// and the MACs are computed on the host. Its zero value is ready to use.
+// streamMACer holds the MAC kernels of one stream, keyed BLAKE3's
+// (gpu.MACer) and Poly1305-AES's (gpu.PolyMACer), each made at its first
+// use; where one is unavailable it stays nil (why, whyPoly say why) and
+// those MACs are computed on the host. Its zero value is ready to use.
 type streamMACer struct {
-	m    *gpu.MACer
-	why  error
-	made bool
+	m              *gpu.MACer
+	why            error
+	polys          *gpu.PolyMACer
+	whyPoly        error
+	madeM, madePly bool
 }
 
 // get returns the MACer of s, or nil where the kernels are unavailable.
 func (sm *streamMACer) get(s *gpu.Stream) (*gpu.MACer, error) {
-	if !sm.made {
+	if !sm.madeM {
 		m, err := s.NewMACer()
 		switch {
 		case err == nil:
@@ -200,16 +260,41 @@ func (sm *streamMACer) get(s *gpu.Stream) (*gpu.MACer, error) {
 		default:
 			return nil, err
 		}
-		sm.made = true
+		sm.madeM = true
 	}
 	return sm.m, nil
 }
 
-// close frees the MACer's memory once no launch uses it, bounded by ctx;
-// where that wait fails it keeps the MACer, for a later close to retry.
+// poly returns the PolyMACer of s, or nil where the kernels are
+// unavailable.
+func (sm *streamMACer) poly(s *gpu.Stream) (*gpu.PolyMACer, error) {
+	if !sm.madePly {
+		m, err := s.NewPolyMACer()
+		switch {
+		case err == nil:
+			sm.polys = m
+		case errors.Is(err, gpu.ErrNoPolyKernel):
+			sm.whyPoly = err
+		default:
+			return nil, err
+		}
+		sm.madePly = true
+	}
+	return sm.polys, nil
+}
+
+// close frees the kernels' memory once no launch uses it, bounded by ctx;
+// where that wait fails it keeps what it could not free, for a later
+// close to retry.
 func (sm *streamMACer) close(ctx context.Context) error {
 	if sm.m != nil {
 		if err := sm.m.Close(ctx); err != nil {
+			return err
+		}
+		sm.m = nil
+	}
+	if sm.polys != nil {
+		if err := sm.polys.Close(ctx); err != nil {
 			return err
 		}
 	}
@@ -217,23 +302,32 @@ func (sm *streamMACer) close(ctx context.Context) error {
 	return nil
 }
 
-// pendingMAC is the MAC of a device bucket: pending on the GPU, or
-// computed on the host where the MAC kernel is unavailable.
+// pendingMAC is the MAC of a device bucket: pending on the GPU, keyed
+// BLAKE3 (p) or Poly1305-AES (poly), or computed on the host where the
+// kernels are unavailable (tag).
 type pendingMAC struct {
-	p   *gpu.PendingMAC // nil when computed on the host
-	tag mac.Tag
+	p    *gpu.PendingMAC
+	poly *gpu.PendingPolyMAC
+	tag  mac.Tag
 }
 
 func (p *pendingMAC) wait(ctx context.Context) (mac.Tag, error) {
-	if p.p == nil {
-		return p.tag, nil
+	switch {
+	case p.p != nil:
+		return p.p.Wait(ctx)
+	case p.poly != nil:
+		t, err := p.poly.Wait(ctx)
+		return t.AsTag(), err
 	}
-	return p.p.Wait(ctx)
+	return p.tag, nil
 }
 
 func (p *pendingMAC) close() {
 	if p.p != nil {
 		p.p.Close()
+	}
+	if p.poly != nil {
+		p.poly.Close()
 	}
 }
 
@@ -249,12 +343,14 @@ type deviceMAC struct {
 	readback *gpu.Readback // nil until needed
 }
 
-// queue queues the MAC under key of device bucket b's filled bytes, after
-// b's fence, on the stream of d, of dev, b's GPU.
-func (d *deviceMAC) queue(ctx context.Context, dev *gpu.CUDADevice, b *Bucket, key *mac.Key) (*pendingMAC, error) {
-	n := b.Meta.Length
+// queue queues the MAC under keys of device bucket b's filled bytes, of
+// the kind its metadata says, after b's fence, on the stream of d, of
+// dev, b's GPU.
+func (d *deviceMAC) queue(ctx context.Context, dev *gpu.CUDADevice, b *Bucket, keys *auth.Keys) (*pendingMAC, error) {
+	m := &b.Meta
+	n := m.Length
 	if n == 0 {
-		return &pendingMAC{tag: mac.Sum(key, nil)}, nil
+		return &pendingMAC{tag: hostMAC(m, keys, nil)}, nil
 	}
 	if d.stream == nil {
 		s, err := dev.NewStream()
@@ -263,25 +359,42 @@ func (d *deviceMAC) queue(ctx context.Context, dev *gpu.CUDADevice, b *Bucket, k
 		}
 		d.dev, d.stream = dev, s
 	}
-	macer, err := d.macs.get(d.stream)
-	if err != nil {
-		return nil, err
-	}
-	if macer == nil {
-		if d.readback == nil {
-			d.readback = d.dev.NewReadback()
-		}
-		host, err := d.readback.Read(ctx, b.Buf, int(n)) // after b's fence
+	var why error // why the MAC is computed on the host
+	if m.MACNonce != nil {
+		polys, err := d.macs.poly(d.stream)
 		if err != nil {
-			return nil, fmt.Errorf("on the host (%v): %w", d.macs.why, err)
+			return nil, err
 		}
-		return &pendingMAC{tag: mac.SumParallel(key, host)}, nil
+		if polys != nil {
+			p, err := polys.Queue(b.Buf, n, polyKey(keys), m.MACNonce) // after b's fence
+			if err != nil {
+				return nil, err
+			}
+			return &pendingMAC{poly: p}, nil
+		}
+		why = d.macs.whyPoly
+	} else {
+		macer, err := d.macs.get(d.stream)
+		if err != nil {
+			return nil, err
+		}
+		if macer != nil {
+			p, err := macer.Queue(b.Buf, n, bucketKey(keys)) // after b's fence
+			if err != nil {
+				return nil, err
+			}
+			return &pendingMAC{p: p}, nil
+		}
+		why = d.macs.why
 	}
-	p, err := macer.Queue(b.Buf, n, key) // after b's fence
+	if d.readback == nil {
+		d.readback = d.dev.NewReadback()
+	}
+	host, err := d.readback.Read(ctx, b.Buf, int(n)) // after b's fence
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("on the host (%v): %w", why, err)
 	}
-	return &pendingMAC{p: p}, nil
+	return &pendingMAC{tag: hostMAC(m, keys, host)}, nil
 }
 
 // close frees the stream, the kernel's memory and the pinned memory once

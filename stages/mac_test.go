@@ -38,18 +38,17 @@ func testKeys(t testing.TB, run string) *auth.Keys {
 	return k
 }
 
-// macRecorder records, on the root, mac.Sum of each bucket as the
-// transport moves it.
+// macRecorder records, on the root, the bytes of each bucket as the
+// transport moves them.
 type macRecorder struct {
 	transport.Endpoint
-	key  *mac.Key
-	mu   sync.Mutex
-	tags map[uint64]mac.Tag
+	mu    sync.Mutex
+	bytes map[uint64][]byte
 }
 
 func (r *macRecorder) Broadcast(ctx context.Context, seq uint64, buf mem.Buffer, n int) error {
 	r.mu.Lock()
-	r.tags[seq] = mac.Sum(r.key, buf.Host()[:n])
+	r.bytes[seq] = bytes.Clone(buf.Host()[:n])
 	r.mu.Unlock()
 	return r.Endpoint.Broadcast(ctx, seq, buf, n)
 }
@@ -70,11 +69,18 @@ func (p *pubRecorder) Publish(ctx context.Context, seq uint64, msg []byte) error
 
 // TestSignedRounds: with the run's keys, rounds sync as without; every
 // message on the bus is signed, and every bucket's metadata carries the
-// keyed BLAKE3 of the bytes the transport moved.
+// MAC of the bytes the transport moved: keyed BLAKE3 under the bucket key,
+// or Poly1305-AES under the Poly1305-AES key and a nonce of its own.
 func TestSignedRounds(t *testing.T) {
+	for _, kind := range mac.Kinds {
+		t.Run(string(kind), func(t *testing.T) { testSignedRounds(t, kind) })
+	}
+}
+
+func testSignedRounds(t *testing.T, kind mac.Kind) {
 	keys := testKeys(t, "r1")
-	g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true, auth: keys})
-	rec := &macRecorder{Endpoint: g.sender.cfg.Endpoint, key: bucketKey(keys), tags: map[uint64]mac.Tag{}}
+	g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true, auth: keys, mac: kind})
+	rec := &macRecorder{Endpoint: g.sender.cfg.Endpoint, bytes: map[uint64][]byte{}}
 	pub := &pubRecorder{Publisher: g.sender.cfg.Publisher}
 	g.sender.cfg.Endpoint, g.sender.cfg.Publisher = rec, pub
 	models := []*memModel{newMemModel(), newShadowModel()}
@@ -92,6 +98,7 @@ func TestSignedRounds(t *testing.T) {
 		}
 	}
 	buckets, commits := 0, 0
+	nonces := map[mac.Nonce]bool{}
 	for _, m := range pub.msgs {
 		if _, err := wire.Open(nil, m.Seq, m.Data); err == nil { // without keys, only a signed message fails
 			t.Fatalf("message %d went out unsigned: %s", m.Seq, wire.Excerpt(m.Data))
@@ -108,13 +115,25 @@ func TestSignedRounds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want, ok := rec.tags[m.Seq]; !meta.HasMAC || !ok || meta.MAC != want {
-			t.Fatalf("bucket %d: MAC %v (set %v), the bytes moved have %v", m.Seq, meta.MAC, meta.HasMAC, want)
+		moved, ok := rec.bytes[m.Seq]
+		if !ok || !meta.HasMAC || (meta.MACNonce != nil) != (kind == mac.Poly1305AES) {
+			t.Fatalf("bucket %d: moved %v, MAC set %v, nonce %v", m.Seq, ok, meta.HasMAC, meta.MACNonce)
+		}
+		want := mac.Sum(bucketKey(keys), moved)
+		if kind == mac.Poly1305AES {
+			if nonces[*meta.MACNonce] {
+				t.Fatalf("bucket %d: nonce %s used before", m.Seq, meta.MACNonce)
+			}
+			nonces[*meta.MACNonce] = true
+			want = mac.PolySum(polyKey(keys), meta.MACNonce, moved).AsTag()
+		}
+		if meta.MAC != want {
+			t.Fatalf("bucket %d: MAC %v, the bytes moved have %v", m.Seq, meta.MAC, want)
 		}
 		buckets++
 	}
-	if commits != 3 || buckets != len(rec.tags) || buckets < 6 {
-		t.Fatalf("%d commit messages and %d signed buckets of %d moved", commits, buckets, len(rec.tags))
+	if commits != 3 || buckets != len(rec.bytes) || buckets < 6 {
+		t.Fatalf("%d commit messages and %d signed buckets of %d moved", commits, buckets, len(rec.bytes))
 	}
 }
 
@@ -163,14 +182,18 @@ func forgeHost(ctx context.Context, buf mem.Buffer, n int) error {
 // receiver still holds version 1, rank 1's in-place model too, since the
 // check comes before any sink sees the bucket.
 func TestMACCatchesForgery(t *testing.T) {
-	for _, secret := range []bool{false, true} {
-		t.Run(map[bool]string{false: "no secret", true: "secret"}[secret], func(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		kind mac.Kind // "": no secret
+	}{{"no secret", ""}, {"secret", mac.BLAKE3}, {"secret, Poly1305-AES", mac.Poly1305AES}} {
+		secret := c.kind != ""
+		t.Run(c.name, func(t *testing.T) {
 			var keys *auth.Keys
 			if secret {
 				keys = testKeys(t, "r1")
 			}
 			fe := &forgingEndpoint{forge: forgeHost}
-			g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true, auth: keys,
+			g := newGroup(t, groupOpts{world: 3, bucket: 64 << 10, checksum: true, auth: keys, mac: c.kind,
 				wrapEP: func(r int, ep transport.Endpoint) transport.Endpoint {
 					if r != 1 {
 						return ep

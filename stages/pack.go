@@ -11,6 +11,7 @@ import (
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/internal/parallel"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/wire"
@@ -47,6 +48,11 @@ type PackConfig struct {
 	// carry a MAC of its bytes (see mac.go) and its metadata signed by
 	// Publish; nil: neither.
 	Auth *auth.Keys
+	// MAC is the bucket MAC Auth's buckets carry: keyed BLAKE3 (mac.BLAKE3,
+	// also the zero value) or Poly1305-AES under a nonce per bucket
+	// (mac.Poly1305AES), whose GPU kernels do less work per byte. The
+	// metadata says which; receivers verify either.
+	MAC mac.Kind
 	// Source, when set, travels in the round's first bucket.
 	Source *wire.SourceInfo
 	// Direct leaves device buckets unfilled where every tensor in them
@@ -150,6 +156,7 @@ type filler interface {
 type sealing struct {
 	checksum bool          // compute the bucket's checksum
 	auth     *auth.Keys    // MAC the bucket's bytes with these keys; nil: no MAC
+	mac      mac.Kind      // the MAC: keyed BLAKE3 (also "") or Poly1305-AES
 	wait     bool          // wait for the device's checksum and MAC here
 	direct   bool          // a direct bucket: the receivers read its pieces in place
 	pieces   []directPiece // a direct bucket's pieces
@@ -174,7 +181,7 @@ func (hostFill) seal(_ context.Context, b *Bucket, s sealing) error {
 	if s.checksum {
 		b.Meta.Checksum, b.Meta.HasChecksum = checksum.SumParallel(data), true
 	}
-	macHost(b, s.auth, data)
+	macHost(b, s.auth, s.mac, data)
 	return nil
 }
 
@@ -458,7 +465,7 @@ func (r *packing) emit(last bool) error {
 	b := r.cur
 	b.Meta.Length, b.Meta.IsLast = r.fill, last
 	args := map[string]any{"entries": len(b.Meta.Entries)}
-	s := sealing{checksum: r.cfg.Checksum, auth: r.cfg.Auth, wait: r.waitSums, direct: r.direct, pieces: r.pieces}
+	s := sealing{checksum: r.cfg.Checksum, auth: r.cfg.Auth, mac: r.cfg.MAC, wait: r.waitSums, direct: r.direct, pieces: r.pieces}
 	if err := r.filler.seal(r.ctx, b, s); err != nil {
 		return err // abandon releases b (a device bucket once its copies are done)
 	}

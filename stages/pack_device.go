@@ -65,6 +65,7 @@ import (
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/checksum"
 	"github.com/weightcast/weightcast/gpu"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/mem"
 	"github.com/weightcast/weightcast/wire"
 )
@@ -432,19 +433,15 @@ func (f *deviceFill) sumDirect(ctx context.Context, b *Bucket, pieces []directPi
 // from the tensors themselves (Gather.CopyMACLayout without copies), on
 // the copy stream, in place of its checksum (see mac.go); b then carries
 // it for Publish, or macDirect waits for it itself when wait is set.
-func (f *deviceFill) macDirect(ctx context.Context, b *Bucket, pieces []directPiece, keys *auth.Keys, wait bool) error {
-	macs, err := f.layoutMACs.get(f.stream)
-	if err != nil {
-		return fmt.Errorf("pack: %w", err)
-	}
+func (f *deviceFill) macDirect(ctx context.Context, b *Bucket, pieces []directPiece, keys *auth.Keys, kind mac.Kind, wait bool) error {
 	var l gpu.Layout
 	for _, p := range pieces {
 		l.Add(p.at, p.addr, p.n, 0)
 	}
-	if err := queueLayoutMAC(ctx, f.gather, macs, b, &l, keys); err != nil {
+	chooseMAC(b, keys, kind)
+	if err := queueLayoutMAC(ctx, f.gather, &f.layoutMACs, f.stream, b, &l, keys); err != nil {
 		return fmt.Errorf("pack: %w", err)
 	}
-	b.auth, b.Meta.HasMAC = keys, true
 	if wait {
 		return awaitMAC(ctx, b)
 	}
@@ -459,7 +456,7 @@ func (f *deviceFill) seal(ctx context.Context, b *Bucket, s sealing) error {
 	var err error
 	switch {
 	case s.direct && s.auth != nil:
-		err = f.macDirect(ctx, b, s.pieces, s.auth, s.wait)
+		err = f.macDirect(ctx, b, s.pieces, s.auth, s.mac, s.wait)
 	case s.direct:
 		err = f.sumDirect(ctx, b, s.pieces, s.checksum, s.wait)
 	case f.fuse:
@@ -475,7 +472,7 @@ func (f *deviceFill) seal(ctx context.Context, b *Bucket, s sealing) error {
 		return err
 	}
 	if !s.direct {
-		if err := f.queueMAC(ctx, b, s.auth, s.wait); err != nil {
+		if err := f.queueMAC(ctx, b, s.auth, s.mac, s.wait); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/blame"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/pipeline"
 	"github.com/weightcast/weightcast/transport"
 	"github.com/weightcast/weightcast/wire"
@@ -44,6 +45,9 @@ type SenderConfig struct {
 	// and every message of the round signed, which receivers given the
 	// same keys check (see mac.go); nil: neither.
 	Auth *auth.Keys
+	// BucketMAC is the MAC that Auth's buckets carry (PackConfig.MAC):
+	// keyed BLAKE3, the zero value, or Poly1305-AES.
+	BucketMAC mac.Kind
 	// Tracer, when set, records each round's spans under Rank.
 	Tracer *pipeline.Tracer
 	Rank   int
@@ -197,7 +201,7 @@ func (s *Sender) pipeline(src Source, version uint64, direct bool, turns *wire.D
 	if s.cfg.Wrap != nil {
 		tensors = s.cfg.Wrap(p, tensors)
 	}
-	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: direct, Auth: s.cfg.Auth, turns: turns}
+	pc := PackConfig{Pool: s.cfg.Pool, Version: version, FirstSeq: s.seq, Checksum: s.cfg.Checksum, Direct: direct, Auth: s.cfg.Auth, MAC: s.cfg.BucketMAC, turns: turns}
 	if turns != nil {
 		pc.turnWords = s.words.buf.DevicePtr()
 	}

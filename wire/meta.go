@@ -163,7 +163,7 @@ type BucketMeta struct {
 	MAC      mac.Tag    `json:"-"`
 	HasMAC   bool       `json:"-"`
 	MACNonce *mac.Nonce `json:"-"`
-	Entries []Entry `json:"entries"`
+	Entries  []Entry    `json:"entries"`
 	// Source describes the model the round carries (its checkpoint
 	// layout and metadata). Only the first bucket of a round (Index 0)
 	// carries it, and only when the sender's Source has a SourceInfo.

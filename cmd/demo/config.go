@@ -17,6 +17,7 @@ import (
 	"github.com/weightcast/weightcast"
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mac"
 	"github.com/weightcast/weightcast/quant"
 	"github.com/weightcast/weightcast/source"
 	"github.com/weightcast/weightcast/stages"
@@ -39,6 +40,7 @@ type config struct {
 	checksum  bool
 	direct    bool
 	turns     bool
+	bucketMAC string
 	json      bool
 	trace     string
 	timeline  string
@@ -125,7 +127,7 @@ var flagOf = map[string]string{
 	"group": "group", "rank": "rank", "world_size": "world-size", "rendezvous": "rendezvous",
 	"run_id": "run-id", "transport": "transport", "bucket": "bucket", "timeout": "timeout",
 	"checksum": "checksum", "direct": "direct", "turns": "turns", "dtype": "dtype", "quantize": "quantize",
-	"advertise": "advertise", "secret_file": "secret-file", "device": "devices", "senders": "senders", "tp": "tp",
+	"advertise": "advertise", "secret_file": "secret-file", "bucket_mac": "bucket-mac", "device": "devices", "senders": "senders", "tp": "tp",
 }
 
 // optionError says a library configuration error in the demo's words: a
@@ -187,6 +189,7 @@ func flagSet(c *config) (*pflag.FlagSet, *rawFlags) {
 	fs.StringVar(&c.runID, "run-id", "", "`ID` shared by every rank of one launch, new for each launch (default: TORCHELASTIC_RUN_ID; made up for a local launch, and by rank 0 when it serves the rendezvous (MASTER_ADDR); with --rendezvous give it)")
 	fs.StringVar(&c.advertise, "advertise", "", "`ADDRESS` other hosts reach this one at; sockets then bind every interface")
 	fs.StringVar(&c.secretFile, "secret-file", "", "read the group secret from `PATH` (mode 0600; or "+auth.SecretFileEnv+"): every rank must prove it, every record and message is signed, every bucket carries a MAC")
+	fs.StringVar(&c.bucketMAC, "bucket-mac", "blake3", "with --secret-file, the `MAC` the sender puts on every bucket: blake3 (keyed BLAKE3) or poly1305-aes (Poly1305-AES, less work per byte on a GPU)")
 	fs.StringVar(&c.tlsFiles.CA, "tls-ca", "", "with --tls-cert and --tls-key: mutual TLS 1.3 for etcd, the tcp chain and the metadata bus, trusting the CA certificates in `FILE`")
 	fs.StringVar(&c.tlsFiles.Cert, "tls-cert", "", "this host's certificate `FILE`, valid for the address other ranks dial it by")
 	fs.StringVar(&c.tlsFiles.Key, "tls-key", "", "the private key `FILE` of --tls-cert")
@@ -437,6 +440,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 		Group: c.group, RunID: c.runID, Transport: c.transport,
 		BucketSize: c.bucket, Timeout: c.timeout, NoChecksum: !c.checksum, NoDirect: !c.direct, NoTurns: !c.turns,
 		Quantize: c.quantize, Advertise: c.advertise, SecretFile: c.secretFile, TLS: c.tlsFiles, Senders: c.senders,
+		BucketMAC: mac.Kind(c.bucketMAC),
 	}
 	if err := c.opts.Validate(); err != nil {
 		return nil, optionError(err, map[string]string{"bucket": raw.bucket})
@@ -499,6 +503,7 @@ func (c *config) childArgs(rank int, endpoint, traceOut string) []string {
 		"--checksum=" + strconv.FormatBool(c.checksum),
 		"--direct=" + strconv.FormatBool(c.direct),
 		"--turns=" + strconv.FormatBool(c.turns),
+		"--bucket-mac", c.bucketMAC,
 		"--seed", strconv.FormatUint(c.seed, 10),
 		"--timeout", c.timeout.String(),
 		"--trace-epoch", strconv.FormatInt(c.traceEpoch, 10),

@@ -137,6 +137,7 @@ func TestConfigFieldsAsFlags(t *testing.T) {
 		{[]string{"--transport", "udp"}, "transport", `--transport "udp": choose auto, `},
 		{[]string{"--rendezvous", "h:1"}, "rendezvous", `--rendezvous "h:1": want etcd://HOST:PORT`},
 		{[]string{"--quantize-include", "x"}, "quantize", "--quantize: quantize: include and exclude patterns given without a scheme"},
+		{[]string{"--bucket-mac", "md5"}, "bucket_mac", `--bucket-mac "md5": choose "blake3" or "poly1305-aes"`},
 	} {
 		_, err := parseConfig(tc.args, noEnv)
 		var fe *weightcast.FieldError

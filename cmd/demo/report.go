@@ -13,6 +13,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/weightcast/weightcast/dtype"
+	"github.com/weightcast/weightcast/mac"
 )
 
 // ui writes progress to standard error: a live line on a terminal, one
@@ -115,6 +116,9 @@ type summary struct {
 	// MAC says every bucket carried a MAC under the group secret
 	// (--secret-file), which every receiver checked as it did checksums.
 	MAC bool `json:"mac"`
+	// BucketMAC names the MAC, with MAC: "blake3" or "poly1305-aes"
+	// (--bucket-mac).
+	BucketMAC string `json:"bucket_mac,omitempty"`
 	// Committed is the last model version committed on every receiver:
 	// the sender's figure, or, when it did not report, the lowest a
 	// receiver reported; null when no rank reported. Each rank's own is
@@ -157,6 +161,10 @@ func summarize(c *config, transportName, reason, mode string, results []*rankRes
 		Bucket: c.bucket, Rounds: c.rounds, PerRank: results,
 		Verified: c.verify, verifyOn: c.verify, Checksum: c.checksum, MAC: c.secret != nil, Seconds: []float64{},
 		Scope: "every rank", only: -1,
+	}
+	if s.MAC {
+		k, _ := mac.ParseKind(c.bucketMAC) // parseConfig checked it
+		s.BucketMAC = string(k)
 	}
 	if c.rank >= 0 {
 		s.Scope, s.only = "this rank", c.rank
@@ -454,7 +462,7 @@ func (s *summary) writeVerified(w io.Writer, finished bool) {
 // checksums of direct buckets.
 func (s *summary) writeChecksums(w io.Writer, finished bool) {
 	if s.MAC {
-		s.writeChecked(w, "MACs:         ", "bucket", finished)
+		s.writeChecked(w, "MACs:         ", "bucket ("+macName[mac.Kind(s.BucketMAC)]+")", finished)
 	}
 	switch {
 	case !s.Checksum:
@@ -465,6 +473,9 @@ func (s *summary) writeChecksums(w io.Writer, finished bool) {
 		s.writeChecked(w, "checksums:    ", "bucket", finished)
 	}
 }
+
+// macName is how the table names each bucket MAC.
+var macName = map[mac.Kind]string{mac.BLAKE3: "keyed BLAKE3", mac.Poly1305AES: "Poly1305-AES"}
 
 // writeChecked writes the line, under label, that says which buckets
 // (what: "bucket", …) every receiver checked.

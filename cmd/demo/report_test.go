@@ -155,12 +155,18 @@ func TestSummarySecret(t *testing.T) {
 		var b strings.Builder
 		s.writeTable(&b)
 		out := b.String()
-		if !s.MAC || !strings.Contains(out, "MACs:          every bucket, checked by every receiver") || !strings.Contains(out, tc.checksums) {
+		if !s.MAC || s.BucketMAC != "blake3" || !strings.Contains(out, "MACs:          every bucket (keyed BLAKE3), checked by every receiver") || !strings.Contains(out, tc.checksums) {
 			t.Errorf("%d direct buckets: mac %v, table:\n%s", tc.direct, s.MAC, out)
 		}
 	}
-	if s := summarize(testConfig(t), "ipc", "test", "local processes", nil); s.MAC {
+	if s := summarize(testConfig(t), "ipc", "test", "local processes", nil); s.MAC || s.BucketMAC != "" {
 		t.Error("a run without a secret claims MACs")
+	}
+	p := summarize(testConfig(t, "--ranks", "2", "--secret-file", secret, "--bucket-mac", "poly1305-aes"), "ipc", "test", "local processes", nil)
+	var b strings.Builder
+	p.writeTable(&b)
+	if p.BucketMAC != "poly1305-aes" || !strings.Contains(b.String(), "(Poly1305-AES)") {
+		t.Errorf("--bucket-mac poly1305-aes: %q, table:\n%s", p.BucketMAC, b.String())
 	}
 }
 

@@ -95,10 +95,15 @@ func TestSecretAndTLS(t *testing.T) {
 	secret := secretFile(t)
 	ca := authtest.NewCA(t)
 	files := ca.Issue(t)
-	for name, tls := range map[string]auth.TLSFiles{"secret": {}, "secret and TLS": files} {
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		tls  auth.TLSFiles
+		mac  string
+	}{{"secret", auth.TLSFiles{}, "blake3"}, {"secret, Poly1305-AES", auth.TLSFiles{}, "poly1305-aes"}, {"secret and TLS", files, "blake3"}} {
+		tls := c.tls
+		t.Run(c.name, func(t *testing.T) {
 			etcd, _ := etcdStore(t, tls)
-			args := append(append([]string{}, small...), "--rounds", "2", "--secret-file", secret)
+			args := append(append([]string{}, small...), "--rounds", "2", "--secret-file", secret, "--bucket-mac", c.mac)
 			if !tls.IsZero() {
 				args = append(args, "--tls-ca", tls.CA, "--tls-cert", tls.Cert, "--tls-key", tls.Key)
 			}

@@ -29,9 +29,10 @@ def fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def cycle(monkeypatch, tensors, version=1, **extra):
-    """Open a sender (on a thread, serving the rendezvous) and a receiver in
-    this process, send one round, close both. Returns what was received."""
+def cycle(monkeypatch, tensors, version=1, sender=None, **extra):
+    """Open a sender (on a thread, serving the rendezvous; with the
+    keywords sender, too) and a receiver in this process, send one round,
+    close both. Returns what was received."""
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     run = uuid.uuid4().hex[:10]
@@ -41,7 +42,7 @@ def cycle(monkeypatch, tensors, version=1, **extra):
 
     def send():
         try:
-            with weightcast.Sender(rank=0, **common) as s:
+            with weightcast.Sender(rank=0, **common, **(sender or {})) as s:
                 s.send(tensors, version)
         except Exception as e:  # reported below
             errors.append(e)
@@ -138,16 +139,18 @@ def test_import_is_light():
     assert out == "[] True", out
 
 
-def test_group_secret(monkeypatch, tmp_path):
+@pytest.mark.parametrize("bucket_mac", [None, "poly1305-aes"])
+def test_group_secret(monkeypatch, tmp_path, bucket_mac):
     """With a group secret (a file of mode 0600, here through
     WEIGHTCAST_SECRET_FILE) the round goes through, every connection
-    proven; a secret file every user may read is refused as configuration."""
+    proven, every bucket's MAC (keyed BLAKE3, or Poly1305-AES) checked; a
+    secret file every user may read is refused as configuration."""
     secret = tmp_path / "secret"
     secret.write_text("a group secret for the test\n")
     secret.chmod(0o600)
     monkeypatch.setenv("WEIGHTCAST_SECRET_FILE", str(secret))
     tensors = [("w", np.arange(100, dtype=np.float32))]
-    got = cycle(monkeypatch, tensors)
+    got = cycle(monkeypatch, tensors, sender=dict(bucket_mac=bucket_mac))
     assert np.array_equal(got["w"], tensors[0][1])
     secret.chmod(0o644)
     with pytest.raises(weightcast.ConfigError, match="secret"):
@@ -160,6 +163,7 @@ def test_group_secret(monkeypatch, tmp_path):
     (dict(timeout=-1), "timeout", "timeout=-1: give a positive number of seconds"),
     (dict(group="a/b"), "group", 'group="a/b": a group name must be'),
     (dict(transport="udp"), "transport", 'transport="udp": choose auto'),
+    (dict(bucket_mac="md5"), "bucket_mac", 'bucket_mac="md5": choose "blake3" or "poly1305-aes"'),
 ])
 def test_bad_config_names_keyword(kwargs, field, want):
     """A setting the library refuses raises ConfigError naming the keyword

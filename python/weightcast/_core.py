@@ -252,6 +252,8 @@ class Sender(_Rank):
     reach this one at.
     ``quantize="fp8-block"`` sends the 2-D linear weights as F8_E4M3 codes
     with F32 ``<name>_scale_inv`` per 128x128 block (docs/operations.md).
+    ``bucket_mac`` ("blake3", the default, or "poly1305-aes") is the MAC
+    every bucket carries with a group secret; receivers verify either.
 
     Trainer ranks that do not send (verl's rank -1) make ``Sender(rank=-1)``:
     it joins nothing, and its send() only iterates the tensors, so that the
@@ -264,7 +266,8 @@ class Sender(_Rank):
     def __init__(self, *, rank=None, world_size=None, rendezvous=None, run_id=None, group=None,
                  transport=None, bucket=None, timeout=None, checksum=None, device=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 dtype=None, serve_rendezvous=False, advertise=None, quantize=None, senders=None):
+                 dtype=None, serve_rendezvous=False, advertise=None, quantize=None, senders=None,
+                 bucket_mac=None):
         self._routed = bool(senders)
         if rank == -1:
             self._h, self.rank, self.world_size, self.transport, self.device = None, -1, world_size, None, None
@@ -274,7 +277,7 @@ class Sender(_Rank):
         super().__init__(rank, world_size, rendezvous, run_id, group, transport, bucket, timeout, checksum, device,
                          dict(secret_file=secret_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key),
                          dict(dtype=_dtype_name(dtype), serve_rendezvous=bool(serve_rendezvous) or None, advertise=advertise,
-                              quantize=quantize, senders=senders))
+                              quantize=quantize, senders=senders, bucket_mac=bucket_mac))
 
     def send(self, named_tensors, version):
         """Send one round: every (name, tensor) of named_tensors (an iterable:
