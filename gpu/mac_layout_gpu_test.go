@@ -146,9 +146,10 @@ func TestMACLayoutGPUOnHost(t *testing.T) {
 // BenchmarkMACLayout64x16MiB computes the MAC of a 1 GiB layout of 64
 // pieces of 16 MiB, each in a buffer of its own: copied into 64 other
 // buffers on the way (a receiver reading a sender's tensors into its own
-// with a group secret), and only read (the sender's own pass). It reports
-// GB/s of the layout's bytes; compare with BenchmarkMAC1GiB and
-// BenchmarkGatherLayout64x16MiB.
+// with a group secret), and only read (the sender's own pass), with keyed
+// BLAKE3 (CopyMACLayout) and with Poly1305-AES (CopyPolyLayout). It
+// reports GB/s of the layout's bytes; compare with BenchmarkMAC1GiB,
+// BenchmarkPoly1GiB and BenchmarkGatherLayout64x16MiB.
 func BenchmarkMACLayout64x16MiB(b *testing.B) {
 	d := testDevice(b)
 	const each, count = 16 << 20, 64
@@ -159,16 +160,22 @@ func BenchmarkMACLayout64x16MiB(b *testing.B) {
 	ctx := context.Background()
 	var key mac.Key
 	for _, c := range []struct {
-		name string
-		copy bool
-	}{{"copy+mac", true}, {"mac", false}} {
+		name       string
+		copy, poly bool
+	}{{"copy+mac", true, false}, {"mac", false, false}, {"copy+poly", true, true}, {"poly", false, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			var g *Gather
 			var m *MACer
+			var pm *PolyMACer
 			var l Layout
 			benchCopy(b, d, each*count, func(s *Stream) error {
 				if g == nil {
-					g, m = testGather(b, s), testMACer(b, s)
+					g = testGather(b, s)
+					if c.poly {
+						pm = testPolyMACer(b, s)
+					} else {
+						m = testMACer(b, s)
+					}
 				}
 				for i := range count {
 					var to uint64
@@ -177,12 +184,20 @@ func BenchmarkMACLayout64x16MiB(b *testing.B) {
 					}
 					l.Add(int64(i)*each, srcs[i].DevicePtr(), each, to)
 				}
-				p, err := g.CopyMACLayout(ctx, &l, each*count, m, &key)
-				if err != nil {
+				var err error
+				if c.poly {
+					var p *PendingPolyMAC
+					if p, err = g.CopyPolyLayout(ctx, &l, each*count, pm, polyCheckKey, &polyCheckNonce); err == nil {
+						_, err = p.Wait(ctx)
+						p.Close()
+					}
 					return err
 				}
-				_, err = p.Wait(ctx)
-				p.Close()
+				var p *PendingMAC
+				if p, err = g.CopyMACLayout(ctx, &l, each*count, m, &key); err == nil {
+					_, err = p.Wait(ctx)
+					p.Close()
+				}
 				return err
 			})
 		})

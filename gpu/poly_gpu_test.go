@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/weightcast/weightcast/mac"
-	"github.com/weightcast/weightcast/mem"
 )
 
 func testPolyMACer(tb testing.TB, s *Stream) *PolyMACer {
@@ -240,59 +239,4 @@ func TestPolyLayoutGPUOnHost(t *testing.T) {
 	d := testDevice(t)
 	s := testStream(t, d)
 	testPolyLayouts(t, d, s, testGather(t, s), nil)
-}
-
-// BenchmarkPolyLayout64x16MiB is BenchmarkMACLayout64x16MiB with
-// Poly1305-AES: the tag of a 1 GiB layout of 64 pieces of 16 MiB, each in
-// a buffer of its own, copied into 64 other buffers on the way (a
-// receiver) and only read (the sender's own pass), in GB/s of the
-// layout's bytes, beside keyed BLAKE3's in the same run.
-func BenchmarkPolyLayout64x16MiB(b *testing.B) {
-	d := testDevice(b)
-	const each, count = 16 << 20, 64
-	srcs, dsts := make([]mem.Buffer, count), make([]mem.Buffer, count)
-	for i := range srcs {
-		srcs[i], dsts[i] = alloc(b, d, each), alloc(b, d, each)
-	}
-	ctx := context.Background()
-	var key mac.Key
-	for _, c := range []struct {
-		name       string
-		copy, poly bool
-	}{{"copy+poly", true, true}, {"poly", false, true}, {"copy+blake3", true, false}, {"blake3", false, false}} {
-		b.Run(c.name, func(b *testing.B) {
-			var g *Gather
-			var m *MACer
-			var pm *PolyMACer
-			var l Layout
-			benchCopy(b, d, each*count, func(s *Stream) error {
-				if g == nil {
-					g, m, pm = testGather(b, s), testMACer(b, s), testPolyMACer(b, s)
-				}
-				for i := range count {
-					var to uint64
-					if c.copy {
-						to = dsts[i].DevicePtr()
-					}
-					l.Add(int64(i)*each, srcs[i].DevicePtr(), each, to)
-				}
-				if c.poly {
-					p, err := g.CopyPolyLayout(ctx, &l, each*count, pm, polyCheckKey, &polyCheckNonce)
-					if err != nil {
-						return err
-					}
-					_, err = p.Wait(ctx)
-					p.Close()
-					return err
-				}
-				p, err := g.CopyMACLayout(ctx, &l, each*count, m, &key)
-				if err != nil {
-					return err
-				}
-				_, err = p.Wait(ctx)
-				p.Close()
-				return err
-			})
-		})
-	}
 }

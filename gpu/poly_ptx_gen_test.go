@@ -55,19 +55,52 @@ CUDA C, with mul() the product modulo p of five 26-bit limbs by five
 // polyMask is a 26-bit limb's mask.
 const polyMask = 1<<26 - 1
 
-// polyRegisters declares the kernel's registers.
-func (p *ptxText) polyRegisters() {
+// polyRegisters declares the kernels' registers, rd of .b64 %rd.
+func (p *ptxText) polyRegisters(rd int) {
 	p.line("\t.reg .pred\t%%p<8>;")
 	p.line("\t.reg .b32\t%%r<16>;")
-	p.line("\t.reg .b32\t%%h<5>;")
-	p.line("\t.reg .b32\t%%c<5>;")
+	for _, r := range []string{"h", "c", "x", "t", "R", "S"} {
+		p.line("\t.reg .b32\t%%%s<5>;", r)
+	}
 	p.line("\t.reg .b32\t%%m<4>;")
-	p.line("\t.reg .b32\t%%x<5>;")
-	p.line("\t.reg .b32\t%%t<5>;")
-	p.line("\t.reg .b32\t%%R<5>;")
-	p.line("\t.reg .b32\t%%S<5>;")
 	p.line("\t.reg .b64\t%%d<5>;")
-	p.line("\t.reg .b64\t%%rd<16>;")
+	p.line("\t.reg .b64\t%%rd<%d>;", rd)
+}
+
+// polyStart loads rs (the parameters rs01, rs23, rs4 of entry e) into
+// %R0..%R4, five times it into %S1..%S4, and sets h = 0.
+func (p *ptxText) polyStart(e string) {
+	p.comment("%R0..%R4 = rs, %S1..%S4 = 5·rs; h = 0")
+	for i, name := range []string{"rs01", "rs23", "rs4"} {
+		p.op("ld.param.u64", "%%rd9, [%s_%s]", e, name)
+		p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i)
+		if i < 2 {
+			p.op("shr.u64", "%%rd9, %%rd9, 32")
+			p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i+1)
+		}
+	}
+	for k := 1; k < 5; k++ {
+		p.op("mul.lo.u32", "%%S%d, %%R%d, 5", k, k)
+	}
+	for k := range 5 {
+		p.op("mov.b32", "%%h%d, 0", k)
+	}
+}
+
+// polyHorner writes the thread's loop over its blocks %rd6, %rd6 + s, ...
+// below %rd5 (s in %rd2), its first block loaded: h += c; if ((i += s) >=
+// %rd5) go to RAISE; load block i (load, at its site "B"); h = h·rs. The
+// next block's load comes before the product, so that it is in flight
+// while the product runs.
+func (p *ptxText) polyHorner(load func(site string)) {
+	p.label("HORNER", "h += c; if ((i += s) >= end) break; load block i; h = h·rs")
+	p.polyAddBlock()
+	p.op("add.u64", "%%rd6, %%rd6, %%rd2")
+	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
+	p.op("@%p1 bra", "RAISE")
+	load("B")
+	p.polyMul("R", "S")
+	p.op("bra.uni", "HORNER")
 }
 
 // polyMul writes h = h·x modulo 2^130 - 5, carried (mac.Limbs.mul): x in
@@ -179,7 +212,7 @@ func genPoly() string {
 	p.header("poly_ptx_gen_test.go", polyC+sumFinishC)
 	p.params(e, "u64 buf", "u64 n", "u64 blk", "u64 q", "u64 rs01", "u64 rs23", "u64 rs4", "u64 pow", "u64 slots", "u32 first")
 	p.line("{")
-	p.polyRegisters()
+	p.polyRegisters(16)
 	p.sumFinishDecls(e)
 	p.line("")
 	p.globalThread()
@@ -193,34 +226,13 @@ func genPoly() string {
 	p.op("shr.u64", "%%rd5, %%rd5, 4")
 	p.op("setp.ge.u64", "%%p1, %%rd1, %%rd5")
 	p.op("@%p1 bra", "SUMEND")
-	p.comment("%R0..%R4 = rs, %S1..%S4 = 5·rs; %p6 = buf is not 16-byte aligned")
-	for i, name := range []string{"rs01", "rs23", "rs4"} {
-		p.op("ld.param.u64", "%%rd9, [%s_%s]", e, name)
-		p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i)
-		if i < 2 {
-			p.op("shr.u64", "%%rd9, %%rd9, 32")
-			p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i+1)
-		}
-	}
-	for k := 1; k < 5; k++ {
-		p.op("mul.lo.u32", "%%S%d, %%R%d, 5", k, k)
-	}
+	p.polyStart(e)
+	p.comment("%p6 = buf is not 16-byte aligned; i = g")
 	p.op("and.b64", "%%rd9, %%rd3, 15")
 	p.op("setp.ne.u64", "%%p6, %%rd9, 0")
-	p.comment("h = 0, i = g")
-	for k := range 5 {
-		p.op("mov.b32", "%%h%d, 0", k)
-	}
 	p.op("mov.u64", "%%rd6, %%rd1")
 	p.polyLoad("A")
-	p.label("HORNER", "h += c; if ((i += s) >= nb) break; load block i; h = h·rs")
-	p.polyAddBlock()
-	p.op("add.u64", "%%rd6, %%rd6, %%rd2")
-	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
-	p.op("@%p1 bra", "RAISE")
-	p.polyLoad("B")
-	p.polyMul("R", "S")
-	p.op("bra.uni", "HORNER")
+	p.polyHorner(p.polyLoad)
 	p.label("RAISE", "%rd10 = blk, %rd11 = q")
 	p.op("ld.param.u64", "%%rd10, [%s_blk]", e)
 	p.op("ld.param.u64", "%%rd11, [%s_q]", e)
@@ -396,14 +408,7 @@ func genPolyLayout() string {
 	p.header("poly_ptx_gen_test.go", polyLayoutC+sumFinishC)
 	p.params(e, "u64 pieces", "u64 count", "u64 c0", "u64 c1", "u64 n", "u64 rs01", "u64 rs23", "u64 rs4", "u64 pow", "u64 slots", "u32 first")
 	p.line("{")
-	p.line("\t.reg .pred\t%%p<8>;")
-	p.line("\t.reg .b32\t%%r<16>;")
-	for _, r := range []string{"h", "c", "x", "t", "R", "S"} {
-		p.line("\t.reg .b32\t%%%s<5>;", r)
-	}
-	p.line("\t.reg .b32\t%%m<4>;")
-	p.line("\t.reg .b64\t%%d<5>;")
-	p.line("\t.reg .b64\t%%rd<28>;")
+	p.polyRegisters(28)
 	p.sumFinishDecls(e)
 	p.line("")
 	p.globalThread()
@@ -424,31 +429,11 @@ func genPolyLayout() string {
 	p.op("add.u64", "%%rd6, %%rd6, %%rd1")
 	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
 	p.op("@%p1 bra", "SUMEND")
-	p.comment("%R0..%R4 = rs, %S1..%S4 = 5·rs; h = 0; lo = 0")
-	for i, name := range []string{"rs01", "rs23", "rs4"} {
-		p.op("ld.param.u64", "%%rd9, [%s_%s]", e, name)
-		p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i)
-		if i < 2 {
-			p.op("shr.u64", "%%rd9, %%rd9, 32")
-			p.op("cvt.u32.u64", "%%R%d, %%rd9", 2*i+1)
-		}
-	}
-	for k := 1; k < 5; k++ {
-		p.op("mul.lo.u32", "%%S%d, %%R%d, 5", k, k)
-	}
-	for k := range 5 {
-		p.op("mov.b32", "%%h%d, 0", k)
-	}
+	p.polyStart(e)
+	p.comment("lo = 0: no piece placed yet")
 	p.op("mov.u64", "%%rd16, 0")
 	p.polyLayoutLoad("A")
-	p.label("HORNER", "h += c; if ((i += s) >= b1) break; load block i; h = h·rs")
-	p.polyAddBlock()
-	p.op("add.u64", "%%rd6, %%rd6, %%rd2")
-	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
-	p.op("@%p1 bra", "RAISE")
-	p.polyLayoutLoad("B")
-	p.polyMul("R", "S")
-	p.op("bra.uni", "HORNER")
+	p.polyHorner(p.polyLayoutLoad)
 	p.label("RAISE", "blk = 0: the blocks are the message's")
 	p.op("mov.u64", "%%rd10, 0")
 	p.polyRaise(e)
