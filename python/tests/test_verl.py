@@ -197,3 +197,20 @@ def test_fp8_rollout(workers):
         assert got[name] == want_all[name], name
     assert "embed_tokens.weight_scale_inv" not in got
     mgr.finalize()
+
+
+def test_group_secret_poly1305(workers, tmp_path):
+    """A group secret with bucket_mac="poly1305-aes" in the engine kwargs:
+    every bucket carries a Poly1305-AES MAC that the rollout checks, and
+    the rollout holds the trainer's weights."""
+    secret = tmp_path / "secret"
+    secret.write_text("a group secret for the verl test\n")
+    secret.chmod(0o600)
+    mgr, _, _ = workers(1, 2, {"secret_file": str(secret), "bucket_mac": "poly1305-aes"})
+    mgr.form()
+    mgr.transfer(1, seed=4)
+    digests, _ = want(4)
+    mgr.trainers[0].ok("send_weights")
+    for w in mgr.rollouts:
+        assert w.ok("receive_weights")["digests"] == digests, w.name
+    mgr.finalize()

@@ -68,12 +68,15 @@ class WeightcastCheckpointEngine(_Base):
     at), ``device`` (default the current CUDA device, or "cpu" without
     one) and ``quantize`` ("fp8-block": the trainer's 2-D linear weights
     travel as block-scaled FP8 codes and ``<name>_scale_inv`` scales, for an
-    FP8 rollout; see docs/operations.md, "FP8 rollouts").
+    FP8 rollout; see docs/operations.md, "FP8 rollouts"), and ``bucket_mac``
+    ("blake3" or "poly1305-aes": with ``secret_file``, the MAC the trainer
+    puts on every bucket; the rollout verifies either).
     """
 
     def __init__(self, bucket_size, is_master=False, *, transport=None, timeout=None, checksum=None,
                  secret_file=None, tls_ca=None, tls_cert=None, tls_key=None, rollout_dtype="bfloat16",
-                 group=None, rebuild_group=False, host=None, port=None, advertise=None, device=None, quantize=None):
+                 group=None, rebuild_group=False, host=None, port=None, advertise=None, device=None, quantize=None,
+                 bucket_mac=None):
         if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size <= 0:
             raise ConfigError(f"WeightcastCheckpointEngine: bucket_size {bucket_size!r} must be a positive number of bytes "
                               "(verl passes checkpoint_engine.update_weights_bucket_megabytes << 20)")
@@ -84,7 +87,7 @@ class WeightcastCheckpointEngine(_Base):
         self._options = dict(transport=transport, timeout=timeout, checksum=checksum, secret_file=secret_file,
                              tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, group=group, advertise=advertise)
         self._dtype = dtype
-        self._quantize = quantize
+        self._quantize, self._bucket_mac = quantize, bucket_mac
         self._host, self._port, self._device = host, port, device
         self._member = None   # the Sender or Receiver of the group formed, or an idle Sender (rank -1)
         self._joined = None   # (rank, world_size, run_id) of that group
@@ -152,7 +155,8 @@ class WeightcastCheckpointEngine(_Base):
             common = dict(self._options, rank=rank, world_size=world_size, rendezvous=master_metadata["rendezvous"],
                           run_id=run_id, bucket=self.bucket_size, device=self._device or _default_device())
             if rank == 0:
-                self._member = Sender(serve_rendezvous=True, dtype=self._dtype, quantize=self._quantize, **common)
+                self._member = Sender(serve_rendezvous=True, dtype=self._dtype, quantize=self._quantize,
+                                      bucket_mac=self._bucket_mac, **common)
             else:
                 self._member = Receiver(**common)
         self._joined, self._master = joined, dict(master_metadata)
