@@ -42,15 +42,15 @@ const (
 	polyCheckWait = 10 * time.Second
 )
 
-// PolyEnv names the environment variable that turns the Poly1305 kernel
+// PolyEnv names the environment variable that turns the Poly1305 kernels
 // off when set to "off": NewPolyMACer then fails with ErrNoPolyKernel.
 const PolyEnv = "WEIGHTCAST_GPU_POLY"
 
 // ErrNoPolyKernel is matched (errors.Is) by the error NewPolyMACer returns
-// when the Poly1305 kernel cannot be used: the driver lacks a function,
-// the PTX did not compile for this GPU, the kernel failed its self-test,
-// or PolyEnv turned it off. The error says which.
-var ErrNoPolyKernel = errors.New("gpu: Poly1305 kernel unavailable")
+// when the Poly1305 kernels cannot be used: the driver lacks a function,
+// the PTX did not compile for this GPU, a kernel failed its self-test, or
+// PolyEnv turned them off. The error says which.
+var ErrNoPolyKernel = errors.New("gpu: Poly1305 kernels unavailable")
 
 // ErrPolyMACerClosed is matched (errors.Is) by the errors of a PolyMACer,
 // or of a PendingPolyMAC not yet waited for, used after the PolyMACer's

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 const (
@@ -156,17 +157,9 @@ func polySum(key *PolyKey, nonce *Nonce, b []byte, workers int) PolyTag {
 	const piece = 1 << 20 // bytes, a multiple of PolyBlockSize
 	pieces := (len(b) + piece - 1) / piece
 	vals := make([]Limbs, pieces)
-	var mu sync.Mutex
-	next := 0
+	var next atomic.Int64
 	work := func() {
-		for {
-			mu.Lock()
-			i := next
-			next++
-			mu.Unlock()
-			if i >= pieces {
-				return
-			}
+		for i := int(next.Add(1) - 1); i < pieces; i = int(next.Add(1) - 1) {
 			lo := i * piece
 			vals[i] = key.segment(b[lo:min(lo+piece, len(b))], uint64(lo/PolyBlockSize), q)
 		}
