@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
+	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -202,37 +203,49 @@ func (k *PolyKey) segment(b []byte, first, q uint64) Limbs {
 }
 
 // horner returns Σ c_i·r^(n-i) over the n full blocks c_i of b (whose
-// length is a multiple of 16): Poly1305's loop h = (h + c)·r, with the
-// limbs in scalars (Limbs.mul's steps, written out).
+// length is a multiple of 16): Poly1305's loop h = (h + c)·r, in 64-bit
+// words on the CPU (twice the speed of the 26-bit limbs there), as limbs.
+// h is kept as h0 + h1·2^64 + h2·2^128, below 2^130.2 after each step (h2
+// at most 4, at most 7 once a block is added), and r, clamped, is r0 +
+// r1·2^64 with both below 2^60, so that h2·r0 and h2·r1 fit in a word.
 func (k *PolyKey) horner(b []byte) Limbs {
-	r0, r1, r2, r3, r4 := uint64(k.r[0]), uint64(k.r[1]), uint64(k.r[2]), uint64(k.r[3]), uint64(k.r[4])
-	s1, s2, s3, s4 := 5*r1, 5*r2, 5*r3, 5*r4
-	var h0, h1, h2, h3, h4 uint64
+	r0 := binary.LittleEndian.Uint64(k.bytes[16:])
+	r1 := binary.LittleEndian.Uint64(k.bytes[24:])
+	var h0, h1, h2 uint64
 	for ; len(b) >= PolyBlockSize; b = b[PolyBlockSize:] {
-		m0 := uint64(binary.LittleEndian.Uint32(b[0:]))
-		m1 := uint64(binary.LittleEndian.Uint32(b[4:]))
-		m2 := uint64(binary.LittleEndian.Uint32(b[8:]))
-		m3 := uint64(binary.LittleEndian.Uint32(b[12:]))
-		h0 += m0 & limbMask
-		h1 += (m0>>26 | m1<<6) & limbMask
-		h2 += (m1>>20 | m2<<12) & limbMask
-		h3 += (m2>>14 | m3<<18) & limbMask
-		h4 += m3>>8 | 1<<24
-		d0 := h0*r0 + h1*s4 + h2*s3 + h3*s2 + h4*s1
-		d1 := h0*r1 + h1*r0 + h2*s4 + h3*s3 + h4*s2
-		d2 := h0*r2 + h1*r1 + h2*r0 + h3*s4 + h4*s3
-		d3 := h0*r3 + h1*r2 + h2*r1 + h3*r0 + h4*s4
-		d4 := h0*r4 + h1*r3 + h2*r2 + h3*r1 + h4*r0
-		d1 += d0 >> 26
-		d2 += d1 >> 26
-		d3 += d2 >> 26
-		d4 += d3 >> 26
-		h0 = d0&limbMask + 5*(d4>>26)
-		h1 = d1&limbMask + h0>>26
-		h0 &= limbMask
-		h2, h3, h4 = d2&limbMask, d3&limbMask, d4&limbMask
+		var c uint64
+		h0, c = bits.Add64(h0, binary.LittleEndian.Uint64(b[0:]), 0)
+		h1, c = bits.Add64(h1, binary.LittleEndian.Uint64(b[8:]), c)
+		h2 += c + 1 // and 2^128
+		// The product in four words m0..m3, column by column.
+		hi00, lo00 := bits.Mul64(h0, r0)
+		hi01, lo01 := bits.Mul64(h0, r1)
+		hi10, lo10 := bits.Mul64(h1, r0)
+		hi11, lo11 := bits.Mul64(h1, r1)
+		m0 := lo00
+		m1, c1 := bits.Add64(hi00, lo01, 0)
+		m1, c2 := bits.Add64(m1, lo10, 0)
+		m2, c3 := bits.Add64(hi01, hi10, c1)
+		m2, c4 := bits.Add64(m2, lo11, c2)
+		m2, c5 := bits.Add64(m2, h2*r0, 0)
+		m3 := hi11 + h2*r1 + c3 + c4 + c5
+		// m = L + 2^130·H ≡ L + 4H + H (2^130 ≡ 5): L the low 130 bits,
+		// 4H = m2 with its low 2 bits cleared, then m3, as two words.
+		h0, h1, h2 = m0, m1, m2&3
+		h0, c = bits.Add64(h0, m2&^3, 0)
+		h1, c = bits.Add64(h1, m3, c)
+		h2 += c
+		h0, c = bits.Add64(h0, m2>>2|m3<<62, 0)
+		h1, c = bits.Add64(h1, m3>>2, c)
+		h2 += c
 	}
-	return Limbs{uint32(h0), uint32(h1), uint32(h2), uint32(h3), uint32(h4)}
+	return Limbs{
+		uint32(h0 & limbMask),
+		uint32(h0 >> 26 & limbMask),
+		uint32((h0>>52 | h1<<12) & limbMask),
+		uint32(h1 >> 14 & limbMask),
+		uint32(h1>>40 | h2<<24),
+	}
 }
 
 // Finish returns the tag of the message whose polynomial is the sum of

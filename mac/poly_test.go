@@ -1,6 +1,7 @@
 package mac
 
 import (
+	"bytes"
 	"crypto/aes"
 	"encoding/hex"
 	"math/big"
@@ -307,5 +308,28 @@ func TestPolyNonceAndKind(t *testing.T) {
 	}
 	if _, err := ParseKind("hmac"); err == nil || !strings.Contains(err.Error(), `"poly1305-aes"`) {
 		t.Errorf("ParseKind(hmac): %v", err)
+	}
+}
+
+// TestPolyExtremes compares PolySum with the reference where its words
+// are at their bounds: r and every message byte at their largest (all
+// ones, r clamped), and all zeros, at lengths around blocks and pieces.
+func TestPolyExtremes(t *testing.T) {
+	var ones [PolyKeySize]byte
+	for i := range ones {
+		ones[i] = 0xff
+	}
+	key, nonce := NewPolyKey(&ones), &Nonce{}
+	for _, fill := range []byte{0xff, 0} {
+		for _, n := range []int{1, 15, 16, 17, 4096, 1<<20 - 1, 1 << 20, 3<<20 + 1} {
+			b := bytes.Repeat([]byte{fill}, n)
+			want := polyReference(t, key, nonce, b)
+			if got := PolySum(key, nonce, b); got != want {
+				t.Fatalf("%d bytes of %#x: %s, want %s", n, fill, got, want)
+			}
+			if got := polySum(key, nonce, b, 3); got != want {
+				t.Fatalf("%d bytes of %#x on 3 goroutines: %s, want %s", n, fill, got, want)
+			}
+		}
 	}
 }

@@ -5,9 +5,10 @@ import "encoding/binary"
 // Limbs is a number modulo 2^130 - 5 as five 26-bit limbs, the lowest
 // first: Σ l[j]·2^(26j). The GPU's Poly1305 kernels compute in this form
 // (their 32×32-bit multiplies with 64-bit sums have the room it needs),
-// and this package computes in it too, so that its arithmetic is theirs.
-// A limb may exceed 26 bits between steps; Limbs.mul's bounds below say
-// by how much.
+// and so do this package's steps that mirror theirs (Limbs.mul, the
+// powers of r, Finish), so that the kernels' arithmetic has a reference;
+// its own Horner loop runs in 64-bit words (PolyKey.horner). A limb may
+// exceed 26 bits between steps; Limbs.mul's bounds below say by how much.
 type Limbs [5]uint32
 
 const limbMask = 1<<26 - 1
