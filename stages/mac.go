@@ -245,12 +245,12 @@ type streamMACer struct {
 	why            error
 	polys          *gpu.PolyMACer
 	whyPoly        error
-	madeM, madePly bool
+	madeMAC, madePoly bool
 }
 
 // get returns the MACer of s, or nil where the kernels are unavailable.
 func (sm *streamMACer) get(s *gpu.Stream) (*gpu.MACer, error) {
-	if !sm.madeM {
+	if !sm.madeMAC {
 		m, err := s.NewMACer()
 		switch {
 		case err == nil:
@@ -260,7 +260,7 @@ func (sm *streamMACer) get(s *gpu.Stream) (*gpu.MACer, error) {
 		default:
 			return nil, err
 		}
-		sm.madeM = true
+		sm.madeMAC = true
 	}
 	return sm.m, nil
 }
@@ -268,7 +268,7 @@ func (sm *streamMACer) get(s *gpu.Stream) (*gpu.MACer, error) {
 // poly returns the PolyMACer of s, or nil where the kernels are
 // unavailable.
 func (sm *streamMACer) poly(s *gpu.Stream) (*gpu.PolyMACer, error) {
-	if !sm.madePly {
+	if !sm.madePoly {
 		m, err := s.NewPolyMACer()
 		switch {
 		case err == nil:
@@ -278,7 +278,7 @@ func (sm *streamMACer) poly(s *gpu.Stream) (*gpu.PolyMACer, error) {
 		default:
 			return nil, err
 		}
-		sm.madePly = true
+		sm.madePoly = true
 	}
 	return sm.polys, nil
 }
