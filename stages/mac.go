@@ -241,10 +241,10 @@ func queueLayoutMAC(ctx context.Context, g *gpu.Gather, sm *streamMACer, s *gpu.
 // use; where one is unavailable it stays nil (why, whyPoly say why) and
 // those MACs are computed on the host. Its zero value is ready to use.
 type streamMACer struct {
-	m              *gpu.MACer
-	why            error
-	polys          *gpu.PolyMACer
-	whyPoly        error
+	m                 *gpu.MACer
+	why               error
+	polys             *gpu.PolyMACer
+	whyPoly           error
 	madeMAC, madePoly bool
 }
 
