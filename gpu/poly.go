@@ -338,12 +338,18 @@ func (m *PolyMACer) gridCap() error {
 // words, the table of powers, the slot and first. what says over what in
 // errors.
 func (m *PolyMACer) launch(k *loadedKernel, blocks int, key *mac.PolyKey, what string, head []uint64, table, slots, first uint64) error {
-	rs := key.Power(uint64(blocks * checksumThreads))
-	args := append(head, uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]), table, slots, first)
+	args := polyParams(head, key.Power(uint64(blocks*checksumThreads)), table, slots, first)
 	if err := m.s.launch(k, blocks, checksumThreads, args...); err != nil {
 		return fmt.Errorf("Poly1305 kernel %s, %d blocks: %w", what, blocks, err)
 	}
 	return nil
+}
+
+// polyParams returns the parameters of a Poly1305 kernel's launch: head,
+// the kernel's own, then rs = r^s in the three words rs01, rs23, rs4 (two
+// limbs each, the low one first), the table, the slot and first.
+func polyParams(head []uint64, rs mac.Limbs, table, slots, first uint64) []uint64 {
+	return append(head, uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]), table, slots, first)
 }
 
 // table returns the device address of key's table of powers, writing it

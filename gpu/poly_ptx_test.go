@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -17,10 +18,22 @@ const ptxPolyTableBase = 0x7f2000000000
 
 func polyPTXKernel(t *testing.T) *ptxKernel {
 	k := parsePTX(t, "poly.ptx", polyPTX)
-	if k.name != "wc_poly" || len(k.params) != 10 || k.paramSize[9] != 4 {
-		t.Fatalf("kernel %s(%v): want wc_poly(u64 buf, u64 n, u64 blk, u64 q, u64 rs01, u64 rs23, u64 rs4, u64 pow, u64 slots, u32 first)", k.name, k.params)
-	}
+	checkPolyParams(t, k, "wc_poly", "buf", "n", "blk", "q")
 	return k
+}
+
+// checkPolyParams checks that kernel k is entry, its parameters head
+// then those polyParams adds (rs01, rs23, rs4, pow, slots, first): the
+// order PolyMACer's launches pass them in.
+func checkPolyParams(t *testing.T, k *ptxKernel, entry string, head ...string) {
+	t.Helper()
+	var want []string
+	for _, p := range append(head, "rs01", "rs23", "rs4", "pow", "slots", "first") {
+		want = append(want, entry+"_"+p)
+	}
+	if k.name != entry || fmt.Sprint(k.params) != fmt.Sprint(want) || k.paramSize[len(want)-1] != 4 {
+		t.Fatalf("kernel %s(%v): want %s(%v), first a u32", k.name, k.params, entry, want)
+	}
 }
 
 // polyTable returns key's table of powers as PolyMACer writes it.
@@ -45,10 +58,9 @@ func runPolyPTXInto(t *testing.T, k *ptxKernel, slot ptxSumSlot, key *mac.PolyKe
 	mem.addRegion(ptxBufBase+off, msg, true, "message")
 	mem.addRegion(ptxPolyTableBase, polyTable(key), true, "table of powers")
 	mem.add(ptxSlotsBase, slot)
-	rs := key.Power(uint64(blocks * threads))
-	err := k.runBlocks(mem, blocks, threads, order, ptxBufBase+off, uint64(len(msg)), blk, q,
-		uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]),
-		ptxPolyTableBase, ptxSlotsBase, ptxFirst(first))
+	// The parameters as PolyMACer.Queue builds them.
+	err := k.runBlocks(mem, blocks, threads, order, polyParams([]uint64{ptxBufBase + off, uint64(len(msg)), blk, q},
+		key.Power(uint64(blocks*threads)), ptxPolyTableBase, ptxSlotsBase, ptxFirst(first))...)
 	if err != nil {
 		t.Fatalf("%d bytes at offset %d, %d×%d threads: %v", len(msg), off, blocks, threads, err)
 	}
@@ -271,10 +283,9 @@ func runPolyLayoutPTX(t *testing.T, k *ptxKernel, slot ptxSumSlot, key *mac.Poly
 		}
 		mem.addRegion(ptxPolyTableBase, polyTable(key), true, "table of powers")
 		mem.add(ptxSlotsBase, slot)
-		rs := key.Power(uint64(blocks * threads))
-		err := k.runBlocks(mem, blocks, threads, rng.Perm(blocks), ptxPolyPiecesBase, uint64(count), c0, c1, uint64(c.n),
-			uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]),
-			ptxPolyTableBase, ptxSlotsBase, ptxFirst(li == 0))
+		// The parameters as PolyMACer.queueLayout builds them.
+		err := k.runBlocks(mem, blocks, threads, rng.Perm(blocks), polyParams([]uint64{ptxPolyPiecesBase, uint64(count), c0, c1, uint64(c.n)},
+			key.Power(uint64(blocks*threads)), ptxPolyTableBase, ptxSlotsBase, ptxFirst(li == 0))...)
 		if err != nil {
 			t.Fatalf("a %d-byte layout of %d pieces, chunks %d to %d, %d×%d threads: %v", c.n, len(c.pieces), c0, c1, blocks, threads, err)
 		}
@@ -289,9 +300,7 @@ func runPolyLayoutPTX(t *testing.T, k *ptxKernel, slot ptxSumSlot, key *mac.Poly
 // threads.
 func TestPolyLayoutPTX(t *testing.T) {
 	k := parsePTX(t, "poly_layout.ptx", polyLayoutPTX)
-	if k.name != "wc_poly_layout" || len(k.params) != 11 {
-		t.Fatalf("kernel %s(%v): want wc_poly_layout with 11 parameters", k.name, k.params)
-	}
+	checkPolyParams(t, k, "wc_poly_layout", "pieces", "count", "c0", "c1", "n")
 	rng := rand.New(rand.NewPCG(25, 26))
 	grids := [][2]int{{1, 1}, {1, 32}, {3, 64}, {2, 256}, {5, 7}, {3, 256}}
 	for i := range 60 {
