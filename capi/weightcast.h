@@ -107,7 +107,8 @@ typedef struct wc_batch {
  * "advertise", "secret_file" (the group secret's file, mode 0600; default
  * $WEIGHTCAST_SECRET_FILE), "tls_ca", "tls_cert", "tls_key" (mutual TLS),
  * "serve_rendezvous", "dtype", "quantize", "quantize_include",
- * "quantize_exclude", "direct" (bool), "turns" (bool), and "env": the JSON form of the Go
+ * "quantize_exclude", "direct" (bool), "turns" (bool), "bucket_mac" ("blake3",
+ * "poly1305-aes"), and "env": the JSON form of the Go
  * library's weightcast.Options (its defaults fill what is left out; docs/
  * operations.md section 1 lists them). Missing or null rank, world_size, rendezvous, run_id
  * and device come from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR
