@@ -147,7 +147,9 @@
 // Stream.NewPolyMACer returns a PolyMACer, whose Queue adds Poly1305-AES
 // (mac.PolySum) of device memory to the stream: one launch of poly.ptx,
 // whose threads evaluate Poly1305's polynomial over the 16-byte blocks a
-// grid apart by Horner's rule with r raised to the grid's size, raise
+// grid apart by Horner's rule with r raised to the grid's size (each
+// block loaded two products before it is added, so that two loads of
+// every thread are in flight while it multiplies), raise
 // their values to their place with the key's table of powers (1 KiB of
 // device memory per key), and add them limb by limb into a checksum slot,
 // which the host finishes with the nonce's AES pad. Gather.CopyPolyLayout

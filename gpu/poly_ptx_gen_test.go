@@ -19,7 +19,8 @@ CUDA C, with mul() the product modulo p of five 26-bit limbs by five
   // The launch covers blocks blk .. blk + nb of a message of q blocks, the
   // n bytes at buf (n a multiple of 16 unless the launch ends the
   // message). Thread g takes blocks g, g + s, g + 2s, ... (s the grid's
-  // threads), by Horner's rule with rs = r^s: h = h·rs + c. Its last block
+  // threads), by Horner's rule with rs = r^s: h = h·rs + c, each block
+  // loaded two products ahead (into a and b in turns). Its last block
   // i then needs r^(q - blk - i), 1 to s, which it takes from pow (r^(2^j)
   // at pow[8j], fully reduced), one product per bit. It adds its limbs
   // into the partials of its lane, slots[5·(g % 32) + j]. No byte at or
@@ -31,14 +32,13 @@ CUDA C, with mul() the product modulo p of five 26-bit limbs by five
     unsigned long long g = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long s = (unsigned long long)gridDim.x * blockDim.x, nb = (n + 15) / 16;
     if (g < nb) {
-      unsigned int rs[5] = {lo(rs01), hi(rs01), lo(rs23), hi(rs23), lo(rs4)}, h[5] = {0}, c[5];
+      unsigned int rs[5] = {lo(rs01), hi(rs01), lo(rs23), hi(rs23), lo(rs4)}, h[5] = {0}, a[5], b[5];
       unsigned long long i = g;
-      block(buf, n, i, c);                  // the limbs of block i, the next one loaded
-      for (;;) {                            // before the product that precedes it
-        for (int j = 0; j < 5; j++) h[j] += c[j];
-        if ((i += s) >= nb) break;
-        block(buf, n, i, c);
-        mul(h, rs);
+      block(buf, n, i, a);                  // the limbs of block i
+      if (i + s < nb) block(buf, n, i + s, b);
+      for (;;) {                            // two turns, a then b
+        h += a; if ((i += s) >= nb) break; if (i + s < nb) block(buf, n, i + s, a); mul(h, rs);
+        h += b; if ((i += s) >= nb) break; if (i + s < nb) block(buf, n, i + s, b); mul(h, rs);
       }
       i -= s;
       for (unsigned long long e = q - blk - i, j = 0; e != 0; e >>= 1, j++)
@@ -63,6 +63,7 @@ func (p *ptxText) polyRegisters(rd int) {
 		p.line("\t.reg .b32\t%%%s<5>;", r)
 	}
 	p.line("\t.reg .b32\t%%m<4>;")
+	p.line("\t.reg .b32\t%%n<4>;")
 	p.line("\t.reg .b64\t%%d<5>;")
 	p.line("\t.reg .b64\t%%rd<%d>;", rd)
 }
@@ -87,19 +88,45 @@ func (p *ptxText) polyStart(e string) {
 	}
 }
 
+// polySet names the registers of one block in flight: idx its block
+// index, w the prefix of its words (w0..w3), hb its 2^128 bit.
+type polySet struct{ idx, w, hb string }
+
+// The two sets of polyHorner: the block the thread adds next (A, at i)
+// and the one after it (B, at i + s), so that two loads are in flight
+// while a product runs.
+var (
+	polySetA = polySet{idx: "%rd6", w: "m", hb: "%r10"}
+	polySetB = polySet{idx: "%rd12", w: "n", hb: "%r8"}
+)
+
 // polyHorner writes the thread's loop over its blocks %rd6, %rd6 + s, ...
-// below %rd5 (s in %rd2), its first block loaded: h += c; if ((i += s) >=
-// %rd5) go to RAISE; load block i (load, at its site "B"); h = h·rs. The
-// next block's load comes before the product, so that it is in flight
-// while the product runs.
-func (p *ptxText) polyHorner(load func(site string)) {
-	p.label("HORNER", "h += c; if ((i += s) >= end) break; load block i; h = h·rs")
-	p.polyAddBlock()
-	p.op("add.u64", "%%rd6, %%rd6, %%rd2")
-	p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
-	p.op("@%p1 bra", "RAISE")
-	load("B")
-	p.polyMul("R", "S")
+// below %rd5 (s in %rd2), the first loaded into set A: it loads the
+// second into set B, then, in turns of the two sets: h += the set's
+// block; if ((i += s) >= %rd5) go to RAISE; load block i + s into the set
+// just added, where it is below %rd5; h = h·rs. Each block is loaded two
+// products before it is added. load writes one block's load at a site
+// (its labels' suffix).
+func (p *ptxText) polyHorner(load func(site string, set polySet)) {
+	// next loads block i + s (%rd12 = i + s) into set, unless it is past
+	// the end.
+	next := func(site string, set polySet) {
+		p.op("add.u64", "%%rd12, %%rd6, %%rd2")
+		p.op("setp.ge.u64", "%%p2, %%rd12, %%rd5")
+		p.op("@%p2 bra", "SKIP%s", site)
+		load(site, polySet{idx: "%rd12", w: set.w, hb: set.hb})
+		p.label("SKIP"+site, "")
+	}
+	next("B0", polySetB)
+	p.label("HORNER", "two turns: h += c; if ((i += s) >= end) break; load block i + s; h = h·rs")
+	for k, set := range []polySet{polySetA, polySetB} {
+		p.polyAddBlock(set)
+		p.op("add.u64", "%%rd6, %%rd6, %%rd2")
+		p.op("setp.ge.u64", "%%p1, %%rd6, %%rd5")
+		p.op("@%p1 bra", "RAISE")
+		next(fmt.Sprintf("%s%d", set.w, k), set)
+		p.polyMul("R", "S")
+	}
 	p.op("bra.uni", "HORNER")
 }
 
@@ -141,25 +168,26 @@ func (p *ptxText) polyMul(x, t string) {
 	p.op("add.u32", "%%h1, %%h1, %%r9")
 }
 
-// polyLoad writes block(buf, n, i, c) for block %rd6 of the launch: its
-// words into %m0..%m3 and its 2^128 bit (1 << 24 of limb 4) into %r10.
-// %rd3 is buf, %rd4 n, %p6 set when buf is not 16-byte aligned; site
-// names the labels.
-func (p *ptxText) polyLoad(site string) {
-	p.comment("block %rd6: %rd7 = its address, %rd8 = the bytes from it to n (at least 1)")
-	p.op("shl.b64", "%%rd7, %%rd6, 4")
+// polyLoad writes block(buf, n, i, c) for block set.idx of the launch:
+// its words into set.w (w0..w3) and its 2^128 bit (1 << 24 of limb 4)
+// into set.hb. %rd3 is buf, %rd4 n, %p6 set when buf is not 16-byte
+// aligned; site names the labels.
+func (p *ptxText) polyLoad(site string, set polySet) {
+	w := set.w
+	p.comment(fmt.Sprintf("block %s: %%rd7 = its address, %%rd8 = the bytes from it to n (at least 1)", set.idx))
+	p.op("shl.b64", "%%rd7, %s, 4", set.idx)
 	p.op("sub.u64", "%%rd8, %%rd4, %%rd7")
 	p.op("add.s64", "%%rd7, %%rd3, %%rd7")
-	p.op("mov.b32", "%%r10, %d", 1<<24)
+	p.op("mov.b32", "%s, %d", set.hb, 1<<24)
 	p.op("setp.lt.u64", "%%p3, %%rd8, 16")
 	p.op("@%p3 bra", "PARTIAL%s", site)
 	p.op("@%p6 bra", "PARTIAL%s", site)
-	p.op("ld.global.v4.u32", "{%%m0, %%m1, %%m2, %%m3}, [%%rd7]")
+	p.op("ld.global.v4.u32", "{%%%s0, %%%s1, %%%s2, %%%s3}, [%%rd7]", w, w, w, w)
 	p.op("bra.uni", "LOADED%s", site)
 	p.label("PARTIAL"+site, "%r11 = its bytes (at most 16)")
 	p.op("min.u64", "%%rd9, %%rd8, 16")
 	p.op("cvt.u32.u64", "%%r11, %%rd9")
-	p.polyPad()
+	p.polyPad(set)
 	for j := range 16 {
 		p.op("setp.le.u64", "%%p5, %%rd8, %d", j)
 		p.op("@%p5 bra", "LOADED%s", site)
@@ -167,18 +195,18 @@ func (p *ptxText) polyLoad(site string) {
 		if j%4 != 0 {
 			p.op("shl.b32", "%%r15, %%r15, %d", 8*(j%4))
 		}
-		p.op("or.b32", "%%m%d, %%m%d, %%r15", j/4, j/4)
+		p.op("or.b32", "%%%s%d, %%%s%d, %%r15", w, j/4, w, j/4)
 	}
 	p.label("LOADED"+site, "")
 }
 
-// polyPad starts a block of %r11 message bytes (1 to 16): its words
-// %m0..%m3 zero but for the byte 1 after a partial block's bytes (in word
-// %r11/4), its 2^128 bit %r10 set only when the block is whole.
-func (p *ptxText) polyPad() {
-	p.comment("%r10 = the 2^128 bit when whole; %m0..%m3 = a byte 1 at byte %r11 when partial")
+// polyPad starts a block of %r11 message bytes (1 to 16) in set: its
+// words zero but for the byte 1 after a partial block's bytes (in word
+// %r11/4), its 2^128 bit set only when the block is whole.
+func (p *ptxText) polyPad(set polySet) {
+	p.comment("the 2^128 bit when whole; the words = a byte 1 at byte %r11 when partial")
 	p.op("setp.lt.u32", "%%p4, %%r11, 16")
-	p.op("selp.b32", "%%r10, 0, %d, %%p4", 1<<24)
+	p.op("selp.b32", "%s, 0, %d, %%p4", set.hb, 1<<24)
 	p.op("and.b32", "%%r12, %%r11, 3")
 	p.op("shl.b32", "%%r12, %%r12, 3")
 	p.op("mov.b32", "%%r13, 1")
@@ -186,21 +214,22 @@ func (p *ptxText) polyPad() {
 	p.op("shr.u32", "%%r14, %%r11, 2")
 	for k := range 4 {
 		p.op("setp.eq.u32", "%%p5, %%r14, %d", k)
-		p.op("selp.b32", "%%m%d, %%r13, 0, %%p5", k)
+		p.op("selp.b32", "%%%s%d, %%r13, 0, %%p5", set.w, k)
 	}
 }
 
-// polyAddBlock writes h += c: the block's words %m0..%m3 cut into 26-bit
-// limbs, the 2^128 bit %r10 into limb 4.
-func (p *ptxText) polyAddBlock() {
-	p.comment("h += the block's limbs (mac.limbsOf)")
-	p.op("and.b32", "%%c0, %%m0, %d", polyMask)
+// polyAddBlock writes h += c: the words of set cut into 26-bit limbs,
+// its 2^128 bit into limb 4.
+func (p *ptxText) polyAddBlock(set polySet) {
+	w := set.w
+	p.comment(fmt.Sprintf("h += the limbs of the block in %%%s0..%%%s3 (mac.limbsOf)", w, w))
+	p.op("and.b32", "%%c0, %%%s0, %d", w, polyMask)
 	for k, sh := range []int{26, 20, 14} {
-		p.op("shf.r.wrap.b32", "%%c%d, %%m%d, %%m%d, %d", k+1, k, k+1, sh)
+		p.op("shf.r.wrap.b32", "%%c%d, %%%s%d, %%%s%d, %d", k+1, w, k, w, k+1, sh)
 		p.op("and.b32", "%%c%d, %%c%d, %d", k+1, k+1, polyMask)
 	}
-	p.op("shr.u32", "%%c4, %%m3, 8")
-	p.op("or.b32", "%%c4, %%c4, %%r10")
+	p.op("shr.u32", "%%c4, %%%s3, 8", w)
+	p.op("or.b32", "%%c4, %%c4, %s", set.hb)
 	for k := range 5 {
 		p.op("add.u32", "%%h%d, %%h%d, %%c%d", k, k, k)
 	}
@@ -231,7 +260,7 @@ func genPoly() string {
 	p.op("and.b64", "%%rd9, %%rd3, 15")
 	p.op("setp.ne.u64", "%%p6, %%rd9, 0")
 	p.op("mov.u64", "%%rd6, %%rd1")
-	p.polyLoad("A")
+	p.polyLoad("A", polySetA)
 	p.polyHorner(p.polyLoad)
 	p.label("RAISE", "%rd10 = blk, %rd11 = q")
 	p.op("ld.param.u64", "%%rd10, [%s_blk]", e)
@@ -315,14 +344,15 @@ the end (the raise by r^e, the limbs into the lane's partials) poly.ptx's:
   }
 `
 
-// polyLayoutLoad writes block(i) of the layout kernel for block %rd6: its
-// words into %m0..%m3, its 2^128 bit into %r10, its bytes of its piece
+// polyLayoutLoad writes block(i) of the layout kernel for block set.idx:
+// its words into set.w, its 2^128 bit into set.hb, its bytes of its piece
 // copied to the piece's destination. %rd3 is pieces, %rd4 count, %rd10 n;
 // %rd16 lo and %rd17..%rd20 the piece lo - 1 (at, src, dst, len) carry
 // over from the thread's last block. site names the labels.
-func (p *ptxText) polyLayoutLoad(site string) {
+func (p *ptxText) polyLayoutLoad(site string, set polySet) {
+	w := set.w
 	p.comment("%rd21 = off = 16i; lo moves on when pieces[lo].at <= off")
-	p.op("shl.b64", "%%rd21, %%rd6, 4")
+	p.op("shl.b64", "%%rd21, %s, 4", set.idx)
 	p.op("setp.ge.u64", "%%p3, %%rd16, %%rd4")
 	p.op("@%p3 bra", "PLACED%s", site)
 	p.op("shl.b64", "%%rd24, %%rd16, 5")
@@ -378,12 +408,12 @@ func (p *ptxText) polyLayoutLoad(site string) {
 	p.op("setp.ne.u64", "%%p3, %%rd9, 0")
 	p.op("@%p3 bra", "BYTES%s", site)
 	p.label("WHOLE"+site, "")
-	p.op("ld.global.v4.u32", "{%%m0, %%m1, %%m2, %%m3}, [%%rd7]")
-	p.op("@%p7 st.global.v4.u32", "[%%rd15], {%%m0, %%m1, %%m2, %%m3}")
-	p.op("mov.b32", "%%r10, %d", 1<<24)
+	p.op("ld.global.v4.u32", "{%%%s0, %%%s1, %%%s2, %%%s3}, [%%rd7]", w, w, w, w)
+	p.op("@%p7 st.global.v4.u32", "[%%rd15], {%%%s0, %%%s1, %%%s2, %%%s3}", w, w, w, w)
+	p.op("mov.b32", "%s, %d", set.hb, 1<<24)
 	p.op("bra.uni", "LOADED%s", site)
 	p.label("BYTES"+site, "the valid bytes one at a time (copied where the piece has a dst), the rest zero")
-	p.polyPad()
+	p.polyPad(set)
 	p.op("setp.eq.u64", "%%p3, %%rd22, 0")
 	p.op("@%p3 bra", "LOADED%s", site)
 	p.op("add.s64", "%%rd7, %%rd18, %%rd23")
@@ -397,7 +427,7 @@ func (p *ptxText) polyLayoutLoad(site string) {
 		if j%4 != 0 {
 			p.op("shl.b32", "%%r15, %%r15, %d", 8*(j%4))
 		}
-		p.op("or.b32", "%%m%d, %%m%d, %%r15", j/4, j/4)
+		p.op("or.b32", "%%%s%d, %%%s%d, %%r15", w, j/4, w, j/4)
 	}
 	p.label("LOADED"+site, "")
 }
@@ -432,7 +462,7 @@ func genPolyLayout() string {
 	p.polyStart(e)
 	p.comment("lo = 0: no piece placed yet")
 	p.op("mov.u64", "%%rd16, 0")
-	p.polyLayoutLoad("A")
+	p.polyLayoutLoad("A", polySetA)
 	p.polyHorner(p.polyLayoutLoad)
 	p.label("RAISE", "blk = 0: the blocks are the message's")
 	p.op("mov.u64", "%%rd10, 0")
