@@ -8,10 +8,11 @@
 # Rows: the demo with 1 and 3 receivers, 1 GiB and 256 MiB buckets, checksums
 # on and off, receivers reading the sender's tensors in place (--direct, the
 # default) and taking buckets (--direct=false), three receivers in place
-# also without turns (--turns=false, the copies of all receivers at once);
-# then each peer with 1 and 3 receivers. Every figure is GB/s per receiver, the median of rounds 2..N.
+# also without turns (--turns=false, the copies of all receivers at once),
+# 1 GiB in place with a group secret under each bucket MAC (--bucket-mac
+# blake3, poly1305-aes); then each peer with 1 and 3 receivers. Every figure is GB/s per receiver, the median of rounds 2..N.
 # --quick keeps the 1 GiB rows and 3 rounds (about half the time; the full
-# run fits in 9 minutes on one H200). The raw JSON of every run goes to DIR
+# run took 9 minutes on one H200 before the four rows with a secret came). The raw JSON of every run goes to DIR
 # (default: a new temporary directory, named at the end).
 #
 # Needs the demo binary (make gpu-bins, or go build -o .gpu/demo ./cmd/demo;
@@ -66,6 +67,20 @@ run_demo() {
 	rows+=("weightcast, $((ranks - 1)) recv, $bucket, checksum $sum, $([ "$direct" = true ] && echo 'in place' || echo buckets)$([ "$turns" = true ] || echo ', no turns')	$f")
 }
 
+# secret ranks mac: one run of the demo, 1 GiB buckets in place, with a
+# group secret and the bucket MAC mac, its JSON kept.
+secret="$out/secret"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$secret"
+chmod 600 "$secret"
+run_secret() {
+	local ranks=$1 mac=$2
+	local f="$out/demo-r$ranks-1GiB-secret-$mac.json"
+	echo "demo: $((ranks - 1)) receivers, 1GiB buckets, group secret, $mac" >&2
+	"$demo" --transport ipc --devices 0 --size "$size" --tensors "$tensors" --rounds "$rounds" \
+		--ranks "$ranks" --bucket 1GiB --secret-file "$secret" --bucket-mac "$mac" --json >"$f" 2>"$f.stderr" || true
+	rows+=("weightcast, $((ranks - 1)) recv, 1GiB, group secret ($mac), in place	$f")
+}
+
 # peer mode receivers: one run of a plain-PyTorch peer, its JSON kept.
 run_peer() {
 	local mode=$1 recv=$2
@@ -85,6 +100,9 @@ for ranks in 4 2; do
 	done
 	for sum in true false; do
 		run_demo "$ranks" 1GiB "$sum" false
+	done
+	for mac in blake3 poly1305-aes; do
+		run_secret "$ranks" "$mac"
 	done
 done
 for recv in 3 1; do
