@@ -147,21 +147,20 @@
 // Stream.NewPolyMACer returns a PolyMACer, whose Queue adds Poly1305-AES
 // (mac.PolySum) of device memory to the stream: one launch of poly.ptx,
 // whose threads evaluate Poly1305's polynomial over the 16-byte blocks a
-// grid apart by Horner's rule with r raised to the grid's size (each
-// block loaded two products before it is added, so that two loads of
-// every thread are in flight while it multiplies), raise
-// their values to their place with the key's table of powers (1 KiB of
-// device memory per key), and add them limb by limb into a checksum slot,
-// which the host finishes with the nonce's AES pad. Gather.CopyPolyLayout
-// does the same over a Layout (poly_layout.ptx), as CopyMACLayout does
-// with keyed BLAKE3, copying the pieces that have a destination on the
-// way. Per 16-byte block the kernels run 25 multiply-adds and some 35
-// other instructions, where keyed BLAKE3 runs about 200 additions,
-// rotations and exclusive ors. The stages use them for the buckets of a
-// sender given the Poly1305-AES bucket MAC (stages.SenderConfig.BucketMAC).
-// Where they cannot be loaded or fail their self-tests (or
-// WEIGHTCAST_GPU_POLY=off), NewPolyMACer fails with an error matching
-// ErrNoPolyKernel, and those MACs are computed on the host.
+// grid apart by Horner's rule with r raised to the grid's size (each block
+// loaded two products before it is added, so that two loads of every thread
+// are in flight while it multiplies), raise their values to their place
+// with the key's table of powers (1 KiB of device memory per key), and add
+// them limb by limb into a checksum slot, which the host finishes with the
+// nonce's AES pad. Gather.CopyPolyLayout does the same over a Layout
+// (poly_layout.ptx), as CopyMACLayout does with keyed BLAKE3, copying the
+// pieces that have a destination on the way. Per 16-byte block the kernels
+// run 25 multiply-adds and some 35 other instructions, where keyed BLAKE3
+// runs about 200 additions, rotations and exclusive ors. The stages use
+// them for the buckets of a sender given the Poly1305-AES bucket MAC
+// (stages.SenderConfig.BucketMAC). Where they cannot be loaded or fail
+// their self-tests (or WEIGHTCAST_GPU_POLY=off), NewPolyMACer fails with an
+// error matching ErrNoPolyKernel, and those MACs are computed on the host.
 //
 // # Cast kernel
 //
