@@ -7,6 +7,7 @@ import (
 
 	"github.com/weightcast/weightcast/gpu"
 	"github.com/weightcast/weightcast/gpu/gputest"
+	"github.com/weightcast/weightcast/mac"
 )
 
 // BenchmarkSyncMAC measures what a group secret costs a sync on host
@@ -14,17 +15,18 @@ import (
 // Sender to one Receiver over the inproc transport and bus, "plain" with no
 // check, "checksum" with the bucket checksum, and "secret" with the
 // checksum, the bucket MAC (keyed BLAKE3 on every core, on both ends) and
-// signed metadata. It reports GB/s of the model's bytes.
+// signed metadata, "secret-poly" the same with Poly1305-AES. It reports
+// GB/s of the model's bytes.
 func BenchmarkSyncMAC(b *testing.B) {
 	src := hostModel(64, 4<<20)
 	for _, c := range []struct {
 		name     string
 		checksum bool
-		secret   bool
-	}{{"plain", false, false}, {"checksum", true, false}, {"secret", true, true}} {
+		secret   mac.Kind // "": none
+	}{{"plain", false, ""}, {"checksum", true, ""}, {"secret", true, mac.BLAKE3}, {"secret-poly", true, mac.Poly1305AES}} {
 		b.Run(c.name, func(b *testing.B) {
-			o := groupOpts{world: 2, bucket: 64 << 20, checksum: c.checksum}
-			if c.secret {
+			o := groupOpts{world: 2, bucket: 64 << 20, checksum: c.checksum, mac: c.secret}
+			if c.secret != "" {
 				o.auth = testKeys(b, "bench")
 			}
 			g := newGroup(b, o)
@@ -49,9 +51,10 @@ func BenchmarkSyncMAC(b *testing.B) {
 
 // BenchmarkGPUPackMAC packs 1 GiB of device tensors (64 allocations of
 // 16 MiB) into 256 MiB device buckets with checksums, without and with a
-// group secret, waiting for each bucket's checksum and MAC as Publish does:
-// the cost of the MAC kernel on the root's GPU, next to BenchmarkGPUPackDevice.
-// It reports GB/s of bytes packed.
+// group secret (keyed BLAKE3, and Poly1305-AES: "secret-poly"), waiting for
+// each bucket's checksum and MAC as Publish does: the cost of the MAC
+// kernels on the root's GPU, next to BenchmarkGPUPackDevice. It reports
+// GB/s of bytes packed.
 func BenchmarkGPUPackMAC(b *testing.B) {
 	d := gputest.Device(b)
 	const total, each = 1 << 30, 16 << 20
@@ -64,12 +67,15 @@ func BenchmarkGPUPackMAC(b *testing.B) {
 		}
 		return awaitMAC(ctx, bk)
 	}
-	for _, secret := range []bool{false, true} {
-		b.Run(map[bool]string{false: "checksum", true: "secret"}[secret], func(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		secret mac.Kind // "": none
+	}{{"checksum", ""}, {"secret", mac.BLAKE3}, {"secret-poly", mac.Poly1305AES}} {
+		b.Run(c.name, func(b *testing.B) {
 			pk := testPacker(b, defaultPlan, gpu.DefaultStagingConfig())
 			pool := devicePool(b, d, DefaultBuffers, 256<<20)
-			cfg := PackConfig{Pool: pool, Version: 1, Checksum: true}
-			if secret {
+			cfg := PackConfig{Pool: pool, Version: 1, Checksum: true, MAC: c.secret}
+			if c.secret != "" {
 				cfg.Auth = testKeys(b, "bench")
 			}
 			for range 3 { // loads the kernels, settles the clocks
@@ -84,8 +90,11 @@ func BenchmarkGPUPackMAC(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if secret && pk.dev.macs.macs.m == nil {
-				b.Fatalf("the MACs were computed on the host: %v", pk.dev.macs.macs.why)
+			switch sm := &pk.dev.macs.macs; {
+			case c.secret == mac.BLAKE3 && sm.m == nil:
+				b.Fatalf("the MACs were computed on the host: %v", sm.why)
+			case c.secret == mac.Poly1305AES && sm.polys == nil:
+				b.Fatalf("the MACs were computed on the host: %v", sm.whyPoly)
 			}
 		})
 	}
