@@ -192,15 +192,7 @@ func (s *Stream) NewChecksummer() (*Checksummer, error) {
 }
 
 // PendingSum is a checksum queued on a stream (Checksummer.Queue).
-type PendingSum struct {
-	c    *Checksummer
-	slot *resultSlot // nil for an empty buffer, and once closed
-	n    int64
-
-	done   bool
-	sum    uint64
-	closed bool
-}
+type PendingSum struct{ pendingResult[uint64] }
 
 // Queue queues a checksum of the first n bytes of buf on the stream, after
 // everything queued on it before (and, if buf carries a fence, after the
@@ -215,7 +207,7 @@ func (c *Checksummer) Queue(buf mem.Buffer, n int64) (*PendingSum, error) {
 		return nil, err
 	}
 	if n == 0 {
-		return &PendingSum{c: c, done: true, sum: checksum.Finish(0, 0)}, nil
+		return &PendingSum{knownResult(checksum.Finish(0, 0), 0)}, nil
 	}
 	if ev := FenceOf(buf); ev != nil {
 		if err := c.s.WaitEvent(ev); err != nil {
@@ -280,7 +272,7 @@ func (c *Checksummer) queue(n int64, kernels func(sl *sumSlot) error) (*PendingS
 	if err != nil {
 		return nil, err
 	}
-	return &PendingSum{c: c, slot: sl, n: n}, nil
+	return &PendingSum{queuedResult[uint64](&c.slots, sl, n)}, nil
 }
 
 // sumSlot is the slot that the launches of one sum add into.
@@ -306,42 +298,19 @@ func (s *sumSlot) next() (slots, first uint64) {
 // the checksum: checksum.Finish of the sum of the slots. Calling it again
 // returns the same value.
 func (p *PendingSum) Wait(ctx context.Context) (uint64, error) {
-	if p.done {
-		return p.sum, nil
-	}
-	c := p.c
-	if p.closed {
-		return 0, fmt.Errorf("gpu: checksum on cuda:%d: Wait after Close", c.s.d.ordinal)
-	}
-	if err := c.slots.wait(ctx, p.slot, fmt.Sprintf("sum of %d bytes", p.n)); err != nil {
-		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, err)
-	}
-	var sum uint64
-	err := c.slots.read(p.slot, func(host []uint64) {
+	return p.wait(ctx, func(host []uint64) uint64 {
+		var sum uint64
 		for _, v := range host {
 			sum += v
 		}
+		return checksum.Finish(sum, p.n)
 	})
-	if err != nil {
-		return 0, fmt.Errorf("gpu: checksum of %d bytes on cuda:%d: %w", p.n, c.s.d.ordinal, err)
-	}
-	p.sum, p.done = checksum.Finish(sum, p.n), true
-	return p.sum, nil
 }
 
 // Close gives the sum's slot back to the Checksummer: at once after a
 // successful Wait, else once its launch is known finished. Wait still
 // returns a value it returned before. Close is idempotent.
-func (p *PendingSum) Close() {
-	if p.closed {
-		return
-	}
-	p.closed = true
-	if s := p.slot; s != nil {
-		p.slot = nil
-		p.c.slots.release(s, p.done)
-	}
-}
+func (p *PendingSum) Close() { p.close() }
 
 // Close waits, bounded by ctx, until no launch of the Checksummer may
 // still write its slots, then frees them. PendingSums not yet waited for

@@ -238,7 +238,7 @@ func (g *Gather) CopySumLayout(ctx context.Context, l *Layout, n int64, sums *Ch
 		return g.copySumLayoutOnHost(ctx, sp, sums)
 	}
 	if n == 0 {
-		return &PendingSum{c: sums, done: true, sum: checksum.Finish(0, 0)}, nil
+		return &PendingSum{knownResult(checksum.Finish(0, 0), 0)}, nil
 	}
 	if sums.slots.closed {
 		return nil, fmt.Errorf("%w: CopySumLayout on cuda:%d", ErrChecksummerClosed, d.ordinal)
@@ -301,7 +301,7 @@ func (g *Gather) copySumLayoutOnHost(ctx context.Context, sp *layoutSplitter, su
 		pos += l.sizes[c]
 	}
 	fill(sp.n)
-	return &PendingSum{c: sums, done: true, sum: dg.Sum64()}, nil
+	return &PendingSum{knownResult(dg.Sum64(), int64(sp.n))}, nil
 }
 
 // layoutSplitter walks a Layout's pieces in the order of their positions

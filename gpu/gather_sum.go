@@ -245,7 +245,7 @@ func (g *Gather) copySum(ctx context.Context, b *CopyBatch, of SumOf, fuse bool)
 		return c.Queue(v, of.N)
 	}
 	if of.N == 0 { // and so no copies
-		return &PendingSum{c: c, done: true, sum: checksum.Finish(0, 0)}, nil
+		return &PendingSum{knownResult(checksum.Finish(0, 0), 0)}, nil
 	}
 	if err := g.sumRing.alloc(g.s); err != nil {
 		return nil, err

@@ -304,16 +304,9 @@ func (s *Stream) NewMACer() (*MACer, error) {
 	return newMACer(s, k), nil
 }
 
-// PendingMAC is a MAC queued on a stream (MACer.Queue).
-type PendingMAC struct {
-	m    *MACer
-	slot *resultSlot // nil when computed on the host, and once closed
-	n    int64
-
-	done   bool
-	tag    mac.Tag
-	closed bool
-}
+// PendingMAC is a MAC queued on a stream (MACer.Queue), or computed on the
+// host (Gather.CopyMACLayout without kernels).
+type PendingMAC struct{ pendingResult[mac.Tag] }
 
 // Queue queues the MAC under key of the first n bytes of buf on the
 // stream, after everything queued on it before (and, if buf carries a
@@ -337,7 +330,7 @@ func (m *MACer) Queue(buf mem.Buffer, n int64, key *mac.Key) (*PendingMAC, error
 		return nil, err
 	}
 	if n == 0 {
-		return &PendingMAC{m: m, done: true, tag: mac.Sum(key, nil)}, nil
+		return &PendingMAC{knownResult(mac.Sum(key, nil), 0)}, nil
 	}
 	if ev := FenceOf(buf); ev != nil {
 		if err := m.s.WaitEvent(ev); err != nil {
@@ -368,7 +361,7 @@ func (m *MACer) Queue(buf mem.Buffer, n int64, key *mac.Key) (*PendingMAC, error
 	if err != nil {
 		return nil, fmt.Errorf("gpu: MAC of %d bytes on cuda:%d: %w", n, d.ordinal, err)
 	}
-	return &PendingMAC{m: m, slot: sl, n: n}, nil
+	return &PendingMAC{queuedResult[mac.Tag](&m.slots, sl, n)}, nil
 }
 
 // scratchFor returns the device address of scratch memory for the
@@ -412,45 +405,19 @@ func (m *MACer) scratchFor(chunks uint64) (uint64, error) {
 // ends (then it returns a *WaitError and the MAC stays pending), and
 // returns the MAC. Calling it again returns the same value.
 func (p *PendingMAC) Wait(ctx context.Context) (mac.Tag, error) {
-	if p.done {
-		return p.tag, nil
-	}
-	m := p.m
-	if p.closed {
-		return mac.Tag{}, fmt.Errorf("gpu: MAC on cuda:%d: Wait after Close", m.s.d.ordinal)
-	}
-	fail := func(err error) (mac.Tag, error) {
-		return mac.Tag{}, fmt.Errorf("gpu: MAC of %d bytes on cuda:%d: %w", p.n, m.s.d.ordinal, err)
-	}
-	if err := m.slots.wait(ctx, p.slot, fmt.Sprintf("MAC of %d bytes", p.n)); err != nil {
-		return fail(err)
-	}
-	var tag mac.Tag
-	err := m.slots.read(p.slot, func(host []uint64) {
+	return p.wait(ctx, func(host []uint64) mac.Tag {
+		var tag mac.Tag
 		for i, w := range host {
 			binary.LittleEndian.PutUint64(tag[8*i:], w)
 		}
+		return tag
 	})
-	if err != nil {
-		return fail(err)
-	}
-	p.tag, p.done = tag, true
-	return tag, nil
 }
 
 // Close gives the MAC's slot back to the MACer: at once after a
 // successful Wait, else once its launches are known finished. Wait still
 // returns a value it returned before. Close is idempotent.
-func (p *PendingMAC) Close() {
-	if p.closed {
-		return
-	}
-	p.closed = true
-	if s := p.slot; s != nil {
-		p.slot = nil
-		p.m.slots.release(s, p.done)
-	}
-}
+func (p *PendingMAC) Close() { p.close() }
 
 // Close waits, bounded by ctx, until no launch of the MACer may still use
 // its memory, then frees it. PendingMACs not yet waited for then fail with

@@ -130,7 +130,7 @@ func (m *MACer) queueLayout(ctx context.Context, sp *macLayoutSplitter, key *mac
 	if err != nil {
 		return nil, fmt.Errorf("gpu: layout MAC of %d bytes on cuda:%d: %w", n, d.ordinal, err)
 	}
-	return &PendingMAC{m: m, slot: sl, n: int64(n)}, nil
+	return &PendingMAC{queuedResult[mac.Tag](&m.slots, sl, int64(n))}, nil
 }
 
 // copyMACLayoutOnHost is CopyMACLayout without the kernels: the layout's
@@ -140,7 +140,7 @@ func (g *Gather) copyMACLayoutOnHost(ctx context.Context, sp *macLayoutSplitter,
 	if err != nil {
 		return nil, err
 	}
-	return &PendingMAC{done: true, tag: mac.SumParallel(key, data), n: int64(sp.n)}, nil
+	return &PendingMAC{knownResult(mac.SumParallel(key, data), int64(sp.n))}, nil
 }
 
 // layoutOnHost copies sp's pieces that have a destination through Copy,

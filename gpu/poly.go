@@ -256,17 +256,11 @@ func (s *Stream) NewPolyMACer() (*PolyMACer, error) {
 }
 
 // PendingPolyMAC is a Poly1305-AES tag queued on a stream
-// (PolyMACer.Queue).
+// (PolyMACer.Queue, Gather.CopyPolyLayout), or computed on the host.
 type PendingPolyMAC struct {
-	m     *PolyMACer
-	slot  *resultSlot // nil for an empty buffer, and once closed
-	n     int64
+	pendingResult[mac.PolyTag]
 	key   *mac.PolyKey
 	nonce mac.Nonce
-
-	done   bool
-	tag    mac.PolyTag
-	closed bool
 }
 
 // Queue queues the Poly1305-AES tag under key and nonce of the first n
@@ -289,10 +283,8 @@ func (m *PolyMACer) Queue(buf mem.Buffer, n int64, key *mac.PolyKey, nonce *mac.
 	if err != nil {
 		return nil, err
 	}
-	pm := &PendingPolyMAC{m: m, n: n, key: key, nonce: *nonce}
 	if n == 0 {
-		pm.done, pm.tag = true, mac.PolySum(key, nonce, nil)
-		return pm, nil
+		return &PendingPolyMAC{pendingResult: knownResult(mac.PolySum(key, nonce, nil), 0)}, nil
 	}
 	table, err := m.table(key)
 	if err != nil {
@@ -316,8 +308,7 @@ func (m *PolyMACer) Queue(buf mem.Buffer, n int64, key *mac.PolyKey, nonce *mac.
 	if err != nil {
 		return nil, fmt.Errorf("gpu: Poly1305 of %d bytes on cuda:%d: %w", n, m.s.d.ordinal, err)
 	}
-	pm.slot = sl
-	return pm, nil
+	return &PendingPolyMAC{pendingResult: queuedResult[mac.PolyTag](&m.slots, sl, n), key: key, nonce: *nonce}, nil
 }
 
 // gridCap sets the most blocks a launch uses on m's device.
@@ -417,7 +408,7 @@ func (g *Gather) CopyPolyLayout(ctx context.Context, l *Layout, n int64, polys *
 		if err != nil {
 			return nil, err
 		}
-		return &PendingPolyMAC{done: true, tag: mac.PolySumParallel(key, nonce, data), n: n}, nil
+		return &PendingPolyMAC{pendingResult: knownResult(mac.PolySumParallel(key, nonce, data), n)}, nil
 	}
 	return polys.queueLayout(ctx, sp, key, nonce)
 }
@@ -466,49 +457,27 @@ func (m *PolyMACer) queueLayout(ctx context.Context, sp *macLayoutSplitter, key 
 	if err != nil {
 		return nil, fmt.Errorf("gpu: Poly1305 layout of %d bytes on cuda:%d: %w", n, d.ordinal, err)
 	}
-	return &PendingPolyMAC{m: m, slot: sl, n: int64(n), key: key, nonce: *nonce}, nil
+	return &PendingPolyMAC{pendingResult: queuedResult[mac.PolyTag](&m.slots, sl, int64(n)), key: key, nonce: *nonce}, nil
 }
 
-// Wait waits until the MAC's launch has finished, at most until ctx ends
-// (then it returns a *WaitError and the MAC stays pending), and returns
-// the tag. Calling it again returns the same tag.
+// Wait waits until the MAC's launches have finished, at most until ctx
+// ends (then it returns a *WaitError and the MAC stays pending), and
+// returns the tag: the slot's limb sums finished with the key and the
+// nonce's pad (mac.PolyKey.Finish). Calling it again returns the same tag.
 func (p *PendingPolyMAC) Wait(ctx context.Context) (mac.PolyTag, error) {
-	if p.done {
-		return p.tag, nil
-	}
-	m := p.m
-	if p.closed {
-		return mac.PolyTag{}, fmt.Errorf("gpu: Poly1305 on cuda:%d: Wait after Close", m.s.d.ordinal)
-	}
-	if err := m.slots.wait(ctx, p.slot, fmt.Sprintf("Poly1305 of %d bytes", p.n)); err != nil {
-		return mac.PolyTag{}, fmt.Errorf("gpu: Poly1305 of %d bytes on cuda:%d: %w", p.n, m.s.d.ordinal, err)
-	}
-	var sums [5]uint64
-	err := m.slots.read(p.slot, func(host []uint64) {
+	return p.wait(ctx, func(host []uint64) mac.PolyTag {
+		var sums [5]uint64
 		for i, v := range host[:5*polyLanes] {
 			sums[i%5] += v
 		}
+		return p.key.Finish(&p.nonce, sums)
 	})
-	if err != nil {
-		return mac.PolyTag{}, fmt.Errorf("gpu: Poly1305 of %d bytes on cuda:%d: %w", p.n, m.s.d.ordinal, err)
-	}
-	p.tag, p.done = p.key.Finish(&p.nonce, sums), true
-	return p.tag, nil
 }
 
 // Close gives the MAC's slot back to the PolyMACer: at once after a
-// successful Wait, else once its launch is known finished. Wait still
+// successful Wait, else once its launches are known finished. Wait still
 // returns a tag it returned before. Close is idempotent.
-func (p *PendingPolyMAC) Close() {
-	if p.closed {
-		return
-	}
-	p.closed = true
-	if s := p.slot; s != nil {
-		p.slot = nil
-		p.m.slots.release(s, p.done)
-	}
-}
+func (p *PendingPolyMAC) Close() { p.close() }
 
 // Close waits, bounded by ctx, until no launch of the PolyMACer may still
 // write its slots or read its tables, then frees them. PendingPolyMACs

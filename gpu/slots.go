@@ -8,7 +8,7 @@ import (
 )
 
 // resultSlots is the pool of result slots of the kernels of one
-// Checksummer or MACer: device memory a kernel writes its result into
+// Checksummer, MACer or PolyMACer: device memory a kernel writes its result into
 // (after scratch words of the kernel's own, which start zeroed and which
 // the kernels leave zeroed when they finish), pinned host memory the
 // result is copied into on the stream, and an event recorded after the
@@ -239,4 +239,63 @@ func (p *resultSlots) close(ctx context.Context, what string) error {
 	p.slots, p.free, p.retired, p.busy, p.chunks = nil, nil, nil, nil, nil
 	p.freed = true
 	return errors.Join(errs...)
+}
+
+// pendingResult is what PendingSum, PendingMAC and PendingPolyMAC share: a
+// result of n bytes' work queued into slot of slots, read back once by
+// wait and kept; or, with done set and no slot, a result known at once
+// (computed on the host, or of no bytes).
+type pendingResult[T any] struct {
+	slots  *resultSlots // nil for a result known at once
+	slot   *resultSlot  // nil for a result known at once, and once closed
+	n      int64
+	done   bool
+	val    T
+	closed bool
+}
+
+// queuedResult is the pending result of n bytes' work queued into sl.
+func queuedResult[T any](slots *resultSlots, sl *resultSlot, n int64) pendingResult[T] {
+	return pendingResult[T]{slots: slots, slot: sl, n: n}
+}
+
+// knownResult is the result v of n bytes, known at once.
+func knownResult[T any](v T, n int64) pendingResult[T] {
+	return pendingResult[T]{n: n, done: true, val: v}
+}
+
+// wait waits until the result's work has finished, at most until ctx ends
+// (then it returns a *WaitError and the result stays pending), and returns
+// finish of the slot's host words, the slots' name saying what in errors.
+// Calling it again returns the same value, after close too.
+func (p *pendingResult[T]) wait(ctx context.Context, finish func(host []uint64) T) (T, error) {
+	var v T
+	if p.done {
+		return p.val, nil
+	}
+	what, ordinal := p.slots.name, p.slots.s.d.ordinal
+	if p.closed {
+		return v, fmt.Errorf("gpu: %s on cuda:%d: Wait after Close", what, ordinal)
+	}
+	if err := p.slots.wait(ctx, p.slot, fmt.Sprintf("%s of %d bytes", what, p.n)); err != nil {
+		return v, fmt.Errorf("gpu: %s of %d bytes on cuda:%d: %w", what, p.n, ordinal, err)
+	}
+	if err := p.slots.read(p.slot, func(host []uint64) { v = finish(host) }); err != nil {
+		return v, fmt.Errorf("gpu: %s of %d bytes on cuda:%d: %w", what, p.n, ordinal, err)
+	}
+	p.val, p.done = v, true
+	return v, nil
+}
+
+// close gives the result's slot back: at once after a successful wait,
+// else once its work is known finished. close is idempotent.
+func (p *pendingResult[T]) close() {
+	if p.closed {
+		return
+	}
+	p.closed = true
+	if s := p.slot; s != nil {
+		p.slot = nil
+		p.slots.release(s, p.done)
+	}
 }
