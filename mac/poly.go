@@ -39,7 +39,8 @@ const (
 // where Poly1305_r(m) is the polynomial of m's blocks evaluated at r
 // modulo 2^130 - 5. It is secure as long as no two messages are tagged
 // under one key and one nonce; a nonce drawn at random for every tag
-// (RandomNonce) keeps that with overwhelming probability.
+// (RandomNonce) keeps that with overwhelming probability. A PolyKey does
+// not change once made, and is safe for concurrent use.
 type PolyKey struct {
 	k     cipher.Block
 	r     Limbs

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/weightcast/weightcast/auth"
 	"github.com/weightcast/weightcast/gpu"
@@ -67,10 +68,25 @@ func bucketKey(keys *auth.Keys) *mac.Key {
 	return &k
 }
 
-// polyKey is the run's Poly1305-AES bucket key.
+// polyKey is the run's Poly1305-AES bucket key, made once per run's keys
+// (its AES schedule and powers of r take microseconds, every bucket of
+// the run uses it) and kept for the last keys asked for: a process runs
+// one run at a time, and a key is safe for concurrent use.
 func polyKey(keys *auth.Keys) *mac.PolyKey {
-	b := keys.BucketPolyKey()
-	return mac.NewPolyKey(&b)
+	lastPolyKey.Lock()
+	defer lastPolyKey.Unlock()
+	if lastPolyKey.keys != keys {
+		b := keys.BucketPolyKey()
+		lastPolyKey.keys, lastPolyKey.key = keys, mac.NewPolyKey(&b)
+	}
+	return lastPolyKey.key
+}
+
+// lastPolyKey is polyKey's one entry.
+var lastPolyKey struct {
+	sync.Mutex
+	keys *auth.Keys
+	key  *mac.PolyKey
 }
 
 // chooseMAC marks b, of a signed round, to carry a MAC of kind: the
