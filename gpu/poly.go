@@ -216,9 +216,10 @@ func runPolyCheck(ctx context.Context, s *Stream, m *PolyMACer, bufs []mem.Buffe
 // mac.PolyKey.Finish, where the nonce's AES pad is added.
 //
 // Slots are the Checksummer's (see there). Each key a PolyMACer has seen
-// also holds 1 KiB of device memory, its table of powers r^(2^j), written
-// once, at the key's first Queue, and freed by Close: a PolyMACer is meant
-// for the few keys of a run, not for a new key per MAC.
+// also holds 1 KiB of device memory and 1 KiB of pinned host memory, its
+// table of powers r^(2^j), copied to the device once, at the key's first
+// use, and freed by Close: a PolyMACer is meant for the few keys of a
+// run, not for a new key per MAC.
 //
 // A PolyMACer is for one goroutine at a time (Queue and Close). Its
 // PendingPolyMACs may be waited for and closed on other goroutines, each
@@ -229,7 +230,7 @@ type PolyMACer struct {
 	flat, layout *loadedKernel // nil in the other's self-test
 	blocks       int           // grid size cap; 0 until first use
 	slots        resultSlots
-	tables       map[[mac.PolyKeySize]byte]mem.Buffer
+	tables       map[[mac.PolyKeySize]byte]*mirrorMem
 	pieces       descRing // the layout kernel's pieces (Gather.CopyPolyLayout)
 }
 
@@ -267,9 +268,8 @@ type PendingPolyMAC struct {
 // bytes of buf on the stream, after everything queued on it before (and,
 // if buf carries a fence, after the fence: see WithFence): the kernel,
 // which leaves its limb sums in a slot, and a copy of the slot to pinned
-// memory, then an event. It blocks only at a key's first use, to write
-// the key's table of powers. buf must be device memory of the stream's
-// device and n at most buf.Len(). The bytes must stay unchanged until the
+// memory, then an event. It never blocks. buf must be device memory of
+// the stream's device and n at most buf.Len(). The bytes must stay unchanged until the
 // PendingPolyMAC's Wait has returned; key must stay unchanged until then
 // too, and nonce is copied.
 func (m *PolyMACer) Queue(buf mem.Buffer, n int64, key *mac.PolyKey, nonce *mac.Nonce) (*PendingPolyMAC, error) {
@@ -343,33 +343,42 @@ func polyParams(head []uint64, rs mac.Limbs, table, slots, first uint64) []uint6
 	return append(head, uint64(rs[0])|uint64(rs[1])<<32, uint64(rs[2])|uint64(rs[3])<<32, uint64(rs[4]), table, slots, first)
 }
 
-// table returns the device address of key's table of powers, writing it
-// at the key's first use.
+// table returns the device address of key's table of powers, queuing its
+// copy to the device at the key's first use, from pinned memory kept with
+// it (so the copy waits for nothing and nothing waits for it).
 func (m *PolyMACer) table(key *mac.PolyKey) (uint64, error) {
 	id := key.Bytes()
 	if t, ok := m.tables[id]; ok {
-		return t.DevicePtr(), nil
+		return t.dev.DevicePtr(), nil
 	}
-	pow := key.Powers()
-	raw := make([]byte, len(pow)*polyPowerBytes)
-	for j, l := range pow {
-		for i, v := range l {
-			binary.LittleEndian.PutUint32(raw[j*polyPowerBytes+4*i:], v)
-		}
-	}
-	t, err := m.s.d.Alloc(len(raw))
+	t, err := m.s.d.allocMirror(polyTableBytes)
 	if err != nil {
 		return 0, fmt.Errorf("gpu: Poly1305 key table: %w", err)
 	}
-	if err := m.s.CopyHtoD(t, 0, raw); err != nil {
+	putPolyTable(t.host.Host(), key)
+	if r := cuMemcpyHtoDAsync(m.s.d.ctx, t.dev.DevicePtr(), t.host.Host(), m.s.s); r != 0 {
 		// A copy that failed to queue reads nothing later.
-		return 0, errors.Join(fmt.Errorf("gpu: Poly1305 key table: %w", err), t.Free())
+		return 0, errors.Join(m.s.d.err("cuMemcpyHtoDAsync_v2", "a Poly1305 key table", r), t.free())
 	}
 	if m.tables == nil {
-		m.tables = map[[mac.PolyKeySize]byte]mem.Buffer{}
+		m.tables = map[[mac.PolyKeySize]byte]*mirrorMem{}
 	}
 	m.tables[id] = t
-	return t.DevicePtr(), nil
+	return t.dev.DevicePtr(), nil
+}
+
+// polyTableBytes is the size of a key's table of powers.
+const polyTableBytes = mac.PolyPowers * polyPowerBytes
+
+// putPolyTable writes key's table of powers into dst (polyTableBytes):
+// entry j, r^(2^j), at byte polyPowerBytes·j, its five limbs as
+// little-endian 32-bit words.
+func putPolyTable(dst []byte, key *mac.PolyKey) {
+	for j, l := range key.Powers() {
+		for i, v := range l {
+			binary.LittleEndian.PutUint32(dst[j*polyPowerBytes+4*i:], v)
+		}
+	}
 }
 
 // CopyPolyLayout queues the Poly1305-AES tag under key and nonce
@@ -387,9 +396,8 @@ func (m *PolyMACer) table(key *mac.PolyKey) (uint64, error) {
 // writes whole lines), and adds into one slot. With polys nil the pieces
 // are copied with Copy and read back to the host, and the tag computed
 // there. The sources must stay unchanged until the PendingPolyMAC's Wait
-// has returned. It blocks only to write a key's table of powers at its
-// first use, or to rewrite descriptors that a queued launch still reads,
-// at most until ctx ends.
+// has returned. It blocks only to rewrite descriptors that a queued
+// launch still reads, at most until ctx ends.
 func (g *Gather) CopyPolyLayout(ctx context.Context, l *Layout, n int64, polys *PolyMACer, key *mac.PolyKey, nonce *mac.Nonce) (*PendingPolyMAC, error) {
 	defer l.Reset()
 	d := g.s.d
@@ -494,7 +502,7 @@ func (m *PolyMACer) Close(ctx context.Context) error {
 	}
 	var errs []error
 	for id, t := range m.tables {
-		errs = append(errs, t.Free())
+		errs = append(errs, t.free())
 		delete(m.tables, id)
 	}
 	return errors.Join(errs...)

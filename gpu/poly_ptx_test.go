@@ -38,13 +38,8 @@ func checkPolyParams(t *testing.T, k *ptxKernel, entry string, head ...string) {
 
 // polyTable returns key's table of powers as PolyMACer writes it.
 func polyTable(key *mac.PolyKey) []byte {
-	pow := key.Powers()
-	raw := make([]byte, len(pow)*polyPowerBytes)
-	for j, l := range pow {
-		for i, v := range l {
-			binary.LittleEndian.PutUint32(raw[j*polyPowerBytes+4*i:], v)
-		}
-	}
+	raw := make([]byte, polyTableBytes)
+	putPolyTable(raw, key)
 	return raw
 }
 
